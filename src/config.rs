@@ -1,0 +1,382 @@
+//! The layer's settings, their defaults and their validation.
+
+use std::{fmt, time::Duration};
+
+use http::StatusCode;
+
+use crate::wait::Wait;
+
+/// What happens to a request whose lease is lost while its handler runs.
+///
+/// A lease is lost when a renewal finds the key no longer holds our token (it expired during a
+/// stall, or someone deleted it), when renewals keep failing until the lease runs out, or when
+/// the request outlives [`LockConfig::max_hold`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize, serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum OnLeaseLost {
+    /// Drop the handler's future at once and answer 503 (the default): nothing more runs
+    /// without the lock.
+    #[default]
+    Abort,
+    /// Let the handler finish; [`Lease::is_lost`](crate::Lease::is_lost) and
+    /// [`Lease::lost`](crate::Lease::lost) tell it, so it can stop or fence its writes.
+    Continue,
+}
+
+/// Settings shared by [`LockLayer`](crate::LockLayer) and [`Locker`](crate::Locker).
+///
+/// Setters take and return `self`; nothing is checked until the config is handed to
+/// [`LockLayer::with_config`](crate::LockLayer::with_config) or
+/// [`Locker::with_config`](crate::Locker::with_config), which return a [`ConfigError`] naming
+/// the first invalid setting. So a bad value fails at start-up, never at request time.
+///
+/// | setting | default | meaning |
+/// |---|---|---|
+/// | [`ttl`](Self::ttl) | 10 s | lease time to live; a crashed holder's key frees itself after this |
+/// | [`renew_interval`](Self::renew_interval) | ttl / 3 | how often a running request extends its lease |
+/// | [`wait`](Self::wait) | exponential 10..200 ms, jitter, 2 s deadline | retry policy for a held key |
+/// | [`max_hold`](Self::max_hold) | 5 min | no request holds a lease longer, renewals or not |
+/// | [`store_timeout`](Self::store_timeout) | 1 s | bound on each renew and release, and the least time an acquire attempt gets |
+/// | [`key_prefix`](Self::key_prefix) | `tower-lock:` | prepended to every key |
+/// | [`max_key_len`](Self::max_key_len) | 512 bytes | longer key values are a 400 |
+/// | [`on_lease_lost`](Self::on_lease_lost) | [`OnLeaseLost::Abort`] | abort (503) or continue |
+/// | [`hold_until_body_end`](Self::hold_until_body_end) | `false` | keep the lease until the response body is streamed |
+/// | [`contended_status`](Self::contended_status) | 409 | status when the wait runs out |
+/// | [`unavailable_status`](Self::unavailable_status) | 503 | status when the store fails |
+///
+/// With the `serde` feature the config deserializes from any serde format; durations are
+/// whole milliseconds in fields ending `_ms`, and every field is optional:
+///
+/// ```toml
+/// ttl_ms = 30000
+/// key_prefix = "shop:lock:"
+/// on_lease_lost = "continue"
+/// [wait]
+/// policy = "exponential"   # or "none", "constant" (delay_ms), "fixed" (delays_ms)
+/// initial_ms = 5
+/// max_ms = 100
+/// deadline_ms = 1000
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize, serde::Serialize),
+    serde(default, deny_unknown_fields)
+)]
+pub struct LockConfig {
+    #[cfg_attr(feature = "serde", serde(rename = "ttl_ms", with = "ms"))]
+    ttl: Duration,
+    #[cfg_attr(feature = "serde", serde(rename = "renew_interval_ms", with = "opt_ms"))]
+    renew_interval: Option<Duration>,
+    wait: Wait,
+    #[cfg_attr(feature = "serde", serde(rename = "max_hold_ms", with = "ms"))]
+    max_hold: Duration,
+    #[cfg_attr(feature = "serde", serde(rename = "store_timeout_ms", with = "ms"))]
+    store_timeout: Duration,
+    key_prefix: String,
+    max_key_len: usize,
+    on_lease_lost: OnLeaseLost,
+    hold_until_body_end: bool,
+    #[cfg_attr(feature = "serde", serde(with = "status"))]
+    contended_status: StatusCode,
+    #[cfg_attr(feature = "serde", serde(with = "status"))]
+    unavailable_status: StatusCode,
+}
+
+impl Default for LockConfig {
+    fn default() -> Self {
+        Self {
+            ttl: Duration::from_secs(10),
+            renew_interval: None,
+            wait: Wait::default(),
+            max_hold: Duration::from_secs(5 * 60),
+            store_timeout: Duration::from_secs(1),
+            key_prefix: "tower-lock:".to_owned(),
+            max_key_len: 512,
+            on_lease_lost: OnLeaseLost::Abort,
+            hold_until_body_end: false,
+            contended_status: StatusCode::CONFLICT,
+            unavailable_status: StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty => $conv:expr;)*) => {
+        impl LockConfig {
+            $(
+                $(#[$doc])*
+                #[must_use]
+                pub fn $name(mut self, $name: $ty) -> Self {
+                    self.$name = $conv($name);
+                    self
+                }
+            )*
+        }
+    };
+}
+
+setters! {
+    /// Lease time to live (at least 10 ms).
+    ttl: Duration => |v| v;
+    /// How often to renew while a request runs; must be shorter than the TTL.
+    renew_interval: Duration => Some;
+    /// The retry policy for a held key.
+    wait: Wait => |v| v;
+    /// The longest any one request may hold its lease.
+    max_hold: Duration => |v| v;
+    /// Bound on each renew and release round trip, and the least time an acquire attempt gets
+    /// even when the wait deadline is shorter (so `Wait::none()` still has time for one try).
+    store_timeout: Duration => |v| v;
+    /// Prepended to every key, to keep this service's locks apart in a shared Redis.
+    key_prefix: impl Into<String> => Into::into;
+    /// Longest accepted key value, in bytes.
+    max_key_len: usize => |v| v;
+    /// What to do when a lease is lost mid-request.
+    on_lease_lost: OnLeaseLost => |v| v;
+    /// Keep the lease, and renew it, until the response body has been streamed to its end,
+    /// not just until the handler returns. For handlers that stream.
+    hold_until_body_end: bool => |v| v;
+    /// Status answered when the key stays held past the wait deadline (default 409).
+    contended_status: StatusCode => |v| v;
+    /// Status answered when the store fails or does not answer (default 503).
+    unavailable_status: StatusCode => |v| v;
+}
+
+impl LockConfig {
+    /// Lease time to live.
+    pub fn ttl_value(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The effective renewal interval.
+    pub fn renew_interval_value(&self) -> Duration {
+        self.renew_interval.unwrap_or(self.ttl / 3)
+    }
+
+    /// The wait policy.
+    pub fn wait_value(&self) -> &Wait {
+        &self.wait
+    }
+
+    pub(crate) fn max_hold_value(&self) -> Duration {
+        self.max_hold
+    }
+
+    pub(crate) fn store_timeout_value(&self) -> Duration {
+        self.store_timeout
+    }
+
+    pub(crate) fn key_prefix_value(&self) -> &str {
+        &self.key_prefix
+    }
+
+    pub(crate) fn max_key_len_value(&self) -> usize {
+        self.max_key_len
+    }
+
+    pub(crate) fn on_lease_lost_value(&self) -> OnLeaseLost {
+        self.on_lease_lost
+    }
+
+    pub(crate) fn hold_until_body_end_value(&self) -> bool {
+        self.hold_until_body_end
+    }
+
+    pub(crate) fn contended_status_value(&self) -> StatusCode {
+        self.contended_status
+    }
+
+    pub(crate) fn unavailable_status_value(&self) -> StatusCode {
+        self.unavailable_status
+    }
+
+    /// Checks every setting; the layer and locker call this for you.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.ttl < Duration::from_millis(10) {
+            return Err(ConfigError::new("ttl", "the TTL must be at least 10 ms"));
+        }
+        let renew = self.renew_interval_value();
+        if renew.is_zero() || renew >= self.ttl {
+            return Err(ConfigError::new(
+                "renew_interval",
+                "the renewal interval must be above 0 and shorter than the TTL, or the lease \
+                 expires before it is renewed",
+            ));
+        }
+        if self.max_hold.is_zero() {
+            return Err(ConfigError::new("max_hold", "the longest hold must be above 0"));
+        }
+        if self.store_timeout.is_zero() {
+            return Err(ConfigError::new("store_timeout", "the store timeout must be above 0"));
+        }
+        if self.key_prefix.contains(['{', '}']) {
+            return Err(ConfigError::new(
+                "key_prefix",
+                "the key prefix must not contain `{` or `}` (the key's hash tag starts after it)",
+            ));
+        }
+        if self.max_key_len == 0 {
+            return Err(ConfigError::new("max_key_len", "the key length limit must be above 0"));
+        }
+        for (field, status) in [
+            ("contended_status", self.contended_status),
+            ("unavailable_status", self.unavailable_status),
+        ] {
+            if !(status.is_client_error() || status.is_server_error()) {
+                return Err(ConfigError::new(field, "the status must be a 4xx or 5xx"));
+            }
+        }
+        self.wait.validate()
+    }
+}
+
+/// A setting is invalid. Returned at start-up, never at request time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    field: &'static str,
+    reason: &'static str,
+}
+
+impl ConfigError {
+    pub(crate) fn new(field: &'static str, reason: &'static str) -> Self {
+        Self { field, reason }
+    }
+
+    /// The setting at fault, e.g. `"ttl"` or `"wait.factor"`.
+    pub fn field(&self) -> &'static str {
+        self.field
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid lock setting `{}`: {}", self.field, self.reason)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+#[cfg(feature = "serde")]
+pub(crate) mod ms {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub(crate) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
+}
+
+#[cfg(feature = "serde")]
+pub(crate) mod opt_ms {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub(crate) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => super::ms::serialize(d, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
+    }
+}
+
+#[cfg(feature = "serde")]
+pub(crate) mod ms_list {
+    use serde::{Deserialize, Deserializer, Serializer, ser::SerializeSeq};
+    use std::time::Duration;
+
+    pub(crate) fn serialize<S: Serializer>(v: &[Duration], s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(v.len()))?;
+        for d in v {
+            seq.serialize_element(&u64::try_from(d.as_millis()).unwrap_or(u64::MAX))?;
+        }
+        seq.end()
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Duration>, D::Error> {
+        Ok(Vec::<u64>::deserialize(d)?.into_iter().map(Duration::from_millis).collect())
+    }
+}
+
+#[cfg(feature = "serde")]
+mod status {
+    use http::StatusCode;
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub(super) fn serialize<S: Serializer>(v: &StatusCode, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u16(v.as_u16())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<StatusCode, D::Error> {
+        StatusCode::from_u16(u16::deserialize(d)?).map_err(D::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        let config = LockConfig::default();
+        config.validate().unwrap();
+        assert_eq!(config.renew_interval_value(), Duration::from_secs(10) / 3);
+    }
+
+    #[test]
+    fn invalid_settings_name_their_field() {
+        let cases = [
+            (LockConfig::default().ttl(Duration::ZERO), "ttl"),
+            (LockConfig::default().renew_interval(Duration::from_secs(10)), "renew_interval"),
+            (LockConfig::default().renew_interval(Duration::ZERO), "renew_interval"),
+            (LockConfig::default().max_hold(Duration::ZERO), "max_hold"),
+            (LockConfig::default().store_timeout(Duration::ZERO), "store_timeout"),
+            (LockConfig::default().key_prefix("a{b"), "key_prefix"),
+            (LockConfig::default().max_key_len(0), "max_key_len"),
+            (LockConfig::default().contended_status(StatusCode::OK), "contended_status"),
+            (LockConfig::default().wait(Wait::constant(Duration::ZERO)), "wait.delay"),
+        ];
+        for (config, field) in cases {
+            let err = config.validate().unwrap_err();
+            assert_eq!(err.field(), field);
+            assert!(err.to_string().contains(field), "{err}");
+        }
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn deserializes_with_defaults_and_rejects_unknown_fields() {
+        let config: LockConfig = serde_json::from_str(
+            r#"{"ttl_ms": 3000, "on_lease_lost": "continue",
+                "wait": {"policy": "fixed", "delays_ms": [5, 10], "deadline_ms": 100}}"#,
+        )
+        .unwrap();
+        assert_eq!(config.ttl_value(), Duration::from_secs(3));
+        assert_eq!(config.on_lease_lost_value(), OnLeaseLost::Continue);
+        assert_eq!(config.wait_value(), &Wait::fixed([5, 10].map(Duration::from_millis)).deadline(Duration::from_millis(100)));
+        assert_eq!(config.key_prefix_value(), "tower-lock:");
+        assert!(serde_json::from_str::<LockConfig>(r#"{"tll_ms": 1}"#).is_err());
+        let round: LockConfig =
+            serde_json::from_str(&serde_json::to_string(&config).unwrap()).unwrap();
+        assert_eq!(round, config);
+        let none: LockConfig = serde_json::from_str(r#"{"wait": {"policy": "none"}}"#).unwrap();
+        assert_eq!(none.wait_value(), &Wait::none(), "deadline_ms omitted is the policy's default");
+        let forever: LockConfig =
+            serde_json::from_str(r#"{"wait": {"policy": "constant", "delay_ms": 5, "forever": true}}"#)
+                .unwrap();
+        assert_eq!(forever.wait_value().total(), None);
+    }
+}

@@ -1,0 +1,67 @@
+//! Why a lock was not granted or not kept.
+
+use std::{fmt, time::Duration};
+
+use crate::{key::KeyRejection, store::StoreError};
+
+/// Why a lease was lost while its holder ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// A renewal found the key no longer holds our token: it expired during a stall, or was
+    /// deleted (for example by a Redis restart without persistence).
+    NotHeld,
+    /// Renewals kept failing until the lease's time to live ran out.
+    Expired,
+    /// The request held the lease for longer than [`LockConfig::max_hold`](crate::LockConfig::max_hold).
+    MaxHold,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::NotHeld => "the lock store no longer holds the lease",
+            Self::Expired => "the lease expired while the lock store could not be reached to renew it",
+            Self::MaxHold => "the request held the lease longer than the configured maximum",
+        })
+    }
+}
+
+/// A lock could not be acquired, or was lost.
+///
+/// The layer turns each into a response (see [`RejectionResponse`](crate::RejectionResponse))
+/// and also puts the error into that response's extensions, for outer layers to inspect.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// The key was still held by someone else when the wait policy gave up (409).
+    #[error("the lock is held by another holder (waited {waited:?})")]
+    #[non_exhaustive]
+    Contended {
+        /// How long the current holder's lease has left, if known.
+        expires_in: Option<Duration>,
+        /// How long this request waited before giving up.
+        waited: Duration,
+    },
+    /// The store failed or did not answer in time (503).
+    #[error("the lock store failed")]
+    Store(#[source] StoreError),
+    /// The request's key could not be derived (400, or 500 for a misconfigured source).
+    #[error("the lock key could not be derived: {0}")]
+    Key(#[source] KeyRejection),
+    /// The lease was lost while the request ran, and the layer aborted it (503).
+    #[error("the lease was lost: {0}")]
+    LeaseLost(LostReason),
+}
+
+impl From<StoreError> for LockError {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+impl From<KeyRejection> for LockError {
+    fn from(e: KeyRejection) -> Self {
+        Self::Key(e)
+    }
+}

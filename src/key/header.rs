@@ -1,0 +1,95 @@
+use bytes::Bytes;
+use http::{HeaderName, request::Parts};
+
+use super::{KeyRejection, KeySource};
+
+/// Locks on a request header's value. Created by [`Key::header`](super::Key::header).
+#[derive(Debug, Clone)]
+pub struct HeaderKey {
+    name: Result<HeaderName, String>,
+    optional: bool,
+}
+
+impl HeaderKey {
+    pub(super) fn new(name: &str) -> Self {
+        Self {
+            name: HeaderName::try_from(name).map_err(|_| name.to_owned()),
+            optional: false,
+        }
+    }
+
+    /// Passes requests without the header through unlocked, instead of answering 400.
+    #[must_use]
+    pub fn optional(mut self) -> Self {
+        self.optional = true;
+        self
+    }
+}
+
+impl KeySource for HeaderKey {
+    fn key(&self, parts: &mut Parts) -> Result<Option<Bytes>, KeyRejection> {
+        let name = self.name.as_ref().map_err(|name| {
+            KeyRejection::misconfigured(format!("`{name}` is not a valid header name"))
+        })?;
+        let mut values = parts.headers.get_all(name).iter();
+        let Some(value) = values.next() else {
+            return if self.optional {
+                Ok(None)
+            } else {
+                Err(KeyRejection::missing(format_args!("`{name}` header")))
+            };
+        };
+        if values.next().is_some() {
+            return Err(KeyRejection::invalid(format!(
+                "the `{name}` header is sent more than once; send it once"
+            )));
+        }
+        if value.is_empty() {
+            return Err(KeyRejection::invalid(format!("the `{name}` header is empty")));
+        }
+        Ok(Some(Bytes::copy_from_slice(value.as_bytes())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Key;
+    use super::*;
+
+    fn parts(headers: &[(&str, &[u8])]) -> Parts {
+        let mut req = http::Request::post("/p");
+        for (name, value) in headers {
+            req = req.header(*name, http::HeaderValue::from_bytes(value).unwrap());
+        }
+        req.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn header_present_missing_repeated_empty() {
+        let source = Key::header("Idempotency-Key");
+        let got = source.key(&mut parts(&[("idempotency-key", b"abc")]));
+        assert_eq!(got.unwrap().unwrap(), "abc");
+
+        let missing = source.key(&mut parts(&[])).unwrap_err();
+        assert!(missing.is_client_error());
+        assert!(missing.detail().contains("idempotency-key"), "{missing}");
+        assert_eq!(source.clone().optional().key(&mut parts(&[])).unwrap(), None);
+
+        let twice = [("idempotency-key", &b"a"[..]), ("idempotency-key", b"b")];
+        assert!(source.key(&mut parts(&twice)).unwrap_err().detail().contains("more than once"));
+        assert!(source.key(&mut parts(&[("idempotency-key", b"")])).is_err());
+    }
+
+    #[test]
+    fn opaque_bytes_pass_through() {
+        let source = Key::header("x-k");
+        let got = source.key(&mut parts(&[("x-k", b"\xff\xfe\t x")])).unwrap().unwrap();
+        assert_eq!(&got[..], b"\xff\xfe\t x");
+    }
+
+    #[test]
+    fn bad_header_name_is_a_server_error() {
+        let err = Key::header("bad header").key(&mut parts(&[])).unwrap_err();
+        assert!(!err.is_client_error());
+    }
+}

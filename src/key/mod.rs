@@ -1,0 +1,347 @@
+//! Key sources: how a request becomes a lock key.
+//!
+//! A [`KeySource`] looks at the request head and answers one of three things:
+//!
+//! - `Ok(Some(value))`: lock on this value;
+//! - `Ok(None)`: this request needs no lock, pass it through unlocked;
+//! - `Err(KeyRejection)`: the request is malformed (400), or the route is misconfigured (500).
+//!
+//! The built-ins are constructed through [`Key`]:
+//!
+//! | source | value | no key | bad key |
+//! |---|---|---|---|
+//! | [`Key::header`] | the header's bytes | header missing and [`HeaderKey::optional`] | missing (default), repeated, empty |
+//! | [`Key::path_param`] (feature `axum`) | a matched route's path parameter | never | parameter not in the route (500) |
+//! | [`Key::path`] | the request path | never | never |
+//! | [`Key::from_fn`] / any closure | whatever the closure returns | `Ok(None)` | `Err(..)` |
+//!
+//! # Scoping
+//!
+//! The value is not the whole key. The layer joins a configurable prefix (default `tower-lock:`),
+//! a *scope* and the value into the [`LockKey`] sent to the store. The scope is the request's
+//! method and matched route template (`POST /items/{sku}/purchase`, axum only) unless a namespace
+//! is set with [`LockLayer::namespace`](crate::LockLayer::namespace). So the same SKU on two
+//! routes takes two different locks, and two routes that must exclude each other share one by
+//! sharing a namespace.
+//!
+//! The encoding is length-prefixed, so no value, whatever its bytes, can produce a key that belongs
+//! to another scope or falls outside the prefix:
+//!
+//! ```text
+//! <prefix>{<scope length>:<scope>:<value>}
+//! tower-lock:{24:POST /items/{sku}/purchase:sku-123}
+//! ```
+//!
+//! The braces make the whole key a Redis Cluster hash tag, so companion keys the store derives
+//! from it (the fencing counter) land on the same slot.
+//!
+//! # Limits
+//!
+//! A value may hold any bytes, including invalid UTF-8 and control characters; Redis keys are
+//! binary-safe. An empty value is rejected with 400, and so is a value longer than
+//! [`LockConfig::max_key_len`](crate::LockConfig::max_key_len) bytes (default 512).
+
+mod header;
+#[cfg(feature = "axum")]
+mod path_param;
+
+use std::{fmt, ops::Range, sync::Arc};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::request::Parts;
+
+pub use header::HeaderKey;
+#[cfg(feature = "axum")]
+pub use path_param::PathParamKey;
+
+/// Derives the lock key's value from a request head.
+///
+/// Implemented for the built-ins (see [`Key`]) and for any closure
+/// `Fn(&Parts) -> Result<Option<Bytes>, KeyRejection>`.
+///
+/// The method takes `&mut Parts` so that a source can run axum extractors; it should not change
+/// the request.
+///
+/// ```
+/// use bytes::Bytes;
+/// use http::request::Parts;
+/// use tower_lock::key::{KeyRejection, KeySource};
+///
+/// /// Locks on the tenant id that an earlier layer put into the extensions.
+/// #[derive(Clone)]
+/// struct TenantKey;
+///
+/// #[derive(Clone)]
+/// struct TenantId(u64);
+///
+/// impl KeySource for TenantKey {
+///     fn key(&self, parts: &mut Parts) -> Result<Option<Bytes>, KeyRejection> {
+///         match parts.extensions.get::<TenantId>() {
+///             Some(TenantId(id)) => Ok(Some(Bytes::from(id.to_string()))),
+///             None => Err(KeyRejection::missing("tenant id")),
+///         }
+///     }
+/// }
+/// ```
+pub trait KeySource: Send + Sync + 'static {
+    /// The value to lock on, `None` to pass the request through unlocked, or a rejection.
+    fn key(&self, parts: &mut Parts) -> Result<Option<Bytes>, KeyRejection>;
+}
+
+impl<F> KeySource for F
+where
+    F: Fn(&Parts) -> Result<Option<Bytes>, KeyRejection> + Send + Sync + 'static,
+{
+    fn key(&self, parts: &mut Parts) -> Result<Option<Bytes>, KeyRejection> {
+        self(parts)
+    }
+}
+
+/// Constructors for the built-in key sources.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Key;
+
+impl Key {
+    /// Locks on the value of a request header, such as `Idempotency-Key`.
+    ///
+    /// A missing header is a 400 unless the source is made [`optional`](HeaderKey::optional).
+    /// A header sent more than once, or sent empty, is a 400.
+    pub fn header(name: impl AsRef<str>) -> HeaderKey {
+        HeaderKey::new(name.as_ref())
+    }
+
+    /// Locks on a path parameter of the matched axum route, e.g. `sku` in `/items/{sku}`.
+    ///
+    /// Path parameters exist only once axum has routed the request, so the layer must be added
+    /// with `route_layer` (or on a `MethodRouter` or handler). Without them the request fails
+    /// with a 500 whose detail says so; so does a parameter name the route does not have.
+    #[cfg(feature = "axum")]
+    pub fn path_param(name: impl Into<Arc<str>>) -> PathParamKey {
+        PathParamKey::new(name.into())
+    }
+
+    /// Locks on the request path (without the query).
+    pub fn path() -> PathKey {
+        PathKey { _priv: () }
+    }
+
+    /// Locks on whatever the closure computes from the request head.
+    ///
+    /// This only pins down the closure's type for inference; any such closure is a
+    /// [`KeySource`] already.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tower_lock::Key;
+    ///
+    /// // Lock per client account, taken from a header set by an authenticating proxy.
+    /// let source = Key::from_fn(|parts| {
+    ///     Ok(parts.headers.get("x-account-id").map(|v| Bytes::copy_from_slice(v.as_bytes())))
+    /// });
+    /// # let _ = source;
+    /// ```
+    pub fn from_fn<F>(f: F) -> F
+    where
+        F: Fn(&Parts) -> Result<Option<Bytes>, KeyRejection> + Send + Sync + 'static,
+    {
+        f
+    }
+}
+
+/// Locks on the request path. Created by [`Key::path`].
+#[derive(Debug, Clone)]
+pub struct PathKey {
+    _priv: (),
+}
+
+impl KeySource for PathKey {
+    fn key(&self, parts: &mut Parts) -> Result<Option<Bytes>, KeyRejection> {
+        Ok(Some(Bytes::copy_from_slice(parts.uri.path().as_bytes())))
+    }
+}
+
+/// Why a request's lock key could not be derived.
+///
+/// Most rejections are the client's fault and answer 400; a [`misconfigured`](Self::misconfigured)
+/// source answers 500, since no request can fix it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRejection {
+    detail: Arc<str>,
+    client_error: bool,
+}
+
+impl KeyRejection {
+    /// A required part of the request (a header, an extension) is missing.
+    pub fn missing(what: impl fmt::Display) -> Self {
+        Self::invalid(format!("the request has no {what}, which this route needs as its lock key"))
+    }
+
+    /// The request carries a key, but it is unusable; `detail` says why.
+    pub fn invalid(detail: impl Into<Arc<str>>) -> Self {
+        Self {
+            detail: detail.into(),
+            client_error: true,
+        }
+    }
+
+    /// The key source cannot work on this route at all (a server-side mistake: 500).
+    pub fn misconfigured(detail: impl Into<Arc<str>>) -> Self {
+        Self {
+            detail: detail.into(),
+            client_error: false,
+        }
+    }
+
+    /// What is wrong, in a sentence fit for the response body.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
+    /// `true` when the client can fix it (400), `false` when the route is misconfigured (500).
+    pub fn is_client_error(&self) -> bool {
+        self.client_error
+    }
+}
+
+impl fmt::Display for KeyRejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+impl std::error::Error for KeyRejection {}
+
+/// The full key of one lock, as sent to the store.
+///
+/// Cheap to clone. See the [module docs](self#scoping) for its layout.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct LockKey {
+    full: Bytes,
+    scope: Range<usize>,
+    value: Range<usize>,
+}
+
+impl LockKey {
+    /// Builds a key from its prefix, scope and value, checking the value's length.
+    ///
+    /// Used by the layer and by [`Locker::key`](crate::Locker::key); a store never needs it.
+    pub fn new(
+        prefix: &str,
+        scope: &str,
+        value: &[u8],
+        max_len: usize,
+    ) -> Result<Self, KeyRejection> {
+        if value.is_empty() {
+            return Err(KeyRejection::invalid("the lock key is empty"));
+        }
+        if value.len() > max_len {
+            return Err(KeyRejection::invalid(format!(
+                "the lock key is {} bytes long; the limit is {max_len}",
+                value.len()
+            )));
+        }
+        let scope_len = scope.len().to_string();
+        let mut full = BytesMut::with_capacity(
+            prefix.len() + scope_len.len() + scope.len() + value.len() + 4,
+        );
+        full.put_slice(prefix.as_bytes());
+        full.put_u8(b'{');
+        full.put_slice(scope_len.as_bytes());
+        full.put_u8(b':');
+        let scope_start = full.len();
+        full.put_slice(scope.as_bytes());
+        let scope_end = full.len();
+        full.put_u8(b':');
+        let value_start = full.len();
+        full.put_slice(value);
+        let value_end = full.len();
+        full.put_u8(b'}');
+        Ok(Self {
+            full: full.freeze(),
+            scope: scope_start..scope_end,
+            value: value_start..value_end,
+        })
+    }
+
+    /// The whole key, as the store writes it.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.full
+    }
+
+    /// The scope: the namespace, or the method and route template.
+    pub fn scope(&self) -> &str {
+        // The scope was copied in from a `&str`, so this cannot fail.
+        std::str::from_utf8(&self.full[self.scope.clone()]).unwrap_or_default()
+    }
+
+    /// The value the key source derived (a SKU, an idempotency key, ...).
+    pub fn value(&self) -> &[u8] {
+        &self.full[self.value.clone()]
+    }
+}
+
+impl fmt::Debug for LockKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockKey")
+            .field("scope", &self.scope())
+            .field("value", &String::from_utf8_lossy(self.value()))
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(req: http::Request<()>) -> Parts {
+        req.into_parts().0
+    }
+
+    #[test]
+    fn key_layout_is_length_prefixed() {
+        let key = LockKey::new("p:", "POST /a", b"v:1}", 64).unwrap();
+        assert_eq!(key.as_bytes(), b"p:{7:POST /a:v:1}}");
+        assert_eq!(key.scope(), "POST /a");
+        assert_eq!(key.value(), b"v:1}");
+    }
+
+    #[test]
+    fn values_cannot_forge_another_scope() {
+        // Scope "a" with value "b:c" must differ from scope "a:b" with value "c".
+        let one = LockKey::new("p:", "a", b"b:c", 64).unwrap();
+        let two = LockKey::new("p:", "a:b", b"c", 64).unwrap();
+        assert_ne!(one.as_bytes(), two.as_bytes());
+    }
+
+    #[test]
+    fn empty_and_long_values_are_rejected() {
+        assert!(LockKey::new("p:", "s", b"", 8).unwrap_err().is_client_error());
+        let err = LockKey::new("p:", "s", b"123456789", 8).unwrap_err();
+        assert!(err.detail().contains("limit is 8"), "{err}");
+        assert!(LockKey::new("p:", "s", b"12345678", 8).is_ok());
+    }
+
+    #[test]
+    fn any_bytes_are_a_value() {
+        let key = LockKey::new("p:", "s", &[0, 0xff, b'\n', b'{'], 8).unwrap();
+        assert_eq!(key.value(), &[0, 0xff, b'\n', b'{']);
+        assert!(format!("{key:?}").contains("LockKey"));
+    }
+
+    #[test]
+    fn path_and_closure_sources() {
+        let mut p = parts(http::Request::get("/a/b?q=1").body(()).unwrap());
+        assert_eq!(Key::path().key(&mut p).unwrap().unwrap(), "/a/b");
+        let source = Key::from_fn(|parts: &Parts| {
+            if parts.uri.query().is_some() {
+                Ok(None)
+            } else {
+                Err(KeyRejection::invalid("no query"))
+            }
+        });
+        assert_eq!(source.key(&mut p).unwrap(), None);
+        let mut p = parts(http::Request::get("/a").body(()).unwrap());
+        assert_eq!(source.key(&mut p).unwrap_err().detail(), "no query");
+    }
+}

@@ -1,0 +1,151 @@
+use std::{fmt, sync::Arc};
+
+use bytes::Bytes;
+use http::{Response, StatusCode, request::Parts};
+use tower::Layer;
+
+use crate::{
+    config::{ConfigError, LockConfig},
+    error::LockError,
+    key::{KeyRejection, KeySource, LockKey},
+    locker::Locker,
+    response::{ProblemJson, RejectionResponse, status_for},
+    service::LockService,
+    store::LockStore,
+};
+
+/// Applies a per-request distributed lock to the wrapped service.
+///
+/// See the [crate docs](crate) for an example, the path of a request and the defaults.
+///
+/// Each request's key comes from the [`KeySource`]; requests with the same key run one at a
+/// time across every instance that shares the store. A request that cannot get its lock within
+/// the wait policy answers 409, one whose store fails answers 503, one with a bad key answers
+/// 400; see [`response`](crate::response).
+#[derive(Clone)]
+#[must_use]
+pub struct LockLayer {
+    shared: Arc<Shared>,
+}
+
+/// What every clone of the service needs, behind one `Arc` (axum clones the service per request).
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub(crate) locker: Locker,
+    key: Arc<dyn KeySource>,
+    namespace: Option<Arc<str>>,
+    respond: Arc<dyn RejectionResponse>,
+}
+
+impl LockLayer {
+    /// A layer locking on `key` in `store`, with the default [`LockConfig`].
+    pub fn new(store: impl LockStore, key: impl KeySource) -> Self {
+        Self::from_locker(Locker::new(store), key)
+    }
+
+    /// A layer with `config`, checked now: an invalid setting is an error here, never at
+    /// request time.
+    pub fn with_config(
+        store: impl LockStore,
+        key: impl KeySource,
+        config: LockConfig,
+    ) -> Result<Self, ConfigError> {
+        Ok(Self::from_locker(Locker::with_config(store, config)?, key))
+    }
+
+    /// A layer sharing a [`Locker`] (its store and config) with other layers or background work.
+    pub fn from_locker(locker: Locker, key: impl KeySource) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                locker,
+                key: Arc::new(key),
+                namespace: None,
+                respond: Arc::new(ProblemJson),
+            }),
+        }
+    }
+
+    /// Scopes keys by this namespace instead of the request's method and route template.
+    ///
+    /// Layers (or routes) with the same namespace and key value exclude each other; use it when
+    /// two routes touch the same resource.
+    pub fn namespace(mut self, namespace: impl Into<Arc<str>>) -> Self {
+        Arc::make_mut(&mut self.shared).namespace = Some(namespace.into());
+        self
+    }
+
+    /// Replaces the problem+json rejection responses (see [`response`](crate::response)).
+    pub fn rejection_response(mut self, respond: impl RejectionResponse) -> Self {
+        Arc::make_mut(&mut self.shared).respond = Arc::new(respond);
+        self
+    }
+
+    /// The locker this layer acquires with.
+    pub fn locker(&self) -> &Locker {
+        &self.shared.locker
+    }
+}
+
+impl Shared {
+    /// The request's lock key: `Ok(None)` to pass it through unlocked.
+    pub(crate) fn key(&self, parts: &mut Parts) -> Result<Option<LockKey>, KeyRejection> {
+        let Some(value) = self.key.key(parts)? else {
+            return Ok(None);
+        };
+        let config = self.locker.config();
+        let scope;
+        let scope = match &self.namespace {
+            Some(namespace) => &**namespace,
+            None => {
+                scope = default_scope(parts);
+                &scope
+            }
+        };
+        LockKey::new(config.key_prefix_value(), scope, &value, config.max_key_len_value()).map(Some)
+    }
+
+    /// The response for a rejected request, with the error in its extensions.
+    pub(crate) fn reject(&self, error: LockError) -> Response<Bytes> {
+        let config = self.locker.config();
+        let status: StatusCode = status_for(
+            &error,
+            config.contended_status_value(),
+            config.unavailable_status_value(),
+        );
+        match &error {
+            LockError::Contended { .. } | LockError::Key(_) => {
+                tracing::debug!(error = &error as &dyn std::error::Error, %status, "lock rejected the request")
+            }
+            _ => tracing::warn!(error = &error as &dyn std::error::Error, %status, "lock rejected the request"),
+        }
+        let mut response = self.respond.response(&error, status);
+        response.extensions_mut().insert(error);
+        response
+    }
+}
+
+/// `METHOD /route/{template}` under axum, `METHOD` alone elsewhere.
+fn default_scope(parts: &Parts) -> String {
+    #[cfg(feature = "axum")]
+    if let Some(path) = parts.extensions.get::<axum::extract::MatchedPath>() {
+        return format!("{} {}", parts.method, path.as_str());
+    }
+    parts.method.to_string()
+}
+
+impl<S> Layer<S> for LockLayer {
+    type Service = LockService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        LockService::from_shared(inner, Arc::clone(&self.shared))
+    }
+}
+
+impl fmt::Debug for LockLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockLayer")
+            .field("locker", &self.shared.locker)
+            .field("namespace", &self.shared.namespace)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,127 @@
+//! A per-request distributed lock for [tower] and [axum](https://docs.rs/axum): at most one
+//! request per key runs at a time, across every server instance that shares the lock store.
+//!
+//! Put [`LockLayer`] in front of the routes that must not run concurrently for the same
+//! resource (a payment with an `Idempotency-Key`, a purchase of one SKU):
+//!
+//! ```no_run
+//! # #[cfg(feature = "axum")] {
+//! use axum::{Router, extract::Path, routing::post};
+//! use tower_lock::{Key, Lease, LockLayer, RedisStore};
+//!
+//! async fn purchase(lease: Lease, Path(sku): Path<String>) -> String {
+//!     format!("bought {sku} under fencing token {}", lease.fencing_token())
+//! }
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::connect("redis://127.0.0.1/").await?;
+//! let app: Router = Router::new()
+//!     .route("/items/{sku}/purchase", post(purchase))
+//!     .route_layer(LockLayer::new(store, Key::path_param("sku")));
+//! # let _ = app; Ok(()) }
+//! # }
+//! ```
+//!
+//! # The path of one request
+//!
+//! ```text
+//! request ─► KeySource ─► LockKey ─► acquire (wait policy) ─► inner service ─► release ─► response
+//!              │ no key: pass through   │ still held at deadline: 409  ▲ renew every ttl/3  │ dropped early:
+//!              │ bad key: 400           │ store error/timeout: 503     │ lost: 503 (abort)  │ spawned release
+//! ```
+//!
+//! 1. The [`KeySource`](key::KeySource) derives a value from the request head: a header
+//!    ([`Key::header`]), a path parameter ([`Key::path_param`]), the path, or any closure. It may
+//!    answer "no key" (the request passes through unlocked) or reject the request (400). The
+//!    value is scoped by the route (or a [namespace](LockLayer::namespace)) and prefixed; see
+//!    [`key`] for the layout and limits.
+//! 2. The [`Locker`] tries `acquire` on the [`LockStore`]: in Redis, `SET key token NX PX ttl`
+//!    with a fresh 128-bit token, plus a fencing token, in one round trip. If the key is held it
+//!    retries by the [`Wait`] policy until its deadline, then answers 409 with `Retry-After`. If
+//!    the store fails or does not answer in time it answers 503.
+//! 3. The inner service runs with a [`Lease`] in the request extensions (an axum extractor). While
+//!    it runs, the response future renews the lease every `ttl / 3`; a renewal that finds the
+//!    lease gone aborts the request with 503 (or, with [`OnLeaseLost::Continue`], lets it finish
+//!    and reports the loss through the `Lease`).
+//! 4. When the inner future completes, the lease is released (a token-checked delete) *before*
+//!    the response is handed on, so a client that retries at once never meets its own lock. If
+//!    the future is dropped early (client gone, timeout, panic), a release is spawned instead.
+//!
+//! # Defaults
+//!
+//! TTL 10 s, renewal every 3.3 s, wait exponential 10..200 ms with jitter for 2 s at most,
+//! max hold 5 min, store timeout 1 s, key prefix `tower-lock:`, key values up to 512 bytes.
+//! See [`LockConfig`].
+//!
+//! # `layer` or `route_layer`
+//!
+//! Under axum, add the layer with `Router::route_layer` (or on a `MethodRouter`): then it runs
+//! after routing, so [`Key::path_param`] sees the parameters and keys are scoped by the matched
+//! route template. With `Router::layer` it runs before routing: path parameters are not known
+//! (a `Key::path_param` source answers 500 saying so), unmatched requests are locked too, and
+//! keys are scoped by method alone unless you set a [namespace](LockLayer::namespace).
+//!
+//! Order it inside timeouts and outside anything that must run under the lock. A
+//! `TimeoutLayer` outside it bounds wait plus handler; when it fires, the future is dropped and
+//! the lease is released in a spawned task.
+//!
+//! # Beyond HTTP
+//!
+//! [`Locker::acquire`] gives background work the same machinery: a [`LeaseGuard`] renewed in a
+//! background task, released on drop, reporting loss through [`Lease::lost`]. See
+//! `examples/singleton.rs` for a job that runs on exactly one instance.
+//!
+//! # What the lock guarantees
+//!
+//! Mutual exclusion holds while the store keeps its keys and the holder renews in time. A
+//! holder that stalls longer than the TTL (a long GC pause, a partition) can still be running
+//! when its lease expires and a second holder starts; that is why every lease carries a
+//! [fencing token](Lease::fencing_token), strictly increasing per key, for the storage behind
+//! the handler to reject stale writes. A single Redis without persistence that restarts loses
+//! every lease (the layer notices at the next renewal); a failover to a replica may too.
+//!
+//! # Feature flags
+//!
+//! - `axum` (default): the [`Lease`] extractor, [`Key::path_param`], and route-template scopes.
+//! - `serde`: [`LockConfig`] and [`Wait`] deserialize from any serde format.
+#![forbid(unsafe_code)]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    unreachable_pub,
+    rust_2018_idioms
+)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod body;
+mod config;
+mod error;
+#[cfg(feature = "axum")]
+mod extract;
+mod future;
+pub mod key;
+mod layer;
+mod lease;
+mod locker;
+mod renew;
+pub mod response;
+mod service;
+pub mod store;
+mod token;
+mod wait;
+
+pub use body::ResponseBody;
+pub use config::{ConfigError, LockConfig, OnLeaseLost};
+pub use error::{LockError, LostReason};
+#[cfg(feature = "axum")]
+pub use extract::MissingLease;
+pub use future::ResponseFuture;
+pub use key::{Key, KeySource};
+pub use layer::LockLayer;
+pub use lease::Lease;
+pub use locker::{LeaseGuard, Locker};
+pub use response::{ProblemJson, RejectionResponse};
+pub use service::LockService;
+pub use store::{LockStore, MemoryStore, RedisStore};
+pub use token::Token;
+pub use wait::Wait;

@@ -1,0 +1,142 @@
+//! The renewal tick: keeps a lease alive while its holder runs.
+
+use std::{
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, ready},
+    time::Duration,
+};
+
+use tokio::time::{Instant, Sleep, sleep_until, timeout};
+
+use crate::{
+    error::LostReason,
+    lease::Lease,
+    store::{BoxFuture, DynStore, StoreError},
+    token::Token,
+};
+
+/// Shortest pause before retrying a renewal that failed with a store error.
+const MIN_RETRY: Duration = Duration::from_millis(10);
+
+/// Renews a lease every `interval` until it is lost. Polled inline by the response future, or
+/// driven by a spawned watchdog task for background leases and streamed bodies.
+///
+/// One `Sleep` is reset in place for every tick. A renewal that fails with a store error is
+/// retried (every quarter interval) while the lease is still valid; only a "not ours" answer, the
+/// lease running out, or the max-hold cap make it lost.
+pub(crate) struct Renewer {
+    store: Arc<dyn DynStore>,
+    lease: Lease,
+    token: Token,
+    ttl: Duration,
+    interval: Duration,
+    store_timeout: Duration,
+    hold_until: Option<Instant>,
+    sleep: Pin<Box<Sleep>>,
+    in_flight: Option<(Instant, BoxFuture<Result<bool, StoreError>>)>,
+}
+
+pub(crate) struct RenewerSettings {
+    pub(crate) ttl: Duration,
+    pub(crate) interval: Duration,
+    pub(crate) store_timeout: Duration,
+    pub(crate) max_hold: Option<Duration>,
+}
+
+impl Renewer {
+    pub(crate) fn new(
+        store: Arc<dyn DynStore>,
+        lease: Lease,
+        token: Token,
+        acquired_at: Instant,
+        settings: RenewerSettings,
+    ) -> Self {
+        let hold_until = settings.max_hold.map(|d| acquired_at + d);
+        let first = acquired_at + settings.interval;
+        let first = hold_until.map_or(first, |h| first.min(h));
+        Self {
+            store,
+            lease,
+            token,
+            ttl: settings.ttl,
+            interval: settings.interval,
+            store_timeout: settings.store_timeout,
+            hold_until,
+            sleep: Box::pin(sleep_until(first)),
+            in_flight: None,
+        }
+    }
+
+    fn schedule(&mut self, at: Instant) {
+        let at = self.hold_until.map_or(at, |h| at.min(h));
+        self.sleep.as_mut().reset(at);
+    }
+
+    fn lose(&self, reason: LostReason) -> Poll<LostReason> {
+        Poll::Ready(self.lease.mark_lost(reason))
+    }
+
+    /// Pending while the lease is held; ready with the reason once it is lost.
+    pub(crate) fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<LostReason> {
+        loop {
+            if let Some(reason) = self.lease.lost_reason() {
+                return Poll::Ready(reason);
+            }
+            if let Some((sent_at, fut)) = &mut self.in_flight {
+                let sent_at = *sent_at;
+                let result = ready!(fut.as_mut().poll(cx));
+                self.in_flight = None;
+                let now = Instant::now();
+                match result {
+                    Ok(true) => {
+                        self.lease.renewed(sent_at, self.ttl);
+                        self.schedule(now + self.interval);
+                    }
+                    Ok(false) => {
+                        tracing::warn!(scope = self.lease.key().scope(), "lease lost: the store no longer holds it");
+                        return self.lose(LostReason::NotHeld);
+                    }
+                    Err(error) => {
+                        let left = self.lease.valid_until().saturating_duration_since(now);
+                        tracing::warn!(
+                            scope = self.lease.key().scope(),
+                            error = &error as &dyn std::error::Error,
+                            time_left = ?left,
+                            "lease renewal failed; retrying while the lease is valid"
+                        );
+                        if left.is_zero() {
+                            return self.lose(LostReason::Expired);
+                        }
+                        let retry = (self.interval / 4).max(MIN_RETRY).min(left);
+                        self.schedule(now + retry);
+                    }
+                }
+            }
+            ready!(self.sleep.as_mut().poll(cx));
+            let now = Instant::now();
+            if self.hold_until.is_some_and(|h| now >= h) {
+                tracing::warn!(scope = self.lease.key().scope(), "lease held past max_hold");
+                return self.lose(LostReason::MaxHold);
+            }
+            let left = self.lease.valid_until().saturating_duration_since(now);
+            if left.is_zero() {
+                return self.lose(LostReason::Expired);
+            }
+            let limit = self.store_timeout.min(left);
+            let renew = Arc::clone(&self.store).renew(
+                self.lease.key().clone(),
+                self.token.clone(),
+                self.ttl,
+            );
+            self.in_flight = Some((
+                now,
+                Box::pin(async move {
+                    timeout(limit, renew)
+                        .await
+                        .unwrap_or_else(|_| Err(StoreError::timeout(limit)))
+                }),
+            ));
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! The responses the layer answers with when it cannot grant a lock.
+//!
+//! By default every rejection is an RFC 9457 `application/problem+json` body with a stable
+//! `type` URI, a `title`, the `status` and a `detail` naming the cause, plus `Retry-After` where
+//! a retry can succeed. No body ever contains the lock token or the key's value.
+//!
+//! | error | status | `type` ends in | `Retry-After` |
+//! |---|---|---|---|
+//! | [`LockError::Contended`] | 409 (`contended_status`) | `#lock-contended` | the holder's remaining TTL, whole seconds, at least 1 |
+//! | [`LockError::Store`] | 503 (`unavailable_status`) | `#lock-store-unavailable` | 1 |
+//! | [`LockError::LeaseLost`] | 503 (`unavailable_status`) | `#lease-lost` | 1 |
+//! | [`LockError::Key`], client's fault | 400 | `#invalid-lock-key` | none |
+//! | [`LockError::Key`], misconfigured route | 500 | `#lock-key-misconfigured` | none |
+//!
+//! Replace it with [`LockLayer::rejection_response`](crate::LockLayer::rejection_response): any
+//! `Fn(&LockError, StatusCode) -> Response<Bytes>` will do. The layer inserts the [`LockError`]
+//! into the extensions of whatever response is built, for outer layers to inspect.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+
+use crate::error::LockError;
+
+/// The base of every problem `type` URI this crate emits.
+pub const PROBLEM_TYPE_BASE: &str = "https://docs.rs/tower-lock/latest/tower_lock/response/";
+
+/// Builds the response for a rejected request.
+pub trait RejectionResponse: Send + Sync + 'static {
+    /// The response for `error`; `status` is the status the layer's config assigns to it.
+    fn response(&self, error: &LockError, status: StatusCode) -> Response<Bytes>;
+}
+
+impl<F> RejectionResponse for F
+where
+    F: Fn(&LockError, StatusCode) -> Response<Bytes> + Send + Sync + 'static,
+{
+    fn response(&self, error: &LockError, status: StatusCode) -> Response<Bytes> {
+        self(error, status)
+    }
+}
+
+/// The default [`RejectionResponse`]: `application/problem+json` (see the [module docs](self)).
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct ProblemJson;
+
+impl RejectionResponse for ProblemJson {
+    fn response(&self, error: &LockError, status: StatusCode) -> Response<Bytes> {
+        let (kind, title, detail, retry_after) = describe(error);
+        let body = serde_json::json!({
+            "type": format!("{PROBLEM_TYPE_BASE}#{kind}"),
+            "title": title,
+            "status": status.as_u16(),
+            "detail": detail,
+        });
+        let mut response = Response::new(Bytes::from(body.to_string()));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(secs) = retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+/// Whole seconds, rounded up, at least 1.
+fn retry_secs(d: Duration) -> u64 {
+    (d.as_millis().div_ceil(1000) as u64).max(1)
+}
+
+fn describe(error: &LockError) -> (&'static str, &'static str, String, Option<u64>) {
+    match error {
+        LockError::Contended { expires_in, .. } => {
+            let secs = expires_in.map_or(1, retry_secs);
+            (
+                "lock-contended",
+                "Resource locked",
+                format!(
+                    "another request holds the lock on this resource; retry in {secs} s"
+                ),
+                Some(secs),
+            )
+        }
+        LockError::Store(_) => (
+            "lock-store-unavailable",
+            "Lock store unavailable",
+            "the lock store could not be reached or did not answer in time; retry later".into(),
+            Some(1),
+        ),
+        LockError::LeaseLost(reason) => (
+            "lease-lost",
+            "Lock lost",
+            format!("the request was stopped because its lock was lost: {reason}; retry later"),
+            Some(1),
+        ),
+        LockError::Key(rejection) if rejection.is_client_error() => (
+            "invalid-lock-key",
+            "Invalid lock key",
+            rejection.detail().to_owned(),
+            None,
+        ),
+        LockError::Key(rejection) => (
+            "lock-key-misconfigured",
+            "Lock key misconfigured",
+            rejection.detail().to_owned(),
+            None,
+        ),
+    }
+}
+
+/// The status the config assigns to `error`.
+pub(crate) fn status_for(error: &LockError, contended: StatusCode, unavailable: StatusCode) -> StatusCode {
+    match error {
+        LockError::Contended { .. } => contended,
+        LockError::Store(_) | LockError::LeaseLost(_) => unavailable,
+        LockError::Key(rejection) if rejection.is_client_error() => StatusCode::BAD_REQUEST,
+        LockError::Key(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        error::LostReason,
+        key::KeyRejection,
+        store::{StoreError, StoreErrorKind},
+    };
+
+    fn json(response: &Response<Bytes>) -> serde_json::Value {
+        serde_json::from_slice(response.body()).unwrap()
+    }
+
+    #[test]
+    fn problem_bodies() {
+        let contended = LockError::Contended {
+            expires_in: Some(Duration::from_millis(2100)),
+            waited: Duration::ZERO,
+        };
+        let r = ProblemJson.response(&contended, StatusCode::CONFLICT);
+        assert_eq!(r.status(), 409);
+        assert_eq!(r.headers()[header::CONTENT_TYPE], "application/problem+json");
+        assert_eq!(r.headers()[header::RETRY_AFTER], "3");
+        let body = json(&r);
+        assert_eq!(body["status"], 409);
+        assert!(body["type"].as_str().unwrap().ends_with("#lock-contended"));
+
+        let short = LockError::Contended { expires_in: Some(Duration::from_millis(5)), waited: Duration::ZERO };
+        assert_eq!(ProblemJson.response(&short, StatusCode::CONFLICT).headers()[header::RETRY_AFTER], "1");
+
+        let store = LockError::Store(StoreError::msg(StoreErrorKind::Unavailable, "secret internals"));
+        let r = ProblemJson.response(&store, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        assert!(!String::from_utf8_lossy(r.body()).contains("secret"), "store internals leak");
+
+        let lost = LockError::LeaseLost(LostReason::NotHeld);
+        assert!(json(&ProblemJson.response(&lost, StatusCode::SERVICE_UNAVAILABLE))["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("#lease-lost"));
+
+        let bad = LockError::Key(KeyRejection::invalid("the \"key\" is bad"));
+        let r = ProblemJson.response(&bad, StatusCode::BAD_REQUEST);
+        assert_eq!(json(&r)["detail"], "the \"key\" is bad", "detail must be JSON-escaped");
+        assert!(r.headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    #[test]
+    fn statuses_follow_config() {
+        let c = StatusCode::LOCKED;
+        let u = StatusCode::BAD_GATEWAY;
+        let contended = LockError::Contended { expires_in: None, waited: Duration::ZERO };
+        assert_eq!(status_for(&contended, c, u), c);
+        assert_eq!(status_for(&LockError::LeaseLost(LostReason::Expired), c, u), u);
+        let misconfigured = LockError::Key(KeyRejection::misconfigured("x"));
+        assert_eq!(status_for(&misconfigured, c, u), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+}

@@ -1,0 +1,171 @@
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::{Acquire, LockStore, StoreError};
+use crate::{key::LockKey, token::Token};
+
+/// Sweep expired entries once this many acquisitions have gone by.
+const SWEEP_EVERY: u64 = 1024;
+
+/// Leases held in this process's memory.
+///
+/// The embedded default when no Redis is configured: same semantics as [`RedisStore`](super::RedisStore)
+/// (time to live, token-checked renew and release, fencing tokens), but it excludes only requests
+/// served by *this* process. Use it for a single instance, for demos and for tests of the layer's
+/// own behaviour; never for instances that must exclude each other.
+///
+/// Clones share the same leases. Expiry follows [`tokio::time`], so paused-time tests work.
+/// Fencing tokens come from one counter per store, so they increase strictly for every key.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    leases: Mutex<HashMap<Bytes, Entry>>,
+    fence: AtomicU64,
+    ops: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    token: Token,
+    expires: Instant,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many leases are held right now (expired ones not counted).
+    pub fn held(&self) -> usize {
+        let now = Instant::now();
+        self.leases().values().filter(|e| e.expires > now).count()
+    }
+
+    fn leases(&self) -> MutexGuard<'_, HashMap<Bytes, Entry>> {
+        // A panic while the lock was held cannot leave the map half-updated (every update is a
+        // single insert or remove), so a poisoned lock is still safe to use.
+        self.inner.leases.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn key(key: &LockKey) -> Bytes {
+        Bytes::copy_from_slice(key.as_bytes())
+    }
+}
+
+impl LockStore for MemoryStore {
+    async fn acquire(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<Acquire, StoreError> {
+        let now = Instant::now();
+        let mut leases = self.leases();
+        if self.inner.ops.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
+            leases.retain(|_, e| e.expires > now);
+        }
+        let k = Self::key(key);
+        if let Some(entry) = leases.get(&k) {
+            if entry.expires > now {
+                return Ok(Acquire::Held {
+                    expires_in: Some(entry.expires - now),
+                });
+            }
+        }
+        leases.insert(
+            k,
+            Entry {
+                token: token.clone(),
+                expires: now + ttl,
+            },
+        );
+        let fencing_token = self.inner.fence.fetch_add(1, Ordering::Relaxed) + 1;
+        Ok(Acquire::Acquired { fencing_token })
+    }
+
+    async fn renew(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<bool, StoreError> {
+        let now = Instant::now();
+        let mut leases = self.leases();
+        match leases.get_mut(key.as_bytes()) {
+            Some(entry) if entry.expires > now && entry.token == *token => {
+                entry.expires = now + ttl;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, StoreError> {
+        let now = Instant::now();
+        let mut leases = self.leases();
+        match leases.get(key.as_bytes()) {
+            Some(entry) if entry.token == *token => {
+                let live = entry.expires > now;
+                leases.remove(key.as_bytes());
+                Ok(live)
+            }
+            _ => Ok(false),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(v: &str) -> LockKey {
+        LockKey::new("t:", "s", v.as_bytes(), 64).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acquire_renew_release_expire() {
+        let store = MemoryStore::new();
+        let (a, b) = (Token::generate().unwrap(), Token::generate().unwrap());
+        let ttl = Duration::from_millis(100);
+        let Acquire::Acquired { fencing_token: f1 } = store.acquire(&key("k"), &a, ttl).await.unwrap() else {
+            panic!("free key not acquired")
+        };
+        assert!(matches!(
+            store.acquire(&key("k"), &b, ttl).await.unwrap(),
+            Acquire::Held { expires_in: Some(d) } if d <= ttl
+        ));
+        assert!(!store.renew(&key("k"), &b, ttl).await.unwrap(), "other token renewed");
+        assert!(!store.release(&key("k"), &b).await.unwrap(), "other token released");
+        tokio::time::advance(Duration::from_millis(80)).await;
+        assert!(store.renew(&key("k"), &a, ttl).await.unwrap());
+        tokio::time::advance(Duration::from_millis(80)).await;
+        assert_eq!(store.held(), 1, "renewed lease expired early");
+        tokio::time::advance(Duration::from_millis(30)).await;
+        assert_eq!(store.held(), 0);
+        assert!(!store.renew(&key("k"), &a, ttl).await.unwrap(), "expired lease renewed");
+        let Acquire::Acquired { fencing_token: f2 } = store.acquire(&key("k"), &b, ttl).await.unwrap() else {
+            panic!("expired key not acquired")
+        };
+        assert!(f2 > f1);
+        assert!(store.release(&key("k"), &b).await.unwrap());
+        assert_eq!(store.held(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_entries_are_swept() {
+        let store = MemoryStore::new();
+        let ttl = Duration::from_millis(10);
+        for i in 0..SWEEP_EVERY - 1 {
+            let t = Token::generate().unwrap();
+            store.acquire(&key(&i.to_string()), &t, ttl).await.unwrap();
+        }
+        tokio::time::advance(Duration::from_millis(20)).await;
+        let t = Token::generate().unwrap();
+        store.acquire(&key("last"), &t, ttl).await.unwrap();
+        assert!(store.leases().len() <= 2, "{} entries left", store.leases().len());
+    }
+}

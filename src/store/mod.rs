@@ -1,0 +1,200 @@
+//! Lock stores: where leases live.
+//!
+//! A store implements [`LockStore`]: three atomic operations on one key, each guarded by the
+//! holder's [`Token`]. [`MemoryStore`] keeps leases in the process (one instance, tests, demos);
+//! [`RedisStore`] shares them between every instance that talks to the same Redis.
+//!
+//! A store only answers; waiting, renewing on a schedule and releasing on drop are the
+//! [`Locker`](crate::Locker)'s job, so a new backend is a few dozen lines.
+
+mod memory;
+mod redis;
+
+use std::{error::Error as StdError, fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
+
+pub use self::memory::MemoryStore;
+pub use self::redis::RedisStore;
+use crate::{key::LockKey, token::Token};
+
+/// The answer to an acquire attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Acquire {
+    /// The key was free and is now held with the caller's token.
+    Acquired {
+        /// Strictly greater than every fencing token handed out before for the same key.
+        fencing_token: u64,
+    },
+    /// Another holder has the key.
+    Held {
+        /// How long the current holder's lease has left, when the store knows.
+        expires_in: Option<Duration>,
+    },
+}
+
+/// A backend that can hold leases.
+///
+/// Each operation must be atomic in the store:
+///
+/// - `acquire`: if `key` is free, set it to `token` with a time to live of `ttl` and return a new
+///   fencing token; otherwise report that it is held.
+/// - `renew`: if `key` holds `token`, reset its time to live to `ttl` and return `true`;
+///   otherwise return `false` and change nothing.
+/// - `release`: if `key` holds `token`, delete it and return `true`; otherwise return `false` and
+///   change nothing.
+///
+/// Implementations write `async fn`; the futures must be `Send`.
+pub trait LockStore: Send + Sync + 'static {
+    /// Tries once to take `key` for `ttl`.
+    fn acquire(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Acquire, StoreError>> + Send;
+
+    /// Extends a held lease to `ttl` from now. `Ok(false)` means the lease is not ours any more.
+    fn renew(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Gives a held lease back. `Ok(false)` means it was not ours (any more).
+    fn release(
+        &self,
+        key: &LockKey,
+        token: &Token,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+}
+
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// The object-safe form of [`LockStore`] that the layer and locker hold, so that their types do
+/// not carry the store's type.
+pub(crate) trait DynStore: Send + Sync + 'static {
+    fn acquire(
+        self: Arc<Self>,
+        key: LockKey,
+        token: Token,
+        ttl: Duration,
+    ) -> BoxFuture<Result<Acquire, StoreError>>;
+    fn renew(self: Arc<Self>, key: LockKey, token: Token, ttl: Duration)
+    -> BoxFuture<Result<bool, StoreError>>;
+    fn release(self: Arc<Self>, key: LockKey, token: Token) -> BoxFuture<Result<bool, StoreError>>;
+}
+
+impl<S: LockStore> DynStore for S {
+    fn acquire(
+        self: Arc<Self>,
+        key: LockKey,
+        token: Token,
+        ttl: Duration,
+    ) -> BoxFuture<Result<Acquire, StoreError>> {
+        Box::pin(async move { LockStore::acquire(&*self, &key, &token, ttl).await })
+    }
+
+    fn renew(
+        self: Arc<Self>,
+        key: LockKey,
+        token: Token,
+        ttl: Duration,
+    ) -> BoxFuture<Result<bool, StoreError>> {
+        Box::pin(async move { LockStore::renew(&*self, &key, &token, ttl).await })
+    }
+
+    fn release(self: Arc<Self>, key: LockKey, token: Token) -> BoxFuture<Result<bool, StoreError>> {
+        Box::pin(async move { LockStore::release(&*self, &key, &token).await })
+    }
+}
+
+/// What kind of failure a [`StoreError`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The store did not answer in time.
+    Timeout,
+    /// The store could not be reached, or the connection broke.
+    Unavailable,
+    /// The store answered with an error or an unexpected reply.
+    Backend,
+    /// No randomness was available to draw a lock token.
+    Entropy,
+}
+
+/// A lock store failed to answer. The layer turns it into a 503 with `Retry-After`.
+///
+/// The underlying error is kept as the [`source`](std::error::Error::source).
+#[derive(Clone)]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    message: Arc<str>,
+    source: Option<Arc<dyn StdError + Send + Sync>>,
+}
+
+impl StoreError {
+    /// An error of `kind` caused by `source`.
+    pub fn new(
+        kind: StoreErrorKind,
+        message: impl Into<Arc<str>>,
+        source: impl Into<Box<dyn StdError + Send + Sync>>,
+    ) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            source: Some(Arc::from(source.into())),
+        }
+    }
+
+    /// An error of `kind` with no underlying cause.
+    pub fn msg(kind: StoreErrorKind, message: impl Into<Arc<str>>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    pub(crate) fn timeout(after: Duration) -> Self {
+        Self::msg(
+            StoreErrorKind::Timeout,
+            format!("the lock store did not answer within {after:?}"),
+        )
+    }
+
+    pub(crate) fn entropy(source: getrandom::Error) -> Self {
+        Self::new(
+            StoreErrorKind::Entropy,
+            "the operating system could not provide randomness for a lock token",
+            Box::<dyn StdError + Send + Sync>::from(source.to_string()),
+        )
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Debug for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreError")
+            .field("kind", &self.kind)
+            .field("message", &self.message)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl StdError for StoreError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn StdError + 'static))
+    }
+}
