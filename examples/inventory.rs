@@ -1,0 +1,439 @@
+//! An inventory service whose purchase endpoint cannot oversell, even though its
+//! read-modify-write of the stock is deliberately not atomic.
+//!
+//! `POST /items/{sku}/purchase` reads the stock, "works" for `work_ms` milliseconds, then writes
+//! the stock minus one: three separate steps, so two concurrent purchases of the last item would
+//! both succeed. A [`LockLayer`] keyed on the `sku` path parameter serializes purchases of the
+//! same SKU across every instance that shares the lock store; purchases of different SKUs still
+//! run in parallel. Run it with `LOCK=off` to see the oversell the lock prevents.
+//!
+//! # Routes
+//!
+//! | route | body | answers |
+//! |---|---|---|
+//! | `PUT /items/{sku}` | `{"stock": N}` | 200 `{"sku","stock"}`; 400 on a bad body |
+//! | `GET /items/{sku}` | | 200 `{"sku","stock"}`; 404 for an unknown SKU |
+//! | `POST /items/{sku}/purchase?work_ms=N` | | 200 `{"sku","stock","fencing_token"}`; 404 unknown SKU; 422 out of stock; 409 lock held (from the layer) |
+//!
+//! Every error is an `application/problem+json` body `{"type","title","status","detail"}`.
+//!
+//! # Environment
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `REDIS_URL` | unset | unset: locks and stock live in this process (`MemoryStore`), so run one instance; set (e.g. `redis://127.0.0.1:6379/`): both live in Redis, so any number of instances can share them |
+//! | `HOST` | `127.0.0.1` | address to bind |
+//! | `PORT` | `3000` | port to bind |
+//! | `LOCK_TTL_MS` | `10000` | lease time to live; renewed every third of it while a purchase runs |
+//! | `LOCK_WAIT_MS` | `2000` | how long a purchase waits for a held lock before answering 409; `0` fails fast |
+//! | `LOCK` | `on` | `off` serves the purchase route without the lock |
+//! | `RUST_LOG` | `info` | log filter |
+//!
+//! # Try it
+//!
+//! ```sh
+//! LOCK_WAIT_MS=0 cargo run --example inventory
+//!
+//! curl -i -X PUT localhost:3000/items/apple -H 'content-type: application/json' -d '{"stock": 5}'
+//!
+//! # Two purchases at once: one gets the lock (200), the other finds it held (409).
+//! curl -s -X POST 'localhost:3000/items/apple/purchase?work_ms=300' &
+//! curl -s -X POST 'localhost:3000/items/apple/purchase?work_ms=300'; wait
+//!
+//! curl -s localhost:3000/items/apple          # {"sku":"apple","stock":4}
+//! ```
+//!
+//! With the default `LOCK_WAIT_MS=2000` the second purchase waits for the first instead, and both
+//! succeed one after the other. With `LOCK=off`, set the stock to 1 and run the two purchases
+//! again: both answer 200 with `"stock":0`, and two items were sold from a stock of one.
+//!
+//! To share the lock and the stock between instances, start Redis and two instances:
+//!
+//! ```sh
+//! REDIS_URL=redis://127.0.0.1:6379/ PORT=3000 cargo run --example inventory
+//! REDIS_URL=redis://127.0.0.1:6379/ PORT=3001 cargo run --example inventory
+//! curl -s -X POST 'localhost:3000/items/apple/purchase?work_ms=300' &
+//! curl -s -X POST 'localhost:3001/items/apple/purchase?work_ms=300'; wait
+//! ```
+
+use std::{
+    collections::HashMap,
+    env,
+    error::Error,
+    process::ExitCode,
+    str::FromStr,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use axum::{
+    Json, Router,
+    extract::{
+        Path, Query, State,
+        rejection::{JsonRejection, QueryRejection},
+    },
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::{post, put},
+};
+use redis::{AsyncCommands, aio::ConnectionManager};
+use serde::{Deserialize, Serialize};
+use tower_lock::{Key, Lease, LockConfig, LockLayer, MemoryStore, RedisStore, Wait};
+use tracing_subscriber::EnvFilter;
+
+/// The longest `work_ms` a purchase accepts.
+const MAX_WORK_MS: u64 = 60_000;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn Error>> {
+    let settings = Settings::from_env()?;
+
+    let config = LockConfig::default().ttl(settings.ttl).wait(settings.wait);
+    // `with_config` checks the config too; checking it first reports a bad LOCK_TTL_MS before
+    // anything connects.
+    config.validate()?;
+    // The lock layer and the stock are backed by the same kind of storage: in-process without
+    // REDIS_URL, Redis with it.
+    let (layer, stock) = match &settings.redis_url {
+        None => {
+            println!(
+                "REDIS_URL is not set: running as a single process with the in-memory lock \
+                 store and in-memory stock"
+            );
+            let layer = LockLayer::with_config(MemoryStore::new(), Key::path_param("sku"), config)?;
+            (layer, Stock::Memory(Arc::default()))
+        }
+        Some(url) => {
+            let store = RedisStore::connect(url.as_str())
+                .await
+                .map_err(|e| format!("cannot connect to REDIS_URL={url}: {e}"))?;
+            let layer = LockLayer::with_config(store, Key::path_param("sku"), config)?;
+            let client = redis::Client::open(url.as_str())?;
+            let conn = client.get_connection_manager().await?;
+            println!("locks and stock are shared through Redis at {url}");
+            (layer, Stock::Redis(conn))
+        }
+    };
+
+    // Only the purchase route is locked; reading and restocking are not.
+    let purchase_route = if settings.lock {
+        post(purchase).route_layer(layer)
+    } else {
+        println!("LOCK=off: purchases run without the lock and can oversell");
+        post(purchase)
+    };
+    let app = Router::new()
+        .route("/items/{sku}", put(set_stock).get(get_stock))
+        .route("/items/{sku}/purchase", purchase_route)
+        .fallback(|| async { Problem::not_found("no such route") })
+        .with_state(stock);
+
+    let listener = tokio::net::TcpListener::bind((settings.host.as_str(), settings.port))
+        .await
+        .map_err(|e| format!("cannot bind {}:{}: {e}", settings.host, settings.port))?;
+    println!("listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    println!("stopped");
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handlers
+
+#[derive(Serialize)]
+struct Item {
+    sku: String,
+    stock: u64,
+}
+
+#[derive(Deserialize)]
+struct SetStock {
+    stock: u64,
+}
+
+async fn set_stock(
+    State(stock): State<Stock>,
+    Path(sku): Path<String>,
+    body: Result<Json<SetStock>, JsonRejection>,
+) -> Result<Json<Item>, Problem> {
+    let Json(SetStock { stock: n }) = body.map_err(Problem::bad_json)?;
+    stock.set(&sku, n).await?;
+    tracing::info!(sku, stock = n, "stock set");
+    Ok(Json(Item { sku, stock: n }))
+}
+
+async fn get_stock(
+    State(stock): State<Stock>,
+    Path(sku): Path<String>,
+) -> Result<Json<Item>, Problem> {
+    let n = stock.get(&sku).await?.ok_or_else(|| unknown_sku(&sku))?;
+    Ok(Json(Item { sku, stock: n }))
+}
+
+#[derive(Deserialize)]
+struct PurchaseParams {
+    #[serde(default)]
+    work_ms: u64,
+}
+
+#[derive(Serialize)]
+struct Purchased {
+    sku: String,
+    /// The stock left after this purchase.
+    stock: u64,
+    /// The lease's fencing token; `null` when the route runs without the lock.
+    fencing_token: Option<u64>,
+}
+
+/// Sells one item: read, work, write, as three separate steps. Nothing here is atomic; the
+/// lock is what keeps two purchases of the same SKU from interleaving.
+async fn purchase(
+    State(stock): State<Stock>,
+    // `Option<Lease>`: `None` when the route is served without the layer (`LOCK=off`).
+    lease: Option<Lease>,
+    Path(sku): Path<String>,
+    params: Result<Query<PurchaseParams>, QueryRejection>,
+) -> Result<Json<Purchased>, Problem> {
+    let Query(params) = params.map_err(|e| Problem::bad_request(e.body_text()))?;
+    if params.work_ms > MAX_WORK_MS {
+        return Err(Problem::bad_request(format!(
+            "work_ms must be at most {MAX_WORK_MS}"
+        )));
+    }
+
+    // 1. Read.
+    let available = stock.get(&sku).await?.ok_or_else(|| unknown_sku(&sku))?;
+    if available == 0 {
+        return Err(Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "out-of-stock",
+            "Out of stock",
+            format!("`{sku}` is out of stock"),
+        ));
+    }
+    // 2. Work (payment, reservation, ...). Without the lock, another purchase reads the same
+    //    stock meanwhile.
+    tokio::time::sleep(Duration::from_millis(params.work_ms)).await;
+    // 3. Write. A store that records the fencing token with the value could also refuse a write
+    //    from a holder that stalled past its lease; see `Lease::fencing_token`.
+    let left = available - 1;
+    stock.set(&sku, left).await?;
+
+    let fencing_token = lease.as_ref().map(Lease::fencing_token);
+    tracing::info!(sku, stock = left, fencing_token, "sold one");
+    Ok(Json(Purchased {
+        sku,
+        stock: left,
+        fencing_token,
+    }))
+}
+
+fn unknown_sku(sku: &str) -> Problem {
+    Problem::not_found(format!("no item with SKU `{sku}`; create it with PUT /items/{sku}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stock storage: plain GET and SET, with no atomicity of their own.
+
+#[derive(Clone)]
+enum Stock {
+    /// One process only.
+    Memory(Arc<Mutex<HashMap<String, u64>>>),
+    /// Shared by every instance, under `inventory:stock:{sku}`.
+    Redis(ConnectionManager),
+}
+
+impl Stock {
+    async fn get(&self, sku: &str) -> Result<Option<u64>, Problem> {
+        match self {
+            Self::Memory(map) => Ok(map
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(sku)
+                .copied()),
+            Self::Redis(conn) => conn
+                .clone()
+                .get(stock_key(sku))
+                .await
+                .map_err(Problem::storage),
+        }
+    }
+
+    async fn set(&self, sku: &str, stock: u64) -> Result<(), Problem> {
+        match self {
+            Self::Memory(map) => {
+                map.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(sku.to_owned(), stock);
+                Ok(())
+            }
+            Self::Redis(conn) => conn
+                .clone()
+                .set(stock_key(sku), stock)
+                .await
+                .map_err(Problem::storage),
+        }
+    }
+}
+
+fn stock_key(sku: &str) -> String {
+    format!("inventory:stock:{sku}")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Problem details (RFC 9457), the same shape the lock layer answers with.
+
+#[derive(Debug, Serialize)]
+struct Problem {
+    #[serde(rename = "type")]
+    kind: String,
+    title: &'static str,
+    status: u16,
+    detail: String,
+}
+
+impl Problem {
+    fn new(status: StatusCode, slug: &str, title: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            // A real service would point this at its own documentation.
+            kind: format!("https://example.com/problems/{slug}"),
+            title,
+            status: status.as_u16(),
+            detail: detail.into(),
+        }
+    }
+
+    fn bad_request(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad-request", "Bad request", detail)
+    }
+
+    fn bad_json(rejection: JsonRejection) -> Self {
+        // axum answers 415 for a missing content type and 422 for well-formed JSON of the wrong
+        // shape; this API calls every unusable body a 400, except the content type.
+        let status = match rejection {
+            JsonRejection::MissingJsonContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        Self::new(status, "invalid-body", "Invalid request body", rejection.body_text())
+    }
+
+    fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not-found", "Not found", detail)
+    }
+
+    fn storage(error: redis::RedisError) -> Self {
+        tracing::error!(%error, "stock storage failed");
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage-unavailable",
+            "Storage unavailable",
+            "the stock could not be read or written; retry later",
+        )
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (
+            status,
+            [(header::CONTENT_TYPE, "application/problem+json")],
+            Json(self),
+        )
+            .into_response()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Settings and shutdown
+
+struct Settings {
+    redis_url: Option<String>,
+    host: String,
+    port: u16,
+    ttl: Duration,
+    wait: Wait,
+    lock: bool,
+}
+
+impl Settings {
+    fn from_env() -> Result<Self, String> {
+        let wait_ms: u64 = env_or("LOCK_WAIT_MS", 2000)?;
+        let lock = match env::var("LOCK").as_deref() {
+            Err(env::VarError::NotPresent) | Ok("on") => true,
+            Ok("off") => false,
+            Ok(other) => return Err(format!("LOCK={other:?} is invalid: use `on` or `off`")),
+            Err(env::VarError::NotUnicode(_)) => return Err("LOCK is not valid UTF-8".into()),
+        };
+        Ok(Self {
+            redis_url: env::var("REDIS_URL").ok().filter(|url| !url.is_empty()),
+            host: env::var("HOST").unwrap_or_else(|_| "127.0.0.1".into()),
+            port: env_or("PORT", 3000)?,
+            ttl: Duration::from_millis(env_or("LOCK_TTL_MS", 10_000)?),
+            wait: if wait_ms == 0 {
+                Wait::none()
+            } else {
+                Wait::default().deadline(Duration::from_millis(wait_ms))
+            },
+            lock,
+        })
+    }
+}
+
+/// The variable parsed as a `T`, or `default` when it is unset.
+fn env_or<T: FromStr>(name: &str, default: T) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    match env::var(name) {
+        Err(env::VarError::NotPresent) => Ok(default),
+        Err(env::VarError::NotUnicode(_)) => Err(format!("{name} is not valid UTF-8")),
+        Ok(value) => value
+            .parse()
+            .map_err(|e| format!("{name}={value:?} is invalid: {e}")),
+    }
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(%error, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    println!("shutting down");
+}

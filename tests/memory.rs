@@ -1,0 +1,48 @@
+//! The behaviour suite on `MemoryStore` (one process; the layer's own behaviour).
+
+mod suite;
+mod support;
+
+use support::Memory;
+use tower_lock::OnLeaseLost;
+
+macro_rules! memory_tests {
+    ($($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            suite::$name(Memory::new()).await;
+        }
+    )*};
+}
+
+memory_tests!(
+    exclusion,
+    renewal_keeps_long_handlers_exclusive,
+    without_renewal_the_lease_expires,
+    release_on_completion,
+    release_on_drop,
+    release_on_panic,
+    contended_is_409_problem,
+    max_hold_bounds_a_request,
+    singleton_guard,
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_lock_updates_are_lost() {
+    suite::without_the_lock_updates_are_lost().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_hold_under_continue_lets_the_handler_finish() {
+    use std::time::Duration;
+    use tower_lock::{Key, LockConfig, LockLayer, MemoryStore};
+    let config = LockConfig::default()
+        .ttl(Duration::from_millis(100))
+        .max_hold(Duration::from_millis(150))
+        .on_lease_lost(OnLeaseLost::Continue);
+    let layer = LockLayer::with_config(MemoryStore::new(), Key::path_param("sku"), config).unwrap();
+    let app = support::counter_app(support::Counter::new(), Some(layer));
+    let response = support::send(&app, support::purchase("k", 400)).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(support::body_json(response).await["lost"], true);
+}

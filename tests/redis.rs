@@ -1,0 +1,274 @@
+//! The behaviour suite on a real `redis-server`, plus Redis-only behaviour: outages, restarts,
+//! scripts, round trips, transports. Each test starts its own server on a free loopback port.
+
+mod suite;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use support::{Backend, Counter, Redis, RedisServer, body_json, counter_app, purchase, send};
+use tower_lock::{Key, LockConfig, LockLayer, LockStore, OnLeaseLost, RedisStore, Token, Wait};
+
+macro_rules! redis_tests {
+    ($($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            suite::$name(Redis::new()).await;
+        }
+    )*};
+}
+
+redis_tests!(
+    exclusion,
+    renewal_keeps_long_handlers_exclusive,
+    without_renewal_the_lease_expires,
+    release_on_completion,
+    release_on_drop,
+    release_on_panic,
+    contended_is_409_problem,
+    max_hold_bounds_a_request,
+    singleton_guard,
+);
+
+async fn delete_lock_keys(backend: Redis) -> Redis {
+    let keys = backend.0.lock_keys().await;
+    assert_eq!(keys.len(), 1, "expected the one held key");
+    let mut conn = backend.0.client().await;
+    let _: () = redis::cmd("DEL").arg(&keys[0]).query_async(&mut conn).await.unwrap();
+    backend
+}
+
+async fn steal_lock_keys(backend: Redis) -> Redis {
+    let keys = backend.0.lock_keys().await;
+    let mut conn = backend.0.client().await;
+    let _: () = redis::cmd("SET")
+        .arg(&keys[0])
+        .arg("someone-else")
+        .arg("PX")
+        .arg(10_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    backend
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_deleted_behind_the_holder_aborts() {
+    suite::lease_loss(Redis::new(), OnLeaseLost::Abort, delete_lock_keys).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_taken_over_behind_the_holder_continues_and_reports() {
+    suite::lease_loss(Redis::new(), OnLeaseLost::Continue, steal_lock_keys).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_empty_under_a_holder_is_noticed() {
+    suite::lease_loss(Redis::new(), OnLeaseLost::Abort, |mut backend: Redis| async move {
+        tokio::task::spawn_blocking(move || {
+            backend.0.restart();
+            backend
+        })
+        .await
+        .unwrap()
+    })
+    .await;
+}
+
+/// Redis killed mid-run: 503 within the wait deadline (no hang); service resumes after restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_then_restarted() {
+    let mut backend = Redis::new();
+    let deadline = Duration::from_millis(500);
+    let config = LockConfig::default().wait(Wait::default().deadline(deadline));
+    let layer = LockLayer::with_config(backend.store().await, Key::path_param("sku"), config).unwrap();
+    let app = counter_app(Counter::new(), Some(layer));
+    assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
+
+    backend.0.kill();
+    for i in 0..5 {
+        let started = Instant::now();
+        let response = send(&app, purchase(&format!("k{i}"), 0)).await;
+        let took = started.elapsed();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()["retry-after"], "1");
+        let body = body_json(response).await;
+        assert!(body["type"].as_str().unwrap().ends_with("#lock-store-unavailable"));
+        // The store timeout (1 s) is the floor of an attempt; never the 30 s of a pool default.
+        assert!(took < deadline + Duration::from_millis(1500), "503 after {took:?}");
+    }
+
+    backend.0.restart();
+    let started = Instant::now();
+    loop {
+        match send(&app, purchase("k", 0)).await.status() {
+            StatusCode::OK => break,
+            StatusCode::SERVICE_UNAVAILABLE if started.elapsed() < Duration::from_secs(10) => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => panic!("did not recover after the restart: {other}"),
+        }
+    }
+}
+
+/// A stalled Redis (`CLIENT PAUSE`): 503 within the wait deadline plus the store timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_redis_answers_503_in_bounded_time() {
+    let backend = Redis::new();
+    let config = LockConfig::default()
+        .wait(Wait::default().deadline(Duration::from_millis(300)))
+        .store_timeout(Duration::from_millis(200));
+    let layer = LockLayer::with_config(backend.store().await, Key::path_param("sku"), config).unwrap();
+    let app = counter_app(Counter::new(), Some(layer));
+    assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
+    let mut conn = backend.0.client().await;
+    let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(2000).query_async(&mut conn).await.unwrap();
+    let started = Instant::now();
+    let status = send(&app, purchase("k2", 0)).await.status();
+    let took = started.elapsed();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(took < Duration::from_millis(1200), "503 after {took:?}");
+}
+
+/// `SCRIPT FLUSH` (or a restart) does not break anything: `EVALSHA` falls back and reloads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_reload_after_flush() {
+    let backend = Redis::new();
+    let layer = LockLayer::new(backend.store().await, Key::path_param("sku"));
+    let app = counter_app(Counter::new(), Some(layer));
+    assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
+    let mut conn = backend.0.client().await;
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.unwrap();
+    assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
+    assert!(backend.0.lock_keys().await.is_empty());
+}
+
+async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64)> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("cmdstat_")?;
+            let (name, stats) = rest.split_once(':')?;
+            let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Exactly two client commands per uncontended request: one EVALSHA to acquire, one to release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_round_trips_per_uncontended_request() {
+    let backend = Redis::new();
+    let layer = LockLayer::new(backend.store().await, Key::path_param("sku"));
+    let app = counter_app(Counter::new(), Some(layer));
+    assert_eq!(send(&app, purchase("warm-up", 0)).await.status(), StatusCode::OK);
+    let mut conn = backend.0.client().await;
+    let before: std::collections::HashMap<_, _> = command_calls(&mut conn).await.into_iter().collect();
+    let n = 50;
+    for i in 0..n {
+        assert_eq!(send(&app, purchase(&format!("k{i}"), 0)).await.status(), StatusCode::OK);
+    }
+    let after = command_calls(&mut conn).await;
+    let delta = |name: &str| {
+        after.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c)
+            - before.get(name).copied().unwrap_or(0)
+    };
+    assert_eq!(delta("evalsha"), 2 * n, "{after:?}");
+    for name in ["ping", "eval", "script|load", "script", "exists", "pttl"] {
+        assert_eq!(delta(name), 0, "unexpected {name} from the client: {after:?}");
+    }
+}
+
+/// The bb8 pool transport works too, with the recommended builder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_transport() {
+    let server = RedisServer::start();
+    let manager = bb8_redis::RedisConnectionManager::new(server.url()).unwrap();
+    let pool = RedisStore::pool_builder().max_size(4).build(manager).await.unwrap();
+    let config = LockConfig::default().wait(Wait::none());
+    let layer = LockLayer::with_config(RedisStore::from_pool(pool), Key::path_param("sku"), config).unwrap();
+    let counter = Counter::new();
+    let app = counter_app(std::sync::Arc::clone(&counter), Some(layer));
+    let running = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, purchase("k", 500)).await.status() }
+    });
+    suite::wait_until(|| counter.inside.load(std::sync::atomic::Ordering::SeqCst) == 1).await;
+    assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::CONFLICT);
+    assert_eq!(running.await.unwrap(), StatusCode::OK);
+    assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
+}
+
+/// Only the holder's token renews or releases; fencing tokens keep increasing even after the
+/// counter key is gone; keys never leave the prefix, whatever bytes the value holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_semantics() {
+    use tower_lock::{key::LockKey, store::Acquire};
+    let backend = Redis::new();
+    let store = backend.store().await;
+    let ttl = Duration::from_secs(5);
+    let key = LockKey::new("tower-lock:", "POST /x/{id}", b"\x00\xff{}:\r\n", 64).unwrap();
+    let (a, b) = (Token::generate().unwrap(), Token::generate().unwrap());
+    let Acquire::Acquired { fencing_token: f1 } = store.acquire(&key, &a, ttl).await.unwrap() else {
+        panic!("not acquired")
+    };
+    let Acquire::Held { expires_in: Some(left) } = store.acquire(&key, &b, ttl).await.unwrap() else {
+        panic!("acquired twice")
+    };
+    assert!(left <= ttl && left > ttl / 2);
+    assert!(!store.renew(&key, &b, ttl).await.unwrap());
+    assert!(!store.release(&key, &b).await.unwrap());
+    assert!(store.renew(&key, &a, ttl).await.unwrap());
+    assert!(store.release(&key, &a).await.unwrap());
+    assert!(!store.release(&key, &a).await.unwrap(), "released twice");
+
+    let mut conn = backend.0.client().await;
+    let keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap();
+    assert_eq!(keys.len(), 1, "only the fencing counter is left: {keys:?}");
+    assert!(keys[0].starts_with(b"tower-lock:{12:POST /x/{id}:"));
+    let _: () = redis::cmd("DEL").arg(&keys[0]).query_async(&mut conn).await.unwrap();
+    let Acquire::Acquired { fencing_token: f2 } = store.acquire(&key, &b, ttl).await.unwrap() else {
+        panic!("not acquired")
+    };
+    assert!(f2 > f1, "fencing token went back after the counter expired: {f1} then {f2}");
+    let Acquire::Held { .. } = store.acquire(&key, &a, ttl).await.unwrap() else { panic!() };
+    assert!(store.release(&key, &b).await.unwrap());
+    let Acquire::Acquired { fencing_token: f3 } = store.acquire(&key, &a, ttl).await.unwrap() else {
+        panic!("not acquired")
+    };
+    assert!(f3 > f2);
+    // The lock key holds the token with a TTL; the counter has a retention TTL.
+    let pttl: i64 = redis::cmd("PTTL").arg(key.as_bytes()).query_async(&mut conn).await.unwrap();
+    assert!(pttl > 0 && pttl <= 5000);
+    let mut fence = key.as_bytes().to_vec();
+    fence.extend_from_slice(b":fence");
+    let fence_ttl: i64 = redis::cmd("PTTL").arg(&fence).query_async(&mut conn).await.unwrap();
+    assert!(fence_ttl > 3_600_000, "fence retention {fence_ttl}");
+}
+
+/// Two services over two connections: the lock excludes across them, not just within one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_exclude_each_other() {
+    let backend = Redis::new();
+    let config = LockConfig::default().wait(Wait::none());
+    let counter = Counter::new();
+    let one = counter_app(
+        std::sync::Arc::clone(&counter),
+        Some(LockLayer::with_config(backend.store().await, Key::path_param("sku"), config.clone()).unwrap()),
+    );
+    let two = counter_app(
+        Counter::new(),
+        Some(LockLayer::with_config(backend.store().await, Key::path_param("sku"), config).unwrap()),
+    );
+    let running = tokio::spawn({
+        let one = one.clone();
+        async move { send(&one, purchase("k", 500)).await.status() }
+    });
+    suite::wait_until(|| counter.inside.load(std::sync::atomic::Ordering::SeqCst) == 1).await;
+    assert_eq!(send(&two, purchase("k", 0)).await.status(), StatusCode::CONFLICT);
+    assert_eq!(send(&two, purchase("other", 0)).await.status(), StatusCode::OK);
+    assert_eq!(running.await.unwrap(), StatusCode::OK);
+    assert_eq!(send(&two, purchase("k", 0)).await.status(), StatusCode::OK);
+}
+

@@ -1,0 +1,314 @@
+//! The behaviour suite, run against every store (see `tests/memory.rs`, `tests/redis.rs`).
+//!
+//! Each test builds two separately configured services ("instances") over two handles onto the
+//! same store, the way two servers share one Redis.
+#![allow(dead_code, unreachable_pub)]
+
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::{Duration, Instant},
+};
+
+use axum::http::{StatusCode, header};
+use tower_lock::{Key, LockConfig, LockLayer, OnLeaseLost, Wait};
+
+use crate::support::{Backend, Counter, Tally, body_json, counter_app, purchase, send};
+
+/// How many concurrent requests the exclusion test sends.
+pub const EXCLUSION_REQUESTS: usize = 240;
+
+async fn layer<B: Backend>(backend: &B, config: LockConfig) -> LockLayer {
+    LockLayer::with_config(backend.store().await, Key::path_param("sku"), config).unwrap()
+}
+
+fn patient() -> LockConfig {
+    LockConfig::default().wait(
+        Wait::exponential(Duration::from_millis(1), Duration::from_millis(20))
+            .deadline(Duration::from_secs(60)),
+    )
+}
+
+/// Runs `n` concurrent purchases of `sku` spread over `apps`.
+async fn load(apps: &[axum::Router], n: usize, sku: &str, work_ms: u64) -> Tally {
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let app = apps[i % apps.len()].clone();
+        let sku = sku.to_owned();
+        tasks.push(tokio::spawn(async move { send(&app, purchase(&sku, work_ms)).await.status() }));
+    }
+    let mut tally = Tally::default();
+    for task in tasks {
+        tally.add(task.await.unwrap());
+    }
+    tally
+}
+
+/// Two instances, many concurrent non-atomic read-modify-writes on one key: no lost update,
+/// no overlap, fencing tokens order the writes.
+pub async fn exclusion<B: Backend>(backend: B) {
+    let counter = Counter::new();
+    let apps = [
+        counter_app(Arc::clone(&counter), Some(layer(&backend, patient()).await)),
+        counter_app(Arc::clone(&counter), Some(layer(&backend, patient()).await)),
+    ];
+    let tally = load(&apps, EXCLUSION_REQUESTS, "hot", 1).await;
+    assert_eq!(tally.ok, EXCLUSION_REQUESTS, "{tally:?}");
+    assert_eq!(counter.value.load(Ordering::SeqCst), EXCLUSION_REQUESTS as u64, "lost updates");
+    assert_eq!(counter.overlaps.load(Ordering::SeqCst), 0, "two holders at once");
+    counter.assert_fenced_in_order();
+}
+
+/// The negative control for `exclusion`: the same load without the layer loses updates, so the
+/// exclusion test can fail.
+pub async fn without_the_lock_updates_are_lost() {
+    let counter = Counter::new();
+    let apps = [counter_app(Arc::clone(&counter), None), counter_app(Arc::clone(&counter), None)];
+    let tally = load(&apps, EXCLUSION_REQUESTS, "hot", 1).await;
+    assert_eq!(tally.ok, EXCLUSION_REQUESTS);
+    let value = counter.value.load(Ordering::SeqCst);
+    assert!(value < EXCLUSION_REQUESTS as u64, "no update lost without the lock: {value}");
+    assert!(counter.overlaps.load(Ordering::SeqCst) > 0);
+}
+
+/// A handler running 5x the TTL keeps its lease: the second request waits until it is done.
+pub async fn renewal_keeps_long_handlers_exclusive<B: Backend>(backend: B) {
+    let config = patient().ttl(Duration::from_millis(200));
+    let counter = Counter::new();
+    let apps = [
+        counter_app(Arc::clone(&counter), Some(layer(&backend, config.clone()).await)),
+        counter_app(Arc::clone(&counter), Some(layer(&backend, config).await)),
+    ];
+    let tally = load(&apps, 2, "long", 1000).await;
+    assert_eq!(tally.ok, 2, "{tally:?}");
+    assert_eq!(counter.overlaps.load(Ordering::SeqCst), 0, "the lease expired under a running handler");
+    assert_eq!(counter.value.load(Ordering::SeqCst), 2);
+}
+
+/// The negative control for renewal: without it, a lease of the same TTL expires under a
+/// handler that runs 5x as long, and a second holder gets in.
+pub async fn without_renewal_the_lease_expires<B: Backend>(backend: B) {
+    use tower_lock::{LockStore, Token, store::Acquire};
+    let store = backend.store().await;
+    let key = tower_lock::key::LockKey::new("tower-lock:", "s", b"k", 64).unwrap();
+    let ttl = Duration::from_millis(200);
+    let first = store.acquire(&key, &Token::generate().unwrap(), ttl).await.unwrap();
+    assert!(matches!(first, Acquire::Acquired { .. }));
+    tokio::time::sleep(ttl * 5).await;
+    let second = store.acquire(&key, &Token::generate().unwrap(), ttl).await.unwrap();
+    assert!(matches!(second, Acquire::Acquired { .. }), "{second:?}");
+}
+
+/// Release on completion: the next request acquires at once, even failing fast.
+pub async fn release_on_completion<B: Backend>(backend: B) {
+    let config = LockConfig::default().wait(Wait::none());
+    let app = counter_app(Counter::new(), Some(layer(&backend, config).await));
+    for _ in 0..20 {
+        assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
+    }
+}
+
+/// A dropped request (client gone) frees its key within milliseconds, not after the TTL.
+pub async fn release_on_drop<B: Backend>(backend: B) {
+    let config = LockConfig::default().wait(Wait::none()).ttl(Duration::from_secs(30));
+    let counter = Counter::new();
+    let app = counter_app(Arc::clone(&counter), Some(layer(&backend, config).await));
+    let running = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, purchase("k", 60_000)).await }
+    });
+    wait_until(|| counter.inside.load(Ordering::SeqCst) == 1).await;
+    assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::CONFLICT);
+    running.abort();
+    let dropped = Instant::now();
+    loop {
+        let status = send(&app, purchase("k", 0)).await.status();
+        if status == StatusCode::OK {
+            break;
+        }
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert!(dropped.elapsed() < Duration::from_secs(2), "key still held after the drop");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(dropped.elapsed() < Duration::from_millis(500), "freed after {:?}", dropped.elapsed());
+}
+
+/// A panicking handler releases its key, and the service keeps serving.
+pub async fn release_on_panic<B: Backend>(backend: B) {
+    let config = LockConfig::default().wait(Wait::none()).ttl(Duration::from_secs(30));
+    let layer = layer(&backend, config).await;
+    let app = axum::Router::new()
+        .route(
+            "/items/{sku}/purchase",
+            axum::routing::post(|axum::extract::Path(sku): axum::extract::Path<String>| async move {
+                if sku == "boom" {
+                    panic!("handler panicked on purpose");
+                }
+                "ok"
+            }),
+        )
+        .route_layer(layer)
+        .layer(tower_http::catch_panic::CatchPanicLayer::new());
+    let r = send(&app, purchase("boom", 0)).await;
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let started = Instant::now();
+    loop {
+        // The release is spawned from the unwinding future; give it a moment.
+        match send(&app, purchase("boom", 0)).await.status() {
+            StatusCode::INTERNAL_SERVER_ERROR => break,
+            StatusCode::CONFLICT if started.elapsed() < Duration::from_secs(2) => {
+                tokio::time::sleep(Duration::from_millis(5)).await
+            }
+            other => panic!("key not released after a panic: {other}"),
+        }
+    }
+    assert_eq!(send(&app, purchase("fine", 0)).await.status(), StatusCode::OK);
+}
+
+/// Contention answers 409 problem+json with `Retry-After` from the holder's TTL.
+pub async fn contended_is_409_problem<B: Backend>(backend: B) {
+    let config = LockConfig::default().wait(Wait::none()).ttl(Duration::from_secs(5));
+    let counter = Counter::new();
+    let app = counter_app(Arc::clone(&counter), Some(layer(&backend, config).await));
+    let running = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, purchase("k", 1500)).await.status() }
+    });
+    wait_until(|| counter.inside.load(Ordering::SeqCst) == 1).await;
+    let r = send(&app, purchase("k", 0)).await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    assert_eq!(r.headers()[header::CONTENT_TYPE], "application/problem+json");
+    let retry: u64 = r.headers()[header::RETRY_AFTER].to_str().unwrap().parse().unwrap();
+    assert!((1..=5).contains(&retry), "Retry-After {retry}");
+    let body = body_json(r).await;
+    assert_eq!(body["status"], 409);
+    assert!(body["type"].as_str().unwrap().ends_with("#lock-contended"));
+    assert!(body["detail"].as_str().unwrap().contains("retry"));
+    assert_eq!(running.await.unwrap(), StatusCode::OK);
+}
+
+/// A key deleted or expired behind the holder's back is noticed at the next renewal: under
+/// `Abort` the handler is dropped and the client gets 503; under `Continue` it finishes and sees
+/// the loss. `steal` makes the lease go away.
+pub async fn lease_loss<B, F, Fut>(backend: B, policy: OnLeaseLost, steal: F)
+where
+    B: Backend,
+    F: FnOnce(B) -> Fut,
+    Fut: std::future::Future<Output = B>,
+{
+    let config = patient()
+        .ttl(Duration::from_millis(300))
+        .on_lease_lost(policy)
+        .max_hold(Duration::from_secs(60));
+    let counter = Counter::new();
+    let app = counter_app(Arc::clone(&counter), Some(layer(&backend, config).await));
+    let running = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, purchase("k", 1500)).await }
+    });
+    wait_until(|| counter.inside.load(Ordering::SeqCst) == 1).await;
+    let started = Instant::now();
+    let _backend = steal(backend).await;
+    let response = running.await.unwrap();
+    match policy {
+        OnLeaseLost::Abort => {
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert!(started.elapsed() < Duration::from_millis(1200), "abort came late");
+            let body = body_json(response).await;
+            assert!(body["type"].as_str().unwrap().ends_with("#lease-lost"), "{body}");
+            assert_eq!(counter.finished.load(Ordering::SeqCst), 0, "the handler ran on");
+        }
+        _ => {
+            assert_eq!(response.status(), StatusCode::OK);
+            assert_eq!(body_json(response).await["lost"], true);
+            assert_eq!(counter.finished.load(Ordering::SeqCst), 1);
+        }
+    }
+}
+
+/// Requests longer than `max_hold` lose their lease (abort: 503).
+pub async fn max_hold_bounds_a_request<B: Backend>(backend: B) {
+    let config = LockConfig::default()
+        .ttl(Duration::from_millis(300))
+        .max_hold(Duration::from_millis(400));
+    let counter = Counter::new();
+    let app = counter_app(Arc::clone(&counter), Some(layer(&backend, config).await));
+    let started = Instant::now();
+    let response = send(&app, purchase("k", 5000)).await;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    assert_eq!(counter.finished.load(Ordering::SeqCst), 0);
+    // The key was released on abort: the next request gets it at once.
+    let quick = LockConfig::default().wait(Wait::none());
+    let app2 = counter_app(Counter::new(), Some(layer(&backend, quick).await));
+    assert_eq!(send(&app2, purchase("k", 0)).await.status(), StatusCode::OK);
+}
+
+/// The singleton guard: exactly one holder among several tasks; when the holder is dropped, or
+/// "dies" without releasing, another takes over (at once, or after the TTL).
+pub async fn singleton_guard<B: Backend>(backend: B) {
+    use tower_lock::Locker;
+    let ttl = Duration::from_millis(400);
+    let config = LockConfig::default()
+        .ttl(ttl)
+        .wait(Wait::constant(Duration::from_millis(20)).forever());
+    let holders = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let overlaps = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let locker = Locker::with_config(backend.store().await, config.clone()).unwrap();
+        let (holders, overlaps) = (Arc::clone(&holders), Arc::clone(&overlaps));
+        tasks.push(tokio::spawn(async move {
+            let key = locker.key("jobs", "report").unwrap();
+            let guard = locker.acquire(key).await.unwrap();
+            if holders.fetch_add(1, Ordering::SeqCst) > 0 {
+                overlaps.fetch_add(1, Ordering::SeqCst);
+            }
+            // Hold for longer than the TTL, so renewal must keep the others out.
+            tokio::time::sleep(ttl * 2).await;
+            assert!(!guard.is_lost());
+            holders.fetch_sub(1, Ordering::SeqCst);
+            guard.fencing_token()
+            // The guard is dropped here: the next task takes over.
+        }));
+    }
+    let mut tokens = Vec::new();
+    for task in tasks {
+        tokens.push(task.await.unwrap());
+    }
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two singletons at once");
+    tokens.sort();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 4);
+
+    // A holder that dies without releasing (its runtime stops, the guard is never dropped):
+    // another takes over after the TTL, not before.
+    let store = backend.store().await;
+    let dead_config = config.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let locker = Locker::with_config(store, dead_config).unwrap();
+            let guard = locker.acquire(locker.key("jobs", "report").unwrap()).await.unwrap();
+            std::mem::forget(guard);
+        });
+        drop(rt);
+    })
+    .join()
+    .unwrap();
+    let died = Instant::now();
+    let locker = Locker::with_config(backend.store().await, config).unwrap();
+    let guard = locker.acquire(locker.key("jobs", "report").unwrap()).await.unwrap();
+    let took = died.elapsed();
+    assert!(took >= ttl / 2, "took over after {took:?}, before the dead holder's TTL ran out");
+    assert!(took < ttl * 4, "took over only after {took:?}");
+    assert!(guard.release().await.unwrap());
+}
+
+/// Polls `cond` until true, for at most 5 s.
+pub async fn wait_until(cond: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < Duration::from_secs(5), "condition not reached");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
