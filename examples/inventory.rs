@@ -244,7 +244,9 @@ async fn purchase(
 }
 
 fn unknown_sku(sku: &str) -> Problem {
-    Problem::not_found(format!("no item with SKU `{sku}`; create it with PUT /items/{sku}"))
+    Problem::not_found(format!(
+        "no item with SKU `{sku}`; create it with PUT /items/{sku}"
+    ))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -319,7 +321,12 @@ impl Problem {
     }
 
     fn bad_request(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "bad-request", "Bad request", detail)
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "Bad request",
+            detail,
+        )
     }
 
     fn bad_json(rejection: JsonRejection) -> Self {
@@ -329,7 +336,12 @@ impl Problem {
             JsonRejection::MissingJsonContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             _ => StatusCode::BAD_REQUEST,
         };
-        Self::new(status, "invalid-body", "Invalid request body", rejection.body_text())
+        Self::new(
+            status,
+            "invalid-body",
+            "Invalid request body",
+            rejection.body_text(),
+        )
     }
 
     fn not_found(detail: impl Into<String>) -> Self {

@@ -117,12 +117,10 @@ where
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let mut this = self.project();
         loop {
-            if let Some(hold) = this.hold.as_mut() {
-                if let Some(release) = hold.releasing.as_mut() {
-                    let _ = ready!(release.as_mut().poll(cx));
-                    *this.hold = None;
-                    return Poll::Ready(None);
-                }
+            if let Some(release) = this.hold.as_mut().and_then(|h| h.releasing.as_mut()) {
+                let _ = ready!(release.as_mut().poll(cx));
+                *this.hold = None;
+                return Poll::Ready(None);
             }
             let frame = match this.kind.as_mut().project() {
                 KindProj::Inner { body } => ready!(body.poll_frame(cx)),
@@ -161,7 +159,9 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body } => body.size_hint(),
-            Kind::Full { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            Kind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
         }
     }
 }

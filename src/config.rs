@@ -71,7 +71,10 @@ pub enum OnLeaseLost {
 pub struct LockConfig {
     #[cfg_attr(feature = "serde", serde(rename = "ttl_ms", with = "ms"))]
     ttl: Duration,
-    #[cfg_attr(feature = "serde", serde(rename = "renew_interval_ms", with = "opt_ms"))]
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "renew_interval_ms", with = "opt_ms")
+    )]
     renew_interval: Option<Duration>,
     wait: Wait,
     #[cfg_attr(feature = "serde", serde(rename = "max_hold_ms", with = "ms"))]
@@ -210,10 +213,16 @@ impl LockConfig {
             ));
         }
         if self.max_hold.is_zero() {
-            return Err(ConfigError::new("max_hold", "the longest hold must be above 0"));
+            return Err(ConfigError::new(
+                "max_hold",
+                "the longest hold must be above 0",
+            ));
         }
         if self.store_timeout.is_zero() {
-            return Err(ConfigError::new("store_timeout", "the store timeout must be above 0"));
+            return Err(ConfigError::new(
+                "store_timeout",
+                "the store timeout must be above 0",
+            ));
         }
         if self.key_prefix.contains(['{', '}']) {
             return Err(ConfigError::new(
@@ -222,7 +231,10 @@ impl LockConfig {
             ));
         }
         if self.max_key_len == 0 {
-            return Err(ConfigError::new("max_key_len", "the key length limit must be above 0"));
+            return Err(ConfigError::new(
+                "max_key_len",
+                "the key length limit must be above 0",
+            ));
         }
         for (field, status) in [
             ("contended_status", self.contended_status),
@@ -288,7 +300,9 @@ pub(crate) mod opt_ms {
         }
     }
 
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
         Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
     }
 }
@@ -307,7 +321,10 @@ pub(crate) mod ms_list {
     }
 
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Duration>, D::Error> {
-        Ok(Vec::<u64>::deserialize(d)?.into_iter().map(Duration::from_millis).collect())
+        Ok(Vec::<u64>::deserialize(d)?
+            .into_iter()
+            .map(Duration::from_millis)
+            .collect())
     }
 }
 
@@ -340,14 +357,29 @@ mod tests {
     fn invalid_settings_name_their_field() {
         let cases = [
             (LockConfig::default().ttl(Duration::ZERO), "ttl"),
-            (LockConfig::default().renew_interval(Duration::from_secs(10)), "renew_interval"),
-            (LockConfig::default().renew_interval(Duration::ZERO), "renew_interval"),
+            (
+                LockConfig::default().renew_interval(Duration::from_secs(10)),
+                "renew_interval",
+            ),
+            (
+                LockConfig::default().renew_interval(Duration::ZERO),
+                "renew_interval",
+            ),
             (LockConfig::default().max_hold(Duration::ZERO), "max_hold"),
-            (LockConfig::default().store_timeout(Duration::ZERO), "store_timeout"),
+            (
+                LockConfig::default().store_timeout(Duration::ZERO),
+                "store_timeout",
+            ),
             (LockConfig::default().key_prefix("a{b"), "key_prefix"),
             (LockConfig::default().max_key_len(0), "max_key_len"),
-            (LockConfig::default().contended_status(StatusCode::OK), "contended_status"),
-            (LockConfig::default().wait(Wait::constant(Duration::ZERO)), "wait.delay"),
+            (
+                LockConfig::default().contended_status(StatusCode::OK),
+                "contended_status",
+            ),
+            (
+                LockConfig::default().wait(Wait::constant(Duration::ZERO)),
+                "wait.delay",
+            ),
         ];
         for (config, field) in cases {
             let err = config.validate().unwrap_err();
@@ -366,17 +398,25 @@ mod tests {
         .unwrap();
         assert_eq!(config.ttl_value(), Duration::from_secs(3));
         assert_eq!(config.on_lease_lost_value(), OnLeaseLost::Continue);
-        assert_eq!(config.wait_value(), &Wait::fixed([5, 10].map(Duration::from_millis)).deadline(Duration::from_millis(100)));
+        assert_eq!(
+            config.wait_value(),
+            &Wait::fixed([5, 10].map(Duration::from_millis)).deadline(Duration::from_millis(100))
+        );
         assert_eq!(config.key_prefix_value(), "tower-lock:");
         assert!(serde_json::from_str::<LockConfig>(r#"{"tll_ms": 1}"#).is_err());
         let round: LockConfig =
             serde_json::from_str(&serde_json::to_string(&config).unwrap()).unwrap();
         assert_eq!(round, config);
         let none: LockConfig = serde_json::from_str(r#"{"wait": {"policy": "none"}}"#).unwrap();
-        assert_eq!(none.wait_value(), &Wait::none(), "deadline_ms omitted is the policy's default");
-        let forever: LockConfig =
-            serde_json::from_str(r#"{"wait": {"policy": "constant", "delay_ms": 5, "forever": true}}"#)
-                .unwrap();
+        assert_eq!(
+            none.wait_value(),
+            &Wait::none(),
+            "deadline_ms omitted is the policy's default"
+        );
+        let forever: LockConfig = serde_json::from_str(
+            r#"{"wait": {"policy": "constant", "delay_ms": 5, "forever": true}}"#,
+        )
+        .unwrap();
         assert_eq!(forever.wait_value().total(), None);
     }
 }

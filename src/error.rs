@@ -21,7 +21,9 @@ impl fmt::Display for LostReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::NotHeld => "the lock store no longer holds the lease",
-            Self::Expired => "the lease expired while the lock store could not be reached to renew it",
+            Self::Expired => {
+                "the lease expired while the lock store could not be reached to renew it"
+            }
             Self::MaxHold => "the request held the lease longer than the configured maximum",
         })
     }

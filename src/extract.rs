@@ -12,7 +12,11 @@ impl<S: Send + Sync> FromRequestParts<S> for Lease {
     type Rejection = MissingLease;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        parts.extensions.get::<Lease>().cloned().ok_or(MissingLease { _priv: () })
+        parts
+            .extensions
+            .get::<Lease>()
+            .cloned()
+            .ok_or(MissingLease { _priv: () })
     }
 }
 

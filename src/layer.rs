@@ -101,7 +101,13 @@ impl Shared {
                 &scope
             }
         };
-        LockKey::new(config.key_prefix_value(), scope, &value, config.max_key_len_value()).map(Some)
+        LockKey::new(
+            config.key_prefix_value(),
+            scope,
+            &value,
+            config.max_key_len_value(),
+        )
+        .map(Some)
     }
 
     /// The response for a rejected request, with the error in its extensions.
@@ -116,7 +122,9 @@ impl Shared {
             LockError::Contended { .. } | LockError::Key(_) => {
                 tracing::debug!(error = &error as &dyn std::error::Error, %status, "lock rejected the request")
             }
-            _ => tracing::warn!(error = &error as &dyn std::error::Error, %status, "lock rejected the request"),
+            _ => {
+                tracing::warn!(error = &error as &dyn std::error::Error, %status, "lock rejected the request")
+            }
         }
         let mut response = self.respond.response(&error, status);
         response.extensions_mut().insert(error);

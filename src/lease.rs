@@ -52,7 +52,11 @@ struct Inner {
     notify: Notify,
 }
 
-const REASONS: [LostReason; 3] = [LostReason::NotHeld, LostReason::Expired, LostReason::MaxHold];
+const REASONS: [LostReason; 3] = [
+    LostReason::NotHeld,
+    LostReason::Expired,
+    LostReason::MaxHold,
+];
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -60,7 +64,12 @@ fn nanos(d: Duration) -> u64 {
 
 impl Lease {
     /// A lease just acquired at `acquired_at` for `ttl`.
-    pub(crate) fn new(key: LockKey, fencing_token: u64, acquired_at: Instant, ttl: Duration) -> Self {
+    pub(crate) fn new(
+        key: LockKey,
+        fencing_token: u64,
+        acquired_at: Instant,
+        ttl: Duration,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 key,
@@ -144,7 +153,8 @@ impl Lease {
     }
 
     pub(crate) fn valid_until(&self) -> Instant {
-        self.inner.acquired_at + Duration::from_nanos(self.inner.valid_until.load(Ordering::Relaxed))
+        self.inner.acquired_at
+            + Duration::from_nanos(self.inner.valid_until.load(Ordering::Relaxed))
     }
 
     /// Records a successful renewal sent at `sent_at`.
@@ -156,7 +166,10 @@ impl Lease {
 
     /// Marks the lease lost (the first reason wins) and wakes everyone waiting in [`lost`](Self::lost).
     pub(crate) fn mark_lost(&self, reason: LostReason) -> LostReason {
-        let code = REASONS.iter().position(|r| *r == reason).map_or(1, |i| i as u8 + 1);
+        let code = REASONS
+            .iter()
+            .position(|r| *r == reason)
+            .map_or(1, |i| i as u8 + 1);
         match self
             .inner
             .lost
@@ -205,9 +218,17 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!lease.is_lost());
         assert_eq!(lease.mark_lost(LostReason::NotHeld), LostReason::NotHeld);
-        assert_eq!(lease.mark_lost(LostReason::MaxHold), LostReason::NotHeld, "first reason wins");
+        assert_eq!(
+            lease.mark_lost(LostReason::MaxHold),
+            LostReason::NotHeld,
+            "first reason wins"
+        );
         assert_eq!(waiter.await.unwrap(), LostReason::NotHeld);
         assert_eq!(lease.time_left(), Duration::ZERO);
-        assert_eq!(lease.lost().await, LostReason::NotHeld, "lost() after the fact is ready");
+        assert_eq!(
+            lease.lost().await,
+            LostReason::NotHeld,
+            "lost() after the fact is ready"
+        );
     }
 }

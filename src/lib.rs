@@ -55,11 +55,13 @@
 //!
 //! # `layer` or `route_layer`
 //!
-//! Under axum, add the layer with `Router::route_layer` (or on a `MethodRouter`): then it runs
-//! after routing, so [`Key::path_param`] sees the parameters and keys are scoped by the matched
-//! route template. With `Router::layer` it runs before routing: path parameters are not known
-//! (a `Key::path_param` source answers 500 saying so), unmatched requests are locked too, and
-//! keys are scoped by method alone unless you set a [namespace](LockLayer::namespace).
+//! Under axum, add the layer with `Router::route_layer` (or on a `MethodRouter`). It then runs
+//! after routing, on matched routes only: [`Key::path_param`] sees the parameters and keys are
+//! scoped by the matched route template. `Router::layer` also wraps the fallback, so requests
+//! that match no route reach the key source too (with [`Key::path_param`], a 500 instead of a
+//! 404). A layer wrapping the whole router from outside (`ServiceBuilder` around the `Router`)
+//! runs before routing: no path parameters, and keys scoped by method alone unless you set a
+//! [namespace](LockLayer::namespace).
 //!
 //! Order it inside timeouts and outside anything that must run under the lock. A
 //! `TimeoutLayer` outside it bounds wait plus handler; when it fires, the future is dropped and

@@ -1,12 +1,6 @@
 //! The acquire / renew / release machinery, for the layer and for background work.
 
-use std::{
-    fmt,
-    future::poll_fn,
-    ops::Deref,
-    sync::Arc,
-    time::Duration,
-};
+use std::{fmt, future::poll_fn, ops::Deref, sync::Arc, time::Duration};
 
 use tokio::{
     runtime::Handle,
@@ -162,7 +156,8 @@ impl Locker {
             let sent_at = Instant::now();
             let limit = deadline.map_or(floor, |d| d.saturating_duration_since(sent_at).max(floor));
             guard.armed = true;
-            let attempt = Arc::clone(&guard.store).acquire(guard.key.clone(), guard.token.clone(), ttl);
+            let attempt =
+                Arc::clone(&guard.store).acquire(guard.key.clone(), guard.token.clone(), ttl);
             let expires_in = match timeout(limit, attempt).await {
                 Err(_) => return Err(StoreError::timeout(limit).into()),
                 Ok(Err(error)) => return Err(error.into()),
@@ -186,14 +181,22 @@ impl Locker {
                 (Some(next), Some(deadline)) if now < deadline => next.min(deadline),
                 (Some(next), None) => next,
                 _ => {
-                    tracing::debug!(scope = guard.key.scope(), attempts, "lease contended; giving up");
+                    tracing::debug!(
+                        scope = guard.key.scope(),
+                        attempts,
+                        "lease contended; giving up"
+                    );
                     return Err(LockError::Contended {
                         expires_in,
                         waited: now - start,
                     });
                 }
             };
-            tracing::debug!(scope = guard.key.scope(), attempts, "lease contended; waiting");
+            tracing::debug!(
+                scope = guard.key.scope(),
+                attempts,
+                "lease contended; waiting"
+            );
             sleep_until(wake).await;
         }
     }
@@ -296,6 +299,8 @@ impl Drop for LeaseGuard {
 
 impl fmt::Debug for LeaseGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LeaseGuard").field("lease", &self.lease).finish()
+        f.debug_struct("LeaseGuard")
+            .field("lease", &self.lease)
+            .finish()
     }
 }

@@ -94,7 +94,10 @@ impl Renewer {
                         self.schedule(now + self.interval);
                     }
                     Ok(false) => {
-                        tracing::warn!(scope = self.lease.key().scope(), "lease lost: the store no longer holds it");
+                        tracing::warn!(
+                            scope = self.lease.key().scope(),
+                            "lease lost: the store no longer holds it"
+                        );
                         return self.lose(LostReason::NotHeld);
                     }
                     Err(error) => {

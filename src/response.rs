@@ -81,9 +81,7 @@ fn describe(error: &LockError) -> (&'static str, &'static str, String, Option<u6
             (
                 "lock-contended",
                 "Resource locked",
-                format!(
-                    "another request holds the lock on this resource; retry in {secs} s"
-                ),
+                format!("another request holds the lock on this resource; retry in {secs} s"),
                 Some(secs),
             )
         }
@@ -115,7 +113,11 @@ fn describe(error: &LockError) -> (&'static str, &'static str, String, Option<u6
 }
 
 /// The status the config assigns to `error`.
-pub(crate) fn status_for(error: &LockError, contended: StatusCode, unavailable: StatusCode) -> StatusCode {
+pub(crate) fn status_for(
+    error: &LockError,
+    contended: StatusCode,
+    unavailable: StatusCode,
+) -> StatusCode {
     match error {
         LockError::Contended { .. } => contended,
         LockError::Store(_) | LockError::LeaseLost(_) => unavailable,
@@ -145,29 +147,50 @@ mod tests {
         };
         let r = ProblemJson.response(&contended, StatusCode::CONFLICT);
         assert_eq!(r.status(), 409);
-        assert_eq!(r.headers()[header::CONTENT_TYPE], "application/problem+json");
+        assert_eq!(
+            r.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
         assert_eq!(r.headers()[header::RETRY_AFTER], "3");
         let body = json(&r);
         assert_eq!(body["status"], 409);
         assert!(body["type"].as_str().unwrap().ends_with("#lock-contended"));
 
-        let short = LockError::Contended { expires_in: Some(Duration::from_millis(5)), waited: Duration::ZERO };
-        assert_eq!(ProblemJson.response(&short, StatusCode::CONFLICT).headers()[header::RETRY_AFTER], "1");
+        let short = LockError::Contended {
+            expires_in: Some(Duration::from_millis(5)),
+            waited: Duration::ZERO,
+        };
+        assert_eq!(
+            ProblemJson.response(&short, StatusCode::CONFLICT).headers()[header::RETRY_AFTER],
+            "1"
+        );
 
-        let store = LockError::Store(StoreError::msg(StoreErrorKind::Unavailable, "secret internals"));
+        let store = LockError::Store(StoreError::msg(
+            StoreErrorKind::Unavailable,
+            "secret internals",
+        ));
         let r = ProblemJson.response(&store, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");
-        assert!(!String::from_utf8_lossy(r.body()).contains("secret"), "store internals leak");
+        assert!(
+            !String::from_utf8_lossy(r.body()).contains("secret"),
+            "store internals leak"
+        );
 
         let lost = LockError::LeaseLost(LostReason::NotHeld);
-        assert!(json(&ProblemJson.response(&lost, StatusCode::SERVICE_UNAVAILABLE))["type"]
-            .as_str()
-            .unwrap()
-            .ends_with("#lease-lost"));
+        assert!(
+            json(&ProblemJson.response(&lost, StatusCode::SERVICE_UNAVAILABLE))["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("#lease-lost")
+        );
 
         let bad = LockError::Key(KeyRejection::invalid("the \"key\" is bad"));
         let r = ProblemJson.response(&bad, StatusCode::BAD_REQUEST);
-        assert_eq!(json(&r)["detail"], "the \"key\" is bad", "detail must be JSON-escaped");
+        assert_eq!(
+            json(&r)["detail"],
+            "the \"key\" is bad",
+            "detail must be JSON-escaped"
+        );
         assert!(r.headers().get(header::RETRY_AFTER).is_none());
     }
 
@@ -175,10 +198,19 @@ mod tests {
     fn statuses_follow_config() {
         let c = StatusCode::LOCKED;
         let u = StatusCode::BAD_GATEWAY;
-        let contended = LockError::Contended { expires_in: None, waited: Duration::ZERO };
+        let contended = LockError::Contended {
+            expires_in: None,
+            waited: Duration::ZERO,
+        };
         assert_eq!(status_for(&contended, c, u), c);
-        assert_eq!(status_for(&LockError::LeaseLost(LostReason::Expired), c, u), u);
+        assert_eq!(
+            status_for(&LockError::LeaseLost(LostReason::Expired), c, u),
+            u
+        );
         let misconfigured = LockError::Key(KeyRejection::misconfigured("x"));
-        assert_eq!(status_for(&misconfigured, c, u), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(
+            status_for(&misconfigured, c, u),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
     }
 }

@@ -98,15 +98,24 @@ impl From<Wait> for WaitRepr {
 enum Backoff {
     None,
     Constant {
-        #[cfg_attr(feature = "serde", serde(rename = "delay_ms", with = "crate::config::ms"))]
+        #[cfg_attr(
+            feature = "serde",
+            serde(rename = "delay_ms", with = "crate::config::ms")
+        )]
         delay: Duration,
         #[cfg_attr(feature = "serde", serde(default))]
         jitter: bool,
     },
     Exponential {
-        #[cfg_attr(feature = "serde", serde(rename = "initial_ms", with = "crate::config::ms"))]
+        #[cfg_attr(
+            feature = "serde",
+            serde(rename = "initial_ms", with = "crate::config::ms")
+        )]
         initial: Duration,
-        #[cfg_attr(feature = "serde", serde(rename = "max_ms", with = "crate::config::ms"))]
+        #[cfg_attr(
+            feature = "serde",
+            serde(rename = "max_ms", with = "crate::config::ms")
+        )]
         max: Duration,
         #[cfg_attr(feature = "serde", serde(default = "two"))]
         factor: f32,
@@ -114,7 +123,10 @@ enum Backoff {
         jitter: bool,
     },
     Fixed {
-        #[cfg_attr(feature = "serde", serde(rename = "delays_ms", with = "crate::config::ms_list"))]
+        #[cfg_attr(
+            feature = "serde",
+            serde(rename = "delays_ms", with = "crate::config::ms_list")
+        )]
         delays: Vec<Duration>,
         #[cfg_attr(feature = "serde", serde(default))]
         jitter: bool,
@@ -232,13 +244,27 @@ impl Wait {
                 "wait.delay",
                 "a constant delay of 0 would retry in a busy loop; use Wait::none() to fail fast",
             )),
-            Backoff::Exponential { initial, max, factor, .. } => {
+            Backoff::Exponential {
+                initial,
+                max,
+                factor,
+                ..
+            } => {
                 if initial.is_zero() {
-                    Err(ConfigError::new("wait.initial", "the first delay must be above 0"))
+                    Err(ConfigError::new(
+                        "wait.initial",
+                        "the first delay must be above 0",
+                    ))
                 } else if max < initial {
-                    Err(ConfigError::new("wait.max", "the largest delay is below the first"))
+                    Err(ConfigError::new(
+                        "wait.max",
+                        "the largest delay is below the first",
+                    ))
                 } else if !factor.is_finite() || *factor < 1.0 {
-                    Err(ConfigError::new("wait.factor", "the factor must be a number >= 1"))
+                    Err(ConfigError::new(
+                        "wait.factor",
+                        "the factor must be a number >= 1",
+                    ))
                 } else {
                     Ok(())
                 }
@@ -255,8 +281,14 @@ impl Wait {
         match &self.backoff {
             Backoff::None => Box::new(std::iter::empty()),
             Backoff::Constant { delay, jitter } => {
-                let builder = ConstantBuilder::new().with_delay(*delay).without_max_times();
-                let builder = if *jitter { builder.with_jitter() } else { builder };
+                let builder = ConstantBuilder::new()
+                    .with_delay(*delay)
+                    .without_max_times();
+                let builder = if *jitter {
+                    builder.with_jitter()
+                } else {
+                    builder
+                };
                 Box::new(builder.build())
             }
             Backoff::Exponential {
@@ -270,7 +302,11 @@ impl Wait {
                     .with_max_delay(*max)
                     .with_factor(*factor)
                     .without_max_times();
-                let builder = if *jitter { builder.with_jitter() } else { builder };
+                let builder = if *jitter {
+                    builder.with_jitter()
+                } else {
+                    builder
+                };
                 Box::new(builder.build())
             }
             Backoff::Fixed { delays, jitter } => {
@@ -312,8 +348,15 @@ mod tests {
         for d in Wait::fixed([10 * MS; 50]).jitter(true).delays() {
             assert!(d >= 10 * MS && d <= 20 * MS, "{d:?}");
         }
-        for (i, d) in Wait::exponential(10 * MS, 40 * MS).delays().take(50).enumerate() {
-            let base = [10 * MS, 20 * MS, 40 * MS].get(i).copied().unwrap_or(40 * MS);
+        for (i, d) in Wait::exponential(10 * MS, 40 * MS)
+            .delays()
+            .take(50)
+            .enumerate()
+        {
+            let base = [10 * MS, 20 * MS, 40 * MS]
+                .get(i)
+                .copied()
+                .unwrap_or(40 * MS);
             let slack = Duration::from_micros(1);
             assert!(d + slack >= base && d <= 2 * base + slack, "{d:?}");
         }
@@ -332,7 +375,12 @@ mod tests {
         assert!(Wait::exponential(Duration::ZERO, MS).validate().is_err());
         assert!(Wait::exponential(2 * MS, MS).validate().is_err());
         assert!(Wait::exponential(MS, MS).factor(0.5).validate().is_err());
-        assert!(Wait::exponential(MS, MS).factor(f32::NAN).validate().is_err());
+        assert!(
+            Wait::exponential(MS, MS)
+                .factor(f32::NAN)
+                .validate()
+                .is_err()
+        );
         assert!(Wait::fixed([MS, Duration::ZERO]).validate().is_err());
         assert!(Wait::default().validate().is_ok());
     }

@@ -35,7 +35,11 @@ async fn delete_lock_keys(backend: Redis) -> Redis {
     let keys = backend.0.lock_keys().await;
     assert_eq!(keys.len(), 1, "expected the one held key");
     let mut conn = backend.0.client().await;
-    let _: () = redis::cmd("DEL").arg(&keys[0]).query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(&keys[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     backend
 }
 
@@ -65,14 +69,18 @@ async fn lease_taken_over_behind_the_holder_continues_and_reports() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restarted_empty_under_a_holder_is_noticed() {
-    suite::lease_loss(Redis::new(), OnLeaseLost::Abort, |mut backend: Redis| async move {
-        tokio::task::spawn_blocking(move || {
-            backend.0.restart();
-            backend
-        })
-        .await
-        .unwrap()
-    })
+    suite::lease_loss(
+        Redis::new(),
+        OnLeaseLost::Abort,
+        |mut backend: Redis| async move {
+            tokio::task::spawn_blocking(move || {
+                backend.0.restart();
+                backend
+            })
+            .await
+            .unwrap()
+        },
+    )
     .await;
 }
 
@@ -82,7 +90,8 @@ async fn redis_killed_then_restarted() {
     let mut backend = Redis::new();
     let deadline = Duration::from_millis(500);
     let config = LockConfig::default().wait(Wait::default().deadline(deadline));
-    let layer = LockLayer::with_config(backend.store().await, Key::path_param("sku"), config).unwrap();
+    let layer =
+        LockLayer::with_config(backend.store().await, Key::path_param("sku"), config).unwrap();
     let app = counter_app(Counter::new(), Some(layer));
     assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
 
@@ -94,9 +103,17 @@ async fn redis_killed_then_restarted() {
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()["retry-after"], "1");
         let body = body_json(response).await;
-        assert!(body["type"].as_str().unwrap().ends_with("#lock-store-unavailable"));
+        assert!(
+            body["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("#lock-store-unavailable")
+        );
         // The store timeout (1 s) is the floor of an attempt; never the 30 s of a pool default.
-        assert!(took < deadline + Duration::from_millis(1500), "503 after {took:?}");
+        assert!(
+            took < deadline + Duration::from_millis(1500),
+            "503 after {took:?}"
+        );
     }
 
     backend.0.restart();
@@ -119,11 +136,17 @@ async fn stalled_redis_answers_503_in_bounded_time() {
     let config = LockConfig::default()
         .wait(Wait::default().deadline(Duration::from_millis(300)))
         .store_timeout(Duration::from_millis(200));
-    let layer = LockLayer::with_config(backend.store().await, Key::path_param("sku"), config).unwrap();
+    let layer =
+        LockLayer::with_config(backend.store().await, Key::path_param("sku"), config).unwrap();
     let app = counter_app(Counter::new(), Some(layer));
     assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
     let mut conn = backend.0.client().await;
-    let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(2000).query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(2000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let started = Instant::now();
     let status = send(&app, purchase("k2", 0)).await.status();
     let took = started.elapsed();
@@ -139,13 +162,21 @@ async fn scripts_reload_after_flush() {
     let app = counter_app(Counter::new(), Some(layer));
     assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
     let mut conn = backend.0.client().await;
-    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
     assert!(backend.0.lock_keys().await.is_empty());
 }
 
 async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64)> {
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
     info.lines()
         .filter_map(|line| {
             let rest = line.strip_prefix("cmdstat_")?;
@@ -162,12 +193,19 @@ async fn two_round_trips_per_uncontended_request() {
     let backend = Redis::new();
     let layer = LockLayer::new(backend.store().await, Key::path_param("sku"));
     let app = counter_app(Counter::new(), Some(layer));
-    assert_eq!(send(&app, purchase("warm-up", 0)).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&app, purchase("warm-up", 0)).await.status(),
+        StatusCode::OK
+    );
     let mut conn = backend.0.client().await;
-    let before: std::collections::HashMap<_, _> = command_calls(&mut conn).await.into_iter().collect();
+    let before: std::collections::HashMap<_, _> =
+        command_calls(&mut conn).await.into_iter().collect();
     let n = 50;
     for i in 0..n {
-        assert_eq!(send(&app, purchase(&format!("k{i}"), 0)).await.status(), StatusCode::OK);
+        assert_eq!(
+            send(&app, purchase(&format!("k{i}"), 0)).await.status(),
+            StatusCode::OK
+        );
     }
     let after = command_calls(&mut conn).await;
     let delta = |name: &str| {
@@ -176,7 +214,11 @@ async fn two_round_trips_per_uncontended_request() {
     };
     assert_eq!(delta("evalsha"), 2 * n, "{after:?}");
     for name in ["ping", "eval", "script|load", "script", "exists", "pttl"] {
-        assert_eq!(delta(name), 0, "unexpected {name} from the client: {after:?}");
+        assert_eq!(
+            delta(name),
+            0,
+            "unexpected {name} from the client: {after:?}"
+        );
     }
 }
 
@@ -185,9 +227,14 @@ async fn two_round_trips_per_uncontended_request() {
 async fn pool_transport() {
     let server = RedisServer::start();
     let manager = bb8_redis::RedisConnectionManager::new(server.url()).unwrap();
-    let pool = RedisStore::pool_builder().max_size(4).build(manager).await.unwrap();
+    let pool = RedisStore::pool_builder()
+        .max_size(4)
+        .build(manager)
+        .await
+        .unwrap();
     let config = LockConfig::default().wait(Wait::none());
-    let layer = LockLayer::with_config(RedisStore::from_pool(pool), Key::path_param("sku"), config).unwrap();
+    let layer = LockLayer::with_config(RedisStore::from_pool(pool), Key::path_param("sku"), config)
+        .unwrap();
     let counter = Counter::new();
     let app = counter_app(std::sync::Arc::clone(&counter), Some(layer));
     let running = tokio::spawn({
@@ -195,7 +242,10 @@ async fn pool_transport() {
         async move { send(&app, purchase("k", 500)).await.status() }
     });
     suite::wait_until(|| counter.inside.load(std::sync::atomic::Ordering::SeqCst) == 1).await;
-    assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::CONFLICT);
+    assert_eq!(
+        send(&app, purchase("k", 0)).await.status(),
+        StatusCode::CONFLICT
+    );
     assert_eq!(running.await.unwrap(), StatusCode::OK);
     assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
 }
@@ -210,10 +260,14 @@ async fn store_semantics() {
     let ttl = Duration::from_secs(5);
     let key = LockKey::new("tower-lock:", "POST /x/{id}", b"\x00\xff{}:\r\n", 64).unwrap();
     let (a, b) = (Token::generate().unwrap(), Token::generate().unwrap());
-    let Acquire::Acquired { fencing_token: f1 } = store.acquire(&key, &a, ttl).await.unwrap() else {
+    let Acquire::Acquired { fencing_token: f1 } = store.acquire(&key, &a, ttl).await.unwrap()
+    else {
         panic!("not acquired")
     };
-    let Acquire::Held { expires_in: Some(left) } = store.acquire(&key, &b, ttl).await.unwrap() else {
+    let Acquire::Held {
+        expires_in: Some(left),
+    } = store.acquire(&key, &b, ttl).await.unwrap()
+    else {
         panic!("acquired twice")
     };
     assert!(left <= ttl && left > ttl / 2);
@@ -224,26 +278,49 @@ async fn store_semantics() {
     assert!(!store.release(&key, &a).await.unwrap(), "released twice");
 
     let mut conn = backend.0.client().await;
-    let keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap();
+    let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert_eq!(keys.len(), 1, "only the fencing counter is left: {keys:?}");
     assert!(keys[0].starts_with(b"tower-lock:{12:POST /x/{id}:"));
-    let _: () = redis::cmd("DEL").arg(&keys[0]).query_async(&mut conn).await.unwrap();
-    let Acquire::Acquired { fencing_token: f2 } = store.acquire(&key, &b, ttl).await.unwrap() else {
+    let _: () = redis::cmd("DEL")
+        .arg(&keys[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let Acquire::Acquired { fencing_token: f2 } = store.acquire(&key, &b, ttl).await.unwrap()
+    else {
         panic!("not acquired")
     };
-    assert!(f2 > f1, "fencing token went back after the counter expired: {f1} then {f2}");
-    let Acquire::Held { .. } = store.acquire(&key, &a, ttl).await.unwrap() else { panic!() };
+    assert!(
+        f2 > f1,
+        "fencing token went back after the counter expired: {f1} then {f2}"
+    );
+    let Acquire::Held { .. } = store.acquire(&key, &a, ttl).await.unwrap() else {
+        panic!()
+    };
     assert!(store.release(&key, &b).await.unwrap());
-    let Acquire::Acquired { fencing_token: f3 } = store.acquire(&key, &a, ttl).await.unwrap() else {
+    let Acquire::Acquired { fencing_token: f3 } = store.acquire(&key, &a, ttl).await.unwrap()
+    else {
         panic!("not acquired")
     };
     assert!(f3 > f2);
     // The lock key holds the token with a TTL; the counter has a retention TTL.
-    let pttl: i64 = redis::cmd("PTTL").arg(key.as_bytes()).query_async(&mut conn).await.unwrap();
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(key.as_bytes())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert!(pttl > 0 && pttl <= 5000);
     let mut fence = key.as_bytes().to_vec();
     fence.extend_from_slice(b":fence");
-    let fence_ttl: i64 = redis::cmd("PTTL").arg(&fence).query_async(&mut conn).await.unwrap();
+    let fence_ttl: i64 = redis::cmd("PTTL")
+        .arg(&fence)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert!(fence_ttl > 3_600_000, "fence retention {fence_ttl}");
 }
 
@@ -255,20 +332,34 @@ async fn instances_exclude_each_other() {
     let counter = Counter::new();
     let one = counter_app(
         std::sync::Arc::clone(&counter),
-        Some(LockLayer::with_config(backend.store().await, Key::path_param("sku"), config.clone()).unwrap()),
+        Some(
+            LockLayer::with_config(
+                backend.store().await,
+                Key::path_param("sku"),
+                config.clone(),
+            )
+            .unwrap(),
+        ),
     );
     let two = counter_app(
         Counter::new(),
-        Some(LockLayer::with_config(backend.store().await, Key::path_param("sku"), config).unwrap()),
+        Some(
+            LockLayer::with_config(backend.store().await, Key::path_param("sku"), config).unwrap(),
+        ),
     );
     let running = tokio::spawn({
         let one = one.clone();
         async move { send(&one, purchase("k", 500)).await.status() }
     });
     suite::wait_until(|| counter.inside.load(std::sync::atomic::Ordering::SeqCst) == 1).await;
-    assert_eq!(send(&two, purchase("k", 0)).await.status(), StatusCode::CONFLICT);
-    assert_eq!(send(&two, purchase("other", 0)).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&two, purchase("k", 0)).await.status(),
+        StatusCode::CONFLICT
+    );
+    assert_eq!(
+        send(&two, purchase("other", 0)).await.status(),
+        StatusCode::OK
+    );
     assert_eq!(running.await.unwrap(), StatusCode::OK);
     assert_eq!(send(&two, purchase("k", 0)).await.status(), StatusCode::OK);
 }
-

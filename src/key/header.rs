@@ -45,7 +45,9 @@ impl KeySource for HeaderKey {
             )));
         }
         if value.is_empty() {
-            return Err(KeyRejection::invalid(format!("the `{name}` header is empty")));
+            return Err(KeyRejection::invalid(format!(
+                "the `{name}` header is empty"
+            )));
         }
         Ok(Some(Bytes::copy_from_slice(value.as_bytes())))
     }
@@ -73,17 +75,29 @@ mod tests {
         let missing = source.key(&mut parts(&[])).unwrap_err();
         assert!(missing.is_client_error());
         assert!(missing.detail().contains("idempotency-key"), "{missing}");
-        assert_eq!(source.clone().optional().key(&mut parts(&[])).unwrap(), None);
+        assert_eq!(
+            source.clone().optional().key(&mut parts(&[])).unwrap(),
+            None
+        );
 
         let twice = [("idempotency-key", &b"a"[..]), ("idempotency-key", b"b")];
-        assert!(source.key(&mut parts(&twice)).unwrap_err().detail().contains("more than once"));
+        assert!(
+            source
+                .key(&mut parts(&twice))
+                .unwrap_err()
+                .detail()
+                .contains("more than once")
+        );
         assert!(source.key(&mut parts(&[("idempotency-key", b"")])).is_err());
     }
 
     #[test]
     fn opaque_bytes_pass_through() {
         let source = Key::header("x-k");
-        let got = source.key(&mut parts(&[("x-k", b"\xff\xfe\t x")])).unwrap().unwrap();
+        let got = source
+            .key(&mut parts(&[("x-k", b"\xff\xfe\t x")]))
+            .unwrap()
+            .unwrap();
         assert_eq!(&got[..], b"\xff\xfe\t x");
     }
 

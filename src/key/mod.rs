@@ -113,9 +113,10 @@ impl Key {
 
     /// Locks on a path parameter of the matched axum route, e.g. `sku` in `/items/{sku}`.
     ///
-    /// Path parameters exist only once axum has routed the request, so the layer must be added
-    /// with `route_layer` (or on a `MethodRouter` or handler). Without them the request fails
-    /// with a 500 whose detail says so; so does a parameter name the route does not have.
+    /// Path parameters exist only once axum has routed the request: add the layer with
+    /// `Router::route_layer` (or on a `MethodRouter`). A request without parameters (one that
+    /// matched no route under `Router::layer`, or a layer wrapping the whole router from outside)
+    /// fails with a 500 whose detail says so; so does a parameter name the route does not have.
     #[cfg(feature = "axum")]
     pub fn path_param(name: impl Into<Arc<str>>) -> PathParamKey {
         PathParamKey::new(name.into())
@@ -174,7 +175,9 @@ pub struct KeyRejection {
 impl KeyRejection {
     /// A required part of the request (a header, an extension) is missing.
     pub fn missing(what: impl fmt::Display) -> Self {
-        Self::invalid(format!("the request has no {what}, which this route needs as its lock key"))
+        Self::invalid(format!(
+            "the request has no {what}, which this route needs as its lock key"
+        ))
     }
 
     /// The request carries a key, but it is unusable; `detail` says why.
@@ -242,9 +245,8 @@ impl LockKey {
             )));
         }
         let scope_len = scope.len().to_string();
-        let mut full = BytesMut::with_capacity(
-            prefix.len() + scope_len.len() + scope.len() + value.len() + 4,
-        );
+        let mut full =
+            BytesMut::with_capacity(prefix.len() + scope_len.len() + scope.len() + value.len() + 4);
         full.put_slice(prefix.as_bytes());
         full.put_u8(b'{');
         full.put_slice(scope_len.as_bytes());
@@ -316,7 +318,11 @@ mod tests {
 
     #[test]
     fn empty_and_long_values_are_rejected() {
-        assert!(LockKey::new("p:", "s", b"", 8).unwrap_err().is_client_error());
+        assert!(
+            LockKey::new("p:", "s", b"", 8)
+                .unwrap_err()
+                .is_client_error()
+        );
         let err = LockKey::new("p:", "s", b"123456789", 8).unwrap_err();
         assert!(err.detail().contains("limit is 8"), "{err}");
         assert!(LockKey::new("p:", "s", b"12345678", 8).is_ok());

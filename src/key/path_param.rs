@@ -5,7 +5,7 @@ use std::{
     task::{Context, Poll, Waker},
 };
 
-use axum::extract::{FromRequestParts, RawPathParams};
+use axum::extract::{FromRequestParts, RawPathParams, rejection::RawPathParamsRejection};
 use bytes::Bytes;
 use http::request::Parts;
 
@@ -22,6 +22,15 @@ impl PathParamKey {
     pub(super) fn new(name: Arc<str>) -> Self {
         Self { name }
     }
+
+    fn no_params(&self) -> KeyRejection {
+        KeyRejection::misconfigured(format!(
+            "the lock key is the path parameter `{}`, but the request has no path parameters: \
+             it matched no route, or the LockLayer wraps the router from outside; add the \
+             LockLayer with `route_layer`",
+            self.name
+        ))
+    }
 }
 
 impl KeySource for PathParamKey {
@@ -30,23 +39,20 @@ impl KeySource for PathParamKey {
         let mut fut = pin!(RawPathParams::from_request_parts(parts, &()));
         let params = match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
             Poll::Ready(Ok(params)) => params,
-            Poll::Ready(Err(axum::extract::rejection::RawPathParamsRejection::InvalidUtf8InPathParam(e))) => {
+            Poll::Ready(Err(RawPathParamsRejection::InvalidUtf8InPathParam(e))) => {
                 return Err(KeyRejection::invalid(e.body_text()));
             }
-            Poll::Ready(Err(_)) | Poll::Pending => {
-                return Err(KeyRejection::misconfigured(format!(
-                    "the lock key is the path parameter `{}`, but the request has no path \
-                     parameters; add the LockLayer with `route_layer`, not `layer`",
-                    self.name
-                )));
-            }
+            Poll::Ready(Err(_)) | Poll::Pending => return Err(self.no_params()),
         };
-        match params.iter().find(|(name, _)| *name == &*self.name) {
-            Some((_, value)) => Ok(Some(Bytes::copy_from_slice(value.as_bytes()))),
-            None => Err(KeyRejection::misconfigured(format!(
-                "the route has no path parameter `{}` to use as the lock key",
-                self.name
-            ))),
+        if let Some((_, value)) = params.iter().find(|(name, _)| *name == &*self.name) {
+            return Ok(Some(Bytes::copy_from_slice(value.as_bytes())));
         }
+        if params.iter().next().is_none() {
+            return Err(self.no_params());
+        }
+        Err(KeyRejection::misconfigured(format!(
+            "the route has no path parameter `{}` to use as the lock key",
+            self.name
+        )))
     }
 }

@@ -67,19 +67,22 @@ impl MemoryStore {
 }
 
 impl LockStore for MemoryStore {
-    async fn acquire(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<Acquire, StoreError> {
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Acquire, StoreError> {
         let now = Instant::now();
         let mut leases = self.leases();
         if self.inner.ops.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
             leases.retain(|_, e| e.expires > now);
         }
         let k = Self::key(key);
-        if let Some(entry) = leases.get(&k) {
-            if entry.expires > now {
-                return Ok(Acquire::Held {
-                    expires_in: Some(entry.expires - now),
-                });
-            }
+        if let Some(entry) = leases.get(&k).filter(|e| e.expires > now) {
+            return Ok(Acquire::Held {
+                expires_in: Some(entry.expires - now),
+            });
         }
         leases.insert(
             k,
@@ -131,23 +134,36 @@ mod tests {
         let store = MemoryStore::new();
         let (a, b) = (Token::generate().unwrap(), Token::generate().unwrap());
         let ttl = Duration::from_millis(100);
-        let Acquire::Acquired { fencing_token: f1 } = store.acquire(&key("k"), &a, ttl).await.unwrap() else {
+        let Acquire::Acquired { fencing_token: f1 } =
+            store.acquire(&key("k"), &a, ttl).await.unwrap()
+        else {
             panic!("free key not acquired")
         };
         assert!(matches!(
             store.acquire(&key("k"), &b, ttl).await.unwrap(),
             Acquire::Held { expires_in: Some(d) } if d <= ttl
         ));
-        assert!(!store.renew(&key("k"), &b, ttl).await.unwrap(), "other token renewed");
-        assert!(!store.release(&key("k"), &b).await.unwrap(), "other token released");
+        assert!(
+            !store.renew(&key("k"), &b, ttl).await.unwrap(),
+            "other token renewed"
+        );
+        assert!(
+            !store.release(&key("k"), &b).await.unwrap(),
+            "other token released"
+        );
         tokio::time::advance(Duration::from_millis(80)).await;
         assert!(store.renew(&key("k"), &a, ttl).await.unwrap());
         tokio::time::advance(Duration::from_millis(80)).await;
         assert_eq!(store.held(), 1, "renewed lease expired early");
         tokio::time::advance(Duration::from_millis(30)).await;
         assert_eq!(store.held(), 0);
-        assert!(!store.renew(&key("k"), &a, ttl).await.unwrap(), "expired lease renewed");
-        let Acquire::Acquired { fencing_token: f2 } = store.acquire(&key("k"), &b, ttl).await.unwrap() else {
+        assert!(
+            !store.renew(&key("k"), &a, ttl).await.unwrap(),
+            "expired lease renewed"
+        );
+        let Acquire::Acquired { fencing_token: f2 } =
+            store.acquire(&key("k"), &b, ttl).await.unwrap()
+        else {
             panic!("expired key not acquired")
         };
         assert!(f2 > f1);
@@ -166,6 +182,10 @@ mod tests {
         tokio::time::advance(Duration::from_millis(20)).await;
         let t = Token::generate().unwrap();
         store.acquire(&key("last"), &t, ttl).await.unwrap();
-        assert!(store.leases().len() <= 2, "{} entries left", store.leases().len());
+        assert!(
+            store.leases().len() <= 2,
+            "{} entries left",
+            store.leases().len()
+        );
     }
 }

@@ -80,8 +80,12 @@ pub(crate) trait DynStore: Send + Sync + 'static {
         token: Token,
         ttl: Duration,
     ) -> BoxFuture<Result<Acquire, StoreError>>;
-    fn renew(self: Arc<Self>, key: LockKey, token: Token, ttl: Duration)
-    -> BoxFuture<Result<bool, StoreError>>;
+    fn renew(
+        self: Arc<Self>,
+        key: LockKey,
+        token: Token,
+        ttl: Duration,
+    ) -> BoxFuture<Result<bool, StoreError>>;
     fn release(self: Arc<Self>, key: LockKey, token: Token) -> BoxFuture<Result<bool, StoreError>>;
 }
 
@@ -195,6 +199,8 @@ impl fmt::Display for StoreError {
 
 impl StdError for StoreError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source.as_deref().map(|e| e as &(dyn StdError + 'static))
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
     }
 }

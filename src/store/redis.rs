@@ -201,7 +201,12 @@ fn ms(d: Duration) -> Vec<u8> {
 }
 
 impl LockStore for RedisStore {
-    async fn acquire(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<Acquire, StoreError> {
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Acquire, StoreError> {
         let mut fence_key = Vec::with_capacity(key.as_bytes().len() + FENCE_SUFFIX.len());
         fence_key.extend_from_slice(key.as_bytes());
         fence_key.extend_from_slice(FENCE_SUFFIX);
@@ -225,14 +230,22 @@ impl LockStore for RedisStore {
 
     async fn renew(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<bool, StoreError> {
         let n: i64 = self
-            .invoke(&self.scripts.renew, &[key.as_bytes()], &[token.as_bytes(), &ms(ttl)])
+            .invoke(
+                &self.scripts.renew,
+                &[key.as_bytes()],
+                &[token.as_bytes(), &ms(ttl)],
+            )
             .await?;
         Ok(n == 1)
     }
 
     async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, StoreError> {
         let n: i64 = self
-            .invoke(&self.scripts.release, &[key.as_bytes()], &[token.as_bytes()])
+            .invoke(
+                &self.scripts.release,
+                &[key.as_bytes()],
+                &[token.as_bytes()],
+            )
             .await?;
         Ok(n == 1)
     }

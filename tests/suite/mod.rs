@@ -34,7 +34,9 @@ async fn load(apps: &[axum::Router], n: usize, sku: &str, work_ms: u64) -> Tally
     for i in 0..n {
         let app = apps[i % apps.len()].clone();
         let sku = sku.to_owned();
-        tasks.push(tokio::spawn(async move { send(&app, purchase(&sku, work_ms)).await.status() }));
+        tasks.push(tokio::spawn(async move {
+            send(&app, purchase(&sku, work_ms)).await.status()
+        }));
     }
     let mut tally = Tally::default();
     for task in tasks {
@@ -53,8 +55,16 @@ pub async fn exclusion<B: Backend>(backend: B) {
     ];
     let tally = load(&apps, EXCLUSION_REQUESTS, "hot", 1).await;
     assert_eq!(tally.ok, EXCLUSION_REQUESTS, "{tally:?}");
-    assert_eq!(counter.value.load(Ordering::SeqCst), EXCLUSION_REQUESTS as u64, "lost updates");
-    assert_eq!(counter.overlaps.load(Ordering::SeqCst), 0, "two holders at once");
+    assert_eq!(
+        counter.value.load(Ordering::SeqCst),
+        EXCLUSION_REQUESTS as u64,
+        "lost updates"
+    );
+    assert_eq!(
+        counter.overlaps.load(Ordering::SeqCst),
+        0,
+        "two holders at once"
+    );
     counter.assert_fenced_in_order();
 }
 
@@ -62,11 +72,17 @@ pub async fn exclusion<B: Backend>(backend: B) {
 /// exclusion test can fail.
 pub async fn without_the_lock_updates_are_lost() {
     let counter = Counter::new();
-    let apps = [counter_app(Arc::clone(&counter), None), counter_app(Arc::clone(&counter), None)];
+    let apps = [
+        counter_app(Arc::clone(&counter), None),
+        counter_app(Arc::clone(&counter), None),
+    ];
     let tally = load(&apps, EXCLUSION_REQUESTS, "hot", 1).await;
     assert_eq!(tally.ok, EXCLUSION_REQUESTS);
     let value = counter.value.load(Ordering::SeqCst);
-    assert!(value < EXCLUSION_REQUESTS as u64, "no update lost without the lock: {value}");
+    assert!(
+        value < EXCLUSION_REQUESTS as u64,
+        "no update lost without the lock: {value}"
+    );
     assert!(counter.overlaps.load(Ordering::SeqCst) > 0);
 }
 
@@ -75,12 +91,19 @@ pub async fn renewal_keeps_long_handlers_exclusive<B: Backend>(backend: B) {
     let config = patient().ttl(Duration::from_millis(200));
     let counter = Counter::new();
     let apps = [
-        counter_app(Arc::clone(&counter), Some(layer(&backend, config.clone()).await)),
+        counter_app(
+            Arc::clone(&counter),
+            Some(layer(&backend, config.clone()).await),
+        ),
         counter_app(Arc::clone(&counter), Some(layer(&backend, config).await)),
     ];
     let tally = load(&apps, 2, "long", 1000).await;
     assert_eq!(tally.ok, 2, "{tally:?}");
-    assert_eq!(counter.overlaps.load(Ordering::SeqCst), 0, "the lease expired under a running handler");
+    assert_eq!(
+        counter.overlaps.load(Ordering::SeqCst),
+        0,
+        "the lease expired under a running handler"
+    );
     assert_eq!(counter.value.load(Ordering::SeqCst), 2);
 }
 
@@ -91,10 +114,16 @@ pub async fn without_renewal_the_lease_expires<B: Backend>(backend: B) {
     let store = backend.store().await;
     let key = tower_lock::key::LockKey::new("tower-lock:", "s", b"k", 64).unwrap();
     let ttl = Duration::from_millis(200);
-    let first = store.acquire(&key, &Token::generate().unwrap(), ttl).await.unwrap();
+    let first = store
+        .acquire(&key, &Token::generate().unwrap(), ttl)
+        .await
+        .unwrap();
     assert!(matches!(first, Acquire::Acquired { .. }));
     tokio::time::sleep(ttl * 5).await;
-    let second = store.acquire(&key, &Token::generate().unwrap(), ttl).await.unwrap();
+    let second = store
+        .acquire(&key, &Token::generate().unwrap(), ttl)
+        .await
+        .unwrap();
     assert!(matches!(second, Acquire::Acquired { .. }), "{second:?}");
 }
 
@@ -109,7 +138,9 @@ pub async fn release_on_completion<B: Backend>(backend: B) {
 
 /// A dropped request (client gone) frees its key within milliseconds, not after the TTL.
 pub async fn release_on_drop<B: Backend>(backend: B) {
-    let config = LockConfig::default().wait(Wait::none()).ttl(Duration::from_secs(30));
+    let config = LockConfig::default()
+        .wait(Wait::none())
+        .ttl(Duration::from_secs(30));
     let counter = Counter::new();
     let app = counter_app(Arc::clone(&counter), Some(layer(&backend, config).await));
     let running = tokio::spawn({
@@ -117,7 +148,10 @@ pub async fn release_on_drop<B: Backend>(backend: B) {
         async move { send(&app, purchase("k", 60_000)).await }
     });
     wait_until(|| counter.inside.load(Ordering::SeqCst) == 1).await;
-    assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::CONFLICT);
+    assert_eq!(
+        send(&app, purchase("k", 0)).await.status(),
+        StatusCode::CONFLICT
+    );
     running.abort();
     let dropped = Instant::now();
     loop {
@@ -126,25 +160,36 @@ pub async fn release_on_drop<B: Backend>(backend: B) {
             break;
         }
         assert_eq!(status, StatusCode::CONFLICT);
-        assert!(dropped.elapsed() < Duration::from_secs(2), "key still held after the drop");
+        assert!(
+            dropped.elapsed() < Duration::from_secs(2),
+            "key still held after the drop"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert!(dropped.elapsed() < Duration::from_millis(500), "freed after {:?}", dropped.elapsed());
+    assert!(
+        dropped.elapsed() < Duration::from_millis(500),
+        "freed after {:?}",
+        dropped.elapsed()
+    );
 }
 
 /// A panicking handler releases its key, and the service keeps serving.
 pub async fn release_on_panic<B: Backend>(backend: B) {
-    let config = LockConfig::default().wait(Wait::none()).ttl(Duration::from_secs(30));
+    let config = LockConfig::default()
+        .wait(Wait::none())
+        .ttl(Duration::from_secs(30));
     let layer = layer(&backend, config).await;
     let app = axum::Router::new()
         .route(
             "/items/{sku}/purchase",
-            axum::routing::post(|axum::extract::Path(sku): axum::extract::Path<String>| async move {
-                if sku == "boom" {
-                    panic!("handler panicked on purpose");
-                }
-                "ok"
-            }),
+            axum::routing::post(
+                |axum::extract::Path(sku): axum::extract::Path<String>| async move {
+                    if sku == "boom" {
+                        panic!("handler panicked on purpose");
+                    }
+                    "ok"
+                },
+            ),
         )
         .route_layer(layer)
         .layer(tower_http::catch_panic::CatchPanicLayer::new());
@@ -161,12 +206,17 @@ pub async fn release_on_panic<B: Backend>(backend: B) {
             other => panic!("key not released after a panic: {other}"),
         }
     }
-    assert_eq!(send(&app, purchase("fine", 0)).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&app, purchase("fine", 0)).await.status(),
+        StatusCode::OK
+    );
 }
 
 /// Contention answers 409 problem+json with `Retry-After` from the holder's TTL.
 pub async fn contended_is_409_problem<B: Backend>(backend: B) {
-    let config = LockConfig::default().wait(Wait::none()).ttl(Duration::from_secs(5));
+    let config = LockConfig::default()
+        .wait(Wait::none())
+        .ttl(Duration::from_secs(5));
     let counter = Counter::new();
     let app = counter_app(Arc::clone(&counter), Some(layer(&backend, config).await));
     let running = tokio::spawn({
@@ -176,8 +226,15 @@ pub async fn contended_is_409_problem<B: Backend>(backend: B) {
     wait_until(|| counter.inside.load(Ordering::SeqCst) == 1).await;
     let r = send(&app, purchase("k", 0)).await;
     assert_eq!(r.status(), StatusCode::CONFLICT);
-    assert_eq!(r.headers()[header::CONTENT_TYPE], "application/problem+json");
-    let retry: u64 = r.headers()[header::RETRY_AFTER].to_str().unwrap().parse().unwrap();
+    assert_eq!(
+        r.headers()[header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+    let retry: u64 = r.headers()[header::RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!((1..=5).contains(&retry), "Retry-After {retry}");
     let body = body_json(r).await;
     assert_eq!(body["status"], 409);
@@ -212,10 +269,20 @@ where
     match policy {
         OnLeaseLost::Abort => {
             assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-            assert!(started.elapsed() < Duration::from_millis(1200), "abort came late");
+            assert!(
+                started.elapsed() < Duration::from_millis(1200),
+                "abort came late"
+            );
             let body = body_json(response).await;
-            assert!(body["type"].as_str().unwrap().ends_with("#lease-lost"), "{body}");
-            assert_eq!(counter.finished.load(Ordering::SeqCst), 0, "the handler ran on");
+            assert!(
+                body["type"].as_str().unwrap().ends_with("#lease-lost"),
+                "{body}"
+            );
+            assert_eq!(
+                counter.finished.load(Ordering::SeqCst),
+                0,
+                "the handler ran on"
+            );
         }
         _ => {
             assert_eq!(response.status(), StatusCode::OK);
@@ -235,7 +302,11 @@ pub async fn max_hold_bounds_a_request<B: Backend>(backend: B) {
     let started = Instant::now();
     let response = send(&app, purchase("k", 5000)).await;
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
     assert_eq!(counter.finished.load(Ordering::SeqCst), 0);
     // The key was released on abort: the next request gets it at once.
     let quick = LockConfig::default().wait(Wait::none());
@@ -285,10 +356,16 @@ pub async fn singleton_guard<B: Backend>(backend: B) {
     let store = backend.store().await;
     let dead_config = config.clone();
     std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         rt.block_on(async {
             let locker = Locker::with_config(store, dead_config).unwrap();
-            let guard = locker.acquire(locker.key("jobs", "report").unwrap()).await.unwrap();
+            let guard = locker
+                .acquire(locker.key("jobs", "report").unwrap())
+                .await
+                .unwrap();
             std::mem::forget(guard);
         });
         drop(rt);
@@ -297,9 +374,15 @@ pub async fn singleton_guard<B: Backend>(backend: B) {
     .unwrap();
     let died = Instant::now();
     let locker = Locker::with_config(backend.store().await, config).unwrap();
-    let guard = locker.acquire(locker.key("jobs", "report").unwrap()).await.unwrap();
+    let guard = locker
+        .acquire(locker.key("jobs", "report").unwrap())
+        .await
+        .unwrap();
     let took = died.elapsed();
-    assert!(took >= ttl / 2, "took over after {took:?}, before the dead holder's TTL ran out");
+    assert!(
+        took >= ttl / 2,
+        "took over after {took:?}, before the dead holder's TTL ran out"
+    );
     assert!(took < ttl * 4, "took over only after {took:?}");
     assert!(guard.release().await.unwrap());
 }
@@ -308,7 +391,10 @@ pub async fn singleton_guard<B: Backend>(backend: B) {
 pub async fn wait_until(cond: impl Fn() -> bool) {
     let start = Instant::now();
     while !cond() {
-        assert!(start.elapsed() < Duration::from_secs(5), "condition not reached");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "condition not reached"
+        );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }

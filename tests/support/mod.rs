@@ -84,7 +84,11 @@ impl RedisServer {
         self.child = Some(child);
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(10) {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 eprintln!("redis-server on port {} exited early: {status}", self.port);
                 self.child = None;
                 return false;
@@ -156,7 +160,9 @@ impl RedisServer {
             .query_async(&mut conn)
             .await
             .unwrap();
-        keys.into_iter().filter(|k| !k.ends_with(b":fence")).collect()
+        keys.into_iter()
+            .filter(|k| !k.ends_with(b":fence"))
+            .collect()
     }
 }
 
@@ -204,7 +210,9 @@ impl Backend for Redis {
     type Store = RedisStore;
     const NAME: &'static str = "redis";
     async fn store(&self) -> RedisStore {
-        RedisStore::connect(self.0.url()).await.expect("connect to the test redis-server")
+        RedisStore::connect(self.0.url())
+            .await
+            .expect("connect to the test redis-server")
     }
 }
 
@@ -230,7 +238,10 @@ impl Counter {
         writes.sort();
         for pair in writes.windows(2) {
             assert!(pair[0].0 < pair[1].0, "fencing token repeated: {pair:?}");
-            assert!(pair[0].1 < pair[1].1, "a later fencing token wrote an older value: {pair:?}");
+            assert!(
+                pair[0].1 < pair[1].1,
+                "a later fencing token wrote an older value: {pair:?}"
+            );
         }
     }
 }
@@ -244,7 +255,9 @@ struct Work {
 /// `POST /items/{sku}/purchase?work_ms=N`: read, sleep, write +1, with an overlap detector.
 pub fn counter_app(counter: Arc<Counter>, layer: Option<LockLayer>) -> Router {
     let route = post(
-        move |lease: Option<tower_lock::Lease>, Path(_sku): Path<String>, Query(work): Query<Work>| {
+        move |lease: Option<tower_lock::Lease>,
+              Path(_sku): Path<String>,
+              Query(work): Query<Work>| {
             let counter = Arc::clone(&counter);
             async move {
                 if counter.inside.fetch_add(1, Ordering::SeqCst) > 0 {
@@ -283,7 +296,9 @@ pub fn purchase(sku: &str, work_ms: u64) -> Request<Body> {
 }
 
 pub async fn body_json(response: Response<Body>) -> serde_json::Value {
-    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
     serde_json::from_slice(&bytes)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
 }

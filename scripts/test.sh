@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs the whole test suite. On a fresh Debian machine (as root) it first installs
+# redis-server; the tests then start their own servers on free loopback ports and stop them.
+# Extra arguments go to `cargo test` (e.g. `scripts/test.sh --test redis`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "redis-server not found; installing it from Debian's packages" >&2
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "error: installing redis-server needs root (or install it yourself: apt-get install -y redis-server)" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq redis-server >/dev/null
+fi
+echo "using $(redis-server --version)" >&2
+
+# The crate without its default features still builds (tower-only users).
+cargo check --no-default-features --quiet
+cargo test --all-features "$@"

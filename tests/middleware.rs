@@ -1,0 +1,466 @@
+//! The layer's own behaviour, independent of the store: tower contracts, key sources, bad input,
+//! responses, the extractor, body holding. Runs on `MemoryStore`, without a network.
+
+mod support;
+
+use std::{convert::Infallible, sync::Arc, time::Duration};
+
+use axum::{
+    Router,
+    body::Body,
+    extract::Request,
+    http::{HeaderValue, StatusCode, header},
+    routing::{get, post},
+};
+use bytes::Bytes;
+use support::{Counter, body_json, counter_app, purchase, send};
+use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+use tower_lock::{
+    Key, Lease, LockConfig, LockError, LockLayer, LockService, MemoryStore, Wait, key::KeyRejection,
+};
+
+fn assert_send<T: Send>(_: &T) {}
+
+#[tokio::test]
+async fn infallible_stays_infallible_and_futures_are_send() {
+    let svc = ServiceBuilder::new()
+        .layer(LockLayer::new(MemoryStore::new(), Key::path()))
+        .service(service_fn(|_req: Request| async {
+            Ok::<_, Infallible>(axum::http::Response::new(Body::from("hi")))
+        }));
+    fn infallible<S: Service<Request, Error = Infallible>>(_: &S) {}
+    infallible(&svc);
+    let mut svc = svc;
+    let fut = svc.ready().await.unwrap().call(Request::new(Body::empty()));
+    assert_send(&fut);
+    let response = fut.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let bytes = axum::body::to_bytes(Body::new(response.into_body()), 100)
+        .await
+        .unwrap();
+    assert_eq!(bytes, "hi");
+}
+
+#[tokio::test]
+async fn poll_ready_passes_through() {
+    // A service that is never ready stays not ready behind the layer.
+    let inner = tower::service_fn(|_req: Request| async {
+        Ok::<_, Infallible>(axum::http::Response::new(Body::empty()))
+    });
+    let (limited, _) = (tower::limit::ConcurrencyLimit::new(inner, 0), ());
+    let mut svc = LockService::new(limited, MemoryStore::new(), Key::path());
+    let ready = futures_util::FutureExt::now_or_never(svc.ready());
+    assert!(ready.is_none(), "poll_ready did not pass through");
+    assert!(svc.get_ref().get_ref() as *const _ as usize != 0);
+}
+
+#[tokio::test]
+async fn works_with_layer_and_route_layer() {
+    let store = MemoryStore::new();
+    let with_layer = Router::new()
+        .route("/a", get(|| async { "a" }))
+        .layer(LockLayer::new(store.clone(), Key::path()));
+    let with_route_layer = Router::new()
+        .route("/b/{id}", get(|| async { "b" }))
+        .route_layer(LockLayer::new(store.clone(), Key::path_param("id")));
+    let r = send(&with_layer, Request::get("/a").body(Body::empty()).unwrap()).await;
+    assert_eq!(r.status(), 200);
+    let r = send(
+        &with_route_layer,
+        Request::get("/b/1").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(store.held(), 0);
+}
+
+#[tokio::test]
+async fn path_param_outside_routing_is_a_500_that_says_why() {
+    // `Router::layer` wraps each route (params known) and the fallback (no params).
+    let app = Router::new()
+        .route("/items/{sku}", get(|| async { "x" }))
+        .layer(LockLayer::new(MemoryStore::new(), Key::path_param("sku")));
+    let r = send(&app, Request::get("/items/1").body(Body::empty()).unwrap()).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = send(&app, Request::get("/nowhere").body(Body::empty()).unwrap()).await;
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let body = body_json(r).await;
+    assert!(
+        body["detail"].as_str().unwrap().contains("route_layer"),
+        "{body}"
+    );
+
+    // Wrapping the whole router from outside: no request has params yet.
+    let router = Router::new().route("/items/{sku}", get(|| async { "x" }));
+    let outside = ServiceBuilder::new()
+        .layer(LockLayer::new(MemoryStore::new(), Key::path_param("sku")))
+        .service(router);
+    let r = outside
+        .oneshot(Request::get("/items/1").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+
+    let app = Router::new()
+        .route("/items/{sku}", get(|| async { "x" }))
+        .route_layer(LockLayer::new(MemoryStore::new(), Key::path_param("id")));
+    let r = send(&app, Request::get("/items/1").body(Body::empty()).unwrap()).await;
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(
+        body_json(r).await["detail"]
+            .as_str()
+            .unwrap()
+            .contains("`id`")
+    );
+}
+
+fn header_app(store: MemoryStore, config: LockConfig, optional: bool) -> Router {
+    let key = if optional {
+        Key::header("idempotency-key").optional()
+    } else {
+        Key::header("idempotency-key")
+    };
+    Router::new()
+        .route(
+            "/pay",
+            post(|lease: Option<Lease>| async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if lease.is_some() {
+                    "locked"
+                } else {
+                    "unlocked"
+                }
+            }),
+        )
+        .route_layer(LockLayer::with_config(store, key, config).unwrap())
+}
+
+fn pay(key: Option<&[u8]>) -> Request {
+    let mut req = Request::post("/pay");
+    if let Some(key) = key {
+        req = req.header("idempotency-key", HeaderValue::from_bytes(key).unwrap());
+    }
+    req.body(Body::empty()).unwrap()
+}
+
+async fn assert_400(app: &Router, req: Request, needle: &str) {
+    let r = send(app, req).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        r.headers()[header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+    let body = body_json(r).await;
+    assert_eq!(body["status"], 400);
+    assert!(
+        body["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("#invalid-lock-key")
+    );
+    let detail = body["detail"].as_str().unwrap();
+    assert!(detail.contains(needle), "{detail:?} lacks {needle:?}");
+}
+
+#[tokio::test]
+async fn bad_keys_are_400_problems_and_leave_nothing_locked() {
+    let store = MemoryStore::new();
+    let app = header_app(store.clone(), LockConfig::default().max_key_len(16), false);
+    assert_400(&app, pay(None), "idempotency-key").await;
+    assert_400(&app, pay(Some(b"")), "empty").await;
+    assert_400(&app, pay(Some(&[b'a'; 17])), "limit is 16").await;
+    let twice = Request::post("/pay")
+        .header("idempotency-key", "a")
+        .header("idempotency-key", "b")
+        .body(Body::empty())
+        .unwrap();
+    assert_400(&app, twice, "more than once").await;
+    assert_eq!(store.held(), 0);
+    // Opaque bytes are a fine key, and the body never echoes a key.
+    let r = send(&app, pay(Some(b"\xff\x80 secret\t"))).await;
+    assert_eq!(r.status(), 200);
+    let r = send(&app, pay(Some(&[b'z'; 17]))).await;
+    let text = String::from_utf8(
+        axum::body::to_bytes(r.into_body(), 1000)
+            .await
+            .unwrap()
+            .to_vec(),
+    )
+    .unwrap();
+    assert!(
+        !text.contains("zzzz"),
+        "the key's value leaked into the body: {text}"
+    );
+}
+
+#[tokio::test]
+async fn optional_header_passes_through_unlocked() {
+    let app = header_app(MemoryStore::new(), LockConfig::default(), true);
+    let body = axum::body::to_bytes(send(&app, pay(None)).await.into_body(), 100)
+        .await
+        .unwrap();
+    assert_eq!(body, "unlocked");
+    let body = axum::body::to_bytes(send(&app, pay(Some(b"k"))).await.into_body(), 100)
+        .await
+        .unwrap();
+    assert_eq!(body, "locked");
+}
+
+#[tokio::test]
+async fn same_value_on_two_routes_does_not_collide_unless_namespaced() {
+    let store = MemoryStore::new();
+    let config = LockConfig::default().wait(Wait::none());
+    let slow = || async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        "ok"
+    };
+    let app = |namespace: Option<&str>| {
+        let layer = |ns: Option<&str>| {
+            let l = LockLayer::with_config(store.clone(), Key::path_param("id"), config.clone())
+                .unwrap();
+            match ns {
+                Some(ns) => l.namespace(ns.to_owned()),
+                None => l,
+            }
+        };
+        Router::new()
+            .route("/a/{id}", post(slow).route_layer(layer(namespace)))
+            .route("/b/{id}", post(slow).route_layer(layer(namespace)))
+    };
+    for (namespace, second) in [
+        (None, StatusCode::OK),
+        (Some("items"), StatusCode::CONFLICT),
+    ] {
+        let app = app(namespace);
+        let first = tokio::spawn({
+            let app = app.clone();
+            async move {
+                send(&app, Request::post("/a/1").body(Body::empty()).unwrap())
+                    .await
+                    .status()
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let other = send(&app, Request::post("/b/1").body(Body::empty()).unwrap())
+            .await
+            .status();
+        assert_eq!(other, second, "namespace {namespace:?}");
+        assert_eq!(first.await.unwrap(), StatusCode::OK);
+    }
+}
+
+#[tokio::test]
+async fn extractor_without_the_layer_is_a_500_naming_the_layer() {
+    let app = Router::new()
+        .route("/x", get(|_lease: Lease| async { "never" }))
+        .route(
+            "/y",
+            get(|lease: Option<Lease>| async move { format!("{}", lease.is_none()) }),
+        );
+    let r = send(&app, Request::get("/x").body(Body::empty()).unwrap()).await;
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let text = axum::body::to_bytes(r.into_body(), 10_000).await.unwrap();
+    assert!(String::from_utf8_lossy(&text).contains("LockLayer"));
+    let r = send(&app, Request::get("/y").body(Body::empty()).unwrap()).await;
+    assert_eq!(
+        axum::body::to_bytes(r.into_body(), 100).await.unwrap(),
+        "true"
+    );
+}
+
+#[tokio::test]
+async fn lease_shows_key_token_and_time() {
+    let app = Router::new()
+        .route(
+            "/items/{sku}",
+            post(|lease: Lease| async move {
+                serde_json::json!({
+                    "scope": lease.key().scope(),
+                    "value": String::from_utf8_lossy(lease.key().value()),
+                    "fence": lease.fencing_token(),
+                    "left_ms": lease.time_left().as_millis() as u64,
+                    "lost": lease.is_lost(),
+                })
+                .to_string()
+            }),
+        )
+        .route_layer(LockLayer::new(MemoryStore::new(), Key::path_param("sku")));
+    let mut fences = Vec::new();
+    for _ in 0..3 {
+        let r = send(
+            &app,
+            Request::post("/items/ab%20c").body(Body::empty()).unwrap(),
+        )
+        .await;
+        let body = body_json(r).await;
+        assert_eq!(body["scope"], "POST /items/{sku}");
+        assert_eq!(body["value"], "ab c");
+        assert!(body["left_ms"].as_u64().unwrap() > 9_000);
+        assert_eq!(body["lost"], false);
+        fences.push(body["fence"].as_u64().unwrap());
+    }
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+}
+
+#[tokio::test]
+async fn custom_rejections_and_statuses() {
+    let config = LockConfig::default()
+        .wait(Wait::none())
+        .contended_status(StatusCode::LOCKED);
+    let counter = Counter::new();
+    let layer = LockLayer::with_config(MemoryStore::new(), Key::path_param("sku"), config)
+        .unwrap()
+        .rejection_response(|error: &LockError, status: StatusCode| {
+            let mut r = axum::http::Response::new(Bytes::from(format!("custom {status}")));
+            *r.status_mut() = status;
+            assert!(matches!(error, LockError::Contended { .. }));
+            r
+        });
+    let app = counter_app(Arc::clone(&counter), Some(layer));
+    let running = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, purchase("k", 300)).await.status() }
+    });
+    while counter.inside.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let r = send(&app, purchase("k", 0)).await;
+    assert_eq!(r.status(), StatusCode::LOCKED);
+    assert!(matches!(
+        r.extensions().get::<LockError>(),
+        Some(LockError::Contended { .. })
+    ));
+    assert_eq!(
+        axum::body::to_bytes(r.into_body(), 100).await.unwrap(),
+        "custom 423 Locked"
+    );
+    assert_eq!(running.await.unwrap(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn closure_key_sources_can_reject() {
+    let source = Key::from_fn(|parts| match parts.headers.get("x-tenant") {
+        Some(v) if v.as_bytes().iter().all(u8::is_ascii_digit) => {
+            Ok(Some(Bytes::copy_from_slice(v.as_bytes())))
+        }
+        Some(_) => Err(KeyRejection::invalid("x-tenant must be digits")),
+        None => Ok(None),
+    });
+    let app = Router::new()
+        .route("/t", post(|| async { "ok" }))
+        .route_layer(LockLayer::new(MemoryStore::new(), source));
+    let req = |v: Option<&str>| {
+        let mut r = Request::post("/t");
+        if let Some(v) = v {
+            r = r.header("x-tenant", v);
+        }
+        r.body(Body::empty()).unwrap()
+    };
+    assert_eq!(send(&app, req(None)).await.status(), 200);
+    assert_eq!(send(&app, req(Some("42"))).await.status(), 200);
+    assert_400(&app, req(Some("4x")), "digits").await;
+}
+
+#[tokio::test]
+async fn invalid_config_fails_at_build_time() {
+    let err = LockLayer::with_config(
+        MemoryStore::new(),
+        Key::path(),
+        LockConfig::default()
+            .ttl(Duration::from_secs(1))
+            .renew_interval(Duration::from_secs(2)),
+    )
+    .unwrap_err();
+    assert_eq!(err.field(), "renew_interval");
+    assert!(err.to_string().contains("shorter than the TTL"));
+}
+
+#[tokio::test]
+async fn dropped_waiter_leaves_nothing_behind() {
+    let store = MemoryStore::new();
+    let config = LockConfig::default()
+        .wait(Wait::constant(Duration::from_millis(5)).deadline(Duration::from_secs(10)));
+    let counter = Counter::new();
+    let layer = LockLayer::with_config(store.clone(), Key::path_param("sku"), config).unwrap();
+    let app = counter_app(Arc::clone(&counter), Some(layer));
+    let holder = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, purchase("k", 200)).await.status() }
+    });
+    while counter.inside.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let waiter = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, purchase("k", 0)).await.status() }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    waiter.abort();
+    assert_eq!(holder.await.unwrap(), StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(store.held(), 0);
+    assert_eq!(
+        counter.finished.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the waiter ran"
+    );
+}
+
+/// With `hold_until_body_end`, the lease lasts until the streamed body ends.
+#[tokio::test]
+async fn lease_held_until_body_end() {
+    let store = MemoryStore::new();
+    let config = LockConfig::default()
+        .wait(Wait::none())
+        .hold_until_body_end(true);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(1);
+    let rx = Arc::new(tokio::sync::Mutex::new(Some(rx)));
+    let app = Router::new()
+        .route(
+            "/stream/{id}",
+            get(move || {
+                let rx = Arc::clone(&rx);
+                async move {
+                    match rx.lock().await.take() {
+                        Some(rx) => Body::from_stream(tokio_stream_from(rx)),
+                        None => Body::from("second"),
+                    }
+                }
+            }),
+        )
+        .route_layer(LockLayer::with_config(store.clone(), Key::path_param("id"), config).unwrap());
+    let first = send(&app, Request::get("/stream/1").body(Body::empty()).unwrap()).await;
+    assert_eq!(first.status(), 200);
+    assert_eq!(store.held(), 1, "released before the body was streamed");
+    let second = send(&app, Request::get("/stream/1").body(Body::empty()).unwrap()).await;
+    assert_eq!(second.status(), StatusCode::CONFLICT);
+    tx.send(Ok(Bytes::from("part"))).await.unwrap();
+    drop(tx);
+    let body = axum::body::to_bytes(first.into_body(), 100).await.unwrap();
+    assert_eq!(body, "part");
+    assert_eq!(store.held(), 0, "not released at the end of the body");
+    let third = send(&app, Request::get("/stream/1").body(Body::empty()).unwrap()).await;
+    assert_eq!(third.status(), 200);
+}
+
+fn tokio_stream_from(
+    mut rx: tokio::sync::mpsc::Receiver<Result<Bytes, Infallible>>,
+) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+#[test]
+fn release_without_a_runtime_does_not_panic() {
+    // Acquire on a runtime, then drop the future outside any runtime: the key is left to its TTL.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = MemoryStore::new();
+    let locker = tower_lock::Locker::new(store.clone());
+    let guard = rt
+        .block_on(locker.acquire(locker.key("n", "k").unwrap()))
+        .unwrap();
+    drop(rt);
+    drop(guard);
+}
