@@ -30,7 +30,7 @@
 //!              │ bad key: 400           │ store error/timeout: 503     │ lost: 503 (abort)  │ spawned release
 //! ```
 //!
-//! 1. The [`KeySource`](key::KeySource) derives a value from the request head: a header
+//! 1. The [`KeySource`](key::KeySource) trait derives a value from the request head: a header
 //!    ([`Key::header`]), a path parameter ([`Key::path_param`]), the path, or any closure. It may
 //!    answer "no key" (the request passes through unlocked) or reject the request (400). The
 //!    value is scoped by the route (or a [namespace](LockLayer::namespace)) and prefixed; see

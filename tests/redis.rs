@@ -363,3 +363,92 @@ async fn instances_exclude_each_other() {
     assert_eq!(running.await.unwrap(), StatusCode::OK);
     assert_eq!(send(&two, purchase("k", 0)).await.status(), StatusCode::OK);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_under_a_holder_expires_the_lease() {
+    suite::lease_loss(
+        Redis::new(),
+        OnLeaseLost::Abort,
+        |mut backend: Redis| async move {
+            backend.0.kill();
+            backend
+        },
+    )
+    .await;
+}
+
+/// A `MakeWriter` that keeps everything logged, to search it.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The lock token never leaves the process: not in any response, header or log line, even at
+/// trace level and through contention and release.
+#[tokio::test(flavor = "current_thread")]
+async fn token_never_in_responses_or_logs() {
+    let logs = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let backend = Redis::new();
+    let config = LockConfig::default()
+        .wait(Wait::none())
+        .ttl(Duration::from_millis(300));
+    let layer =
+        LockLayer::with_config(backend.store().await, Key::path_param("sku"), config).unwrap();
+    let counter = Counter::new();
+    let app = counter_app(std::sync::Arc::clone(&counter), Some(layer));
+    let running = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, purchase("k", 400)).await }
+    });
+    suite::wait_until(|| counter.inside.load(std::sync::atomic::Ordering::SeqCst) == 1).await;
+    let keys = backend.0.lock_keys().await;
+    let mut conn = backend.0.client().await;
+    let token: Vec<u8> = redis::cmd("GET")
+        .arg(&keys[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(token.len(), 32);
+
+    let mut seen = Vec::new();
+    let contended = send(&app, purchase("k", 0)).await;
+    assert_eq!(contended.status(), StatusCode::CONFLICT);
+    let ok = running.await.unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    for response in [contended, ok] {
+        for (name, value) in response.headers() {
+            seen.extend_from_slice(name.as_str().as_bytes());
+            seen.extend_from_slice(value.as_bytes());
+        }
+        seen.extend_from_slice(
+            &axum::body::to_bytes(response.into_body(), 1 << 20)
+                .await
+                .unwrap(),
+        );
+    }
+    let logged = logs.0.lock().unwrap().clone();
+    assert!(
+        !logged.is_empty(),
+        "nothing was logged; the check would be vacuous"
+    );
+    let contains = |hay: &[u8]| hay.windows(token.len()).any(|w| w == &token[..]);
+    assert!(!contains(&seen), "the token is in a response");
+    assert!(!contains(&logged), "the token is in the logs");
+}
