@@ -151,6 +151,7 @@ setters! {
     unavailable_status: StatusCode => |v| v;
 }
 
+/// Getters, named `<setting>_value` because the setters have the plain names.
 impl LockConfig {
     /// Lease time to live.
     pub fn ttl_value(&self) -> Duration {
@@ -167,35 +168,43 @@ impl LockConfig {
         &self.wait
     }
 
-    pub(crate) fn max_hold_value(&self) -> Duration {
+    /// The longest any one request may hold its lease.
+    pub fn max_hold_value(&self) -> Duration {
         self.max_hold
     }
 
-    pub(crate) fn store_timeout_value(&self) -> Duration {
+    /// Bound on each renew and release round trip.
+    pub fn store_timeout_value(&self) -> Duration {
         self.store_timeout
     }
 
-    pub(crate) fn key_prefix_value(&self) -> &str {
+    /// The prefix of every key.
+    pub fn key_prefix_value(&self) -> &str {
         &self.key_prefix
     }
 
-    pub(crate) fn max_key_len_value(&self) -> usize {
+    /// Longest accepted key value, in bytes.
+    pub fn max_key_len_value(&self) -> usize {
         self.max_key_len
     }
 
-    pub(crate) fn on_lease_lost_value(&self) -> OnLeaseLost {
+    /// What happens when a lease is lost mid-request.
+    pub fn on_lease_lost_value(&self) -> OnLeaseLost {
         self.on_lease_lost
     }
 
-    pub(crate) fn hold_until_body_end_value(&self) -> bool {
+    /// Whether the lease lasts until the response body ends.
+    pub fn hold_until_body_end_value(&self) -> bool {
         self.hold_until_body_end
     }
 
-    pub(crate) fn contended_status_value(&self) -> StatusCode {
+    /// Status answered on contention.
+    pub fn contended_status_value(&self) -> StatusCode {
         self.contended_status
     }
 
-    pub(crate) fn unavailable_status_value(&self) -> StatusCode {
+    /// Status answered when the store fails.
+    pub fn unavailable_status_value(&self) -> StatusCode {
         self.unavailable_status
     }
 

@@ -127,3 +127,13 @@ pub use service::LockService;
 pub use store::{LockStore, MemoryStore, RedisStore};
 pub use token::Token;
 pub use wait::Wait;
+
+/// The bb8-redis crate this crate's [`RedisStore`] is built on, to build pools of the same version.
+pub use bb8_redis;
+/// The redis crate this crate's [`RedisStore`] is built on, to build connections of the same
+/// version (a `ConnectionManager` for [`RedisStore::from_connection_manager`]).
+pub use redis;
+
+#[cfg(all(doctest, feature = "axum"))]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -103,7 +103,9 @@ impl Locker {
     /// Acquires `key`, waiting by the configured policy, and keeps it renewed in a background
     /// task until the guard is released or dropped.
     ///
-    /// Unlike requests, background leases are not bounded by `max_hold`. Needs a Tokio runtime.
+    /// Unlike requests, background leases are not bounded by `max_hold`, and with a
+    /// [`Wait::forever`](crate::Wait::forever) policy store errors are waited out (logged at warn)
+    /// rather than returned. Needs a Tokio runtime.
     pub async fn acquire(&self, key: LockKey) -> Result<LeaseGuard, LockError> {
         let held = self.clone().acquire_held(key).await?;
         let renewer = self.renewer(&held, None);
@@ -159,8 +161,20 @@ impl Locker {
             let attempt =
                 Arc::clone(&guard.store).acquire(guard.key.clone(), guard.token.clone(), ttl);
             let expires_in = match timeout(limit, attempt).await {
-                Err(_) => return Err(StoreError::timeout(limit).into()),
-                Ok(Err(error)) => return Err(error.into()),
+                // A bounded wait fails fast on a store error (503); an unbounded one (background
+                // work) waits through the outage. The armed guard releases in case it was sent.
+                Err(_) if deadline.is_some() => return Err(StoreError::timeout(limit).into()),
+                Ok(Err(error)) if deadline.is_some() => return Err(error.into()),
+                Err(_) | Ok(Err(_)) => {
+                    tracing::warn!(
+                        scope = guard.key.scope(),
+                        attempts,
+                        "lock store failed while waiting forever; retrying"
+                    );
+                    let release = guard.release_now();
+                    tokio::spawn(release);
+                    None
+                }
                 Ok(Ok(Acquire::Acquired { fencing_token })) => {
                     tracing::debug!(scope = guard.key.scope(), attempts, "lease acquired");
                     return Ok(Held {
@@ -261,7 +275,10 @@ impl Drop for ReleaseGuard {
 
 /// A lease held by background work: renewed in a background task, released on drop.
 ///
-/// Derefs to [`Lease`] for the fencing token and loss status. Prefer
+/// Derefs to [`Lease`] for the fencing token and loss status. Loss is noticed at the next
+/// renewal (every `ttl / 3`), so work may run up to that long after the key was taken away: fence
+/// the writes that matter with [`Lease::fencing_token`]. Never `std::mem::forget` a guard: its
+/// renewal task would keep the lease forever. Prefer
 /// [`release`](Self::release) at the end of the work, which waits for the store to confirm;
 /// dropping the guard releases too, in a spawned task.
 pub struct LeaseGuard {

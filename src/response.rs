@@ -6,7 +6,7 @@
 //!
 //! | error | status | `type` ends in | `Retry-After` |
 //! |---|---|---|---|
-//! | [`LockError::Contended`] | 409 (`contended_status`) | `#lock-contended` | the holder's remaining TTL, whole seconds, at least 1 |
+//! | [`LockError::Contended`] | 409 (`contended_status`) | `#lock-contended` | the holder's remaining TTL, whole seconds, at least 1 (an upper bound: a holder that renews shows about the full TTL, but may finish much sooner) |
 //! | [`LockError::Store`] | 503 (`unavailable_status`) | `#lock-store-unavailable` | 1 |
 //! | [`LockError::LeaseLost`] | 503 (`unavailable_status`) | `#lease-lost` | 1 |
 //! | [`LockError::Key`], client's fault | 400 | `#invalid-lock-key` | none |
@@ -49,13 +49,16 @@ pub struct ProblemJson;
 impl RejectionResponse for ProblemJson {
     fn response(&self, error: &LockError, status: StatusCode) -> Response<Bytes> {
         let (kind, title, detail, retry_after) = describe(error);
-        let body = serde_json::json!({
-            "type": format!("{PROBLEM_TYPE_BASE}#{kind}"),
-            "title": title,
-            "status": status.as_u16(),
-            "detail": detail,
-        });
-        let mut response = Response::new(Bytes::from(body.to_string()));
+        // Members in RFC 9457's order; serde_json escapes the strings.
+        let quote = |s: &str| serde_json::Value::from(s).to_string();
+        let body = format!(
+            r#"{{"type":{},"title":{},"status":{},"detail":{}}}"#,
+            quote(&format!("{PROBLEM_TYPE_BASE}#{kind}")),
+            quote(title),
+            status.as_u16(),
+            quote(&detail),
+        );
+        let mut response = Response::new(Bytes::from(body));
         *response.status_mut() = status;
         let headers = response.headers_mut();
         headers.insert(
