@@ -22,12 +22,16 @@
 //! | variable | default | meaning |
 //! |---|---|---|
 //! | `REDIS_URL` | unset | unset: locks and stock live in this process (`MemoryStore`), so run one instance; set (e.g. `redis://127.0.0.1:6379/`): both live in Redis, so any number of instances can share them |
+//! | `LOCK_STORE`, `REDIS_URLS`, `LOCK_WAIT_REPLICAS` | | other topologies: Redlock over several masters, Redis Cluster, replica acknowledgement; see `examples/common/store.rs` and `docs/TOPOLOGY.md` (the stock stays on `REDIS_URL` or the first of `REDIS_URLS`, or in the cluster) |
 //! | `HOST` | `127.0.0.1` | address to bind |
 //! | `PORT` | `3000` | port to bind |
 //! | `LOCK_TTL_MS` | `10000` | lease time to live; renewed every third of it while a purchase runs |
 //! | `LOCK_WAIT_MS` | `2000` | how long a purchase waits for a held lock before answering 409; `0` fails fast |
 //! | `LOCK` | `on` | `off` serves the purchase route without the lock |
 //! | `RUST_LOG` | `info` | log filter |
+//!
+//! Built with `--features metrics`, it also serves `GET /metrics` (Prometheus text format; every
+//! metric is listed in `docs/OBSERVABILITY.md`).
 //!
 //! # Try it
 //!
@@ -56,6 +60,7 @@
 //! curl -s -X POST 'localhost:3001/items/apple/purchase?work_ms=300'; wait
 //! ```
 
+
 use std::{
     collections::HashMap,
     env,
@@ -76,10 +81,15 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{post, put},
 };
-use redis::{AsyncCommands, aio::ConnectionManager};
+use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
-use tower_lock::{Key, Lease, LockConfig, LockLayer, MemoryStore, RedisStore, Wait};
+use tower_lock::{Key, Lease, LockConfig, Wait};
 use tracing_subscriber::EnvFilter;
+
+#[path = "common/metrics.rs"]
+mod metrics;
+#[path = "common/store.rs"]
+mod store;
 
 /// The longest `work_ms` a purchase accepts.
 const MAX_WORK_MS: u64 = 60_000;
@@ -106,25 +116,20 @@ async fn run() -> Result<(), Box<dyn Error>> {
     // anything connects.
     config.validate()?;
     // The lock layer and the stock are backed by the same kind of storage: in-process without
-    // REDIS_URL, Redis with it.
-    let (layer, stock) = match &settings.redis_url {
+    // REDIS_URL, Redis with it (LOCK_STORE picks another topology: `examples/common/store.rs`).
+    let chosen = store::from_env().await?;
+    let layer = chosen.lock_layer(Key::path_param("sku"), config)?;
+    let stock = match chosen.data {
+        Some(conn) => {
+            println!("{}", chosen.description);
+            Stock::Redis(conn)
+        }
         None => {
             println!(
                 "REDIS_URL is not set: running as a single process with the in-memory lock \
                  store and in-memory stock"
             );
-            let layer = LockLayer::with_config(MemoryStore::new(), Key::path_param("sku"), config)?;
-            (layer, Stock::Memory(Arc::default()))
-        }
-        Some(url) => {
-            let store = RedisStore::connect(url.as_str())
-                .await
-                .map_err(|e| format!("cannot connect to REDIS_URL={url}: {e}"))?;
-            let layer = LockLayer::with_config(store, Key::path_param("sku"), config)?;
-            let client = redis::Client::open(url.as_str())?;
-            let conn = client.get_connection_manager().await?;
-            println!("locks and stock are shared through Redis at {url}");
-            (layer, Stock::Redis(conn))
+            Stock::Memory(Arc::default())
         }
     };
 
@@ -138,6 +143,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
     let app = Router::new()
         .route("/items/{sku}", put(set_stock).get(get_stock))
         .route("/items/{sku}/purchase", purchase_route)
+        .merge(metrics::router()?)
         .fallback(|| async { Problem::not_found("no such route") })
         .with_state(stock);
 
@@ -257,7 +263,7 @@ enum Stock {
     /// One process only.
     Memory(Arc<Mutex<HashMap<String, u64>>>),
     /// Shared by every instance, under `inventory:stock:{sku}`.
-    Redis(ConnectionManager),
+    Redis(store::DataConnection),
 }
 
 impl Stock {
@@ -375,7 +381,6 @@ impl IntoResponse for Problem {
 // Settings and shutdown
 
 struct Settings {
-    redis_url: Option<String>,
     host: String,
     port: u16,
     ttl: Duration,
@@ -393,7 +398,6 @@ impl Settings {
             Err(env::VarError::NotUnicode(_)) => return Err("LOCK is not valid UTF-8".into()),
         };
         Ok(Self {
-            redis_url: env::var("REDIS_URL").ok().filter(|url| !url.is_empty()),
             host: env::var("HOST").unwrap_or_else(|_| "127.0.0.1".into()),
             port: env_or("PORT", 3000)?,
             ttl: Duration::from_millis(env_or("LOCK_TTL_MS", 10_000)?),

@@ -1,20 +1,32 @@
-//! Idempotent payment creation: one payment per `Idempotency-Key`, however many times, and
-//! however concurrently, a client retries.
+//! Idempotent payment creation with `Idempotency-Key`: one charge per key, however many times,
+//! and however concurrently, a client retries; every retry gets the first answer again.
 //!
-//! `POST /payments` looks up the payment recorded for the request's `Idempotency-Key` and, if
-//! there is none, "charges the card" for `work_ms` milliseconds and records a new one. That
-//! check-then-create is deliberately not atomic: two concurrent retries with the same key would
-//! both find nothing and both charge. A [`LockLayer`] keyed on the `Idempotency-Key` header runs
-//! requests with the same key one at a time, across every instance that shares the lock store,
-//! so the second one finds the first one's payment and answers it again. Run it with `LOCK=off`
-//! to see the duplicate charge the lock prevents.
+//! `POST /payments` "charges the card" for `work_ms` milliseconds and records a payment. An
+//! [`IdempotencyLayer`] in front of it gives the IETF draft's semantics:
+//!
+//! - a retry after the first request finished gets the first response again (the same payment
+//!   id), marked `Idempotent-Replayed: true`, without charging again;
+//! - a duplicate sent while the first is still running gets 409 with `Retry-After`;
+//! - the same key with a different amount (or currency) gets 422;
+//! - no key, or a key shorter than 16 characters, gets 400.
+//!
+//! Keys are scoped by account (the `x-account` header, read by a stand-in for authentication),
+//! so two accounts using the same key never see each other's payments. Run it with
+//! `IDEMPOTENCY=off` to see what the layer prevents: concurrent duplicates both charge.
+//!
+//! The handler also closes the one window the layer cannot: if the process died after a charge
+//! and before the layer stored the response, the retry would run the handler again. So the
+//! handler records each payment under its account and idempotency key, and a retry that finds
+//! one returns it instead of charging again (in a real service: a unique constraint on
+//! `(account, idempotency_key)` in the payments table, with the lease's fencing token guarding
+//! the write).
 //!
 //! # Routes
 //!
 //! | route | answers |
 //! |---|---|
-//! | `POST /payments?work_ms=N` with `Idempotency-Key: K` and `{"amount": 1250, "currency": "EUR"}` | 201 `{"id","amount","currency"}` for a new payment; 200 with the same body for a repeat of key `K`; 400 for a missing key or a bad body; 422 if `K` was used with a different amount or currency; 409 if the lock stays held (from the layer) |
-//! | `GET /payments` | 200 `{"count": n, "payments": [{"idempotency_key","id","amount","currency"}, ...]}`: every payment created, duplicates included |
+//! | `POST /payments?work_ms=N` with `Idempotency-Key: "K"` and `{"amount": 1250, "currency": "EUR"}` | 201 `{"id","amount","currency"}`; a replay of it for a retry (`Idempotent-Replayed: true`); 400 for a missing or short key or a bad body; 409 while the first request with `K` runs; 422 if `K` was used with another amount, currency or route |
+//! | `GET /payments` | 200 `{"charges": n, "payments": [{"account","idempotency_key","id","amount","currency"}, ...]}`: every charge made, duplicates included |
 //!
 //! Every error is an `application/problem+json` body `{"type","title","status","detail"}`.
 //!
@@ -22,33 +34,37 @@
 //!
 //! | variable | default | meaning |
 //! |---|---|---|
-//! | `REDIS_URL` | unset | unset: locks and payments live in this process (`MemoryStore`), so run one instance; set: both live in Redis (payments under `payments:by-key:{key}` and the list `payments:log`), shared by every instance |
+//! | `REDIS_URL` | unset | unset: locks, idempotency records and payments live in this process (`MemoryStore`), so run one instance; set: all three live in Redis, shared by every instance |
+//! | `LOCK_STORE`, `REDIS_URLS`, `LOCK_WAIT_REPLICAS` | | other topologies (`redis` with replica acknowledgement, `cluster`; not `redlock`, which cannot keep records atomically with a release): see `examples/common/store.rs` and `docs/TOPOLOGY.md` |
 //! | `HOST` | `127.0.0.1` | address to bind |
 //! | `PORT` | `3000` | port to bind |
-//! | `LOCK_TTL_MS` | `10000` | lease time to live |
-//! | `LOCK_WAIT_MS` | `2000` | how long a request waits for a held key before answering 409; `0` fails fast |
-//! | `LOCK` | `on` | `off` serves `POST /payments` without the lock |
+//! | `LOCK_TTL_MS` | `10000` | lease time to live (a crashed request's key frees itself after it) |
+//! | `LOCK_WAIT_MS` | `0` | how long a duplicate waits for the first request (then gets its replay) before answering 409; `0` answers 409 at once |
+//! | `RETENTION_S` | `86400` | how long a finished request's response is replayed |
+//! | `IDEMPOTENCY` (or `LOCK`) | `on` | `off` serves `POST /payments` without the layer |
 //! | `RUST_LOG` | `info` | log filter |
+//!
+//! Built with `--features metrics`, it also serves `GET /metrics` (Prometheus text format; every
+//! metric is listed in `docs/OBSERVABILITY.md`).
 //!
 //! # Try it
 //!
 //! ```sh
 //! cargo run --example payments
 //!
-//! # A client retries while its first attempt is still running: with the lock, the retry waits
-//! # for the first attempt and answers its payment (201 then 200, same id).
-//! for i in 1 2; do
-//!   curl -s -w ' %{http_code}\n' -X POST 'localhost:3000/payments?work_ms=500' \
-//!     -H 'idempotency-key: order-42' -H 'content-type: application/json' \
-//!     -d '{"amount": 1250, "currency": "EUR"}' &
-//! done; wait
+//! pay() { curl -s -i -X POST "localhost:3000/payments?work_ms=${2:-0}" \
+//!   -H 'idempotency-key: "pay-2026-11-22-0001"' -H 'content-type: application/json' \
+//!   -d "{\"amount\": ${1:-1250}, \"currency\": \"EUR\"}"; echo; }
 //!
-//! curl -s localhost:3000/payments        # {"count":1,"payments":[...]}
+//! pay 1250 1000 & sleep 0.2; pay 1250   # a concurrent duplicate: 409, Retry-After
+//! wait; pay 1250                        # a retry: 201 replayed, the same payment id
+//! pay 999                               # the same key, another amount: 422
+//! curl -s localhost:3000/payments       # {"charges":1,...}
 //! ```
 //!
-//! With `LOCK=off` the same two requests both answer 201 with different ids, and
-//! `GET /payments` counts 2: the customer was charged twice. With `LOCK_WAIT_MS=0` the retry
-//! answers 409 at once instead of waiting.
+//! With `IDEMPOTENCY=off` the two concurrent requests both answer 201 with different ids, and
+//! `GET /payments` counts 2 charges: the customer was charged twice.
+
 
 use std::{
     collections::HashMap,
@@ -61,22 +77,30 @@ use std::{
 };
 
 use axum::{
-    Json, Router,
+    Extension, Json, Router,
+    body::Bytes,
     extract::{
-        Query, State,
+        Query, Request, State,
         rejection::{JsonRejection, QueryRejection},
     },
-    http::{HeaderMap, StatusCode, header},
+    http::{StatusCode, header, request::Parts},
+    middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::{get, post},
 };
-use redis::{AsyncCommands, aio::ConnectionManager};
+use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
-use tower_lock::{Key, Lease, LockConfig, LockLayer, MemoryStore, RedisStore, Wait};
+use tower_lock::{
+    IdempotencyConfig, IdempotencyLayer, Lease, LockConfig, MemoryStore, Wait,
+    idempotency::IdempotencyKey,
+};
 use tracing_subscriber::EnvFilter;
 
-/// The header that names a payment attempt.
-const IDEMPOTENCY_KEY: &str = "idempotency-key";
+#[path = "common/metrics.rs"]
+mod metrics;
+#[path = "common/store.rs"]
+mod store;
+
 /// The longest `work_ms` a request accepts.
 const MAX_WORK_MS: u64 = 60_000;
 
@@ -96,44 +120,58 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), Box<dyn Error>> {
     let settings = Settings::from_env()?;
-    let config = LockConfig::default().ttl(settings.ttl).wait(settings.wait);
-    config.validate()?;
+    let config = IdempotencyConfig::default()
+        .retention(settings.retention)
+        .lock(LockConfig::default().ttl(settings.ttl).wait(settings.wait));
 
-    // The layer answers 400 itself when the header is missing, repeated or empty.
-    let key = Key::header(IDEMPOTENCY_KEY);
-    let (layer, payments) = match &settings.redis_url {
+    // LOCK_STORE picks the topology (`examples/common/store.rs`). Idempotency records are
+    // written atomically with the release, on one server: memory, redis or cluster, not redlock.
+    let chosen = store::from_env().await?;
+    let layer = match chosen.store.clone() {
+        store::Store::Memory => IdempotencyLayer::with_config(MemoryStore::new(), config)?,
+        store::Store::Redis(store) => IdempotencyLayer::with_config(store, config)?,
+        #[cfg(feature = "cluster")]
+        store::Store::Cluster(store) => IdempotencyLayer::with_config(store, config)?,
+        store::Store::Redlock(_) => {
+            return Err(
+                "idempotency records need one store: use LOCK_STORE=redis or cluster".into(),
+            );
+        }
+    };
+    let payments = match chosen.data {
+        Some(conn) => {
+            println!("{}", chosen.description);
+            Payments::Redis(conn)
+        }
         None => {
             println!(
                 "REDIS_URL is not set: running as a single process with the in-memory lock \
                  store and in-memory payments"
             );
-            let layer = LockLayer::with_config(MemoryStore::new(), key, config)?;
-            (layer, Payments::Memory(Arc::default()))
-        }
-        Some(url) => {
-            let store = RedisStore::connect(url.as_str())
-                .await
-                .map_err(|e| format!("cannot connect to REDIS_URL={url}: {e}"))?;
-            let layer = LockLayer::with_config(store, key, config)?;
-            let conn = redis::Client::open(url.as_str())?
-                .get_connection_manager()
-                .await?;
-            println!("locks and payments are shared through Redis at {url}");
-            (layer, Payments::Redis(conn))
+            Payments::Memory(Arc::default())
         }
     };
+    // Keys are scoped by the account that `authenticate` put into the extensions.
+    let layer = layer.principal(|parts: &Parts| {
+        let Account(id) = parts.extensions.get::<Account>()?;
+        Some(Bytes::from(id.clone()))
+    });
 
-    // Only creation is locked; `route_layer` on this `MethodRouter` wraps the POST handler
+    // Only creation takes keys; `route_layer` on this `MethodRouter` wraps the POST handler
     // alone, and the GET handler is merged in beside it.
-    let create = if settings.lock {
+    let create = if settings.idempotency {
         post(create_payment).route_layer(layer)
     } else {
-        println!("LOCK=off: payments are created without the lock and can be duplicated");
+        println!("IDEMPOTENCY=off: payments are created without the layer and can be duplicated");
         post(create_payment)
     };
     let app = Router::new()
         .route("/payments", get(list_payments).merge(create))
         .fallback(|| async { Problem::not_found("no such route") })
+        // Outside the idempotency layer, so the principal is known when it runs.
+        .layer(middleware::from_fn(authenticate))
+        // After the authentication layer, so scrapes need no account.
+        .merge(metrics::router()?)
         .with_state(payments);
 
     let listener = tokio::net::TcpListener::bind((settings.host.as_str(), settings.port))
@@ -148,7 +186,26 @@ async fn run() -> Result<(), Box<dyn Error>> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Handlers
+// Authentication (a stand-in) and handlers
+
+/// The authenticated account.
+#[derive(Debug, Clone)]
+struct Account(String);
+
+/// Stands in for real authentication: the account is the `x-account` header, `acct_demo`
+/// without one.
+async fn authenticate(mut request: Request, next: Next) -> Response {
+    let account = match request.headers().get("x-account").map(|v| v.to_str()) {
+        None => "acct_demo".to_owned(),
+        Some(Ok(id)) if !id.is_empty() && id.len() <= 64 => id.to_owned(),
+        Some(_) => {
+            return Problem::bad_request("x-account must be 1 to 64 visible ASCII characters")
+                .into_response();
+        }
+    };
+    request.extensions_mut().insert(Account(account));
+    next.run(request).await
+}
 
 #[derive(Deserialize)]
 struct NewPayment {
@@ -163,9 +220,10 @@ struct Payment {
     currency: String,
 }
 
-/// A payment as recorded, with the key it was created under.
+/// A charge as recorded, with who made it under which key.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Record {
+    account: String,
     idempotency_key: String,
     #[serde(flatten)]
     payment: Payment,
@@ -177,18 +235,29 @@ struct WorkParams {
     work_ms: u64,
 }
 
-/// Check, work, create: three separate steps. Nothing here is atomic; the lock on the
-/// idempotency key is what keeps two attempts with the same key from interleaving.
+/// Check, charge, record. The layer runs one request per key at a time and replays finished
+/// ones; the check here only matters when the layer could not store a response (the process
+/// died in between, or the record expired).
 async fn create_payment(
     State(payments): State<Payments>,
-    // `None` when the route is served without the layer (`LOCK=off`).
+    Extension(Account(account)): Extension<Account>,
+    // `None` when the route is served without the layer (`IDEMPOTENCY=off`).
     lease: Option<Lease>,
-    headers: HeaderMap,
+    key: Option<Extension<IdempotencyKey>>,
+    headers: axum::http::HeaderMap,
     params: Result<Query<WorkParams>, QueryRejection>,
     body: Result<Json<NewPayment>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Payment>), Problem> {
-    // The layer has already checked the header when it is on; without it, check it here.
-    let key = idempotency_key(&headers)?;
+    let key = match key {
+        Some(Extension(key)) => key.as_str().to_owned(),
+        // Without the layer, read the header here.
+        None => headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty())
+            .map(|v| v.trim_matches('"').to_owned())
+            .ok_or_else(|| Problem::bad_request("the `idempotency-key` header is required"))?,
+    };
     let Query(params) = params.map_err(|e| Problem::bad_request(e.body_text()))?;
     if params.work_ms > MAX_WORK_MS {
         return Err(Problem::bad_request(format!(
@@ -198,62 +267,57 @@ async fn create_payment(
     let Json(new) = body.map_err(Problem::bad_json)?;
     let (amount, currency) = validate(new)?;
 
-    // 1. Check: a repeat of a request that already succeeded gets the same payment back.
-    if let Some(existing) = payments.get(&key).await? {
+    // 1. Check: a payment already made under this key (the layer could not store its response).
+    if let Some(existing) = payments.get(&account, &key).await? {
         if existing.amount != amount || existing.currency != currency {
             return Err(Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "idempotency-key-reused",
                 "Idempotency key reused",
-                format!(
-                    "this idempotency key was used for a payment of {} {}; use a new key for \
-                     a different payment",
-                    existing.amount, existing.currency
-                ),
+                "this idempotency key was used for a different payment; use a new key",
             ));
         }
-        tracing::info!(key, id = existing.id, "repeat of an existing payment");
-        return Ok((StatusCode::OK, Json(existing)));
+        tracing::info!(
+            key,
+            id = existing.id,
+            "payment found by key; not charged again"
+        );
+        return Ok((StatusCode::CREATED, Json(existing)));
     }
-    // 2. Work: charge the card. Without the lock a concurrent retry is in step 1 meanwhile,
+    // 2. Charge the card. Without the layer a concurrent duplicate is in step 1 meanwhile,
     //    finds nothing, and charges again.
     tokio::time::sleep(Duration::from_millis(params.work_ms)).await;
-    // 3. Create.
+    // 3. Record. A real service writes this in one transaction with a unique constraint on
+    //    (account, key), passing `lease.fencing_token()` so a stale holder's write is refused.
     let payment = Payment {
         id: format!("pay_{:016x}", fastrand::u64(..)),
         amount,
         currency,
     };
-    payments.create(&key, &payment).await?;
+    payments.create(&account, &key, &payment).await?;
     let fencing_token = lease.as_ref().map(Lease::fencing_token);
-    tracing::info!(key, id = payment.id, fencing_token, "payment created");
+    tracing::info!(
+        account,
+        key,
+        id = payment.id,
+        fencing_token,
+        "payment created"
+    );
     Ok((StatusCode::CREATED, Json(payment)))
 }
 
 #[derive(Serialize)]
 struct PaymentList {
-    count: usize,
+    charges: usize,
     payments: Vec<Record>,
 }
 
 async fn list_payments(State(payments): State<Payments>) -> Result<Json<PaymentList>, Problem> {
     let payments = payments.list().await?;
     Ok(Json(PaymentList {
-        count: payments.len(),
+        charges: payments.len(),
         payments,
     }))
-}
-
-fn idempotency_key(headers: &HeaderMap) -> Result<String, Problem> {
-    let value = headers.get(IDEMPOTENCY_KEY).ok_or_else(|| {
-        Problem::bad_request(format!("the `{IDEMPOTENCY_KEY}` header is required"))
-    })?;
-    match value.to_str() {
-        Ok(key) if !key.is_empty() => Ok(key.to_owned()),
-        _ => Err(Problem::bad_request(format!(
-            "the `{IDEMPOTENCY_KEY}` header must be non-empty visible ASCII"
-        ))),
-    }
 }
 
 /// A positive amount and an ISO 4217-shaped currency code, upper-cased.
@@ -279,35 +343,35 @@ enum Payments {
     /// One process only.
     Memory(Arc<Mutex<MemoryPayments>>),
     /// Shared by every instance.
-    Redis(ConnectionManager),
+    Redis(store::DataConnection),
 }
 
 #[derive(Default)]
 struct MemoryPayments {
-    by_key: HashMap<String, Payment>,
+    by_key: HashMap<(String, String), Payment>,
     log: Vec<Record>,
 }
 
-/// Every payment created, in order, as JSON records.
+/// Every charge made, in order, as JSON records.
 const LOG_KEY: &str = "payments:log";
 
-fn by_key(key: &str) -> String {
-    format!("payments:by-key:{key}")
+fn by_key(account: &str, key: &str) -> String {
+    format!("payments:by-key:{}:{account}:{key}", account.len())
 }
 
 impl Payments {
-    async fn get(&self, key: &str) -> Result<Option<Payment>, Problem> {
+    async fn get(&self, account: &str, key: &str) -> Result<Option<Payment>, Problem> {
         match self {
             Self::Memory(state) => Ok(state
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .by_key
-                .get(key)
+                .get(&(account.to_owned(), key.to_owned()))
                 .cloned()),
             Self::Redis(conn) => {
                 let json: Option<String> = conn
                     .clone()
-                    .get(by_key(key))
+                    .get(by_key(account, key))
                     .await
                     .map_err(Problem::storage)?;
                 json.map(|json| serde_json::from_str(&json).map_err(Problem::corrupt))
@@ -316,15 +380,18 @@ impl Payments {
         }
     }
 
-    async fn create(&self, key: &str, payment: &Payment) -> Result<(), Problem> {
+    async fn create(&self, account: &str, key: &str, payment: &Payment) -> Result<(), Problem> {
         let record = Record {
+            account: account.to_owned(),
             idempotency_key: key.to_owned(),
             payment: payment.clone(),
         };
         match self {
             Self::Memory(state) => {
                 let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
-                state.by_key.insert(key.to_owned(), payment.clone());
+                state
+                    .by_key
+                    .insert((account.to_owned(), key.to_owned()), payment.clone());
                 state.log.push(record);
                 Ok(())
             }
@@ -333,7 +400,7 @@ impl Payments {
                 let record = serde_json::to_string(&record).map_err(Problem::corrupt)?;
                 let mut conn = conn.clone();
                 let () = conn
-                    .set(by_key(key), payment)
+                    .set(by_key(account, key), payment)
                     .await
                     .map_err(Problem::storage)?;
                 let _: usize = conn
@@ -455,25 +522,32 @@ impl IntoResponse for Problem {
 // Settings and shutdown
 
 struct Settings {
-    redis_url: Option<String>,
     host: String,
     port: u16,
     ttl: Duration,
     wait: Wait,
-    lock: bool,
+    retention: Duration,
+    idempotency: bool,
 }
 
 impl Settings {
     fn from_env() -> Result<Self, String> {
-        let wait_ms: u64 = env_or("LOCK_WAIT_MS", 2000)?;
-        let lock = match env::var("LOCK").as_deref() {
-            Err(env::VarError::NotPresent) | Ok("on") => true,
-            Ok("off") => false,
-            Ok(other) => return Err(format!("LOCK={other:?} is invalid: use `on` or `off`")),
-            Err(env::VarError::NotUnicode(_)) => return Err("LOCK is not valid UTF-8".into()),
-        };
+        let wait_ms: u64 = env_or("LOCK_WAIT_MS", 0)?;
+        // `LOCK=off` (the name the other examples use) means the same as `IDEMPOTENCY=off`.
+        let mut idempotency = true;
+        for name in ["IDEMPOTENCY", "LOCK"] {
+            match env::var(name).as_deref() {
+                Err(env::VarError::NotPresent) | Ok("on") => {}
+                Ok("off") => idempotency = false,
+                Ok(other) => {
+                    return Err(format!("{name}={other:?} is invalid: use `on` or `off`"));
+                }
+                Err(env::VarError::NotUnicode(_)) => {
+                    return Err(format!("{name} is not valid UTF-8"));
+                }
+            }
+        }
         Ok(Self {
-            redis_url: env::var("REDIS_URL").ok().filter(|url| !url.is_empty()),
             host: env::var("HOST").unwrap_or_else(|_| "127.0.0.1".into()),
             port: env_or("PORT", 3000)?,
             ttl: Duration::from_millis(env_or("LOCK_TTL_MS", 10_000)?),
@@ -482,7 +556,8 @@ impl Settings {
             } else {
                 Wait::default().deadline(Duration::from_millis(wait_ms))
             },
-            lock,
+            retention: Duration::from_secs(env_or("RETENTION_S", 86_400)?),
+            idempotency,
         })
     }
 }

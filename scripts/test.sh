@@ -5,15 +5,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "redis-server not found; installing it from Debian's packages" >&2
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+  echo "redis-server or redis-cli not found; installing them from Debian's packages" >&2
   if [ "$(id -u)" -ne 0 ]; then
     echo "error: installing redis-server needs root (or install it yourself: apt-get install -y redis-server)" >&2
     exit 1
   fi
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq redis-server >/dev/null
+  apt-get install -y -qq redis-server redis-tools >/dev/null
 fi
 echo "using $(redis-server --version)" >&2
 

@@ -28,6 +28,28 @@ pub enum OnLeaseLost {
     Continue,
 }
 
+/// How a lock key's value appears in tracing spans.
+///
+/// Keys may carry user data (an email, an account number), so by default spans show a keyed hash:
+/// stable within one process (requests on the same key can be correlated), meaningless outside
+/// it. The lock token never appears, whatever this says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize, serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum KeyDisplay {
+    /// A 64-bit SipHash of the value under a per-process random key, in hex (the default).
+    #[default]
+    Hashed,
+    /// The value itself (lossy UTF-8).
+    Plain,
+    /// Nothing.
+    Hidden,
+}
+
 /// Settings shared by [`LockLayer`](crate::LockLayer) and [`Locker`](crate::Locker).
 ///
 /// Setters take and return `self`; nothing is checked until the config is handed to
@@ -46,6 +68,7 @@ pub enum OnLeaseLost {
 /// | [`max_key_len`](Self::max_key_len) | 512 bytes | longer key values are a 400 |
 /// | [`on_lease_lost`](Self::on_lease_lost) | [`OnLeaseLost::Abort`] | abort (503) or continue |
 /// | [`hold_until_body_end`](Self::hold_until_body_end) | `false` | keep the lease until the response body is streamed |
+/// | [`key_display`](Self::key_display) | [`KeyDisplay::Hashed`] | how keys appear in spans |
 /// | [`contended_status`](Self::contended_status) | 409 | status when the wait runs out |
 /// | [`unavailable_status`](Self::unavailable_status) | 503 | status when the store fails |
 ///
@@ -85,6 +108,7 @@ pub struct LockConfig {
     max_key_len: usize,
     on_lease_lost: OnLeaseLost,
     hold_until_body_end: bool,
+    key_display: KeyDisplay,
     #[cfg_attr(feature = "serde", serde(with = "status"))]
     contended_status: StatusCode,
     #[cfg_attr(feature = "serde", serde(with = "status"))]
@@ -103,6 +127,7 @@ impl Default for LockConfig {
             max_key_len: 512,
             on_lease_lost: OnLeaseLost::Abort,
             hold_until_body_end: false,
+            key_display: KeyDisplay::Hashed,
             contended_status: StatusCode::CONFLICT,
             unavailable_status: StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -145,6 +170,8 @@ setters! {
     /// Keep the lease, and renew it, until the response body has been streamed to its end,
     /// not just until the handler returns. For handlers that stream.
     hold_until_body_end: bool => |v| v;
+    /// How keys appear in tracing spans (hashed by default; keys may carry user data).
+    key_display: KeyDisplay => |v| v;
     /// Status answered when the key stays held past the wait deadline (default 409).
     contended_status: StatusCode => |v| v;
     /// Status answered when the store fails or does not answer (default 503).
@@ -196,6 +223,11 @@ impl LockConfig {
     /// Whether the lease lasts until the response body ends.
     pub fn hold_until_body_end_value(&self) -> bool {
         self.hold_until_body_end
+    }
+
+    /// How keys appear in spans.
+    pub fn key_display_value(&self) -> KeyDisplay {
+        self.key_display
     }
 
     /// Status answered on contention.

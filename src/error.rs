@@ -17,6 +17,17 @@ pub enum LostReason {
     MaxHold,
 }
 
+impl LostReason {
+    /// A short snake_case name, as used in metric labels and span fields.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::NotHeld => "not_held",
+            Self::Expired => "expired",
+            Self::MaxHold => "max_hold",
+        }
+    }
+}
+
 impl fmt::Display for LostReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -44,6 +55,8 @@ pub enum LockError {
         expires_in: Option<Duration>,
         /// How long this request waited before giving up.
         waited: Duration,
+        /// How many acquire attempts it made.
+        attempts: u32,
     },
     /// The store failed or did not answer in time (503).
     #[error("the lock store failed")]

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::Service;
+use tracing::Span;
 
 use crate::{
     body::{BodyHold, ResponseBody},
@@ -16,9 +17,11 @@ use crate::{
     error::LockError,
     key::LockKey,
     layer::Shared,
+    lease::Lease,
     locker::{Held, ReleaseGuard},
     renew::Renewer,
     store::{BoxFuture, StoreError},
+    telemetry,
 };
 
 pin_project! {
@@ -33,6 +36,8 @@ pin_project! {
     {
         #[pin]
         state: State<S, ReqBody, S::Future, S::Response, S::Error>,
+        // The `lock` span (disabled for requests that are not locked).
+        span: Span,
     }
 }
 
@@ -64,6 +69,7 @@ pin_project! {
 /// A held lease while the inner service runs.
 pub(crate) struct Running {
     pub(crate) shared: Arc<Shared>,
+    pub(crate) lease: Lease,
     pub(crate) renewer: Option<Renewer>,
     pub(crate) guard: ReleaseGuard,
 }
@@ -71,6 +77,16 @@ pub(crate) struct Running {
 enum Output<R, E> {
     Inner(Result<R, E>),
     Rejection(Response<Bytes>),
+}
+
+/// The span's `outcome` for a request that did not get its lease.
+fn outcome(error: &LockError) -> &'static str {
+    match error {
+        LockError::Contended { .. } => "contended",
+        LockError::Store(_) => "store_error",
+        LockError::LeaseLost(_) => "lease_lost",
+        LockError::Key(_) => "bad_key",
+    }
 }
 
 const POLLED_AFTER_READY: &str = "ResponseFuture polled after completion";
@@ -82,6 +98,7 @@ where
     pub(crate) fn unlocked(fut: S::Future) -> Self {
         Self {
             state: State::Running { fut, running: None },
+            span: Span::none(),
         }
     }
 
@@ -90,6 +107,7 @@ where
             state: State::Rejected {
                 response: Some(response),
             },
+            span: Span::none(),
         }
     }
 
@@ -99,6 +117,7 @@ where
         service: S,
         request: Request<ReqBody>,
     ) -> Self {
+        let span = telemetry::span(&key, shared.locker.config().key_display_value());
         let acquire = Box::pin(shared.locker.clone().acquire_held(key));
         Self {
             state: State::Acquiring {
@@ -107,6 +126,7 @@ where
                 service: Some(service),
                 request: Some(request),
             },
+            span,
         }
     }
 }
@@ -119,6 +139,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        let _entered = this.span.enter();
         loop {
             match this.state.as_mut().project() {
                 StateProj::Acquiring {
@@ -130,6 +151,14 @@ where
                     let held = match ready!(acquire.as_mut().poll(cx)) {
                         Ok(held) => held,
                         Err(error) => {
+                            if let LockError::Contended {
+                                attempts, waited, ..
+                            } = &error
+                            {
+                                Span::current().record("attempts", attempts);
+                                Span::current().record("wait_ms", waited.as_millis() as u64);
+                            }
+                            telemetry::record_end(outcome(&error), None);
                             let response = shared.reject(error);
                             this.state.set(State::Rejected {
                                 response: Some(response),
@@ -137,12 +166,17 @@ where
                             continue;
                         }
                     };
+                    let waited = held
+                        .acquired_at
+                        .saturating_duration_since(held.requested_at);
+                    telemetry::record_acquired(held.lease.fencing_token(), held.attempts, waited);
                     let mut request = request.take().expect(POLLED_AFTER_READY);
                     request.extensions_mut().insert(held.lease.clone());
                     let max_hold = shared.locker.config().max_hold_value();
                     let renewer = shared.locker.renewer(&held, Some(max_hold));
                     let running = Running {
                         shared: Arc::clone(shared),
+                        lease: held.lease,
                         renewer: Some(renewer),
                         guard: held.guard,
                     };
@@ -162,6 +196,7 @@ where
                             held.renewer = None;
                             let config = held.shared.locker.config();
                             if config.on_lease_lost_value() == OnLeaseLost::Abort {
+                                telemetry::record_end("lease_lost", Some(&held.lease));
                                 let response = held.shared.reject(LockError::LeaseLost(reason));
                                 let release = held.guard.release_now();
                                 // Dropping the running state drops the inner future: abort.
@@ -177,6 +212,12 @@ where
                     let Some(mut held) = running.take() else {
                         return Poll::Ready(output.map(|r| r.map(ResponseBody::new)));
                     };
+                    let end = if held.lease.is_lost() {
+                        "completed_lease_lost"
+                    } else {
+                        "completed"
+                    };
+                    telemetry::record_end(end, Some(&held.lease));
                     match output {
                         Ok(response) if held.shared.locker.config().hold_until_body_end_value() => {
                             let hold = BodyHold::new(held);

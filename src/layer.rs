@@ -12,6 +12,7 @@ use crate::{
     response::{ProblemJson, RejectionResponse, status_for},
     service::LockService,
     store::LockStore,
+    telemetry::Chain,
 };
 
 /// Applies a per-request distributed lock to the wrapped service.
@@ -119,12 +120,10 @@ impl Shared {
             config.unavailable_status_value(),
         );
         match &error {
-            LockError::Contended { .. } | LockError::Key(_) => {
-                tracing::debug!(error = &error as &dyn std::error::Error, %status, "lock rejected the request")
+            LockError::Key(rejection) => {
+                tracing::debug!(%status, reason = rejection.detail(), "rejected: bad lock key")
             }
-            _ => {
-                tracing::warn!(error = &error as &dyn std::error::Error, %status, "lock rejected the request")
-            }
+            other => tracing::warn!(%status, error = %Chain(other), "request rejected"),
         }
         let mut response = self.respond.response(&error, status);
         response.extensions_mut().insert(error);

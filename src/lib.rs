@@ -86,6 +86,15 @@
 //!
 //! - `axum` (default): the [`Lease`] extractor, [`Key::path_param`], and route-template scopes.
 //! - `serde`: [`LockConfig`] and [`Wait`] deserialize from any serde format.
+//! - `metrics`: counters, histograms and a gauge for every lease through the
+//!   [`metrics`](https://docs.rs/metrics) facade (see `docs/OBSERVABILITY.md`).
+//!
+//! # Observability
+//!
+//! Every locked request runs in a `lock` span (`INFO`) with its scope, a hashed key (see
+//! [`KeyDisplay`]), the fencing token, attempts, wait and hold times, renewals and the outcome.
+//! Contention and retries log at `DEBUG`; 409s, 503s, lost leases and renewal or release
+//! failures at `WARN`, with the error's whole source chain. The lock token is never logged.
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,
@@ -101,30 +110,36 @@ mod error;
 #[cfg(feature = "axum")]
 mod extract;
 mod future;
+pub mod idempotency;
 pub mod key;
 mod layer;
 mod lease;
+mod local;
 mod locker;
 mod renew;
 pub mod response;
 mod service;
 pub mod store;
+mod telemetry;
 mod token;
 mod wait;
 
 pub use body::ResponseBody;
-pub use config::{ConfigError, LockConfig, OnLeaseLost};
+pub use config::{ConfigError, KeyDisplay, LockConfig, OnLeaseLost};
 pub use error::{LockError, LostReason};
 #[cfg(feature = "axum")]
 pub use extract::MissingLease;
 pub use future::ResponseFuture;
+pub use idempotency::{IdempotencyConfig, IdempotencyLayer, IdempotencyStore};
 pub use key::{Key, KeySource};
 pub use layer::LockLayer;
 pub use lease::Lease;
 pub use locker::{LeaseGuard, Locker};
 pub use response::{ProblemJson, RejectionResponse};
 pub use service::LockService;
-pub use store::{LockStore, MemoryStore, RedisStore};
+#[cfg(feature = "cluster")]
+pub use store::ClusterStore;
+pub use store::{LockStore, MemoryStore, RedisStore, RedlockStore};
 pub use token::Token;
 pub use wait::Wait;
 

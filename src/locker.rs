@@ -7,14 +7,17 @@ use tokio::{
     task::AbortHandle,
     time::{Instant, sleep_until, timeout},
 };
+use tracing::Instrument;
 
 use crate::{
     config::{ConfigError, LockConfig},
     error::LockError,
     key::{KeyRejection, LockKey},
     lease::Lease,
+    local::{LocalQueues, Turn},
     renew::{Renewer, RenewerSettings},
     store::{Acquire, BoxFuture, DynStore, LockStore, StoreError},
+    telemetry::{self, Chain, Op},
     token::Token,
 };
 
@@ -53,6 +56,7 @@ pub struct Locker {
 struct Inner {
     store: Arc<dyn DynStore>,
     config: LockConfig,
+    local: Arc<LocalQueues>,
 }
 
 /// A lease just acquired: what the layer carries into the running state.
@@ -60,6 +64,9 @@ pub(crate) struct Held {
     pub(crate) lease: Lease,
     pub(crate) guard: ReleaseGuard,
     pub(crate) acquired_at: Instant,
+    /// When the first attempt was made.
+    pub(crate) requested_at: Instant,
+    pub(crate) attempts: u32,
 }
 
 impl Locker {
@@ -69,6 +76,7 @@ impl Locker {
             inner: Arc::new(Inner {
                 store: Arc::new(store),
                 config: LockConfig::default(),
+                local: Arc::default(),
             }),
         }
     }
@@ -80,6 +88,7 @@ impl Locker {
             inner: Arc::new(Inner {
                 store: Arc::new(store),
                 config,
+                local: Arc::default(),
             }),
         })
     }
@@ -107,13 +116,32 @@ impl Locker {
     /// [`Wait::forever`](crate::Wait::forever) policy store errors are waited out (logged at warn)
     /// rather than returned. Needs a Tokio runtime.
     pub async fn acquire(&self, key: LockKey) -> Result<LeaseGuard, LockError> {
-        let held = self.clone().acquire_held(key).await?;
+        let span = telemetry::span(&key, self.inner.config.key_display_value());
+        let held = match self
+            .clone()
+            .acquire_held(key)
+            .instrument(span.clone())
+            .await
+        {
+            Ok(held) => held,
+            Err(error) => {
+                span.record("outcome", "not_acquired");
+                return Err(error);
+            }
+        };
+        span.in_scope(|| {
+            let waited = held
+                .acquired_at
+                .saturating_duration_since(held.requested_at);
+            telemetry::record_acquired(held.lease.fencing_token(), held.attempts, waited);
+        });
         let renewer = self.renewer(&held, None);
-        let watchdog = tokio::spawn(watch(renewer)).abort_handle();
+        let watchdog = tokio::spawn(watch(renewer).instrument(span.clone())).abort_handle();
         Ok(LeaseGuard {
             lease: held.lease,
             guard: held.guard,
             watchdog,
+            span,
         })
     }
 
@@ -150,7 +178,25 @@ impl Locker {
             token,
             timeout: floor,
             armed: false,
+            held_since: None,
+            fallback: true,
+            turn: None,
         };
+        // Requests of this process that want the same key wait here, in order, and only the
+        // first contends in the store; a holder's release wakes the next at once.
+        match self.inner.local.turn(&guard.key, deadline).await {
+            Some(turn) => guard.turn = Some(turn),
+            None => {
+                let waited = start.elapsed();
+                tracing::debug!(?waited, "lease contended in this process; giving up");
+                telemetry::contended(guard.key.scope(), waited);
+                return Err(LockError::Contended {
+                    expires_in: None,
+                    waited,
+                    attempts: 0,
+                });
+            }
+        }
         let mut delays = None;
         let mut attempts = 0u32;
         loop {
@@ -160,30 +206,50 @@ impl Locker {
             guard.armed = true;
             let attempt =
                 Arc::clone(&guard.store).acquire(guard.key.clone(), guard.token.clone(), ttl);
-            let expires_in = match timeout(limit, attempt).await {
-                // A bounded wait fails fast on a store error (503); an unbounded one (background
-                // work) waits through the outage. The armed guard releases in case it was sent.
-                Err(_) if deadline.is_some() => return Err(StoreError::timeout(limit).into()),
-                Ok(Err(error)) if deadline.is_some() => return Err(error.into()),
-                Err(_) | Ok(Err(_)) => {
-                    tracing::warn!(
-                        scope = guard.key.scope(),
-                        attempts,
-                        "lock store failed while waiting forever; retrying"
-                    );
-                    let release = guard.release_now();
-                    tokio::spawn(release);
-                    None
-                }
-                Ok(Ok(Acquire::Acquired { fencing_token })) => {
-                    tracing::debug!(scope = guard.key.scope(), attempts, "lease acquired");
+            let answer = timeout(limit, attempt)
+                .await
+                .unwrap_or_else(|_| Err(StoreError::timeout(limit)));
+            telemetry::round_trip(Op::Acquire, sent_at.elapsed());
+            let expires_in = match answer {
+                Ok(Acquire::Acquired { fencing_token }) => {
+                    let waited = sent_at - start;
+                    tracing::debug!(attempts, ?waited, "lease acquired");
+                    telemetry::acquired(guard.key.scope(), waited);
+                    guard.held_since = Some(sent_at);
                     return Ok(Held {
-                        lease: Lease::new(guard.key.clone(), fencing_token, sent_at, ttl),
+                        lease: Lease::new(
+                            guard.key.clone(),
+                            fencing_token,
+                            sent_at,
+                            guard.store.validity(ttl),
+                        ),
                         guard,
                         acquired_at: sent_at,
+                        requested_at: start,
+                        attempts,
                     });
                 }
-                Ok(Ok(Acquire::Held { expires_in })) => expires_in,
+                Ok(Acquire::Held { expires_in }) => expires_in,
+                // A bounded wait fails fast on a store error (503). The armed guard releases in
+                // case the command was executed after all.
+                Err(error) if deadline.is_some() => {
+                    telemetry::store_error(guard.key.scope(), Op::Acquire);
+                    return Err(error.into());
+                }
+                // An unbounded one (background work) waits through the outage.
+                Err(error) => {
+                    telemetry::store_error(guard.key.scope(), Op::Acquire);
+                    tracing::warn!(
+                        attempts,
+                        error = %Chain(&error),
+                        "lock store failed while waiting forever; retrying"
+                    );
+                    // Resend a release, but keep this request's place in the local queue.
+                    let turn = guard.turn.take();
+                    tokio::spawn(guard.release_now());
+                    guard.turn = turn;
+                    None
+                }
             };
             guard.armed = false;
             let now = Instant::now();
@@ -195,22 +261,17 @@ impl Locker {
                 (Some(next), Some(deadline)) if now < deadline => next.min(deadline),
                 (Some(next), None) => next,
                 _ => {
-                    tracing::debug!(
-                        scope = guard.key.scope(),
-                        attempts,
-                        "lease contended; giving up"
-                    );
+                    let waited = now - start;
+                    tracing::debug!(attempts, ?waited, "lease contended; giving up");
+                    telemetry::contended(guard.key.scope(), waited);
                     return Err(LockError::Contended {
                         expires_in,
-                        waited: now - start,
+                        waited,
+                        attempts,
                     });
                 }
             };
-            tracing::debug!(
-                scope = guard.key.scope(),
-                attempts,
-                "lease contended; waiting"
-            );
+            tracing::debug!(attempts, "lease contended; waiting");
             sleep_until(wake).await;
         }
     }
@@ -235,24 +296,79 @@ pub(crate) struct ReleaseGuard {
     token: Token,
     timeout: Duration,
     armed: bool,
+    /// Set once the lease is acquired, for the hold time and the leases-held gauge.
+    held_since: Option<Instant>,
+    /// Whether `release_now` arms a fallback that re-sends the release if its future is dropped
+    /// unfinished (false for that fallback itself, so a dying runtime cannot loop).
+    fallback: bool,
+    /// This request's place in the process-local queue for the key, passed on after release.
+    turn: Option<Turn>,
 }
 
 impl ReleaseGuard {
+    /// The holder's token, for a store operation that releases in its own way (the
+    /// idempotency layer's record-and-release script).
+    pub(crate) fn token(&self) -> &Token {
+        &self.token
+    }
+
+    /// Disarms the guard without releasing: the caller has released the lease by other means
+    /// (`released`), or learnt it was no longer held. Counted like a release in the metrics.
+    pub(crate) fn disarm(&mut self, released: bool) {
+        self.armed = false;
+        if let Some(since) = self.held_since.take() {
+            telemetry::released(self.key.scope(), Ok(released), since.elapsed());
+        }
+    }
+
     /// Disarms the guard and returns the release, for the caller to await.
+    ///
+    /// If that future is dropped before it finishes (the client hung up while the response
+    /// future was releasing), a fallback guard inside it spawns the release again.
     pub(crate) fn release_now(&mut self) -> BoxFuture<Result<bool, StoreError>> {
         self.armed = false;
+        let held_since = self.held_since.take();
         let limit = self.timeout;
         let release = Arc::clone(&self.store).release(self.key.clone(), self.token.clone());
-        let scope = self.key.scope().to_owned();
+        let key = self.key.clone();
+        let fallback = ReleaseGuard {
+            store: Arc::clone(&self.store),
+            key: self.key.clone(),
+            token: self.token.clone(),
+            timeout: limit,
+            armed: self.fallback,
+            held_since: None,
+            fallback: false,
+            turn: None,
+        };
+        let turn = self.turn.take();
         Box::pin(async move {
+            // Moved in whole, so that dropping this future drops (and fires) the fallback.
+            let mut fallback = fallback;
+            let sent_at = Instant::now();
             let result = timeout(limit, release)
                 .await
                 .unwrap_or_else(|_| Err(StoreError::timeout(limit)));
-            if let Err(error) = &result {
-                tracing::warn!(
-                    scope,
-                    error = error as &dyn std::error::Error,
-                    "lease release failed; the key frees itself when its TTL runs out"
+            fallback.armed = false;
+            // Only now may the next request of this process try the key.
+            drop(turn);
+            telemetry::round_trip(Op::Release, sent_at.elapsed());
+            match &result {
+                Ok(released) => tracing::debug!(released, "lease released"),
+                Err(error) => {
+                    telemetry::store_error(key.scope(), Op::Release);
+                    tracing::warn!(
+                        scope = key.scope(),
+                        error = %Chain(error),
+                        "lease release failed; the key frees itself when its TTL runs out"
+                    );
+                }
+            }
+            if let Some(since) = held_since {
+                telemetry::released(
+                    key.scope(),
+                    result.as_ref().map(|r| *r).map_err(|_| ()),
+                    since.elapsed(),
                 );
             }
             result
@@ -285,6 +401,7 @@ pub struct LeaseGuard {
     lease: Lease,
     guard: ReleaseGuard,
     watchdog: AbortHandle,
+    span: tracing::Span,
 }
 
 impl LeaseGuard {
@@ -296,7 +413,9 @@ impl LeaseGuard {
     /// Stops renewing and releases the lease now. `Ok(false)`: it was no longer ours.
     pub async fn release(mut self) -> Result<bool, StoreError> {
         self.watchdog.abort();
-        self.guard.release_now().await
+        self.span
+            .in_scope(|| telemetry::record_end("released", Some(&self.lease)));
+        self.guard.release_now().instrument(self.span.clone()).await
     }
 }
 
@@ -311,6 +430,10 @@ impl Deref for LeaseGuard {
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         self.watchdog.abort();
+        if self.guard.armed {
+            self.span
+                .in_scope(|| telemetry::record_end("dropped", Some(&self.lease)));
+        }
     }
 }
 

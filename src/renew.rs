@@ -13,6 +13,7 @@ use crate::{
     error::LostReason,
     lease::Lease,
     store::{BoxFuture, DynStore, StoreError},
+    telemetry::{self, Chain, Op},
     token::Token,
 };
 
@@ -74,6 +75,8 @@ impl Renewer {
     }
 
     fn lose(&self, reason: LostReason) -> Poll<LostReason> {
+        telemetry::lost(self.lease.key().scope(), reason.as_str());
+        tracing::warn!(reason = reason.as_str(), "lease lost: {reason}");
         Poll::Ready(self.lease.mark_lost(reason))
     }
 
@@ -88,23 +91,24 @@ impl Renewer {
                 let result = ready!(fut.as_mut().poll(cx));
                 self.in_flight = None;
                 let now = Instant::now();
+                let scope = self.lease.key().scope();
+                telemetry::round_trip(Op::Renew, now - sent_at);
+                telemetry::renewal(scope, matches!(result, Ok(true)));
                 match result {
                     Ok(true) => {
-                        self.lease.renewed(sent_at, self.ttl);
-                        self.schedule(now + self.interval);
+                        self.lease.renewed(sent_at, self.store.validity(self.ttl));
+                        tracing::trace!(renewals = self.lease.renewals(), "lease renewed");
+                        // From when this renewal was sent, like the lease's validity: scheduled
+                        // from the reply, a round trip over ttl / 3 would leave the next renewal
+                        // less time than a round trip, and every lease would be lost.
+                        self.schedule(sent_at + self.interval);
                     }
-                    Ok(false) => {
-                        tracing::warn!(
-                            scope = self.lease.key().scope(),
-                            "lease lost: the store no longer holds it"
-                        );
-                        return self.lose(LostReason::NotHeld);
-                    }
+                    Ok(false) => return self.lose(LostReason::NotHeld),
                     Err(error) => {
+                        telemetry::store_error(scope, Op::Renew);
                         let left = self.lease.valid_until().saturating_duration_since(now);
                         tracing::warn!(
-                            scope = self.lease.key().scope(),
-                            error = &error as &dyn std::error::Error,
+                            error = %Chain(&error),
                             time_left = ?left,
                             "lease renewal failed; retrying while the lease is valid"
                         );
@@ -119,7 +123,6 @@ impl Renewer {
             ready!(self.sleep.as_mut().poll(cx));
             let now = Instant::now();
             if self.hold_until.is_some_and(|h| now >= h) {
-                tracing::warn!(scope = self.lease.key().scope(), "lease held past max_hold");
                 return self.lose(LostReason::MaxHold);
             }
             let left = self.lease.valid_until().saturating_duration_since(now);

@@ -147,6 +147,7 @@ mod tests {
         let contended = LockError::Contended {
             expires_in: Some(Duration::from_millis(2100)),
             waited: Duration::ZERO,
+            attempts: 1,
         };
         let r = ProblemJson.response(&contended, StatusCode::CONFLICT);
         assert_eq!(r.status(), 409);
@@ -162,6 +163,7 @@ mod tests {
         let short = LockError::Contended {
             expires_in: Some(Duration::from_millis(5)),
             waited: Duration::ZERO,
+            attempts: 1,
         };
         assert_eq!(
             ProblemJson.response(&short, StatusCode::CONFLICT).headers()[header::RETRY_AFTER],
@@ -204,6 +206,7 @@ mod tests {
         let contended = LockError::Contended {
             expires_in: None,
             waited: Duration::ZERO,
+            attempts: 1,
         };
         assert_eq!(status_for(&contended, c, u), c);
         assert_eq!(

@@ -403,7 +403,9 @@ async fn token_never_in_responses_or_logs() {
             move || logs.clone()
         })
         .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    // The global default (the only one in this binary), so that callsites first hit by other
+    // tests' threads still log here.
+    tracing::subscriber::set_global_default(subscriber).unwrap();
 
     let backend = Redis::new();
     let config = LockConfig::default()

@@ -271,6 +271,11 @@ impl LockKey {
         &self.full
     }
 
+    /// The whole key, shared (no copy).
+    pub(crate) fn bytes(&self) -> Bytes {
+        self.full.clone()
+    }
+
     /// The scope: the namespace, or the method and route template.
     pub fn scope(&self) -> &str {
         // The scope was copied in from a `&str`, so this cannot fail.

@@ -35,6 +35,8 @@ struct Inner {
     leases: Mutex<HashMap<Bytes, Entry>>,
     fence: AtomicU64,
     ops: AtomicU64,
+    /// Idempotency records (`crate::idempotency`), written atomically with a release.
+    records: crate::idempotency::MemoryRecords,
 }
 
 #[derive(Debug)]
@@ -63,6 +65,30 @@ impl MemoryStore {
 
     fn key(key: &LockKey) -> Bytes {
         Bytes::copy_from_slice(key.as_bytes())
+    }
+
+    /// The idempotency records kept next to the leases.
+    pub(crate) fn records(&self) -> &crate::idempotency::MemoryRecords {
+        &self.inner.records
+    }
+
+    /// [`release`](LockStore::release), running `then` under the lease map's lock just before
+    /// the delete when the lease is held with `token`, so that what `then` writes (an
+    /// idempotency record) appears atomically with the release. Returns whether it released.
+    pub(crate) fn release_with(&self, key: &LockKey, token: &Token, then: impl FnOnce()) -> bool {
+        let now = Instant::now();
+        let mut leases = self.leases();
+        match leases.get(key.as_bytes()) {
+            Some(entry) if entry.token == *token => {
+                let live = entry.expires > now;
+                if live {
+                    then();
+                }
+                leases.remove(key.as_bytes());
+                live
+            }
+            _ => false,
+        }
     }
 }
 

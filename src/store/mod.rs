@@ -7,13 +7,19 @@
 //! A store only answers; waiting, renewing on a schedule and releasing on drop are the
 //! [`Locker`](crate::Locker)'s job, so a new backend is a few dozen lines.
 
+#[cfg(feature = "cluster")]
+mod cluster;
 mod memory;
 mod redis;
+mod redlock;
 
 use std::{error::Error as StdError, fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
 
+#[cfg(feature = "cluster")]
+pub use self::cluster::ClusterStore;
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
+pub use self::redlock::RedlockStore;
 use crate::{key::LockKey, token::Token};
 
 /// The answer to an acquire attempt.
@@ -67,6 +73,16 @@ pub trait LockStore: Send + Sync + 'static {
         key: &LockKey,
         token: &Token,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// How long a lease acquired or renewed for `ttl` is known to be held, counted from when
+    /// the acquire or renew was sent: what [`Lease::time_left`](crate::Lease::time_left) reports.
+    ///
+    /// The default is `ttl`. A store whose servers' clocks may run faster than the caller's
+    /// answers less: [`RedlockStore`] subtracts its clock drift allowance (`ttl` x 1% + 2 ms by
+    /// default), which with the time the call took gives Redlock's validity time.
+    fn validity(&self, ttl: Duration) -> Duration {
+        ttl
+    }
 }
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -87,6 +103,7 @@ pub(crate) trait DynStore: Send + Sync + 'static {
         ttl: Duration,
     ) -> BoxFuture<Result<bool, StoreError>>;
     fn release(self: Arc<Self>, key: LockKey, token: Token) -> BoxFuture<Result<bool, StoreError>>;
+    fn validity(&self, ttl: Duration) -> Duration;
 }
 
 impl<S: LockStore> DynStore for S {
@@ -110,6 +127,10 @@ impl<S: LockStore> DynStore for S {
 
     fn release(self: Arc<Self>, key: LockKey, token: Token) -> BoxFuture<Result<bool, StoreError>> {
         Box::pin(async move { LockStore::release(&*self, &key, &token).await })
+    }
+
+    fn validity(&self, ttl: Duration) -> Duration {
+        LockStore::validity(self, ttl)
     }
 }
 

@@ -1,10 +1,19 @@
-use std::{fmt, sync::Arc, time::Duration};
+use std::{
+    fmt,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use bb8_redis::{RedisConnectionManager, bb8};
 use redis::{
-    Client, FromRedisValue, IntoConnectionInfo, RedisError, Script,
+    Client, Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, Pipeline, RedisError, Script,
+    ServerErrorKind, Value,
     aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection},
 };
+use tokio::sync::OnceCell;
 
 use super::{Acquire, LockStore, StoreError, StoreErrorKind};
 use crate::{key::LockKey, token::Token};
@@ -41,11 +50,30 @@ const FENCE_SUFFIX: &[u8] = b":fence";
 /// [`fence_retention`](Self::fence_retention) (default 24 h) after the last acquisition. Fencing
 /// tokens are `max(last + 1, server time in µs)`, so they keep increasing after the counter
 /// expires, as long as the Redis server's clock does not step back.
+///
+/// # Replicas
+///
+/// A master's replicas copy its writes asynchronously: a failover to a replica that had not yet
+/// received a lease forgets it. [`wait_for_replicas`](Self::wait_for_replicas) sends
+/// `WAIT numreplicas timeout` in the same round trip as each acquire and renewal and treats
+/// too few acknowledgements as a failure (the acquired key is released and the layer answers
+/// 503). See `docs/TOPOLOGY.md`.
+///
+/// # Native compare commands
+///
+/// On servers that have them, renew and release use the server's own compare commands instead
+/// of Lua: `SET key token IFEQ token PX ttl` (Valkey 8.1+, Redis 8.4+), `DELIFEQ key token`
+/// (Valkey 9+), `DELEX key IFEQ token` (Redis 8.4+). The server is asked once per store
+/// (`INFO server`, at the first renew or release); older servers, and any error from a native
+/// command, mean Lua. Acquire is always Lua: it also hands out the fencing token.
+/// [`native_commands(false)`](Self::native_commands) turns detection off.
 #[derive(Clone)]
 pub struct RedisStore {
     transport: Transport,
     scripts: Arc<Scripts>,
     fence_retention: Duration,
+    replicas: Option<ReplicaAcks>,
+    native: Arc<NativeState>,
 }
 
 #[derive(Clone)]
@@ -53,7 +81,102 @@ enum Transport {
     Manager(ConnectionManager),
     Multiplexed(MultiplexedConnection),
     Pool(bb8::Pool<RedisConnectionManager>),
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
 }
+
+/// `WAIT numreplicas timeout` after each acquire and renewal.
+#[derive(Debug, Clone, Copy)]
+struct ReplicaAcks {
+    replicas: usize,
+    timeout: Duration,
+}
+
+/// Which compare commands the server has, asked once.
+#[derive(Debug, Default)]
+struct NativeState {
+    /// `false` when turned off, or after a native command failed.
+    enabled: AtomicBool,
+    detected: OnceCell<Native>,
+}
+
+/// The server's native compare commands, from its `INFO server`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Native {
+    /// `SET key value IFEQ value PX ttl`.
+    set_ifeq: bool,
+    release: Option<NativeRelease>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NativeRelease {
+    /// Valkey 9: `DELIFEQ key value`.
+    DelIfEq,
+    /// Redis 8.4: `DELEX key IFEQ value`.
+    DelEx,
+}
+
+impl Native {
+    /// Reads `INFO server`: Valkey reports `server_name:valkey` and `valkey_version`, Redis
+    /// only `redis_version` (Valkey's `redis_version` is a fixed 7.2.x for compatibility).
+    fn from_info(info: &str) -> Self {
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
+                .map(str::trim)
+        };
+        let version = |v: &str| -> Option<(u32, u32)> {
+            let mut parts = v.split('.').map(|p| p.parse::<u32>().ok());
+            Some((parts.next()??, parts.next().flatten().unwrap_or(0)))
+        };
+        let is_valkey = field("server_name").is_some_and(|n| n.eq_ignore_ascii_case("valkey"));
+        if is_valkey {
+            let Some(v) = field("valkey_version").and_then(version) else {
+                return Self::default();
+            };
+            Self {
+                set_ifeq: v >= (8, 1),
+                release: (v >= (9, 0)).then_some(NativeRelease::DelIfEq),
+            }
+        } else {
+            let Some(v) = field("redis_version").and_then(version) else {
+                return Self::default();
+            };
+            let new = v >= (8, 4);
+            Self {
+                set_ifeq: new,
+                release: new.then_some(NativeRelease::DelEx),
+            }
+        }
+    }
+}
+
+/// One request on the store's transport.
+enum Request<'a> {
+    Cmd(&'a Cmd),
+    Pipe(&'a Pipeline),
+    Load(&'a Script),
+}
+
+/// Too few replicas acknowledged a write within the `WAIT` timeout.
+#[derive(Debug)]
+struct TooFewReplicas {
+    wanted: usize,
+    acknowledged: i64,
+    timeout: Duration,
+}
+
+impl fmt::Display for TooFewReplicas {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "WAIT: {} of {} replicas acknowledged within {:?}",
+            self.acknowledged, self.wanted, self.timeout
+        )
+    }
+}
+
+impl std::error::Error for TooFewReplicas {}
 
 struct Scripts {
     acquire: Script,
@@ -80,13 +203,16 @@ impl RedisStore {
     /// Fails if the server cannot be reached now.
     pub async fn connect<T: IntoConnectionInfo>(url: T) -> Result<Self, StoreError> {
         let client = Client::open(url).map_err(redis_error)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(1)))
-            .set_response_timeout(Some(Duration::from_secs(2)))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        let manager = ConnectionManager::new_with_config(client, config)
+        let manager = ConnectionManager::new_with_config(client, manager_config())
             .await
+            .map_err(redis_error)?;
+        Ok(Self::from_connection_manager(manager))
+    }
+
+    /// Like [`connect`](Self::connect), but connects at the first command instead of now.
+    pub(crate) fn connect_lazy<T: IntoConnectionInfo>(url: T) -> Result<Self, StoreError> {
+        let client = Client::open(url).map_err(redis_error)?;
+        let manager = ConnectionManager::new_lazy_with_config(client, manager_config())
             .map_err(redis_error)?;
         Ok(Self::from_connection_manager(manager))
     }
@@ -140,36 +266,88 @@ impl RedisStore {
         self
     }
 
+    /// After each acquire and renewal, waits until `replicas` replicas have acknowledged it, for
+    /// at most `timeout`, with `WAIT` (sent in the same round trip).
+    ///
+    /// Fewer acknowledgements make the acquire fail: the key is released and the layer answers
+    /// 503 (a [`StoreError`] of kind [`Unavailable`](StoreErrorKind::Unavailable)); a renewal
+    /// that is not acknowledged in time is an error, retried while the lease is valid. `WAIT`
+    /// holds the connection until it answers, so with one multiplexed connection concurrent
+    /// requests queue behind it; keep `timeout` small (the replication round trip, a few ms on
+    /// a LAN). `WAIT` makes a lost lease after failover much less likely, not impossible: a
+    /// replica that acknowledged may still not be the one promoted.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tower_lock::RedisStore;
+    ///
+    /// let store = RedisStore::connect("redis://127.0.0.1/")
+    ///     .await?
+    ///     .wait_for_replicas(1, Duration::from_millis(50));
+    /// # let _ = store; Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.replicas = (replicas > 0).then_some(ReplicaAcks {
+            replicas,
+            timeout: timeout.max(Duration::from_millis(1)),
+        });
+        self
+    }
+
+    /// Whether to use the server's native compare commands for renew and release where it has
+    /// them (default `true`); `false` always uses Lua.
+    #[must_use]
+    pub fn native_commands(self, enabled: bool) -> Self {
+        Self {
+            native: Arc::new(NativeState {
+                enabled: AtomicBool::new(enabled),
+                detected: OnceCell::new(),
+            }),
+            ..self
+        }
+    }
+
+    #[cfg(feature = "cluster")]
+    pub(crate) fn from_cluster(connection: redis::cluster_async::ClusterConnection) -> Self {
+        Self::with(Transport::Cluster(connection))
+    }
+
     fn with(transport: Transport) -> Self {
         Self {
             transport,
             scripts: Scripts::new(),
             fence_retention: Duration::from_secs(24 * 60 * 60),
+            replicas: None,
+            native: Arc::new(NativeState {
+                enabled: AtomicBool::new(true),
+                detected: OnceCell::new(),
+            }),
         }
     }
 
-    async fn invoke<T: FromRedisValue>(
-        &self,
-        script: &Script,
-        keys: &[&[u8]],
-        args: &[&[u8]],
-    ) -> Result<T, StoreError> {
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(*key);
-        }
-        for arg in args {
-            invocation.arg(*arg);
-        }
-        async fn run<T: FromRedisValue>(
-            invocation: &redis::ScriptInvocation<'_>,
+    /// Sends one request. The outer error is the transport's (no pooled connection); the inner
+    /// one is Redis's answer.
+    async fn query(&self, request: Request<'_>) -> Result<Result<Value, RedisError>, StoreError> {
+        async fn run(
+            request: Request<'_>,
             conn: &mut impl ConnectionLike,
-        ) -> Result<T, StoreError> {
-            invocation.invoke_async(conn).await.map_err(redis_error)
+        ) -> Result<Value, RedisError> {
+            match request {
+                Request::Cmd(cmd) => cmd.query_async(conn).await,
+                Request::Pipe(pipe) => pipe.query_async(conn).await,
+                Request::Load(script) => script
+                    .load_async(conn)
+                    .await
+                    .map(|sha| Value::BulkString(sha.into_bytes())),
+            }
         }
-        match &self.transport {
-            Transport::Manager(conn) => run(&invocation, &mut conn.clone()).await,
-            Transport::Multiplexed(conn) => run(&invocation, &mut conn.clone()).await,
+        Ok(match &self.transport {
+            Transport::Manager(conn) => run(request, &mut conn.clone()).await,
+            Transport::Multiplexed(conn) => run(request, &mut conn.clone()).await,
+            #[cfg(feature = "cluster")]
+            Transport::Cluster(conn) => run(request, &mut conn.clone()).await,
             Transport::Pool(pool) => {
                 let mut conn = pool.get().await.map_err(|e| match e {
                     bb8::RunError::User(e) => redis_error(e),
@@ -178,13 +356,140 @@ impl RedisStore {
                         "timed out waiting for a Redis connection from the pool",
                     ),
                 })?;
-                run(&invocation, &mut *conn).await
+                run(request, &mut *conn).await
             }
+        })
+    }
+
+    /// Runs `script` with `EVALSHA` (loading it on `NOSCRIPT`), followed in the same round trip
+    /// by `WAIT` when `replicate` and replica acknowledgement is on; returns the script's answer
+    /// and the number of acknowledgements. `pub(crate)` for the idempotency records
+    /// (`crate::idempotency`), which run their own scripts on this transport.
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        replicate: bool,
+    ) -> Result<(T, Option<i64>), StoreError> {
+        let mut eval = redis::cmd("EVALSHA");
+        eval.arg(script.get_hash()).arg(keys.len());
+        for key in keys {
+            eval.arg(*key);
+        }
+        for arg in args {
+            eval.arg(*arg);
+        }
+        let wait = self.replicas.filter(|_| replicate);
+        let pipe = wait.map(|acks| {
+            let mut pipe = redis::pipe();
+            pipe.add_command(eval.clone())
+                .cmd("WAIT")
+                .arg(acks.replicas)
+                .arg(acks.timeout.as_millis().max(1).to_string());
+            pipe
+        });
+        let request = || match &pipe {
+            Some(pipe) => Request::Pipe(pipe),
+            None => Request::Cmd(&eval),
+        };
+        let mut answer = self.query(request()).await?;
+        if matches!(&answer, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)) {
+            self.query(Request::Load(script))
+                .await?
+                .map_err(redis_error)?;
+            answer = self.query(request()).await?;
+        }
+        let answer = answer.map_err(redis_error)?;
+        if pipe.is_some() {
+            let (value, acks): (T, i64) =
+                redis::from_redis_value(answer).map_err(|e| redis_error(e.into()))?;
+            Ok((value, Some(acks)))
+        } else {
+            let value = redis::from_redis_value(answer).map_err(|e| redis_error(e.into()))?;
+            Ok((value, None))
+        }
+    }
+
+    /// Fails with a [`TooFewReplicas`] source when `WAIT` counted fewer than asked for.
+    fn check_acks(&self, acks: Option<i64>) -> Result<(), StoreError> {
+        match (self.replicas, acks) {
+            (Some(want), Some(got)) if got < i64::try_from(want.replicas).unwrap_or(i64::MAX) => {
+                Err(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    "too few Redis replicas acknowledged the lease",
+                    TooFewReplicas {
+                        wanted: want.replicas,
+                        acknowledged: got,
+                        timeout: want.timeout,
+                    },
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The server's native compare commands, asked once (none when turned off or unknown).
+    async fn native(&self) -> Native {
+        if !self.native.enabled.load(Ordering::Relaxed) {
+            return Native::default();
+        }
+        let detected = self
+            .native
+            .detected
+            .get_or_try_init(|| async {
+                let mut info = redis::cmd("INFO");
+                info.arg("server");
+                match self.query(Request::Cmd(&info)).await? {
+                    Ok(value) => Ok(Native::from_info(&info_text(value))),
+                    // A server that refuses INFO (ACLs) gets Lua.
+                    Err(e) if e.kind() != ErrorKind::Io && !e.is_timeout() => Ok(Native::default()),
+                    Err(e) => Err(redis_error(e)),
+                }
+            })
+            .await;
+        // Not reachable now: Lua this time, ask again next time.
+        detected.copied().unwrap_or_default()
+    }
+
+    /// Runs a native command; `None` (and Lua from now on) if the server rejected it.
+    async fn native_query(&self, cmd: &Cmd) -> Result<Option<Value>, StoreError> {
+        match self.query(Request::Cmd(cmd)).await? {
+            Ok(value) => Ok(Some(value)),
+            Err(e) if matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension) => {
+                tracing::warn!(
+                    error = &e as &dyn std::error::Error,
+                    "native compare command rejected; using Lua from now on"
+                );
+                self.native.enabled.store(false, Ordering::Relaxed);
+                Ok(None)
+            }
+            Err(e) => Err(redis_error(e)),
         }
     }
 }
 
-fn redis_error(e: RedisError) -> StoreError {
+/// `INFO`'s text; a cluster answers with one text per node, joined here.
+fn info_text(value: Value) -> String {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        Value::VerbatimString { text, .. } | Value::SimpleString(text) => text,
+        Value::Array(items) | Value::Set(items) => items.into_iter().map(info_text).collect(),
+        Value::Map(pairs) => pairs.into_iter().map(|(_, v)| info_text(v)).collect(),
+        _ => String::new(),
+    }
+}
+
+/// The [`RedisStore::connect`] transport's settings.
+fn manager_config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(1)))
+        .set_response_timeout(Some(Duration::from_secs(2)))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500))
+}
+
+pub(crate) fn redis_error(e: RedisError) -> StoreError {
     let kind = if e.is_timeout() {
         StoreErrorKind::Timeout
     } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
@@ -210,13 +515,26 @@ impl LockStore for RedisStore {
         let mut fence_key = Vec::with_capacity(key.as_bytes().len() + FENCE_SUFFIX.len());
         fence_key.extend_from_slice(key.as_bytes());
         fence_key.extend_from_slice(FENCE_SUFFIX);
-        let (acquired, n): (i64, i64) = self
+        let ((acquired, n), acks): ((i64, i64), _) = self
             .invoke(
                 &self.scripts.acquire,
                 &[key.as_bytes(), &fence_key],
                 &[token.as_bytes(), &ms(ttl), &ms(self.fence_retention)],
+                true,
             )
             .await?;
+        if acquired == 1
+            && let Err(error) = self.check_acks(acks)
+        {
+            // Not replicated enough to survive a failover: give it back, report the failure.
+            if let Err(release) = self.release(key, token).await {
+                tracing::warn!(
+                    error = &release as &dyn std::error::Error,
+                    "releasing an unreplicated lease failed; it expires with its TTL"
+                );
+            }
+            return Err(error);
+        }
         Ok(match acquired {
             1 => Acquire::Acquired {
                 fencing_token: u64::try_from(n).unwrap_or(0),
@@ -229,22 +547,56 @@ impl LockStore for RedisStore {
     }
 
     async fn renew(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<bool, StoreError> {
-        let n: i64 = self
+        // With WAIT on, renewals stay on Lua: one pipelined round trip either way.
+        if self.replicas.is_none() && self.native().await.set_ifeq {
+            let mut set = redis::cmd("SET");
+            set.arg(key.as_bytes())
+                .arg(token.as_bytes())
+                .arg("IFEQ")
+                .arg(token.as_bytes())
+                .arg("PX")
+                .arg(ms(ttl));
+            if let Some(reply) = self.native_query(&set).await? {
+                // OK when it matched, nil when it did not.
+                return Ok(matches!(reply, Value::Okay | Value::SimpleString(_)));
+            }
+        }
+        let (n, acks): (i64, _) = self
             .invoke(
                 &self.scripts.renew,
                 &[key.as_bytes()],
                 &[token.as_bytes(), &ms(ttl)],
+                true,
             )
             .await?;
+        if n == 1 {
+            self.check_acks(acks)?;
+        }
         Ok(n == 1)
     }
 
     async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, StoreError> {
-        let n: i64 = self
+        if let Some(native) = self.native().await.release {
+            let mut del = match native {
+                NativeRelease::DelIfEq => redis::cmd("DELIFEQ"),
+                NativeRelease::DelEx => redis::cmd("DELEX"),
+            };
+            del.arg(key.as_bytes());
+            if native == NativeRelease::DelEx {
+                del.arg("IFEQ");
+            }
+            del.arg(token.as_bytes());
+            if let Some(reply) = self.native_query(&del).await? {
+                let n: i64 = redis::from_redis_value(reply).map_err(|e| redis_error(e.into()))?;
+                return Ok(n == 1);
+            }
+        }
+        let (n, _): (i64, _) = self
             .invoke(
                 &self.scripts.release,
                 &[key.as_bytes()],
                 &[token.as_bytes()],
+                false,
             )
             .await?;
         Ok(n == 1)
@@ -257,10 +609,53 @@ impl fmt::Debug for RedisStore {
             Transport::Manager(_) => "ConnectionManager",
             Transport::Multiplexed(_) => "MultiplexedConnection",
             Transport::Pool(_) => "bb8::Pool",
+            #[cfg(feature = "cluster")]
+            Transport::Cluster(_) => "ClusterConnection",
         };
         f.debug_struct("RedisStore")
             .field("transport", &transport)
             .field("fence_retention", &self.fence_retention)
+            .field("replicas", &self.replicas)
+            .field("native", &self.native.detected.get())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Native, NativeRelease};
+
+    #[test]
+    fn native_commands_by_server_version() {
+        let redis = |v: &str| Native::from_info(&format!("# Server\r\nredis_version:{v}\r\n"));
+        assert_eq!(redis("7.0.15"), Native::default());
+        assert_eq!(redis("8.2.1"), Native::default());
+        let new = Native {
+            set_ifeq: true,
+            release: Some(NativeRelease::DelEx),
+        };
+        assert_eq!(redis("8.4.0"), new);
+        assert_eq!(redis("10.0.0"), new);
+        let valkey = |v: &str| {
+            Native::from_info(&format!(
+                "redis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:{v}\r\n"
+            ))
+        };
+        assert_eq!(valkey("8.0.2"), Native::default());
+        assert_eq!(
+            valkey("8.1.1"),
+            Native {
+                set_ifeq: true,
+                release: None
+            }
+        );
+        assert_eq!(
+            valkey("9.0.0"),
+            Native {
+                set_ifeq: true,
+                release: Some(NativeRelease::DelIfEq)
+            }
+        );
+        assert_eq!(Native::from_info("garbage"), Native::default());
     }
 }

@@ -2,6 +2,8 @@
 //! against, and a small app with a deliberately non-atomic read-modify-write handler.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod proxy;
+
 use std::{
     future::Future,
     io::{Read, Write},
@@ -31,6 +33,8 @@ pub struct RedisServer {
     child: Option<Child>,
     port: u16,
     dir: PathBuf,
+    /// Extra `redis-server` arguments (replication, cluster mode), kept for restarts.
+    extra_args: Vec<String>,
 }
 
 static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
@@ -45,6 +49,11 @@ fn free_port() -> u16 {
 impl RedisServer {
     /// Starts a fresh server. Panics, loudly, if `redis-server` is not installed.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a fresh server with extra `redis-server` arguments.
+    pub fn start_with(extra_args: &[&str]) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "tower-lock-test-{}-{}",
             std::process::id(),
@@ -56,6 +65,7 @@ impl RedisServer {
                 child: None,
                 port: free_port(),
                 dir: dir.clone(),
+                extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             };
             if server.spawn() {
                 return server;
@@ -71,6 +81,7 @@ impl RedisServer {
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&self.dir)
+            .args(&self.extra_args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -320,5 +331,236 @@ impl Tally {
             StatusCode::SERVICE_UNAVAILABLE => self.unavailable += 1,
             other => self.other.push(other),
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Topologies: a master with replicas, independent masters (Redlock), a cluster.
+
+/// Runs `redis-cli` with `args`; panics, loudly, if it is missing or fails.
+pub fn redis_cli(args: &[&str]) -> String {
+    let output = Command::new("redis-cli")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run `redis-cli` ({e}). The cluster tests need it: install it \
+                 (`apt-get install -y redis-tools`) or run `scripts/test.sh`, which does."
+            )
+        });
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "redis-cli {args:?} failed: {text}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    text
+}
+
+impl RedisServer {
+    /// Starts a replica of `master` and waits until its replication link is up.
+    pub fn replica_of(master: &RedisServer) -> Self {
+        // Diskless sync waits 5 s by default for more replicas to join; no need here.
+        master.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
+        let port = master.port().to_string();
+        let replica = Self::start_with(&["--replicaof", "127.0.0.1", &port]);
+        replica.wait_for_info("master_link_status:up");
+        master.wait_for_replica_acks(1);
+        replica
+    }
+
+    /// Waits until `n` replicas acknowledge a write (after a sync, the master counts a replica
+    /// only once it has sent its first `REPLCONF ACK`, up to a second later).
+    pub fn wait_for_replica_acks(&self, n: usize) {
+        let start = Instant::now();
+        let probe = format!("INCR replication-probe\r\nWAIT {n} 100\r\n");
+        loop {
+            let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+            stream
+                .set_read_timeout(Some(Duration::from_secs(2)))
+                .unwrap();
+            stream.write_all(probe.as_bytes()).unwrap();
+            let mut reply = Vec::new();
+            let mut buf = [0u8; 64];
+            // Two integer replies: ":<counter>\r\n:<acks>\r\n".
+            while reply.iter().filter(|&&b| b == b'\n').count() < 2 {
+                let read = stream.read(&mut buf).unwrap();
+                assert!(read > 0, "port {}: connection closed", self.port);
+                reply.extend_from_slice(&buf[..read]);
+            }
+            let text = String::from_utf8_lossy(&reply);
+            let acks: usize = text
+                .lines()
+                .nth(1)
+                .and_then(|l| l.trim().strip_prefix(':')?.parse().ok())
+                .unwrap_or(0);
+            if acks >= n {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "port {}: {n} replicas never acknowledged: {text}",
+                self.port
+            );
+        }
+    }
+
+    /// `redis-cli -p <port> <args>` against this server.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let port = self.port.to_string();
+        let mut all = vec!["-p", &port];
+        all.extend_from_slice(args);
+        redis_cli(&all)
+    }
+
+    /// Polls `INFO` until it contains `needle`, for at most 10 s.
+    pub fn wait_for_info(&self, needle: &str) {
+        let start = Instant::now();
+        while !self.cli(&["INFO"]).contains(needle) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "port {}: INFO never showed {needle:?}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Independent masters for a Redlock store.
+pub struct Redlock(pub Vec<RedisServer>);
+
+impl Redlock {
+    pub fn new(n: usize) -> Self {
+        Self((0..n).map(|_| RedisServer::start()).collect())
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.0.iter().map(RedisServer::url).collect()
+    }
+}
+
+impl Backend for Redlock {
+    type Store = tower_lock::RedlockStore;
+    const NAME: &'static str = "redlock";
+    async fn store(&self) -> tower_lock::RedlockStore {
+        tower_lock::RedlockStore::connect(self.urls())
+            .await
+            .expect("connect to the test redis-servers")
+            // Generous, so that a loaded CI machine does not turn slow answers into failures.
+            .node_timeout(Duration::from_millis(250))
+    }
+}
+
+/// A Redis Cluster on loopback: `masters` masters, each with `replicas` replicas.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start(masters: usize, replicas: usize) -> Self {
+        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
+            .map(|_| {
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "1000",
+                ])
+            })
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let replicas = replicas.to_string();
+        let mut args = vec!["--cluster", "create"];
+        args.extend(addrs.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", &replicas, "--cluster-yes"]);
+        redis_cli(&args);
+        let cluster = Self { nodes };
+        cluster.wait_until_ok();
+        cluster
+    }
+
+    /// Waits until every running node reports `cluster_state:ok` and agrees on the masters.
+    pub fn wait_until_ok(&self) {
+        let start = Instant::now();
+        loop {
+            let ok = self
+                .nodes
+                .iter()
+                .filter(|n| n.child.is_some())
+                .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"));
+            if ok {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the cluster never reached cluster_state:ok"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The node serving `slot` as master, from a running node's `CLUSTER NODES`.
+    pub fn master_of(&self, slot: u16) -> &RedisServer {
+        self.try_master_of(slot)
+            .unwrap_or_else(|| panic!("no healthy master serves slot {slot}"))
+    }
+
+    /// The healthy node serving `slot` as master, if any (none mid-failover).
+    pub fn try_master_of(&self, slot: u16) -> Option<&RedisServer> {
+        let asker = self.nodes.iter().find(|n| n.child.is_some()).unwrap();
+        let nodes = asker.cli(&["CLUSTER", "NODES"]);
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 8 || !fields[2].contains("master") || fields[2].contains("fail") {
+                continue;
+            }
+            let serves = fields[8..].iter().any(|range| {
+                let mut ends = range.split('-').map(|p| p.parse::<u16>());
+                match (ends.next(), ends.next()) {
+                    (Some(Ok(a)), Some(Ok(b))) => (a..=b).contains(&slot),
+                    (Some(Ok(a)), None) => a == slot,
+                    _ => false,
+                }
+            });
+            if serves {
+                let port: u16 = fields[1].split(['@', ':']).nth(1).unwrap().parse().unwrap();
+                return self.nodes.iter().find(|n| n.port() == port);
+            }
+        }
+        None
+    }
+
+    /// The key's hash slot.
+    pub fn slot(&self, key: &[u8]) -> u16 {
+        let asker = self.nodes.iter().find(|n| n.child.is_some()).unwrap();
+        asker
+            .cli(&["CLUSTER", "KEYSLOT", std::str::from_utf8(key).unwrap()])
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+#[cfg(feature = "cluster")]
+pub struct Cluster(pub RedisCluster);
+
+#[cfg(feature = "cluster")]
+impl Backend for Cluster {
+    type Store = tower_lock::ClusterStore;
+    const NAME: &'static str = "cluster";
+    async fn store(&self) -> tower_lock::ClusterStore {
+        tower_lock::ClusterStore::connect(self.0.urls())
+            .await
+            .expect("connect to the test cluster")
     }
 }

@@ -1,0 +1,222 @@
+//! Reading the `Idempotency-Key` header, and the principal that scopes it.
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, request::Parts};
+
+use super::error::IdempotencyError;
+
+/// Who a request is made for: the scope of its idempotency keys.
+///
+/// Two principals using the same key value never see each other's records, so one client cannot
+/// replay (read) another's response by guessing its key. Return a tenant or API-key id that an
+/// authenticating layer put into the request extensions; `None` means the request reached the
+/// layer without one, a server misconfiguration answered 500.
+///
+/// Implemented for closures `Fn(&Parts) -> Option<Bytes>`:
+///
+/// ```
+/// use bytes::Bytes;
+/// use http::request::Parts;
+/// use tower_lock::{IdempotencyLayer, MemoryStore};
+///
+/// #[derive(Clone)]
+/// struct AccountId(String);
+///
+/// let layer = IdempotencyLayer::new(MemoryStore::new()).principal(|parts: &Parts| {
+///     let AccountId(id) = parts.extensions.get::<AccountId>()?;
+///     Some(Bytes::from(id.clone()))
+/// });
+/// # let _ = layer;
+/// ```
+pub trait Principal: Send + Sync + 'static {
+    /// The principal's id (any bytes), or `None` if the request has none (500).
+    fn principal(&self, parts: &Parts) -> Option<Bytes>;
+}
+
+impl<F> Principal for F
+where
+    F: Fn(&Parts) -> Option<Bytes> + Send + Sync + 'static,
+{
+    fn principal(&self, parts: &Parts) -> Option<Bytes> {
+        self(parts)
+    }
+}
+
+/// The default [`Principal`]: every request shares one key space.
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct Shared;
+
+impl Principal for Shared {
+    fn principal(&self, _parts: &Parts) -> Option<Bytes> {
+        Some(Bytes::new())
+    }
+}
+
+/// The request's idempotency key and principal, in the request extensions while the handler
+/// runs (extract it with `axum::Extension<IdempotencyKey>`).
+///
+/// The [`Lease`](crate::Lease) is there too: its [`fencing_token`](crate::Lease::fencing_token)
+/// and [`key`](crate::Lease::key) let a handler make its own writes conditional, which closes
+/// the window the layer cannot (see the [module docs](super#what-the-layer-cannot-close)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey {
+    key: Bytes,
+    principal: Bytes,
+}
+
+impl IdempotencyKey {
+    pub(crate) fn new(key: Bytes, principal: Bytes) -> Self {
+        Self { key, principal }
+    }
+
+    /// The key the client sent, unquoted. Always visible ASCII.
+    pub fn as_str(&self) -> &str {
+        // Only printable ASCII gets through parsing.
+        std::str::from_utf8(&self.key).unwrap_or_default()
+    }
+
+    /// The principal it is scoped by (empty without a [`Principal`]).
+    pub fn principal(&self) -> &[u8] {
+        &self.principal
+    }
+
+    /// The value locked on and recorded under: the principal, length-prefixed, then the key.
+    pub(crate) fn scoped_value(&self) -> Vec<u8> {
+        let len = self.principal.len().to_string();
+        let mut value = Vec::with_capacity(len.len() + 1 + self.principal.len() + self.key.len());
+        value.extend_from_slice(len.as_bytes());
+        value.push(b':');
+        value.extend_from_slice(&self.principal);
+        value.extend_from_slice(&self.key);
+        value
+    }
+}
+
+/// The header's key: `Ok(None)` when it is absent.
+pub(crate) fn read(
+    headers: &HeaderMap,
+    name: &HeaderName,
+    min: usize,
+    max: usize,
+) -> Result<Option<Bytes>, IdempotencyError> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(IdempotencyError::invalid_key(format!(
+            "the `{name}` header is sent more than once; send it once"
+        )));
+    }
+    let key = parse(value.as_bytes()).map_err(|why| {
+        IdempotencyError::invalid_key(format!(
+            "the `{name}` header must be a structured-field string (\"...\") or a bare token: {why}"
+        ))
+    })?;
+    if key.len() < min {
+        return Err(IdempotencyError::invalid_key(format!(
+            "the `{name}` key is {} bytes long; the shortest accepted is {min}",
+            key.len()
+        )));
+    }
+    if key.len() > max {
+        return Err(IdempotencyError::invalid_key(format!(
+            "the `{name}` key is {} bytes long; the longest accepted is {max}",
+            key.len()
+        )));
+    }
+    Ok(Some(key))
+}
+
+/// A Structured Field string (RFC 9651 §3.3.3: `"..."` with `\"` and `\\` escapes, printable
+/// ASCII) or, as Stripe's clients send, a bare run of visible ASCII without quotes. Both spell
+/// the same key: `"abc"` and `abc` are one key.
+pub(crate) fn parse(raw: &[u8]) -> Result<Bytes, &'static str> {
+    let raw = raw.trim_ascii();
+    if raw.is_empty() {
+        return Err("it is empty");
+    }
+    let Some(quoted) = raw.strip_prefix(b"\"") else {
+        if raw.iter().all(|b| b.is_ascii_graphic() && *b != b'"') {
+            return Ok(Bytes::copy_from_slice(raw));
+        }
+        return Err("a bare key may hold only visible ASCII, without spaces or quotes");
+    };
+    let mut out = Vec::with_capacity(quoted.len());
+    let mut bytes = quoted.iter();
+    while let Some(&b) = bytes.next() {
+        match b {
+            b'\\' => match bytes.next() {
+                Some(&e @ (b'"' | b'\\')) => out.push(e),
+                _ => return Err("only `\\\"` and `\\\\` are escapes"),
+            },
+            b'"' => {
+                return if bytes.next().is_some() {
+                    Err("nothing may follow the closing quote")
+                } else if out.is_empty() {
+                    Err("the string is empty")
+                } else {
+                    Ok(Bytes::from(out))
+                };
+            }
+            0x20..=0x7e => out.push(b),
+            _ => return Err("a string may hold only printable ASCII"),
+        }
+    }
+    Err("the closing quote is missing")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn structured_strings_and_bare_tokens() {
+        assert_eq!(parse(br#""8e03-ab""#).unwrap(), "8e03-ab");
+        assert_eq!(parse(b"8e03-ab").unwrap(), "8e03-ab");
+        assert_eq!(parse(b"  \"a b\"  ").unwrap(), "a b");
+        assert_eq!(parse(br#""a\"b\\c""#).unwrap(), r#"a"b\c"#);
+        for bad in [
+            &b""[..],
+            b"\"\"",
+            b"\"abc",
+            b"\"abc\"x",
+            b"\"a\\nb\"",
+            b"a b",
+            b"ab\"",
+            b"\"\xc3\xa9\"",
+            b"\"a\tb\"",
+        ] {
+            assert!(
+                parse(bad).is_err(),
+                "{:?} accepted",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn lengths_and_repeats() {
+        let name = HeaderName::from_static("idempotency-key");
+        let mut headers = HeaderMap::new();
+        assert_eq!(read(&headers, &name, 4, 8).unwrap(), None);
+        headers.insert(&name, "\"abc\"".parse().unwrap());
+        assert!(read(&headers, &name, 4, 8).is_err(), "too short accepted");
+        headers.insert(&name, "abcd".parse().unwrap());
+        assert_eq!(read(&headers, &name, 4, 8).unwrap().unwrap(), "abcd");
+        headers.insert(&name, "abcdefghi".parse().unwrap());
+        assert!(read(&headers, &name, 4, 8).is_err(), "too long accepted");
+        headers.insert(&name, "abcd".parse().unwrap());
+        headers.append(&name, "abcd".parse().unwrap());
+        assert!(read(&headers, &name, 4, 8).is_err(), "repeated accepted");
+    }
+
+    #[test]
+    fn scoped_values_are_injective() {
+        let a = IdempotencyKey::new(Bytes::from("1:xkey"), Bytes::from("ab"));
+        let b = IdempotencyKey::new(Bytes::from("xkey"), Bytes::from("ab:1"));
+        assert_ne!(a.scoped_value(), b.scoped_value());
+        assert_eq!(a.scoped_value(), b"2:ab1:xkey");
+    }
+}

@@ -1,0 +1,155 @@
+use std::{fmt, sync::Arc};
+
+use bytes::Bytes;
+use http::{Response, request::Parts};
+use tower::Layer;
+
+use super::{
+    config::IdempotencyConfig,
+    error::IdempotencyError,
+    key::{self, IdempotencyKey, Principal},
+    response::{IdempotencyProblem, IdempotencyResponse},
+    service::IdempotencyService,
+    store::{DynRecords, IdempotencyStore},
+};
+use crate::{config::ConfigError, error::LockError, key::LockKey, locker::Locker};
+
+/// Applies `Idempotency-Key` semantics to the wrapped service: one run per key, and the
+/// first response replayed to every retry.
+///
+/// See the [module docs](super) for an example, the path of a request and the responses.
+/// The layer takes its own lock on each key (it does not need a [`LockLayer`](crate::LockLayer)
+/// beside it) and stores records in the same store.
+#[derive(Clone)]
+#[must_use]
+pub struct IdempotencyLayer {
+    shared: Arc<Shared>,
+}
+
+/// What every clone of the service needs, behind one `Arc`.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub(crate) locker: Locker,
+    pub(crate) records: Arc<dyn DynRecords>,
+    pub(crate) config: IdempotencyConfig,
+    principal: Arc<dyn Principal>,
+    respond: Arc<dyn IdempotencyResponse>,
+}
+
+impl IdempotencyLayer {
+    /// A layer over `store` with the default [`IdempotencyConfig`]: every request shares one key
+    /// space until you set a [`principal`](Self::principal).
+    pub fn new<S: IdempotencyStore + Clone>(store: S) -> Self {
+        Self::with_config(store, IdempotencyConfig::default())
+            .expect("the default idempotency config is valid")
+    }
+
+    /// A layer with `config`, checked now: an invalid setting is an error here, never at
+    /// request time.
+    pub fn with_config<S: IdempotencyStore + Clone>(
+        store: S,
+        config: IdempotencyConfig,
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let locker = Locker::with_config(store.clone(), config.lock.clone())?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                locker,
+                records: Arc::new(store),
+                config,
+                principal: Arc::new(key::Shared),
+                respond: Arc::new(IdempotencyProblem),
+            }),
+        })
+    }
+
+    /// Scopes keys by the request's principal (a tenant, an API key's id), so that clients
+    /// never see each other's records. See [`Principal`].
+    pub fn principal(mut self, principal: impl Principal) -> Self {
+        Arc::make_mut(&mut self.shared).principal = Arc::new(principal);
+        self
+    }
+
+    /// Replaces the problem+json responses (see [`IdempotencyResponse`]).
+    pub fn rejection_response(mut self, respond: impl IdempotencyResponse) -> Self {
+        Arc::make_mut(&mut self.shared).respond = Arc::new(respond);
+        self
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &IdempotencyConfig {
+        &self.shared.config
+    }
+
+    /// The locker this layer takes its locks with.
+    pub fn locker(&self) -> &Locker {
+        &self.shared.locker
+    }
+}
+
+impl Shared {
+    /// The request's lock key and idempotency key: `Ok(None)` to pass it through.
+    pub(crate) fn begin(
+        &self,
+        parts: &Parts,
+    ) -> Result<Option<(LockKey, IdempotencyKey)>, IdempotencyError> {
+        let config = &self.config;
+        let Some(key) = key::read(
+            &parts.headers,
+            &config.header,
+            config.min_key_len,
+            config.max_key_len,
+        )?
+        else {
+            return if config.required {
+                Err(IdempotencyError::MissingKey)
+            } else {
+                Ok(None)
+            };
+        };
+        let principal = self
+            .principal
+            .principal(parts)
+            .ok_or(IdempotencyError::MissingPrincipal)?;
+        let key = IdempotencyKey::new(key, principal);
+        let value = key.scoped_value();
+        let lock = LockKey::new(
+            config.lock.key_prefix_value(),
+            &config.namespace,
+            &value,
+            value.len(),
+        )
+        .map_err(LockError::Key)?;
+        Ok(Some((lock, key)))
+    }
+
+    /// The response for a request the layer answers itself, with the error in its extensions.
+    pub(crate) fn reject(&self, error: IdempotencyError) -> Response<Bytes> {
+        let status = error.status(&self.config.lock);
+        if status.is_server_error() {
+            tracing::warn!(error = &error as &dyn std::error::Error, %status, "idempotency layer answered");
+        } else {
+            tracing::debug!(error = &error as &dyn std::error::Error, %status, "idempotency layer answered");
+        }
+        let mut response = self.respond.response(&error, status);
+        response.extensions_mut().insert(error);
+        response
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = IdempotencyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService::from_shared(inner, Arc::clone(&self.shared))
+    }
+}
+
+impl fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("config", &self.shared.config)
+            .field("locker", &self.shared.locker)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,49 @@
+//! Records in Redis, next to the locks, written by the same script that releases the lock.
+
+use std::{sync::LazyLock, time::Duration};
+
+use bytes::Bytes;
+use redis::Script;
+
+use super::store::{IdempotencyStore, record_key};
+use crate::{
+    key::LockKey,
+    store::{RedisStore, StoreError},
+    token::Token,
+};
+
+/// Built once: `redis::Script` hashes its source, and the store reloads it on `NOSCRIPT`.
+static LOOKUP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/lookup.lua")));
+static COMPLETE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/complete.lua")));
+
+fn ms(d: Duration) -> Vec<u8> {
+    d.as_millis().max(1).to_string().into_bytes()
+}
+
+impl IdempotencyStore for RedisStore {
+    async fn lookup(&self, key: &LockKey) -> Result<Option<Bytes>, StoreError> {
+        let (record, _): (Option<Vec<u8>>, _) = self
+            .invoke(&LOOKUP, &[&record_key(key)], &[], false)
+            .await?;
+        Ok(record.map(Bytes::from))
+    }
+
+    async fn complete(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        record: Bytes,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        let (done, _): (i64, _) = self
+            .invoke(
+                &COMPLETE,
+                &[key.as_bytes(), &record_key(key)],
+                &[token.as_bytes(), &record, &ms(retention)],
+                false,
+            )
+            .await?;
+        Ok(done == 1)
+    }
+}

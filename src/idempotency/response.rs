@@ -1,0 +1,135 @@
+//! The idempotency layer's own answers, as problem+json.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+
+use super::error::IdempotencyError;
+use crate::response::{PROBLEM_TYPE_BASE, ProblemJson, RejectionResponse};
+
+/// Builds the response for a request the idempotency layer answers itself.
+///
+/// Implemented for closures `Fn(&IdempotencyError, StatusCode) -> Response<Bytes>`; the default
+/// is [`IdempotencyProblem`].
+pub trait IdempotencyResponse: Send + Sync + 'static {
+    /// The response for `error`; `status` is the status the layer assigns to it.
+    fn response(&self, error: &IdempotencyError, status: StatusCode) -> Response<Bytes>;
+}
+
+impl<F> IdempotencyResponse for F
+where
+    F: Fn(&IdempotencyError, StatusCode) -> Response<Bytes> + Send + Sync + 'static,
+{
+    fn response(&self, error: &IdempotencyError, status: StatusCode) -> Response<Bytes> {
+        self(error, status)
+    }
+}
+
+/// The default [`IdempotencyResponse`]: RFC 9457 `application/problem+json`, with `type` under
+/// [`PROBLEM_TYPE_BASE`]; the lock's own errors (409, 503) exactly as
+/// [`LockLayer`](crate::LockLayer) answers them, `Retry-After` included. See the
+/// [module docs](super#responses) for the table.
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct IdempotencyProblem;
+
+impl IdempotencyResponse for IdempotencyProblem {
+    fn response(&self, error: &IdempotencyError, status: StatusCode) -> Response<Bytes> {
+        let (kind, title, detail) = match error {
+            IdempotencyError::Lock(error) => return ProblemJson.response(error, status),
+            IdempotencyError::MissingKey => (
+                "idempotency-key-missing",
+                "Idempotency key missing",
+                "this operation requires an `Idempotency-Key` header; send a unique key \
+                 (such as a UUID) and the same key again when retrying"
+                    .to_owned(),
+            ),
+            IdempotencyError::InvalidKey(detail) => (
+                "idempotency-key-invalid",
+                "Invalid idempotency key",
+                detail.to_string(),
+            ),
+            IdempotencyError::KeyReused => (
+                "idempotency-key-reused",
+                "Idempotency key reused",
+                "this idempotency key was already used for a different request (another \
+                 method, path or body); use a new key for a new request"
+                    .to_owned(),
+            ),
+            IdempotencyError::BodyTooLarge { limit } => (
+                "request-body-too-large",
+                "Request body too large",
+                format!("the request body is larger than the {limit} bytes accepted"),
+            ),
+            IdempotencyError::BodyUnreadable(_) => (
+                "request-body-unreadable",
+                "Request body unreadable",
+                "the request body could not be read".to_owned(),
+            ),
+            IdempotencyError::MissingPrincipal => (
+                "idempotency-principal-missing",
+                "Idempotency principal missing",
+                "the server could not tell who this request is for, so it cannot scope its \
+                 idempotency key"
+                    .to_owned(),
+            ),
+        };
+        problem(status, kind, title, &detail)
+    }
+}
+
+fn problem(status: StatusCode, kind: &str, title: &str, detail: &str) -> Response<Bytes> {
+    let quote = |s: &str| serde_json::Value::from(s).to_string();
+    let body = format!(
+        r#"{{"type":{},"title":{},"status":{},"detail":{}}}"#,
+        quote(&format!("{PROBLEM_TYPE_BASE}#{kind}")),
+        quote(title),
+        status.as_u16(),
+        quote(detail),
+    );
+    let mut response = Response::new(Bytes::from(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{config::LockConfig, error::LockError};
+    use std::time::Duration;
+
+    #[test]
+    fn problems() {
+        let lock = LockConfig::default();
+        let reused = IdempotencyError::KeyReused;
+        let r = IdempotencyProblem.response(&reused, reused.status(&lock));
+        assert_eq!(r.status(), 422);
+        assert_eq!(
+            r.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(body["status"], 422);
+        assert_eq!(
+            body["type"],
+            format!("{PROBLEM_TYPE_BASE}#idempotency-key-reused")
+        );
+        let err = IdempotencyError::invalid_key("the \"key\" is bad".into());
+        let r = IdempotencyProblem.response(&err, err.status(&lock));
+        assert_eq!(r.status(), 400);
+        let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(body["detail"], "the \"key\" is bad");
+        let contended = IdempotencyError::Lock(LockError::from(crate::store::StoreError::timeout(
+            Duration::from_secs(1),
+        )));
+        let r = IdempotencyProblem.response(&contended, contended.status(&lock));
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        let big = IdempotencyError::BodyTooLarge { limit: 10 };
+        assert_eq!(big.status(&lock), 413);
+        assert_eq!(IdempotencyError::MissingPrincipal.status(&lock), 500);
+    }
+}

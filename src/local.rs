@@ -1,0 +1,122 @@
+//! In-process coalescing: requests of one process that want the same key queue here, first come
+//! first served, and only the head of the queue contends in the store.
+//!
+//! Two effects: a process sends one contender per key to Redis however many of its requests
+//! wait, and a waiter behind a holder of the same process is woken the moment that holder
+//! releases, not by a timer.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
+
+use bytes::Bytes;
+use tokio::{
+    sync::{Mutex as FairMutex, OwnedMutexGuard},
+    time::{Instant, timeout_at},
+};
+
+use crate::key::LockKey;
+
+/// The local queues of one [`Locker`](crate::Locker), one per key in use.
+#[derive(Debug, Default)]
+pub(crate) struct LocalQueues {
+    // A key's entry lives while anyone holds or waits for its turn. Tokio's mutex queues its
+    // waiters in FIFO order.
+    queues: Mutex<HashMap<Bytes, Arc<FairMutex<()>>>>,
+}
+
+/// This request's turn at a key, within the process. Dropping it passes the turn on.
+#[derive(Debug)]
+pub(crate) struct Turn {
+    key: Bytes,
+    queues: Arc<LocalQueues>,
+    guard: Option<OwnedMutexGuard<()>>,
+}
+
+impl LocalQueues {
+    /// Waits for this process's turn at `key`; `None` if the deadline passes first.
+    pub(crate) async fn turn(
+        self: &Arc<Self>,
+        key: &LockKey,
+        deadline: Option<Instant>,
+    ) -> Option<Turn> {
+        let key = key.bytes();
+        let queue = {
+            let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(queues.entry(key.clone()).or_default())
+        };
+        // Constructed first, so that giving up (or being dropped) still cleans the entry.
+        let mut turn = Turn {
+            key,
+            queues: Arc::clone(self),
+            guard: None,
+        };
+        let guard = match Arc::clone(&queue).try_lock_owned() {
+            Ok(guard) => guard,
+            Err(_) => match deadline {
+                Some(deadline) => timeout_at(deadline, queue.lock_owned()).await.ok()?,
+                None => queue.lock_owned().await,
+            },
+        };
+        turn.guard = Some(guard);
+        Some(turn)
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.queues.lock().unwrap().len()
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        // Pass the turn on first, then forget the key if nobody else holds or waits for it
+        // (every holder and waiter keeps a clone of the entry, taken under this same lock).
+        drop(self.guard.take());
+        let mut queues = self.queues.queues.lock().unwrap_or_else(|p| p.into_inner());
+        if queues
+            .get(&self.key)
+            .is_some_and(|q| Arc::strong_count(q) == 1)
+        {
+            queues.remove(&self.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn key(v: &str) -> LockKey {
+        LockKey::new("p:", "s", v.as_bytes(), 64).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn first_come_first_served_and_cleaned_up() {
+        let queues = Arc::new(LocalQueues::default());
+        let first = queues.turn(&key("k"), None).await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        for i in 0..5 {
+            let (queues, order) = (Arc::clone(&queues), Arc::clone(&order));
+            waiters.push(tokio::spawn(async move {
+                let _turn = queues.turn(&key("k"), None).await.unwrap();
+                order.lock().unwrap().push(i);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }));
+            tokio::task::yield_now().await;
+        }
+        // A waiter that gives up leaves the queue without blocking the rest.
+        let deadline = Instant::now() + Duration::from_millis(5);
+        assert!(queues.turn(&key("k"), Some(deadline)).await.is_none());
+        assert!(queues.turn(&key("other"), Some(deadline)).await.is_some());
+        drop(first);
+        for waiter in waiters {
+            waiter.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
+        assert_eq!(queues.len(), 0, "entries left behind");
+    }
+}

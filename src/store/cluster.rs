@@ -1,0 +1,127 @@
+//! Leases in a Redis Cluster, over the redis crate's async cluster client.
+
+use std::{fmt, time::Duration};
+
+use redis::{IntoConnectionInfo, cluster::ClusterClient, cluster_async::ClusterConnection};
+
+use super::{Acquire, LockStore, RedisStore, StoreError, redis::redis_error};
+use crate::{key::LockKey, token::Token};
+
+/// Leases in a Redis Cluster (the `cluster` feature).
+///
+/// The same scripts as [`RedisStore`], sent over the redis crate's
+/// [`ClusterConnection`], which routes each command to the master of its key's hash slot and
+/// follows `MOVED` and `ASK` redirections by itself (slot migrations, failovers). A lock key
+/// wraps its scope and value in a hash tag (`tower-lock:{...}`, see [`crate::key`]), so the key
+/// and its fencing counter `<key>:fence` live in one slot and the acquire script stays
+/// single-slot.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_lock::{ClusterStore, Key, LockLayer};
+///
+/// // Seed nodes: any few of the cluster's nodes; the client discovers the rest.
+/// let store = ClusterStore::connect(["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/"]).await?;
+/// let layer = LockLayer::new(store, Key::path_param("sku"));
+/// # let _ = layer; Ok(()) }
+/// ```
+///
+/// # Failover
+///
+/// Each slot has one master, and its replicas copy it asynchronously: when a master fails and
+/// a replica is promoted, the leases it had not yet received are lost, as with a single master
+/// and its replicas. A lease lost that way is noticed by its holder at the next renewal (the
+/// renewal finds the key gone); in between, a second client can take the key. Requests keep
+/// being served once the cluster has promoted the replica (typically a little more than the
+/// cluster's `cluster-node-timeout`); until then, calls for the failed master's slots fail or
+/// time out (503). `WAIT` is not offered here: see `docs/TOPOLOGY.md`.
+#[derive(Clone)]
+pub struct ClusterStore {
+    inner: RedisStore,
+}
+
+impl ClusterStore {
+    /// Connects to the cluster through `seeds` (any of its nodes), with a 1 s connection timeout
+    /// and a 2 s response timeout per command. Fails if no seed can be reached now.
+    pub async fn connect<T: IntoConnectionInfo>(
+        seeds: impl IntoIterator<Item = T>,
+    ) -> Result<Self, StoreError> {
+        let client = ClusterClient::builder(seeds)
+            .connection_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(2))
+            .build()
+            .map_err(redis_error)?;
+        let connection = client.get_async_connection().await.map_err(redis_error)?;
+        Ok(Self::from_connection(connection))
+    }
+
+    /// Uses an existing cluster connection (clones share it).
+    pub fn from_connection(connection: ClusterConnection) -> Self {
+        Self {
+            inner: RedisStore::from_cluster(connection),
+        }
+    }
+
+    /// How long a key's fencing counter is kept after its last acquisition (default 24 h); see
+    /// [`RedisStore::fence_retention`].
+    #[must_use]
+    pub fn fence_retention(self, retention: Duration) -> Self {
+        Self {
+            inner: self.inner.fence_retention(retention),
+        }
+    }
+
+    /// Whether to use native compare commands where the servers have them (default `true`);
+    /// see [`RedisStore::native_commands`].
+    #[must_use]
+    pub fn native_commands(self, enabled: bool) -> Self {
+        Self {
+            inner: self.inner.native_commands(enabled),
+        }
+    }
+}
+
+impl LockStore for ClusterStore {
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Acquire, StoreError> {
+        self.inner.acquire(key, token, ttl).await
+    }
+
+    async fn renew(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<bool, StoreError> {
+        self.inner.renew(key, token, ttl).await
+    }
+
+    async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, StoreError> {
+        self.inner.release(key, token).await
+    }
+}
+
+impl fmt::Debug for ClusterStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterStore")
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
+
+/// Idempotency records live next to the lock keys, in the same hash slot, so the records'
+/// scripts work on a cluster unchanged.
+impl crate::idempotency::IdempotencyStore for ClusterStore {
+    async fn lookup(&self, key: &LockKey) -> Result<Option<bytes::Bytes>, StoreError> {
+        self.inner.lookup(key).await
+    }
+
+    async fn complete(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        record: bytes::Bytes,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        self.inner.complete(key, token, record, retention).await
+    }
+}

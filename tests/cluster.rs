@@ -1,0 +1,207 @@
+//! `ClusterStore` on a real Redis Cluster on loopback (`redis-server --cluster-enabled yes`,
+//! `redis-cli --cluster create`): the exclusion suite, a lease whose slot migrates to another
+//! master (ASK, then MOVED), and a master killed with its replica promoted.
+#![cfg(feature = "cluster")]
+
+mod suite;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::{Backend, Cluster, RedisCluster};
+use tower_lock::{LockStore, Token, key::LockKey, store::Acquire};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion() {
+    suite::exclusion(Cluster(RedisCluster::start(3, 0))).await;
+}
+
+/// The negative control for `exclusion`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_lock_updates_are_lost() {
+    suite::without_the_lock_updates_are_lost().await;
+}
+
+fn key(value: &str) -> LockKey {
+    LockKey::new("tower-lock:", "t", value.as_bytes(), 64).unwrap()
+}
+
+fn fence_key(key: &LockKey) -> Vec<u8> {
+    let mut fence = key.as_bytes().to_vec();
+    fence.extend_from_slice(b":fence");
+    fence
+}
+
+fn acquired(answer: Acquire) -> u64 {
+    match answer {
+        Acquire::Acquired { fencing_token } => fencing_token,
+        other => panic!("not acquired: {other:?}"),
+    }
+}
+
+/// A held lease whose slot is migrated to another master, by hand as `redis-cli --cluster
+/// reshard` does it: while the keys sit on the target and the slot is still migrating, the
+/// client follows `ASK`; after the slot is handed over, `MOVED`. The lease, its TTL and its
+/// fencing counter move together (one hash tag), so exclusion and fencing hold throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_migrates_under_a_held_lease() {
+    let cluster = RedisCluster::start(3, 0);
+    let backend = Cluster(cluster);
+    let (holder, contender) = (backend.store().await, backend.store().await);
+    let ttl = Duration::from_secs(30);
+    let k = key("migrating");
+    let token = Token::generate().unwrap();
+    let first = acquired(holder.acquire(&k, &token, ttl).await.unwrap());
+
+    let cluster = &backend.0;
+    let slot = cluster.slot(k.as_bytes());
+    let source = cluster.master_of(slot);
+    let target = cluster
+        .nodes
+        .iter()
+        .find(|n| n.port() != source.port() && n.cli(&["ROLE"]).starts_with("master"))
+        .unwrap();
+    let id = |n: &support::RedisServer| n.cli(&["CLUSTER", "MYID"]).trim().to_owned();
+    let (source_id, target_id) = (id(source), id(target));
+    let slot_arg = slot.to_string();
+    target.cli(&["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &source_id]);
+    source.cli(&["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &target_id]);
+    let lock_key = std::str::from_utf8(k.as_bytes()).unwrap().to_owned();
+    let fence = String::from_utf8(fence_key(&k)).unwrap();
+    let target_port = target.port().to_string();
+    let migrated = source.cli(&[
+        "MIGRATE",
+        "127.0.0.1",
+        &target_port,
+        "",
+        "0",
+        "5000",
+        "KEYS",
+        &lock_key,
+        &fence,
+    ]);
+    assert!(migrated.contains("OK"), "{migrated}");
+
+    // Mid-migration: the source answers ASK for the keys it no longer has.
+    let other = Token::generate().unwrap();
+    let held = contender.acquire(&k, &other, ttl).await.unwrap();
+    assert!(matches!(held, Acquire::Held { .. }), "{held:?}");
+    assert!(
+        holder.renew(&k, &token, ttl).await.unwrap(),
+        "renew via ASK"
+    );
+
+    // Hand the slot over: the client is redirected with MOVED from now on.
+    for node in &cluster.nodes {
+        if node.cli(&["ROLE"]).starts_with("master") {
+            node.cli(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", &target_id]);
+        }
+    }
+    assert_eq!(cluster.master_of(slot).port(), target.port());
+    let held = contender.acquire(&k, &other, ttl).await.unwrap();
+    assert!(matches!(held, Acquire::Held { .. }), "{held:?}");
+    assert!(
+        holder.renew(&k, &token, ttl).await.unwrap(),
+        "renew via MOVED"
+    );
+    let pttl: i64 = target.cli(&["PTTL", &lock_key]).trim().parse().unwrap();
+    assert!(pttl > 20_000, "the lease moved without its TTL: {pttl}");
+    assert!(holder.release(&k, &token).await.unwrap());
+    let second = acquired(contender.acquire(&k, &other, ttl).await.unwrap());
+    assert!(
+        second > first,
+        "fencing went back after the move: {first} then {second}"
+    );
+    assert!(contender.release(&k, &other).await.unwrap());
+}
+
+/// Three masters with a replica each; the master holding a (replicated) lease is killed and its
+/// replica promoted. Once the cluster has failed over, the lease is still there (the contender
+/// is refused, the holder renews and releases it), and new leases are granted in that slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn master_killed_replica_promoted() {
+    let cluster = RedisCluster::start(3, 1);
+    let backend = Cluster(cluster);
+    let (holder, contender) = (backend.store().await, backend.store().await);
+    let ttl = Duration::from_secs(30);
+    let k = key("failover");
+    let token = Token::generate().unwrap();
+    let first = acquired(holder.acquire(&k, &token, ttl).await.unwrap());
+
+    let mut cluster = backend.0;
+    let slot = cluster.slot(k.as_bytes());
+    let port = cluster.master_of(slot).port();
+    let master = cluster.nodes.iter().find(|n| n.port() == port).unwrap();
+    // Replication is asynchronous: wait until the replica has caught up (what
+    // `wait_for_replicas` would do for a single master), so the lease survives the failover.
+    master.cli(&["WAIT", "1", "2000"]);
+    let offsets = || {
+        let info = master.cli(&["INFO", "replication"]);
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_owned())
+                .unwrap_or_default()
+        };
+        (field("master_repl_offset:"), field("slave0:"))
+    };
+    let started = Instant::now();
+    loop {
+        let (offset, replica) = offsets();
+        if replica.contains(&format!("offset={offset},")) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "replica never caught up"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let killed_at = Instant::now();
+    let index = cluster.nodes.iter().position(|n| n.port() == port).unwrap();
+    cluster.nodes[index].kill();
+    tokio::task::block_in_place(|| {
+        let start = Instant::now();
+        while cluster
+            .try_master_of(slot)
+            .is_none_or(|master| master.port() == port)
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no replica promoted"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        cluster.wait_until_ok();
+    });
+    eprintln!("failed over after {:?}", killed_at.elapsed());
+
+    // The client learns the new master through its slot refresh; give it a few tries.
+    let other = Token::generate().unwrap();
+    let started = Instant::now();
+    let held = loop {
+        match contender.acquire(&k, &other, ttl).await {
+            Ok(answer) => break answer,
+            Err(error) => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "the store did not recover after the failover: {error}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert!(
+        matches!(held, Acquire::Held { .. }),
+        "lease lost in failover: {held:?}"
+    );
+    assert!(holder.renew(&k, &token, ttl).await.unwrap());
+    assert!(holder.release(&k, &token).await.unwrap());
+    let second = acquired(contender.acquire(&k, &other, ttl).await.unwrap());
+    assert!(
+        second > first,
+        "fencing went back after failover: {first} then {second}"
+    );
+    assert!(contender.release(&k, &other).await.unwrap());
+}

@@ -1,0 +1,785 @@
+//! `IdempotencyLayer` on `MemoryStore` and on a real `redis-server` (each Redis test starts its
+//! own on a free loopback port): every row of the module docs' response table, plus drops,
+//! streamed bodies, expiry, principals, and the atomic record-and-release.
+
+mod support;
+
+use std::{
+    convert::Infallible,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Extension, Router,
+    body::Body,
+    extract::Query,
+    http::{HeaderMap, Request, Response, StatusCode, header},
+    response::IntoResponse,
+    routing::post,
+};
+use bytes::Bytes;
+use serde::Deserialize;
+use support::{Backend, Memory, Redis, send};
+use tower_lock::{
+    IdempotencyConfig, IdempotencyLayer, IdempotencyStore, Lease, LockConfig, LockStore, Token,
+    Wait,
+    idempotency::{Fingerprint, IdempotencyKey},
+    key::LockKey,
+    store::Acquire,
+};
+
+const KEY: &str = "8e03978e-40d5-43e8-bc93-6894a57f9324";
+
+/// Counts handler runs.
+#[derive(Default)]
+struct Runs {
+    started: AtomicUsize,
+    finished: AtomicUsize,
+}
+
+#[derive(Deserialize, Default)]
+struct Params {
+    #[serde(default)]
+    wait_ms: u64,
+    #[serde(default)]
+    fail: bool,
+    #[serde(default)]
+    size: usize,
+}
+
+/// `POST /payments` and `POST /refunds`: a "payment" numbered by run, with headers that are
+/// and are not on the replay allow-list. `?wait_ms=N` works that long, `?fail=true` answers
+/// 500, `?size=N` answers an N-byte body. `POST /stream` streams three chunks.
+fn make_app(runs: Arc<Runs>, layer: Option<IdempotencyLayer>) -> Router {
+    let handler = {
+        let runs = Arc::clone(&runs);
+        move |lease: Option<Lease>,
+              key: Option<Extension<IdempotencyKey>>,
+              Query(params): Query<Params>,
+              body: Bytes| {
+            let runs = Arc::clone(&runs);
+            async move {
+                let n = runs.started.fetch_add(1, Ordering::SeqCst) + 1;
+                tokio::time::sleep(Duration::from_millis(params.wait_ms)).await;
+                runs.finished.fetch_add(1, Ordering::SeqCst);
+                if params.fail {
+                    return (StatusCode::INTERNAL_SERVER_ERROR, "charge failed").into_response();
+                }
+                if params.size > 0 {
+                    return (StatusCode::OK, vec![b'x'; params.size]).into_response();
+                }
+                let json = serde_json::json!({
+                    "id": format!("pay_{n}"),
+                    "request": String::from_utf8_lossy(&body),
+                    "key": key.map(|Extension(k)| k.as_str().to_owned()),
+                    "fencing_token": lease.map(|l| l.fencing_token()),
+                });
+                let mut headers = HeaderMap::new();
+                headers.insert(header::CONTENT_TYPE, "application/json".parse().unwrap());
+                headers.insert(
+                    header::LOCATION,
+                    format!("/payments/pay_{n}").parse().unwrap(),
+                );
+                headers.insert(header::SET_COOKIE, "session=secret".parse().unwrap());
+                headers.insert("x-run", n.to_string().parse().unwrap());
+                (StatusCode::CREATED, headers, json.to_string()).into_response()
+            }
+        }
+    };
+    let stream = {
+        let runs = Arc::clone(&runs);
+        move || {
+            let runs = Arc::clone(&runs);
+            async move {
+                runs.started.fetch_add(1, Ordering::SeqCst);
+                let chunks = futures_util::stream::unfold(1, |i| async move {
+                    if i > 3 {
+                        return None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    Some((Ok::<_, Infallible>(format!("chunk-{i};")), i + 1))
+                });
+                Body::from_stream(chunks)
+            }
+        }
+    };
+    let router = Router::new()
+        .route("/payments", post(handler.clone()))
+        .route("/refunds", post(handler))
+        .route("/stream", post(stream));
+    match layer {
+        Some(layer) => router.route_layer(layer),
+        None => router,
+    }
+}
+
+/// The layer over `backend`'s store, scoped by the `x-tenant` header.
+async fn layer<B: Backend>(backend: &B, config: IdempotencyConfig) -> IdempotencyLayer
+where
+    B::Store: IdempotencyStore,
+{
+    IdempotencyLayer::with_config(backend.store().await, config)
+        .unwrap()
+        .principal(|parts: &axum::http::request::Parts| {
+            let tenant = parts.headers.get("x-tenant")?;
+            Some(Bytes::copy_from_slice(tenant.as_bytes()))
+        })
+}
+
+fn post_to(uri: &str, key: Option<&str>, tenant: Option<&str>, body: &str) -> Request<Body> {
+    let mut req = Request::post(uri);
+    if let Some(key) = key {
+        req = req.header("idempotency-key", key);
+    }
+    if let Some(tenant) = tenant {
+        req = req.header("x-tenant", tenant);
+    }
+    req.body(Body::from(body.to_owned())).unwrap()
+}
+
+/// `POST /payments` by tenant `t1` with `KEY` as a structured-field string.
+fn pay(body: &str) -> Request<Body> {
+    post_to("/payments", Some(&format!("\"{KEY}\"")), Some("t1"), body)
+}
+
+async fn bytes(response: Response<Body>) -> Bytes {
+    axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap()
+}
+
+fn replayed(response: &Response<Body>) -> bool {
+    response
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true")
+}
+
+/// Asserts a problem+json response of `status` whose `type` ends in `#kind`.
+async fn assert_problem(response: Response<Body>, status: StatusCode, kind: &str) {
+    assert_eq!(response.status(), status);
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+    let body: serde_json::Value = serde_json::from_slice(&bytes(response).await).unwrap();
+    assert_eq!(body["status"], status.as_u16());
+    let kind_uri = body["type"].as_str().unwrap();
+    assert!(
+        kind_uri.starts_with(tower_lock::response::PROBLEM_TYPE_BASE)
+            && kind_uri.ends_with(&format!("#{kind}")),
+        "{body}"
+    );
+    assert!(!body.to_string().contains(KEY), "the key leaks: {body}");
+}
+
+async fn wait_until(cond: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "condition not reached"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The suite, run against both stores.
+
+/// Missing key: 400 (or passed through when not required); malformed, repeated, short: 400.
+async fn bad_or_missing_key_is_400<B: Backend>(backend: B)
+where
+    B::Store: IdempotencyStore,
+{
+    let runs = Arc::new(Runs::default());
+    let app = make_app(
+        Arc::clone(&runs),
+        Some(layer(&backend, IdempotencyConfig::default()).await),
+    );
+    let r = send(&app, post_to("/payments", None, Some("t1"), "{}")).await;
+    assert_problem(r, StatusCode::BAD_REQUEST, "idempotency-key-missing").await;
+    for bad in [
+        "\"short\"",
+        "short-bare",
+        "\"unterminated-8e03978e",
+        "two words 8e03978e",
+    ] {
+        let r = send(&app, post_to("/payments", Some(bad), Some("t1"), "{}")).await;
+        assert_problem(r, StatusCode::BAD_REQUEST, "idempotency-key-invalid").await;
+    }
+    let twice = Request::post("/payments")
+        .header("idempotency-key", KEY)
+        .header("idempotency-key", KEY)
+        .header("x-tenant", "t1")
+        .body(Body::empty())
+        .unwrap();
+    assert_problem(
+        send(&app, twice).await,
+        StatusCode::BAD_REQUEST,
+        "idempotency-key-invalid",
+    )
+    .await;
+    assert_eq!(runs.started.load(Ordering::SeqCst), 0);
+
+    let optional = IdempotencyConfig::default().required(false);
+    let app = make_app(Arc::clone(&runs), Some(layer(&backend, optional).await));
+    let r = send(&app, post_to("/payments", None, Some("t1"), "{}")).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert!(!replayed(&r));
+    assert_eq!(runs.started.load(Ordering::SeqCst), 1);
+}
+
+/// A retry after the first request finished gets its status, allowed headers and body,
+/// marked replayed; the handler ran once. The bare-token spelling is the same key.
+async fn finished_key_is_replayed<B: Backend>(backend: B)
+where
+    B::Store: IdempotencyStore,
+{
+    let runs = Arc::new(Runs::default());
+    let app = make_app(
+        Arc::clone(&runs),
+        Some(layer(&backend, IdempotencyConfig::default()).await),
+    );
+    let first = send(&app, pay(r#"{"amount":1250}"#)).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(!replayed(&first));
+    assert_eq!(first.headers()["x-run"], "1");
+    let first_body = bytes(first).await;
+    let json: serde_json::Value = serde_json::from_slice(&first_body).unwrap();
+    assert_eq!(json["key"], KEY, "the handler sees the key");
+    assert!(
+        json["fencing_token"].as_u64().unwrap() > 0,
+        "the handler has a lease"
+    );
+
+    // Bare token this time: the same key.
+    let retry = send(
+        &app,
+        post_to("/payments", Some(KEY), Some("t1"), r#"{"amount":1250}"#),
+    )
+    .await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert!(replayed(&retry));
+    assert_eq!(retry.headers()[header::CONTENT_TYPE], "application/json");
+    assert_eq!(retry.headers()[header::LOCATION], "/payments/pay_1");
+    assert!(
+        retry.headers().get(header::SET_COOKIE).is_none(),
+        "not on the allow-list"
+    );
+    assert!(
+        retry.headers().get("x-run").is_none(),
+        "not on the allow-list"
+    );
+    assert_eq!(bytes(retry).await, first_body);
+    assert_eq!(runs.started.load(Ordering::SeqCst), 1);
+
+    // A configured allow-list replays exactly its headers.
+    let runs = Arc::new(Runs::default());
+    let config = IdempotencyConfig::default()
+        .replay_headers([axum::http::HeaderName::from_static("x-run")])
+        .namespace("other");
+    let app = make_app(Arc::clone(&runs), Some(layer(&backend, config).await));
+    send(&app, pay("{}")).await;
+    let retry = send(&app, pay("{}")).await;
+    assert!(replayed(&retry));
+    assert_eq!(retry.headers()["x-run"], "1");
+    assert!(retry.headers().get(header::LOCATION).is_none());
+}
+
+/// A duplicate while the first request runs: 409 problem with `Retry-After`, from the lock.
+/// With a waiting lock policy the duplicate waits and gets the replay instead.
+async fn running_key_is_409<B: Backend>(backend: B)
+where
+    B::Store: IdempotencyStore,
+{
+    let runs = Arc::new(Runs::default());
+    let app = make_app(
+        Arc::clone(&runs),
+        Some(layer(&backend, IdempotencyConfig::default()).await),
+    );
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move {
+            let r = send(
+                &app,
+                post_to("/payments?wait_ms=800", Some(KEY), Some("t1"), "{}"),
+            )
+            .await;
+            (r.status(), bytes(r).await)
+        }
+    });
+    wait_until(|| runs.started.load(Ordering::SeqCst) == 1).await;
+    let dup = send(&app, pay("{}")).await;
+    assert_eq!(dup.status(), StatusCode::CONFLICT);
+    let retry_after: u64 = dup.headers()[header::RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=10).contains(&retry_after), "Retry-After {retry_after}");
+    assert_problem(dup, StatusCode::CONFLICT, "lock-contended").await;
+    let (status, first_body) = first.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    let retry = send(&app, pay("{}")).await;
+    assert!(replayed(&retry));
+    assert_eq!(bytes(retry).await, first_body);
+    assert_eq!(runs.started.load(Ordering::SeqCst), 1);
+
+    // Waiting instead of failing fast: the duplicate waits for the first, then replays it.
+    let runs = Arc::new(Runs::default());
+    let patient = IdempotencyConfig::default().namespace("patient").lock(
+        LockConfig::default()
+            .wait(Wait::constant(Duration::from_millis(10)).deadline(Duration::from_secs(10))),
+    );
+    let app = make_app(Arc::clone(&runs), Some(layer(&backend, patient).await));
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move {
+            let r = send(
+                &app,
+                post_to("/payments?wait_ms=300", Some(KEY), Some("t1"), "{}"),
+            )
+            .await;
+            bytes(r).await
+        }
+    });
+    wait_until(|| runs.started.load(Ordering::SeqCst) == 1).await;
+    let dup = send(&app, pay("{}")).await;
+    assert!(replayed(&dup));
+    assert_eq!(bytes(dup).await, first.await.unwrap());
+    assert_eq!(runs.started.load(Ordering::SeqCst), 1);
+}
+
+/// The same key with another body or on another path: 422. The fingerprint is configurable.
+async fn changed_request_is_422<B: Backend>(backend: B)
+where
+    B::Store: IdempotencyStore,
+{
+    let runs = Arc::new(Runs::default());
+    let app = make_app(
+        Arc::clone(&runs),
+        Some(layer(&backend, IdempotencyConfig::default()).await),
+    );
+    assert_eq!(
+        send(&app, pay(r#"{"amount":1250}"#)).await.status(),
+        StatusCode::CREATED
+    );
+    let changed = send(&app, pay(r#"{"amount":999}"#)).await;
+    assert_problem(
+        changed,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency-key-reused",
+    )
+    .await;
+    let other_route = send(
+        &app,
+        post_to("/refunds", Some(KEY), Some("t1"), r#"{"amount":1250}"#),
+    )
+    .await;
+    assert_problem(
+        other_route,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency-key-reused",
+    )
+    .await;
+    assert_eq!(runs.started.load(Ordering::SeqCst), 1);
+    // The 422s changed nothing: the original still replays.
+    assert!(replayed(&send(&app, pay(r#"{"amount":1250}"#)).await));
+
+    // Without the body in the fingerprint, a changed body replays.
+    let runs = Arc::new(Runs::default());
+    let config = IdempotencyConfig::default()
+        .namespace("no-body")
+        .fingerprint(Fingerprint::default().body(false));
+    let app = make_app(Arc::clone(&runs), Some(layer(&backend, config).await));
+    send(&app, pay(r#"{"amount":1250}"#)).await;
+    assert!(replayed(&send(&app, pay(r#"{"amount":999}"#)).await));
+    assert_eq!(runs.started.load(Ordering::SeqCst), 1);
+}
+
+/// 5xx responses are not stored by default (a retry runs again); stored when configured.
+async fn server_errors_are_not_stored_by_default<B: Backend>(backend: B)
+where
+    B::Store: IdempotencyStore,
+{
+    let failing = || post_to("/payments?fail=true", Some(KEY), Some("t1"), "{}");
+    let runs = Arc::new(Runs::default());
+    let app = make_app(
+        Arc::clone(&runs),
+        Some(layer(&backend, IdempotencyConfig::default()).await),
+    );
+    for run in 1..=2 {
+        let r = send(&app, failing()).await;
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(!replayed(&r));
+        assert_eq!(runs.started.load(Ordering::SeqCst), run);
+    }
+
+    let runs = Arc::new(Runs::default());
+    let config = IdempotencyConfig::default()
+        .namespace("store-5xx")
+        .store_server_errors(true);
+    let app = make_app(Arc::clone(&runs), Some(layer(&backend, config).await));
+    assert_eq!(send(&app, failing()).await.status(), 500);
+    let retry = send(&app, failing()).await;
+    assert_eq!(retry.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(replayed(&retry));
+    assert_eq!(bytes(retry).await, "charge failed");
+    assert_eq!(runs.started.load(Ordering::SeqCst), 1);
+}
+
+/// A response over the cap reaches the client whole but is not stored: a retry runs again.
+/// A request body over its cap is a 413, declared or streamed.
+async fn size_caps<B: Backend>(backend: B)
+where
+    B::Store: IdempotencyStore,
+{
+    let runs = Arc::new(Runs::default());
+    let config = IdempotencyConfig::default()
+        .max_response_body(1000)
+        .max_request_body(64);
+    let app = make_app(Arc::clone(&runs), Some(layer(&backend, config).await));
+    let big = || post_to("/payments?size=5000", Some(KEY), Some("t1"), "{}");
+    for run in 1..=2 {
+        let r = send(&app, big()).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert!(!replayed(&r));
+        let body = bytes(r).await;
+        assert_eq!(body.len(), 5000);
+        assert!(body.iter().all(|b| *b == b'x'));
+        assert_eq!(runs.started.load(Ordering::SeqCst), run, "not re-run");
+    }
+    // Just under the cap is stored.
+    let small = || {
+        post_to(
+            "/payments?size=1000",
+            Some(&KEY.replace('8', "9")),
+            Some("t1"),
+            "{}",
+        )
+    };
+    send(&app, small()).await;
+    assert!(replayed(&send(&app, small()).await));
+
+    let declared = post_to("/payments", Some(KEY), Some("t1"), &"y".repeat(65));
+    assert_problem(
+        send(&app, declared).await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "request-body-too-large",
+    )
+    .await;
+    let chunks = futures_util::stream::iter(
+        (0..10).map(|_| Ok::<_, Infallible>(Bytes::from_static(b"0123456789"))),
+    );
+    let streamed = Request::post("/payments")
+        .header("idempotency-key", KEY)
+        .header("x-tenant", "t1")
+        .body(Body::from_stream(chunks))
+        .unwrap();
+    assert_problem(
+        send(&app, streamed).await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "request-body-too-large",
+    )
+    .await;
+    assert_eq!(runs.started.load(Ordering::SeqCst), 3);
+}
+
+/// A request dropped while its handler runs stores nothing and frees the key at once: a
+/// retry runs the handler (not 409 until the TTL, not a replay).
+async fn dropped_request_leaves_the_key_usable<B: Backend>(backend: B)
+where
+    B::Store: IdempotencyStore,
+{
+    let runs = Arc::new(Runs::default());
+    let config =
+        IdempotencyConfig::default().lock(LockConfig::default().ttl(Duration::from_secs(30)));
+    let app = make_app(Arc::clone(&runs), Some(layer(&backend, config).await));
+    let running = tokio::spawn({
+        let app = app.clone();
+        async move {
+            send(
+                &app,
+                post_to("/payments?wait_ms=60000", Some(KEY), Some("t1"), "{}"),
+            )
+            .await
+        }
+    });
+    wait_until(|| runs.started.load(Ordering::SeqCst) == 1).await;
+    assert_eq!(send(&app, pay("{}")).await.status(), StatusCode::CONFLICT);
+    running.abort();
+    let dropped = Instant::now();
+    let retry = loop {
+        let r = send(&app, pay("{}")).await;
+        if r.status() != StatusCode::CONFLICT {
+            break r;
+        }
+        assert!(
+            dropped.elapsed() < Duration::from_secs(5),
+            "key still locked long after the drop (TTL 30 s)"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert!(
+        !replayed(&retry),
+        "a dropped request must not leave a record"
+    );
+    assert_eq!(runs.started.load(Ordering::SeqCst), 2);
+    assert_eq!(runs.finished.load(Ordering::SeqCst), 1);
+}
+
+/// A streamed response is stored whole and replayed byte for byte.
+async fn streamed_body_is_replayed<B: Backend>(backend: B)
+where
+    B::Store: IdempotencyStore,
+{
+    let runs = Arc::new(Runs::default());
+    let app = make_app(
+        Arc::clone(&runs),
+        Some(layer(&backend, IdempotencyConfig::default()).await),
+    );
+    let stream = || post_to("/stream", Some(KEY), Some("t1"), "");
+    let first = send(&app, stream()).await;
+    assert!(!replayed(&first));
+    assert_eq!(bytes(first).await, "chunk-1;chunk-2;chunk-3;");
+    let retry = send(&app, stream()).await;
+    assert!(replayed(&retry));
+    assert_eq!(bytes(retry).await, "chunk-1;chunk-2;chunk-3;");
+    assert_eq!(runs.started.load(Ordering::SeqCst), 1);
+}
+
+/// After the retention the record is gone and the key runs anew.
+async fn expired_record_frees_the_key<B: Backend>(backend: B)
+where
+    B::Store: IdempotencyStore,
+{
+    let runs = Arc::new(Runs::default());
+    let config = IdempotencyConfig::default().retention(Duration::from_millis(300));
+    let app = make_app(Arc::clone(&runs), Some(layer(&backend, config).await));
+    send(&app, pay("{}")).await;
+    assert!(replayed(&send(&app, pay("{}")).await));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let after = send(&app, pay("{}")).await;
+    assert_eq!(after.status(), StatusCode::CREATED);
+    assert!(!replayed(&after));
+    assert_eq!(after.headers()["x-run"], "2");
+    assert_eq!(runs.started.load(Ordering::SeqCst), 2);
+}
+
+/// Two principals with the same key value: two runs, each replays only its own response. No
+/// principal: 500.
+async fn principals_do_not_share_records<B: Backend>(backend: B)
+where
+    B::Store: IdempotencyStore,
+{
+    let runs = Arc::new(Runs::default());
+    let app = make_app(
+        Arc::clone(&runs),
+        Some(layer(&backend, IdempotencyConfig::default()).await),
+    );
+    let as_tenant = |t: &str| post_to("/payments", Some(KEY), Some(t), "{}");
+    let a = bytes(send(&app, as_tenant("tenant-a")).await).await;
+    let b = send(&app, as_tenant("tenant-b")).await;
+    assert!(!replayed(&b), "tenant-b was served tenant-a's response");
+    let b = bytes(b).await;
+    assert_ne!(a, b);
+    assert_eq!(runs.started.load(Ordering::SeqCst), 2);
+    assert_eq!(bytes(send(&app, as_tenant("tenant-a")).await).await, a);
+    assert_eq!(bytes(send(&app, as_tenant("tenant-b")).await).await, b);
+    assert_eq!(runs.started.load(Ordering::SeqCst), 2);
+    let anonymous = send(&app, post_to("/payments", Some(KEY), None, "{}")).await;
+    assert_problem(
+        anonymous,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "idempotency-principal-missing",
+    )
+    .await;
+}
+
+/// The store's `complete`: only the lock's holder writes the record, and the record appears
+/// exactly as the lock goes.
+async fn complete_is_one_step_for_the_holder<B: Backend>(backend: B)
+where
+    B::Store: IdempotencyStore,
+{
+    let store = backend.store().await;
+    let key = LockKey::new("tower-lock:", "idempotency", b"k", 64).unwrap();
+    let ttl = Duration::from_secs(10);
+    let retention = Duration::from_secs(60);
+    let (mine, other) = (Token::generate().unwrap(), Token::generate().unwrap());
+    assert!(matches!(
+        store.acquire(&key, &mine, ttl).await.unwrap(),
+        Acquire::Acquired { .. }
+    ));
+    let record = Bytes::from_static(b"record");
+    assert!(
+        !store
+            .complete(&key, &other, record.clone(), retention)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.lookup(&key).await.unwrap(),
+        None,
+        "a stranger wrote the record"
+    );
+    assert!(
+        matches!(
+            store.acquire(&key, &other, ttl).await.unwrap(),
+            Acquire::Held { .. }
+        ),
+        "a stranger released the lock"
+    );
+    assert!(
+        store
+            .complete(&key, &mine, record.clone(), retention)
+            .await
+            .unwrap()
+    );
+    assert_eq!(store.lookup(&key).await.unwrap(), Some(record));
+    assert!(
+        matches!(
+            store.acquire(&key, &other, ttl).await.unwrap(),
+            Acquire::Acquired { .. }
+        ),
+        "the lock was not released"
+    );
+    assert!(
+        !store
+            .complete(&key, &mine, Bytes::new(), retention)
+            .await
+            .unwrap(),
+        "completed twice"
+    );
+}
+
+macro_rules! suite {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(Memory::new()).await;
+                }
+            )*
+        }
+        mod redis {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(Redis::new()).await;
+                }
+            )*
+        }
+    };
+}
+
+suite!(
+    bad_or_missing_key_is_400,
+    finished_key_is_replayed,
+    running_key_is_409,
+    changed_request_is_422,
+    server_errors_are_not_stored_by_default,
+    size_caps,
+    dropped_request_leaves_the_key_usable,
+    streamed_body_is_replayed,
+    expired_record_frees_the_key,
+    principals_do_not_share_records,
+    complete_is_one_step_for_the_holder,
+);
+
+/// The negative control for `running_key_is_409` and `finished_key_is_replayed`: without the
+/// layer, concurrent duplicates both run, and so does a retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_layer_duplicates_run_again() {
+    let runs = Arc::new(Runs::default());
+    let app = make_app(Arc::clone(&runs), None);
+    let slow = || post_to("/payments?wait_ms=200", Some(KEY), Some("t1"), "{}");
+    let (a, b) = tokio::join!(send(&app, slow()), send(&app, slow()));
+    assert_eq!(
+        (a.status(), b.status()),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    assert_ne!(bytes(a).await, bytes(b).await, "two different payments");
+    assert!(!replayed(&send(&app, pay("{}")).await));
+    assert_eq!(runs.started.load(Ordering::SeqCst), 3);
+}
+
+/// In Redis, a finished request leaves its record (with the retention as TTL) and no lock key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_keeps_the_record_next_to_a_released_lock() {
+    let backend = Redis::new();
+    let runs = Arc::new(Runs::default());
+    let config = IdempotencyConfig::default().retention(Duration::from_secs(3600));
+    let app = make_app(Arc::clone(&runs), Some(layer(&backend, config).await));
+    assert_eq!(send(&app, pay("{}")).await.status(), StatusCode::CREATED);
+    let mut conn = backend.0.client().await;
+    let keys: Vec<Vec<u8>> = ::redis::cmd("KEYS")
+        .arg("tower-lock:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let records: Vec<_> = keys.iter().filter(|k| k.ends_with(b":record")).collect();
+    assert_eq!(records.len(), 1, "{keys:?}");
+    assert!(
+        backend
+            .0
+            .lock_keys()
+            .await
+            .iter()
+            .all(|k| k.ends_with(b":record")),
+        "a lock key is left: {keys:?}"
+    );
+    let ttl: i64 = ::redis::cmd("PTTL")
+        .arg(records[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(ttl > 3_500_000 && ttl <= 3_600_000, "record TTL {ttl} ms");
+    // The key value and principal are in the record's key; the client's key is not in any
+    // value Redis returns to other principals (checked by `principals_do_not_share_records`).
+    assert!(String::from_utf8_lossy(records[0]).contains(KEY));
+}
+
+/// Tower contracts: the future is `Send`, the error type is the inner one, and a plain tower
+/// stack (no axum) replays too.
+#[tokio::test]
+async fn futures_are_send_and_plain_tower_stacks_work() {
+    use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+    fn assert_send<T: Send>(_: &T) {}
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut svc = ServiceBuilder::new()
+        .layer(IdempotencyLayer::new(tower_lock::MemoryStore::new()))
+        .service(service_fn({
+            let runs = Arc::clone(&runs);
+            move |_req: Request<Body>| {
+                let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                async move { Ok::<_, Infallible>(Response::new(Body::from(format!("run {n}")))) }
+            }
+        }));
+    for expect_replay in [false, true] {
+        let req = Request::post("/")
+            .header("idempotency-key", KEY)
+            .body(Body::empty())
+            .unwrap();
+        let fut = svc.ready().await.unwrap().call(req);
+        assert_send(&fut);
+        let response: Response<_> = fut.await.unwrap();
+        assert_eq!(
+            response.headers().contains_key("idempotent-replayed"),
+            expect_replay
+        );
+        let body = axum::body::to_bytes(Body::new(response.into_body()), 100)
+            .await
+            .unwrap();
+        assert_eq!(body, "run 1");
+    }
+}

@@ -1,0 +1,550 @@
+//! Real processes of `examples/inventory.rs`, a small HTTP/1.1 client to drive them, and the
+//! purchase load that `tests/load.rs` and `tests/faults.rs` run against them.
+//!
+//! Every process started here is SIGKILLed and reaped when its guard drops, panics included.
+#![allow(dead_code, unreachable_pub)]
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::{BufRead, BufReader, Read},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc, Mutex, OnceLock,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use tokio::{
+    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader as AsyncBufReader},
+    net::TcpStream,
+};
+
+/// Scales the load and hygiene runs: `TOWER_LOCK_LOAD_SCALE=20` sends 20x the default requests.
+pub fn scale() -> usize {
+    std::env::var("TOWER_LOCK_LOAD_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&s| s >= 1)
+        .unwrap_or(1)
+}
+
+/// The `inventory` example's binary, built once per test binary with the feature set
+/// `scripts/test.sh` uses (so under `cargo test --all-features` it is already up to date).
+pub fn inventory_binary() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let output = Command::new(cargo)
+            .args([
+                "build",
+                "--example",
+                "inventory",
+                "--all-features",
+                "--message-format=json-render-diagnostics",
+            ])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("cannot run `cargo build --example inventory`");
+        assert!(
+            output.status.success(),
+            "`cargo build --example inventory` failed"
+        );
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        stdout
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|msg| msg["target"]["name"] == "inventory")
+            .find_map(|msg| msg["executable"].as_str().map(PathBuf::from))
+            .expect("cargo did not report the inventory executable")
+    })
+    .clone()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free loopback port")
+}
+
+/// One `inventory` process on a free loopback port; SIGKILLed on drop.
+pub struct Instance {
+    child: Option<Child>,
+    pub port: u16,
+    /// Everything the process wrote to stderr and stdout (bounded), to look for panics.
+    output: Arc<Mutex<String>>,
+}
+
+/// The most output kept per process.
+const MAX_OUTPUT: usize = 1 << 20;
+
+impl Instance {
+    /// Starts an instance with `REDIS_URL=redis_url` and `env`, and waits for "listening on".
+    pub fn start(redis_url: &str, env: &[(&str, &str)]) -> Self {
+        for _ in 0..5 {
+            let port = free_port();
+            let mut child = Command::new(inventory_binary())
+                .env_clear()
+                .env("REDIS_URL", redis_url)
+                .env("PORT", port.to_string())
+                .env("HOST", "127.0.0.1")
+                .env("RUST_LOG", "warn")
+                .envs(env.iter().copied())
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("cannot start the inventory example");
+            let output = Arc::new(Mutex::new(String::new()));
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+            for stream in [
+                Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
+                Box::new(child.stderr.take().unwrap()),
+            ] {
+                let output = Arc::clone(&output);
+                let ready_tx = ready_tx.clone();
+                // Drains the pipe until the process exits, so it never blocks on a full pipe.
+                std::thread::spawn(move || {
+                    for line in BufReader::new(stream).lines() {
+                        let Ok(line) = line else { break };
+                        if line.contains("listening on") {
+                            let _ = ready_tx.send(true);
+                        }
+                        let mut out = output.lock().unwrap();
+                        if out.len() < MAX_OUTPUT {
+                            out.push_str(&line);
+                            out.push('\n');
+                        }
+                    }
+                    let _ = ready_tx.send(false);
+                });
+            }
+            drop(ready_tx);
+            let mut instance = Self {
+                child: Some(child),
+                port,
+                output,
+            };
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match ready_rx.recv_timeout(left) {
+                    Ok(true) => return instance,
+                    // One pipe closed: the process is exiting (a port race?); check the other.
+                    Ok(false) => {
+                        if instance.exited() {
+                            break;
+                        }
+                    }
+                    Err(_) => panic!(
+                        "the inventory example did not start listening within 30 s:\n{}",
+                        instance.output()
+                    ),
+                }
+            }
+            eprintln!(
+                "inventory on port {port} exited at start:\n{}",
+                instance.output()
+            );
+            instance.kill9();
+        }
+        panic!("the inventory example did not start on any of 5 free ports");
+    }
+
+    fn exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_none_or(|c| c.try_wait().ok().flatten().is_some())
+    }
+
+    /// `kill -9`: the process dies without releasing anything.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Everything the process printed so far.
+    pub fn output(&self) -> String {
+        self.output.lock().unwrap().clone()
+    }
+
+    /// Panics if the process printed a panic message.
+    pub fn assert_no_panic(&self) {
+        let output = self.output();
+        assert!(
+            !output.contains("panicked"),
+            "instance on port {} panicked:\n{output}",
+            self.port
+        );
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        !self.exited()
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// One HTTP/1.1 answer.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A keep-alive HTTP/1.1 connection to one instance: enough client for `Content-Length` bodies.
+pub struct Http {
+    port: u16,
+    conn: Option<AsyncBufReader<TcpStream>>,
+}
+
+impl Http {
+    pub fn new(port: u16) -> Self {
+        Self { port, conn: None }
+    }
+
+    /// Sends one request and reads its answer; an I/O error closes the connection.
+    pub async fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> std::io::Result<Reply> {
+        let result = self.try_request(method, path, body).await;
+        if result.is_err() {
+            self.conn = None;
+        }
+        result
+    }
+
+    async fn try_request(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> std::io::Result<Reply> {
+        if self.conn.is_none() {
+            let stream = TcpStream::connect(("127.0.0.1", self.port)).await?;
+            stream.set_nodelay(true)?;
+            self.conn = Some(AsyncBufReader::new(stream));
+        }
+        let conn = self.conn.as_mut().unwrap();
+        let body = body.unwrap_or("");
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        conn.get_mut().write_all(head.as_bytes()).await?;
+        read_reply(conn).await
+    }
+}
+
+fn bad(msg: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, msg.to_owned())
+}
+
+/// Reads a status line, headers and a `Content-Length` body.
+pub async fn read_reply(conn: &mut AsyncBufReader<TcpStream>) -> std::io::Result<Reply> {
+    let mut line = String::new();
+    if conn.read_line(&mut line).await? == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    let status = line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("bad status line"))?;
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        if conn.read_line(&mut line).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let trimmed = line.trim_end();
+        if trimmed.is_empty() {
+            break;
+        }
+        let (name, value) = trimmed.split_once(':').ok_or_else(|| bad("bad header"))?;
+        headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
+    }
+    let len: usize = headers
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; len];
+    conn.read_exact(&mut body).await?;
+    Ok(Reply {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// Sets `sku`'s stock through `port`, retrying while the instance answers 503 (Redis coming
+/// back), for at most 10 s.
+pub async fn set_stock(port: u16, sku: &str, stock: u64) {
+    let mut http = Http::new(port);
+    let started = Instant::now();
+    loop {
+        let body = format!("{{\"stock\":{stock}}}");
+        match http
+            .request("PUT", &format!("/items/{sku}"), Some(&body))
+            .await
+        {
+            Ok(reply) if reply.status == 200 => return,
+            other => assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "cannot set the stock of {sku}: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub async fn get_stock(port: u16, sku: &str) -> Option<u64> {
+    let reply = Http::new(port)
+        .request("GET", &format!("/items/{sku}"), None)
+        .await
+        .expect("GET stock");
+    match reply.status {
+        200 => reply.json()["stock"].as_u64(),
+        404 => None,
+        other => panic!("GET /items/{sku}: {other}"),
+    }
+}
+
+/// The SKUs of a load: a few hot ones (most requests), many cold ones.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// (sku, initial stock, work_ms per purchase)
+    pub skus: Vec<(String, u64, u64)>,
+    pub hot: usize,
+    /// Share of requests (in percent) that go to the hot SKUs.
+    pub hot_percent: u32,
+    pub requests: usize,
+    pub concurrency: usize,
+    /// A request that takes longer than this is a hang: the load fails.
+    pub request_timeout: Duration,
+}
+
+impl Plan {
+    /// `requests` purchases: 3 hot SKUs with `hot_stock` items each, `cold` SKUs with 1..=3
+    /// items each (so some run out: 422s), `prefix` names them.
+    pub fn new(prefix: &str, requests: usize, hot_stock: u64, cold: usize) -> Self {
+        let mut skus = Vec::new();
+        for i in 0..3 {
+            skus.push((format!("{prefix}-hot-{i}"), hot_stock, 2));
+        }
+        for i in 0..cold {
+            skus.push((format!("{prefix}-cold-{i}"), 1 + (i as u64 % 3), 1));
+        }
+        Self {
+            skus,
+            hot: 3,
+            hot_percent: 70,
+            requests,
+            concurrency: 24,
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+
+    pub async fn seed(&self, port: u16) {
+        for (sku, stock, _) in &self.skus {
+            set_stock(port, sku, *stock).await;
+        }
+    }
+
+    fn pick(&self, n: usize) -> usize {
+        // Deterministic spread: request n goes hot with `hot_percent` probability.
+        let r = fastrand_like(n as u64);
+        if (r % 100) < u64::from(self.hot_percent) {
+            (r / 100) as usize % self.hot
+        } else {
+            self.hot + (r / 100) as usize % (self.skus.len() - self.hot)
+        }
+    }
+}
+
+/// splitmix64: a fixed pseudo-random sequence, so a failing run can be replayed.
+fn fastrand_like(n: u64) -> u64 {
+    let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// One purchase's outcome.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub sku: usize,
+    /// `None`: no answer (connection failed or the request timed out).
+    pub status: Option<u16>,
+    pub stock: Option<u64>,
+    pub fencing_token: Option<u64>,
+    pub problem_type: Option<String>,
+    pub latency: Duration,
+}
+
+/// Runs `plan.requests` purchases over `ports` (round robin) with `plan.concurrency` clients,
+/// until done or `stop` is set.
+pub async fn run_load(plan: &Plan, ports: &[u16], stop: Option<Arc<AtomicUsize>>) -> Vec<Outcome> {
+    let plan = Arc::new(plan.clone());
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for w in 0..plan.concurrency {
+        let (plan, next, stop) = (Arc::clone(&plan), Arc::clone(&next), stop.clone());
+        let port = ports[w % ports.len()];
+        workers.push(tokio::spawn(async move {
+            let mut http = Http::new(port);
+            let mut out = Vec::new();
+            loop {
+                if stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst) > 0) {
+                    break;
+                }
+                let n = next.fetch_add(1, Ordering::SeqCst);
+                if n >= plan.requests {
+                    break;
+                }
+                let sku = plan.pick(n);
+                let (name, _, work_ms) = &plan.skus[sku];
+                let path = format!("/items/{name}/purchase?work_ms={work_ms}");
+                let started = Instant::now();
+                let reply =
+                    tokio::time::timeout(plan.request_timeout, http.request("POST", &path, None))
+                        .await;
+                let latency = started.elapsed();
+                let (status, json) = match reply {
+                    Ok(Ok(reply)) => (Some(reply.status), reply.json()),
+                    Ok(Err(_)) => (None, serde_json::Value::Null),
+                    Err(_) => {
+                        // Timed out: the connection is in an unknown state.
+                        http = Http::new(port);
+                        (None, serde_json::Value::Null)
+                    }
+                };
+                out.push(Outcome {
+                    sku,
+                    status,
+                    stock: json["stock"].as_u64(),
+                    fencing_token: json["fencing_token"].as_u64(),
+                    problem_type: json["type"].as_str().map(str::to_owned),
+                    latency,
+                });
+            }
+            out
+        }));
+    }
+    let mut outcomes = Vec::new();
+    for worker in workers {
+        outcomes.extend(worker.await.expect("load worker panicked"));
+    }
+    outcomes
+}
+
+/// Counts of a load, by status.
+#[derive(Debug, Default, Clone)]
+pub struct Counts {
+    pub requests: usize,
+    pub by_status: BTreeMap<u16, usize>,
+    pub no_answer: usize,
+    pub max_latency: Duration,
+}
+
+impl Counts {
+    pub fn of(outcomes: &[Outcome]) -> Self {
+        let mut counts = Self {
+            requests: outcomes.len(),
+            ..Self::default()
+        };
+        for o in outcomes {
+            match o.status {
+                Some(s) => *counts.by_status.entry(s).or_default() += 1,
+                None => counts.no_answer += 1,
+            }
+            counts.max_latency = counts.max_latency.max(o.latency);
+        }
+        counts
+    }
+
+    pub fn get(&self, status: u16) -> usize {
+        self.by_status.get(&status).copied().unwrap_or(0)
+    }
+}
+
+/// What the exclusion check found, per SKU and in total.
+#[derive(Debug, Default)]
+pub struct Audit {
+    /// Purchases answered 200 but missing from the final stock, summed over SKUs.
+    pub lost_updates: u64,
+    /// SKUs whose 200s outnumber their initial stock.
+    pub oversold: Vec<String>,
+    /// 200s whose reported stock did not strictly decrease in fencing-token order.
+    pub fencing_violations: Vec<String>,
+}
+
+/// Compares each SKU's final stock with its 200s, and orders the 200s by fencing token.
+pub async fn audit(plan: &Plan, outcomes: &[Outcome], port: u16, fenced: bool) -> Audit {
+    let mut audit = Audit::default();
+    let mut by_sku: HashMap<usize, Vec<&Outcome>> = HashMap::new();
+    for o in outcomes.iter().filter(|o| o.status == Some(200)) {
+        by_sku.entry(o.sku).or_default().push(o);
+    }
+    for (i, (name, initial, _)) in plan.skus.iter().enumerate() {
+        let sold = by_sku.get(&i).map_or(0, Vec::len) as u64;
+        let fin = get_stock(port, name).await.expect("stock vanished");
+        let taken = initial
+            .checked_sub(fin)
+            .unwrap_or_else(|| panic!("{name}: stock rose from {initial} to {fin}"));
+        if sold > *initial {
+            audit
+                .oversold
+                .push(format!("{name}: {sold} sold of {initial}"));
+        }
+        audit.lost_updates += sold.saturating_sub(taken);
+        assert!(
+            taken <= sold,
+            "{name}: stock fell by {taken} but only {sold} purchases succeeded"
+        );
+        if fenced && let Some(oks) = by_sku.get_mut(&i) {
+            oks.sort_by_key(|o| o.fencing_token);
+            for pair in oks.windows(2) {
+                let (a, b) = (pair[0], pair[1]);
+                let ordered = a.fencing_token.is_some()
+                    && a.fencing_token < b.fencing_token
+                    && a.stock > b.stock;
+                if !ordered {
+                    audit.fencing_violations.push(format!(
+                        "{name}: token {:?} left {:?}, then token {:?} left {:?}",
+                        a.fencing_token, a.stock, b.fencing_token, b.stock
+                    ));
+                }
+            }
+        }
+    }
+    audit
+}

@@ -1,0 +1,293 @@
+//! Metrics and spans: a scenario with contention, a lost lease and a store outage on a real
+//! `redis-server`, then the recorded values, exactly (a test recorder, not log scraping).
+#![cfg(feature = "metrics")]
+
+mod support;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
+
+use axum::http::StatusCode;
+use metrics_util::{
+    CompositeKey, MetricKind,
+    debugging::{DebugValue, DebuggingRecorder},
+};
+use support::{Counter, RedisServer, counter_app, purchase, send};
+use tower_lock::{Key, LockConfig, LockLayer, RedisStore, Wait};
+
+const SCOPE: &str = "POST /items/{sku}/purchase";
+
+async fn scenario(server: &mut RedisServer) {
+    // TTL 600 ms: renewals every 200 ms, so a 100 ms handler is never renewed.
+    let config = LockConfig::default()
+        .wait(Wait::none())
+        .ttl(Duration::from_millis(600))
+        .store_timeout(Duration::from_millis(300));
+    let store = RedisStore::connect(server.url()).await.unwrap();
+    let counter = Counter::new();
+    let layer = LockLayer::with_config(store, Key::path_param("sku"), config).unwrap();
+    let app = counter_app(Arc::clone(&counter), Some(layer));
+
+    // Contention: A holds "a" for 100 ms, B finds it held.
+    let a = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, purchase("a", 100)).await.status() }
+    });
+    while counter.inside.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        send(&app, purchase("a", 0)).await.status(),
+        StatusCode::CONFLICT
+    );
+    assert_eq!(a.await.unwrap(), StatusCode::OK);
+
+    // A lost lease: C's key is deleted before its first renewal, which finds it gone.
+    let c = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, purchase("c", 2000)).await.status() }
+    });
+    while counter.inside.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let keys = server.lock_keys().await;
+    let mut conn = server.client().await;
+    let _: () = redis::cmd("DEL")
+        .arg(&keys[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(c.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+
+    // An outage: D's acquire fails.
+    server.kill();
+    assert_eq!(
+        send(&app, purchase("d", 0)).await.status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+}
+
+type Metrics = HashMap<(String, Vec<(String, String)>), DebugValue>;
+
+fn collect(recorder: &DebuggingRecorder) -> Metrics {
+    recorder
+        .snapshotter()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value): (CompositeKey, _, _, _)| {
+            let (_kind, key): (MetricKind, _) = key.into_parts();
+            let (name, labels) = key.into_parts();
+            let mut labels: Vec<_> = labels
+                .into_iter()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            labels.sort();
+            ((name.as_str().to_owned(), labels), value)
+        })
+        .collect()
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut v: Vec<_> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    v.sort();
+    v
+}
+
+fn counter(metrics: &Metrics, name: &str, pairs: &[(&str, &str)]) -> u64 {
+    match metrics.get(&(name.to_owned(), labels(pairs))) {
+        Some(DebugValue::Counter(n)) => *n,
+        None => 0,
+        other => panic!("{name} is not a counter: {other:?}"),
+    }
+}
+
+fn samples(metrics: &Metrics, name: &str, pairs: &[(&str, &str)]) -> usize {
+    match metrics.get(&(name.to_owned(), labels(pairs))) {
+        Some(DebugValue::Histogram(v)) => v.len(),
+        None => 0,
+        other => panic!("{name} is not a histogram: {other:?}"),
+    }
+}
+
+#[test]
+fn metrics_count_every_outcome_exactly() {
+    let recorder = DebuggingRecorder::new();
+    let mut server = RedisServer::start();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(scenario(&mut server));
+        // Let spawned releases finish.
+        rt.block_on(async { tokio::time::sleep(Duration::from_millis(50)).await });
+    });
+    let m = collect(&recorder);
+    let scope = [("scope", SCOPE)];
+    assert_eq!(
+        counter(&m, "tower_lock_acquired_total", &scope),
+        2,
+        "{m:#?}"
+    );
+    assert_eq!(counter(&m, "tower_lock_contended_total", &scope), 1);
+    assert_eq!(
+        counter(
+            &m,
+            "tower_lock_store_errors_total",
+            &[("scope", SCOPE), ("operation", "acquire")]
+        ),
+        1
+    );
+    assert_eq!(
+        counter(
+            &m,
+            "tower_lock_leases_lost_total",
+            &[("scope", SCOPE), ("reason", "not_held")]
+        ),
+        1
+    );
+    assert_eq!(
+        counter(
+            &m,
+            "tower_lock_renewals_total",
+            &[("scope", SCOPE), ("result", "ok")]
+        ),
+        0
+    );
+    assert_eq!(
+        counter(
+            &m,
+            "tower_lock_renewals_total",
+            &[("scope", SCOPE), ("result", "failed")]
+        ),
+        1
+    );
+    // A's release deleted its key; C's found it gone (not counted as released, nor an error).
+    assert_eq!(counter(&m, "tower_lock_released_total", &scope), 1);
+    assert_eq!(counter(&m, "tower_lock_release_errors_total", &scope), 0);
+    match m.get(&("tower_lock_leases_held".to_owned(), labels(&scope))) {
+        Some(DebugValue::Gauge(g)) => assert_eq!(g.into_inner(), 0.0),
+        other => panic!("leases_held gauge: {other:?}"),
+    }
+    let wait = |outcome| {
+        samples(
+            &m,
+            "tower_lock_wait_seconds",
+            &[("scope", SCOPE), ("outcome", outcome)],
+        )
+    };
+    assert_eq!((wait("acquired"), wait("contended")), (2, 1));
+    assert_eq!(samples(&m, "tower_lock_hold_seconds", &scope), 2);
+    let rtt = |op| {
+        samples(
+            &m,
+            "tower_lock_store_round_trip_seconds",
+            &[("operation", op)],
+        )
+    };
+    // B found "a" taken by A in this very process: it never asked the store.
+    assert_eq!((rtt("acquire"), rtt("renew"), rtt("release")), (3, 1, 2));
+    // Labels are bounded: no metric carries a key value.
+    for (name, labels) in m.keys() {
+        for (k, v) in labels {
+            assert!(
+                !["a", "c", "d"].contains(&v.as_str()),
+                "{name} has a key label {k}={v}"
+            );
+        }
+    }
+}
+
+/// A `MakeWriter` that keeps everything logged.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn spans_carry_outcomes_and_hashed_keys_never_tokens() {
+    let logs = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+        .with_ansi(false)
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .finish();
+    // The global default, not a scoped one: callsites first hit by another test's thread must
+    // still see this subscriber.
+    tracing::subscriber::set_global_default(subscriber).unwrap();
+    let mut server = RedisServer::start();
+    let mut tokens = Vec::new();
+    {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            // Capture a live token while A holds its lease, then run the whole scenario.
+            let store = RedisStore::connect(server.url()).await.unwrap();
+            let layer = LockLayer::new(store, Key::path_param("sku"));
+            let counter = Counter::new();
+            let app = counter_app(Arc::clone(&counter), Some(layer));
+            let held = tokio::spawn({
+                let app = app.clone();
+                async move { send(&app, purchase("secret-sku", 50)).await.status() }
+            });
+            while counter.inside.load(Ordering::SeqCst) == 0 {
+                tokio::task::yield_now().await;
+            }
+            let keys = server.lock_keys().await;
+            let mut conn = server.client().await;
+            let token: Vec<u8> = redis::cmd("GET")
+                .arg(&keys[0])
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            tokens.push(token);
+            assert_eq!(held.await.unwrap(), StatusCode::OK);
+            scenario(&mut server).await;
+        });
+    }
+    let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    for outcome in ["completed", "contended", "lease_lost", "store_error"] {
+        assert!(
+            logged.contains(&format!("outcome=\"{outcome}\""))
+                || logged.contains(&format!("outcome={outcome}")),
+            "no span closed with outcome {outcome}:\n{logged}"
+        );
+    }
+    assert!(logged.contains("fencing_token="), "{logged}");
+    assert!(
+        logged.contains("lease lost"),
+        "lost lease not logged at warn"
+    );
+    assert!(
+        !logged.contains("secret-sku"),
+        "a key value is in the logs:\n{logged}"
+    );
+    for token in tokens {
+        assert_eq!(token.len(), 32);
+        assert!(
+            !logged.contains(std::str::from_utf8(&token).unwrap()),
+            "the token is in the logs"
+        );
+    }
+}

@@ -1,0 +1,266 @@
+//! `RedlockStore` over 3 and 5 independent `redis-server` masters: the behaviour suite with the
+//! same overlap detector as the single-node tests, then faults (masters killed, a master
+//! restarted empty under a held lease), validity and fencing.
+
+mod suite;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use support::{Backend, Counter, Redlock, body_json, counter_app, purchase, send};
+use tower_lock::{
+    Key, LockConfig, LockLayer, LockStore, Locker, OnLeaseLost, RedisStore, RedlockStore, Token,
+    Wait, key::LockKey, store::Acquire,
+};
+
+macro_rules! redlock_tests {
+    ($($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            suite::$name(Redlock::new(3)).await;
+        }
+    )*};
+}
+
+redlock_tests!(
+    exclusion,
+    renewal_keeps_long_handlers_exclusive,
+    without_renewal_the_lease_expires,
+    release_on_completion,
+    release_on_drop,
+    contended_is_409_problem,
+    singleton_guard,
+);
+
+/// The negative control for the exclusion tests: the same load without the layer loses updates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_lock_updates_are_lost() {
+    suite::without_the_lock_updates_are_lost().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_over_five_masters() {
+    suite::exclusion(Redlock::new(5)).await;
+}
+
+/// Deleting the lease on a majority of the masters behind the holder's back: the renewal finds
+/// no quorum and the handler is aborted (503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_deleted_on_a_majority_aborts() {
+    suite::lease_loss(
+        Redlock::new(3),
+        OnLeaseLost::Abort,
+        |backend: Redlock| async move {
+            for server in &backend.0[..2] {
+                let keys = server.lock_keys().await;
+                assert_eq!(keys.len(), 1, "expected the one held key");
+                let mut conn = server.client().await;
+                let _: () = redis::cmd("DEL")
+                    .arg(&keys[0])
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+            }
+            backend
+        },
+    )
+    .await;
+}
+
+fn key(value: &str) -> LockKey {
+    LockKey::new("tower-lock:", "t", value.as_bytes(), 64).unwrap()
+}
+
+/// Masters killed: with a minority down, locks are still granted and exclusive; with a
+/// majority down, requests get 503 within the wait deadline (plus the store timeout floor).
+async fn kill_masters(n: usize) {
+    let mut backend = Redlock::new(n);
+    let deadline = Duration::from_millis(500);
+    let store = backend.store().await;
+    let config = LockConfig::default().wait(Wait::none());
+    let counter = Counter::new();
+    let app = counter_app(
+        std::sync::Arc::clone(&counter),
+        Some(LockLayer::with_config(store.clone(), Key::path_param("sku"), config).unwrap()),
+    );
+    let minority = n - (n / 2 + 1);
+    for server in &mut backend.0[..minority] {
+        server.kill();
+    }
+    // Still granted, still exclusive.
+    let running = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, purchase("k", 500)).await.status() }
+    });
+    suite::wait_until(|| counter.inside.load(std::sync::atomic::Ordering::SeqCst) == 1).await;
+    assert_eq!(
+        send(&app, purchase("k", 0)).await.status(),
+        StatusCode::CONFLICT
+    );
+    assert_eq!(running.await.unwrap(), StatusCode::OK);
+    assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
+
+    // One more down: no quorum.
+    backend.0[minority].kill();
+    let config = LockConfig::default().wait(Wait::default().deadline(deadline));
+    let app = counter_app(
+        Counter::new(),
+        Some(LockLayer::with_config(store, Key::path_param("sku"), config).unwrap()),
+    );
+    for i in 0..3 {
+        let started = Instant::now();
+        let response = send(&app, purchase(&format!("k{i}"), 0)).await;
+        let took = started.elapsed();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = body_json(response).await;
+        assert!(
+            body["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("#lock-store-unavailable"),
+            "{body}"
+        );
+        assert!(
+            took < deadline + Duration::from_millis(1500),
+            "503 after {took:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_masters_one_killed_then_two() {
+    kill_masters(3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_masters_two_killed_then_three() {
+    kill_masters(5).await;
+}
+
+/// `connect` needs a quorum reachable now, and names how many were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_needs_a_reachable_quorum() {
+    let mut backend = Redlock::new(3);
+    backend.0[0].kill();
+    let store = RedlockStore::connect(backend.urls()).await.unwrap();
+    assert_eq!(store.quorum(), 2);
+    backend.0[1].kill();
+    let error = RedlockStore::connect(backend.urls()).await.unwrap_err();
+    assert!(error.to_string().contains("only 1 of 3"), "{error}");
+    assert!(std::error::Error::source(&error).is_some());
+}
+
+/// A master restarted empty while a lease is held (the documented behaviour):
+/// - one restart is harmless: the rest of the quorum still holds the lease, a contender is
+///   refused, the holder keeps renewing;
+/// - a second master of the quorum restarted empty before the lease expires (what the delayed
+///   restart advice forbids) lets a contender in, and the holder learns it at its next renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn master_restarted_empty_under_a_held_lease() {
+    let mut backend = Redlock::new(3);
+    let ttl = Duration::from_millis(600);
+    let config = LockConfig::default().ttl(ttl).wait(Wait::none());
+    let holder = Locker::with_config(backend.store().await, config.clone()).unwrap();
+    let guard = holder.acquire(holder.key("t", "k").unwrap()).await.unwrap();
+
+    let first = &mut backend.0[0];
+    tokio::task::block_in_place(|| first.restart());
+    assert!(backend.0[0].lock_keys().await.is_empty(), "restarted empty");
+    // A fresh contender, so that no stale connection of its own gets in the way.
+    let contender = Locker::with_config(backend.store().await, config.clone()).unwrap();
+    let refused = contender.acquire(contender.key("t", "k").unwrap()).await;
+    assert!(
+        matches!(refused, Err(tower_lock::LockError::Contended { .. })),
+        "{refused:?}"
+    );
+    // Renewals (every ttl / 3) keep it on the other two.
+    tokio::time::sleep(ttl * 2).await;
+    assert!(!guard.is_lost());
+    assert!(guard.renewals() >= 2);
+
+    // Breaking the delayed-restart rule: a second member of the quorum restarts empty.
+    let second = &mut backend.0[1];
+    tokio::task::block_in_place(|| second.restart());
+    let contender = Locker::with_config(backend.store().await, config).unwrap();
+    let stolen = contender
+        .acquire(contender.key("t", "k").unwrap())
+        .await
+        .expect("two empty masters make a quorum for the contender");
+    let lost = tokio::time::timeout(ttl, guard.lost()).await;
+    assert!(
+        lost.is_ok(),
+        "the holder did not notice at its next renewal"
+    );
+    assert!(stolen.release().await.unwrap());
+}
+
+/// A failed acquire releases what it took: one node held by someone else, one dead, the third
+/// granted to us; no quorum, so the third is released at once, and the answer is "held" (409).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_acquire_releases_on_every_node() {
+    let mut backend = Redlock::new(3);
+    let store = backend.store().await;
+    let k = key("partial");
+    let ttl = Duration::from_secs(5);
+    let other = RedisStore::connect(backend.0[0].url()).await.unwrap();
+    let taken = other
+        .acquire(&k, &Token::generate().unwrap(), ttl)
+        .await
+        .unwrap();
+    assert!(matches!(taken, Acquire::Acquired { .. }));
+    backend.0[1].kill();
+    let answer = store
+        .acquire(&k, &Token::generate().unwrap(), ttl)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            answer,
+            Acquire::Held {
+                expires_in: Some(_)
+            }
+        ),
+        "{answer:?}"
+    );
+    assert!(
+        backend.0[2].lock_keys().await.is_empty(),
+        "the partial acquisition was not released"
+    );
+}
+
+/// The lease reports Redlock's validity (`ttl` less the drift allowance), and its fencing token
+/// is the largest of the quorum's per-node tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validity_and_quorum_max_fencing_token() {
+    let backend = Redlock::new(3);
+    let ttl = Duration::from_secs(10);
+    let store = backend.store().await;
+    assert_eq!(store.validity(ttl), Duration::from_millis(9898));
+    let locker = Locker::with_config(store, LockConfig::default().ttl(ttl)).unwrap();
+    let k = locker.key("t", "v").unwrap();
+    let guard = locker.acquire(k.clone()).await.unwrap();
+    let left = guard.time_left();
+    assert!(
+        left <= Duration::from_millis(9898) && left > Duration::from_secs(9),
+        "{left:?}"
+    );
+    let mut fences = Vec::new();
+    for server in &backend.0 {
+        let mut conn = server.client().await;
+        let mut fence_key = k.as_bytes().to_vec();
+        fence_key.extend_from_slice(b":fence");
+        let fence: u64 = redis::cmd("GET")
+            .arg(fence_key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        fences.push(fence);
+    }
+    assert_eq!(guard.fencing_token(), *fences.iter().max().unwrap());
+    // A later holder's token is larger (the nodes share one clock here).
+    assert!(guard.release().await.unwrap());
+    let next = locker.acquire(k).await.unwrap();
+    assert!(next.fencing_token() > *fences.iter().max().unwrap());
+    assert!(next.release().await.unwrap());
+}
