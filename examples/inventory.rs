@@ -60,7 +60,6 @@
 //! curl -s -X POST 'localhost:3001/items/apple/purchase?work_ms=300'; wait
 //! ```
 
-
 use std::{
     collections::HashMap,
     env,

@@ -65,7 +65,6 @@
 //! With `IDEMPOTENCY=off` the two concurrent requests both answer 201 with different ids, and
 //! `GET /payments` counts 2 charges: the customer was charged twice.
 
-
 use std::{
     collections::HashMap,
     env,

@@ -203,6 +203,8 @@ impl Locker {
             attempts += 1;
             let sent_at = Instant::now();
             let limit = deadline.map_or(floor, |d| d.saturating_duration_since(sent_at).max(floor));
+            // Registered before the attempt, so a release right after it is not missed.
+            let released = guard.store.watch(&guard.key);
             guard.armed = true;
             let attempt =
                 Arc::clone(&guard.store).acquire(guard.key.clone(), guard.token.clone(), ttl);
@@ -271,8 +273,23 @@ impl Locker {
                     });
                 }
             };
-            tracing::debug!(attempts, "lease contended; waiting");
-            sleep_until(wake).await;
+            match released {
+                // Woken by the release; the timer is only the fallback, for a lost notification:
+                // when the holder's lease would run out, or at the deadline.
+                Some(released) => {
+                    let fallback = now + expires_in.unwrap_or(ttl);
+                    let fallback = deadline.map_or(fallback, |d| fallback.min(d));
+                    tracing::debug!(attempts, "lease contended; waiting for its release");
+                    tokio::select! {
+                        () = released => {}
+                        () = sleep_until(fallback) => {}
+                    }
+                }
+                None => {
+                    tracing::debug!(attempts, "lease contended; waiting");
+                    sleep_until(wake).await;
+                }
+            }
         }
     }
 }

@@ -85,11 +85,39 @@ async fn redis_fifo_without_timers() {
     fifo_without_timers(RedisStore::connect(server.url()).await.unwrap()).await;
 }
 
-/// The negative control: two *separate* lockers (as two processes would have) do not share a
-/// local queue, so with the same slow timer the loser waits for its 5 s retry.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn separate_lockers_fall_back_to_the_timer() {
-    let store = MemoryStore::new();
+/// A store that cannot tell when a key is released (the trait's default `watch`).
+#[derive(Clone)]
+struct NoWatch(MemoryStore);
+
+impl LockStore for NoWatch {
+    async fn acquire(
+        &self,
+        key: &tower_lock::key::LockKey,
+        token: &tower_lock::Token,
+        ttl: Duration,
+    ) -> Result<tower_lock::store::Acquire, tower_lock::store::StoreError> {
+        self.0.acquire(key, token, ttl).await
+    }
+    async fn renew(
+        &self,
+        key: &tower_lock::key::LockKey,
+        token: &tower_lock::Token,
+        ttl: Duration,
+    ) -> Result<bool, tower_lock::store::StoreError> {
+        self.0.renew(key, token, ttl).await
+    }
+    async fn release(
+        &self,
+        key: &tower_lock::key::LockKey,
+        token: &tower_lock::Token,
+    ) -> Result<bool, tower_lock::store::StoreError> {
+        self.0.release(key, token).await
+    }
+}
+
+/// Two *separate* lockers (as two processes have) do not share a local queue; the loser waits
+/// in the store. Returns how long the second request took.
+async fn second_locker_waits(store: impl LockStore + Clone) -> Duration {
     let order = Arc::new(Mutex::new(Vec::new()));
     let config = LockConfig::default()
         .wait(Wait::constant(Duration::from_millis(700)).deadline(Duration::from_secs(30)));
@@ -99,12 +127,25 @@ async fn separate_lockers_fall_back_to_the_timer() {
     tokio::time::sleep(Duration::from_millis(5)).await;
     let started = Instant::now();
     assert_eq!(send(&two, req(1)).await.status(), 200);
-    assert!(
-        started.elapsed() >= Duration::from_millis(600),
-        "{:?}",
-        started.elapsed()
-    );
     assert_eq!(first.await.unwrap(), 200);
+    started.elapsed()
+}
+
+/// Across lockers, a store that announces releases wakes the waiter at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn separate_lockers_are_woken_by_the_release() {
+    let took = second_locker_waits(MemoryStore::new()).await;
+    assert!(
+        took < Duration::from_millis(400),
+        "woken by the 700 ms timer: {took:?}"
+    );
+}
+
+/// The negative control: without release announcements the loser waits for its 700 ms timer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_announcements_waiters_use_the_timer() {
+    let took = second_locker_waits(NoWatch(MemoryStore::new())).await;
+    assert!(took >= Duration::from_millis(600), "{took:?}");
 }
 
 /// Many waiters in one process: only one contends in Redis, so every request costs exactly its
@@ -197,4 +238,106 @@ async fn departing_waiter_leaves_the_queue() {
     let order = order.lock().unwrap().clone();
     assert_eq!(order, ["0", "1", "2", "3", "4"]);
     assert_eq!(store.held(), 0);
+}
+
+/// Across processes (two stores, two connections), Redis announces the release on pub/sub and
+/// the waiter retries at once. The first contention starts the subscription, so it is run once
+/// before measuring.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_waiters_are_woken_by_the_release() {
+    let server = RedisServer::start();
+    let one = RedisStore::connect(server.url()).await.unwrap();
+    let two = RedisStore::connect(server.url()).await.unwrap();
+    second_locker_waits_on(one.clone(), two.clone()).await;
+    let took = second_locker_waits_on(one, two).await;
+    assert!(
+        took < Duration::from_millis(400),
+        "woken by the 700 ms timer: {took:?}"
+    );
+}
+
+/// The negative control: the same with announcements off waits for the timer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_without_announcements_waiters_use_the_timer() {
+    let server = RedisServer::start();
+    let one = RedisStore::connect(server.url())
+        .await
+        .unwrap()
+        .announce_releases(false);
+    let two = RedisStore::connect(server.url())
+        .await
+        .unwrap()
+        .announce_releases(false);
+    second_locker_waits_on(one.clone(), two.clone()).await;
+    let took = second_locker_waits_on(one, two).await;
+    assert!(took >= Duration::from_millis(600), "{took:?}");
+}
+
+/// A lost announcement (here: the waiter's marker deleted, so none is sent) costs the waiter
+/// at most the holder's remaining TTL, not its whole wait budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_lost_wake_up_costs_at_most_the_ttl() {
+    let server = RedisServer::start();
+    let one = RedisStore::connect(server.url()).await.unwrap();
+    let two = RedisStore::connect(server.url()).await.unwrap();
+    second_locker_waits_on(one.clone(), two.clone()).await; // starts the subscription
+    let config = LockConfig::default()
+        .ttl(Duration::from_millis(800))
+        .wait(Wait::constant(Duration::from_secs(20)).deadline(Duration::from_secs(30)));
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let holder = app(one, config.clone(), Arc::clone(&order));
+    let waiter = app(two, config, Arc::clone(&order));
+    let first = tokio::spawn(async move { send(&holder, req(0)).await.status() });
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let started = Instant::now();
+    let second = tokio::spawn(async move { send(&waiter, req(1)).await.status() });
+    let mut conn = server.client().await;
+    // Wait for the waiter's marker, then lose it.
+    let marker = loop {
+        let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+            .arg("*:waiting")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if let Some(key) = keys.into_iter().next() {
+            break key;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "no waiter marker"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    let _: () = redis::cmd("DEL")
+        .arg(&marker)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(first.await.unwrap(), 200);
+    assert_eq!(second.await.unwrap(), 200);
+    let took = started.elapsed();
+    // Not woken (the handler takes 20 ms), but back by the holder's TTL, not the 20 s timer.
+    assert!(
+        took >= Duration::from_millis(300),
+        "woken without an announcement? {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "the lost wake-up cost more than the TTL: {took:?}"
+    );
+}
+
+/// Like `second_locker_waits`, with one store per "process".
+async fn second_locker_waits_on(one: RedisStore, two: RedisStore) -> Duration {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let config = LockConfig::default()
+        .wait(Wait::constant(Duration::from_millis(700)).deadline(Duration::from_secs(30)));
+    let one = app(one, config.clone(), Arc::clone(&order));
+    let two = app(two, config, Arc::clone(&order));
+    let first = tokio::spawn(async move { send(&one, req(0)).await.status() });
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let started = Instant::now();
+    assert_eq!(send(&two, req(1)).await.status(), 200);
+    assert_eq!(first.await.unwrap(), 200);
+    started.elapsed()
 }

@@ -36,11 +36,23 @@ impl IdempotencyStore for RedisStore {
         record: Bytes,
         retention: Duration,
     ) -> Result<bool, StoreError> {
+        let record_key = record_key(key);
+        let mut keys: Vec<&[u8]> = vec![key.as_bytes(), &record_key];
+        // The lock's waiter marker, when releases are announced.
+        let release_keys = self.release_keys(key);
+        if let Some(waiting) = release_keys.get(1) {
+            keys.push(waiting);
+        }
         let (done, _): (i64, _) = self
             .invoke(
                 &COMPLETE,
-                &[key.as_bytes(), &record_key(key)],
-                &[token.as_bytes(), &record, &ms(retention)],
+                &keys,
+                &[
+                    token.as_bytes(),
+                    &record,
+                    &ms(retention),
+                    self.announce_channel(),
+                ],
                 false,
             )
             .await?;

@@ -10,7 +10,7 @@ use std::{
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::{Acquire, LockStore, StoreError};
+use super::{Acquire, LockStore, ReleaseWatch, Releases, StoreError};
 use crate::{key::LockKey, token::Token};
 
 /// Sweep expired entries once this many acquisitions have gone by.
@@ -37,6 +37,8 @@ struct Inner {
     ops: AtomicU64,
     /// Idempotency records (`crate::idempotency`), written atomically with a release.
     records: crate::idempotency::MemoryRecords,
+    /// Wakes waiters (of any locker on this store) when a key is released.
+    releases: Releases,
 }
 
 #[derive(Debug)]
@@ -85,6 +87,7 @@ impl MemoryStore {
                     then();
                 }
                 leases.remove(key.as_bytes());
+                self.inner.releases.released(key.bytes());
                 live
             }
             _ => false,
@@ -140,10 +143,15 @@ impl LockStore for MemoryStore {
             Some(entry) if entry.token == *token => {
                 let live = entry.expires > now;
                 leases.remove(key.as_bytes());
+                self.inner.releases.released(key.bytes());
                 Ok(live)
             }
             _ => Ok(false),
         }
+    }
+
+    fn watch(&self, key: &LockKey) -> Option<ReleaseWatch> {
+        Some(self.inner.releases.watch(key))
     }
 }
 

@@ -10,8 +10,10 @@
 #[cfg(feature = "cluster")]
 mod cluster;
 mod memory;
+mod notify;
 mod redis;
 mod redlock;
+mod watch;
 
 use std::{error::Error as StdError, fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
 
@@ -20,6 +22,8 @@ pub use self::cluster::ClusterStore;
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
 pub use self::redlock::RedlockStore;
+pub use self::watch::ReleaseWatch;
+pub(crate) use self::watch::Releases;
 use crate::{key::LockKey, token::Token};
 
 /// The answer to an acquire attempt.
@@ -83,6 +87,17 @@ pub trait LockStore: Send + Sync + 'static {
     fn validity(&self, ttl: Duration) -> Duration {
         ttl
     }
+
+    /// Registers, now, for the next release of `key`, so that a waiter can retry the moment the
+    /// holder lets go rather than when its timer fires. `None` (the default): this store cannot
+    /// tell, and waiters pace their retries by the [`Wait`](crate::Wait) policy alone.
+    ///
+    /// With a watch, a waiter sleeps until the watch fires or the holder's lease would run out
+    /// (or its deadline comes), whichever is first: a lost notification costs at most one TTL.
+    fn watch(&self, key: &LockKey) -> Option<ReleaseWatch> {
+        let _ = key;
+        None
+    }
 }
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -104,6 +119,7 @@ pub(crate) trait DynStore: Send + Sync + 'static {
     ) -> BoxFuture<Result<bool, StoreError>>;
     fn release(self: Arc<Self>, key: LockKey, token: Token) -> BoxFuture<Result<bool, StoreError>>;
     fn validity(&self, ttl: Duration) -> Duration;
+    fn watch(&self, key: &LockKey) -> Option<ReleaseWatch>;
 }
 
 impl<S: LockStore> DynStore for S {
@@ -131,6 +147,10 @@ impl<S: LockStore> DynStore for S {
 
     fn validity(&self, ttl: Duration) -> Duration {
         LockStore::validity(self, ttl)
+    }
+
+    fn watch(&self, key: &LockKey) -> Option<ReleaseWatch> {
+        LockStore::watch(self, key)
     }
 }
 

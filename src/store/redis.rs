@@ -15,11 +15,17 @@ use redis::{
 };
 use tokio::sync::OnceCell;
 
-use super::{Acquire, LockStore, StoreError, StoreErrorKind};
+use super::{
+    Acquire, LockStore, ReleaseWatch, StoreError, StoreErrorKind,
+    notify::{DEFAULT_CHANNEL, Notifier},
+};
 use crate::{key::LockKey, token::Token};
 
 /// Suffix of the fencing counter's key, next to the lock key (same hash slot).
 const FENCE_SUFFIX: &[u8] = b":fence";
+
+/// Suffix of the "someone waits for this lock" marker, next to the lock key (same hash slot).
+const WAITING_SUFFIX: &[u8] = b":waiting";
 
 /// Leases held in Redis, shared by every instance that uses the same server.
 ///
@@ -74,6 +80,8 @@ pub struct RedisStore {
     fence_retention: Duration,
     replicas: Option<ReplicaAcks>,
     native: Arc<NativeState>,
+    /// Release announcements (stores made by `connect`, which know their server's address).
+    notify: Option<Arc<Notifier>>,
 }
 
 #[derive(Clone)]
@@ -203,18 +211,18 @@ impl RedisStore {
     /// Fails if the server cannot be reached now.
     pub async fn connect<T: IntoConnectionInfo>(url: T) -> Result<Self, StoreError> {
         let client = Client::open(url).map_err(redis_error)?;
-        let manager = ConnectionManager::new_with_config(client, manager_config())
+        let manager = ConnectionManager::new_with_config(client.clone(), manager_config())
             .await
             .map_err(redis_error)?;
-        Ok(Self::from_connection_manager(manager))
+        Ok(Self::from_connection_manager(manager).announcing(client))
     }
 
     /// Like [`connect`](Self::connect), but connects at the first command instead of now.
     pub(crate) fn connect_lazy<T: IntoConnectionInfo>(url: T) -> Result<Self, StoreError> {
         let client = Client::open(url).map_err(redis_error)?;
-        let manager = ConnectionManager::new_lazy_with_config(client, manager_config())
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), manager_config())
             .map_err(redis_error)?;
-        Ok(Self::from_connection_manager(manager))
+        Ok(Self::from_connection_manager(manager).announcing(client))
     }
 
     /// Uses an existing [`ConnectionManager`] (clones share its one connection).
@@ -309,6 +317,49 @@ impl RedisStore {
         }
     }
 
+    /// The pub/sub channel on which releases are announced to waiters (default
+    /// `tower-lock:released`). Every instance that shares the locks must use the same one.
+    #[must_use]
+    pub fn release_channel(mut self, channel: impl Into<Arc<str>>) -> Self {
+        if let Some(notify) = &self.notify {
+            self.notify = Some(Notifier::new(notify.client().clone(), channel.into()));
+        }
+        self
+    }
+
+    /// Whether waiters are woken by release announcements (default `true` for stores made by
+    /// [`connect`](Self::connect)). `false`: they retry by their wait policy's timer alone.
+    ///
+    /// Announcements need a second connection (pub/sub), opened at the first wait, and a store
+    /// that knows the server's address: stores built from an existing connection or pool never
+    /// announce.
+    #[must_use]
+    pub fn announce_releases(mut self, enabled: bool) -> Self {
+        if !enabled {
+            self.notify = None;
+        }
+        self
+    }
+
+    fn announcing(mut self, client: Client) -> Self {
+        self.notify = Some(Notifier::new(client, Arc::from(DEFAULT_CHANNEL)));
+        self
+    }
+
+    /// The keys of a release script: the lock key, and its waiter marker when announcing.
+    pub(crate) fn release_keys(&self, key: &LockKey) -> Vec<Vec<u8>> {
+        let mut keys = vec![key.as_bytes().to_vec()];
+        if self.notify.is_some() {
+            keys.push(waiting_key(key));
+        }
+        keys
+    }
+
+    /// The channel the release scripts announce on, empty when announcements are off.
+    pub(crate) fn announce_channel(&self) -> &[u8] {
+        self.notify.as_ref().map_or(&[], |n| n.channel().as_bytes())
+    }
+
     #[cfg(feature = "cluster")]
     pub(crate) fn from_cluster(connection: redis::cluster_async::ClusterConnection) -> Self {
         Self::with(Transport::Cluster(connection))
@@ -324,6 +375,7 @@ impl RedisStore {
                 enabled: AtomicBool::new(true),
                 detected: OnceCell::new(),
             }),
+            notify: None,
         }
     }
 
@@ -515,11 +567,28 @@ impl LockStore for RedisStore {
         let mut fence_key = Vec::with_capacity(key.as_bytes().len() + FENCE_SUFFIX.len());
         fence_key.extend_from_slice(key.as_bytes());
         fence_key.extend_from_slice(FENCE_SUFFIX);
+        // The waiter's marker goes in only with announcements on (never on a cluster, where a
+        // key that does not exist yet would make the script fail with TRYAGAIN mid-migration),
+        // and is set only while this process listens.
+        let waiting = self.notify.as_ref().map(|_| waiting_key(key));
+        let announce: &[u8] = match &self.notify {
+            Some(notify) if notify.is_live() => b"1",
+            _ => b"0",
+        };
+        let keys: &[&[u8]] = match &waiting {
+            Some(waiting) => &[key.as_bytes(), &fence_key, waiting],
+            None => &[key.as_bytes(), &fence_key],
+        };
         let ((acquired, n), acks): ((i64, i64), _) = self
             .invoke(
                 &self.scripts.acquire,
-                &[key.as_bytes(), &fence_key],
-                &[token.as_bytes(), &ms(ttl), &ms(self.fence_retention)],
+                keys,
+                &[
+                    token.as_bytes(),
+                    &ms(ttl),
+                    &ms(self.fence_retention),
+                    announce,
+                ],
                 true,
             )
             .await?;
@@ -576,7 +645,13 @@ impl LockStore for RedisStore {
     }
 
     async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, StoreError> {
-        if let Some(native) = self.native().await.release {
+        // A native delete cannot announce the release, so with announcements it is Lua.
+        if let Some(native) = self
+            .native()
+            .await
+            .release
+            .filter(|_| self.notify.is_none())
+        {
             let mut del = match native {
                 NativeRelease::DelIfEq => redis::cmd("DELIFEQ"),
                 NativeRelease::DelEx => redis::cmd("DELEX"),
@@ -594,13 +669,29 @@ impl LockStore for RedisStore {
         let (n, _): (i64, _) = self
             .invoke(
                 &self.scripts.release,
-                &[key.as_bytes()],
-                &[token.as_bytes()],
+                &self
+                    .release_keys(key)
+                    .iter()
+                    .map(Vec::as_slice)
+                    .collect::<Vec<_>>(),
+                &[token.as_bytes(), self.announce_channel()],
                 false,
             )
             .await?;
         Ok(n == 1)
     }
+
+    fn watch(&self, key: &LockKey) -> Option<ReleaseWatch> {
+        self.notify.as_ref()?.watch(key)
+    }
+}
+
+/// The key a waiter marks to have the release of `key` announced (same hash slot).
+pub(crate) fn waiting_key(key: &LockKey) -> Vec<u8> {
+    let mut waiting = Vec::with_capacity(key.as_bytes().len() + WAITING_SUFFIX.len());
+    waiting.extend_from_slice(key.as_bytes());
+    waiting.extend_from_slice(WAITING_SUFFIX);
+    waiting
 }
 
 impl fmt::Debug for RedisStore {

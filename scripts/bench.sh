@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Reproduces docs/BENCHMARKS.md (issue 4's benchmark, benches/lock_bench.rs): about 6 minutes on
+# 2 cores, plus the first build. On a fresh Debian machine (as root) it first installs `wrk` and
+# `redis-server`; the benchmark starts its own redis-server on a free loopback port and stops it.
+# Settings go through the environment: BENCH_RUNS (default 3), BENCH_QUICK=1 (a short smoke run),
+# BENCH_FULL=1 (1M requests for the memory flatness run), BENCH_ONLY=abcde, BENCH_NOTE="...".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "installing ${missing[*]} from Debian's packages" >&2
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "error: installing ${missing[*]} needs root (or: apt-get install -y ${missing[*]})" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+export BENCH_COMMAND="scripts/bench.sh"
+exec cargo bench --bench lock_bench
