@@ -65,7 +65,6 @@ use std::{
     env,
     error::Error,
     process::ExitCode,
-    str::FromStr,
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
@@ -85,6 +84,8 @@ use serde::{Deserialize, Serialize};
 use tower_lock::{Key, Lease, LockConfig, Wait};
 use tracing_subscriber::EnvFilter;
 
+#[path = "common/app.rs"]
+mod app;
 #[path = "common/metrics.rs"]
 mod metrics;
 #[path = "common/store.rs"]
@@ -151,7 +152,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
         .map_err(|e| format!("cannot bind {}:{}: {e}", settings.host, settings.port))?;
     println!("listening on http://{}", listener.local_addr()?);
     axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(app::shutdown_signal())
         .await?;
     println!("stopped");
     Ok(())
@@ -389,7 +390,7 @@ struct Settings {
 
 impl Settings {
     fn from_env() -> Result<Self, String> {
-        let wait_ms: u64 = env_or("LOCK_WAIT_MS", 2000)?;
+        let wait_ms: u64 = app::env_or("LOCK_WAIT_MS", 2000)?;
         let lock = match env::var("LOCK").as_deref() {
             Err(env::VarError::NotPresent) | Ok("on") => true,
             Ok("off") => false,
@@ -398,8 +399,8 @@ impl Settings {
         };
         Ok(Self {
             host: env::var("HOST").unwrap_or_else(|_| "127.0.0.1".into()),
-            port: env_or("PORT", 3000)?,
-            ttl: Duration::from_millis(env_or("LOCK_TTL_MS", 10_000)?),
+            port: app::env_or("PORT", 3000)?,
+            ttl: Duration::from_millis(app::env_or("LOCK_TTL_MS", 10_000)?),
             wait: if wait_ms == 0 {
                 Wait::none()
             } else {
@@ -408,47 +409,4 @@ impl Settings {
             lock,
         })
     }
-}
-
-/// The variable parsed as a `T`, or `default` when it is unset.
-fn env_or<T: FromStr>(name: &str, default: T) -> Result<T, String>
-where
-    T::Err: std::fmt::Display,
-{
-    match env::var(name) {
-        Err(env::VarError::NotPresent) => Ok(default),
-        Err(env::VarError::NotUnicode(_)) => Err(format!("{name} is not valid UTF-8")),
-        Ok(value) => value
-            .parse()
-            .map_err(|e| format!("{name}={value:?} is invalid: {e}")),
-    }
-}
-
-/// Completes on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(error) = tokio::signal::ctrl_c().await {
-            tracing::error!(%error, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(error) => {
-                tracing::error!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
-    }
-    println!("shutting down");
 }

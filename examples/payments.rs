@@ -70,7 +70,6 @@ use std::{
     env,
     error::Error,
     process::ExitCode,
-    str::FromStr,
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
@@ -95,6 +94,8 @@ use tower_lock::{
 };
 use tracing_subscriber::EnvFilter;
 
+#[path = "common/app.rs"]
+mod app;
 #[path = "common/metrics.rs"]
 mod metrics;
 #[path = "common/store.rs"]
@@ -178,7 +179,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
         .map_err(|e| format!("cannot bind {}:{}: {e}", settings.host, settings.port))?;
     println!("listening on http://{}", listener.local_addr()?);
     axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(app::shutdown_signal())
         .await?;
     println!("stopped");
     Ok(())
@@ -531,7 +532,7 @@ struct Settings {
 
 impl Settings {
     fn from_env() -> Result<Self, String> {
-        let wait_ms: u64 = env_or("LOCK_WAIT_MS", 0)?;
+        let wait_ms: u64 = app::env_or("LOCK_WAIT_MS", 0)?;
         // `LOCK=off` (the name the other examples use) means the same as `IDEMPOTENCY=off`.
         let mut idempotency = true;
         for name in ["IDEMPOTENCY", "LOCK"] {
@@ -548,58 +549,15 @@ impl Settings {
         }
         Ok(Self {
             host: env::var("HOST").unwrap_or_else(|_| "127.0.0.1".into()),
-            port: env_or("PORT", 3000)?,
-            ttl: Duration::from_millis(env_or("LOCK_TTL_MS", 10_000)?),
+            port: app::env_or("PORT", 3000)?,
+            ttl: Duration::from_millis(app::env_or("LOCK_TTL_MS", 10_000)?),
             wait: if wait_ms == 0 {
                 Wait::none()
             } else {
                 Wait::default().deadline(Duration::from_millis(wait_ms))
             },
-            retention: Duration::from_secs(env_or("RETENTION_S", 86_400)?),
+            retention: Duration::from_secs(app::env_or("RETENTION_S", 86_400)?),
             idempotency,
         })
     }
-}
-
-/// The variable parsed as a `T`, or `default` when it is unset.
-fn env_or<T: FromStr>(name: &str, default: T) -> Result<T, String>
-where
-    T::Err: std::fmt::Display,
-{
-    match env::var(name) {
-        Err(env::VarError::NotPresent) => Ok(default),
-        Err(env::VarError::NotUnicode(_)) => Err(format!("{name} is not valid UTF-8")),
-        Ok(value) => value
-            .parse()
-            .map_err(|e| format!("{name}={value:?} is invalid: {e}")),
-    }
-}
-
-/// Completes on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(error) = tokio::signal::ctrl_c().await {
-            tracing::error!(%error, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(error) => {
-                tracing::error!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
-    }
-    println!("shutting down");
 }

@@ -41,7 +41,10 @@
 //! # Within about LOCK_TTL_MS the other one takes over, with a higher fencing token.
 //! ```
 
-use std::{env, error::Error, process::ExitCode, str::FromStr, time::Duration};
+#[path = "common/app.rs"]
+mod app;
+
+use std::{env, error::Error, process::ExitCode, time::Duration};
 
 use tokio::{
     sync::watch,
@@ -83,7 +86,7 @@ async fn run() -> Result<(), BoxError> {
     // Flips to `true` on Ctrl-C or SIGTERM; every instance watches it.
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
-        shutdown_signal().await;
+        app::shutdown_signal().await;
         // No receiver left means every instance has returned already.
         let _ = stop_tx.send(true);
     });
@@ -247,7 +250,7 @@ struct Settings {
 impl Settings {
     fn from_env() -> Result<Self, String> {
         let redis_url = env::var("REDIS_URL").ok().filter(|url| !url.is_empty());
-        let every = env_or("JOB_EVERY_MS", 1000)?;
+        let every = app::env_or("JOB_EVERY_MS", 1000)?;
         if every == 0 {
             return Err("JOB_EVERY_MS must be above 0".into());
         }
@@ -260,11 +263,14 @@ impl Settings {
             }
         };
         Ok(Self {
-            step_down_after: env_or("STEP_DOWN_AFTER", if redis_url.is_none() { 5 } else { 0 })?,
+            step_down_after: app::env_or(
+                "STEP_DOWN_AFTER",
+                if redis_url.is_none() { 5 } else { 0 },
+            )?,
             redis_url,
             instance_id,
             every: Duration::from_millis(every),
-            ttl: Duration::from_millis(env_or("LOCK_TTL_MS", 3000)?),
+            ttl: Duration::from_millis(app::env_or("LOCK_TTL_MS", 3000)?),
         })
     }
 
@@ -272,47 +278,4 @@ impl Settings {
     fn poll(&self) -> Duration {
         (self.ttl / 5).max(Duration::from_millis(1))
     }
-}
-
-/// The variable parsed as a `T`, or `default` when it is unset.
-fn env_or<T: FromStr>(name: &str, default: T) -> Result<T, String>
-where
-    T::Err: std::fmt::Display,
-{
-    match env::var(name) {
-        Err(env::VarError::NotPresent) => Ok(default),
-        Err(env::VarError::NotUnicode(_)) => Err(format!("{name} is not valid UTF-8")),
-        Ok(value) => value
-            .parse()
-            .map_err(|e| format!("{name}={value:?} is invalid: {e}")),
-    }
-}
-
-/// Completes on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(error) = tokio::signal::ctrl_c().await {
-            tracing::error!(%error, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(error) => {
-                tracing::error!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
-    }
-    println!("stopping");
 }

@@ -58,7 +58,7 @@ pin_project! {
         },
         Releasing {
             release: BoxFuture<Result<bool, StoreError>>,
-            output: Option<Output<R, E>>,
+            output: Option<Result<R, E>>,
         },
         Rejected {
             response: Option<Response<Bytes>>,
@@ -72,11 +72,6 @@ pub(crate) struct Running {
     pub(crate) lease: Lease,
     pub(crate) renewer: Option<Renewer>,
     pub(crate) guard: ReleaseGuard,
-}
-
-enum Output<R, E> {
-    Inner(Result<R, E>),
-    Rejection(Response<Bytes>),
 }
 
 /// The span's `outcome` for a request that did not get its lease.
@@ -198,11 +193,12 @@ where
                             if config.on_lease_lost_value() == OnLeaseLost::Abort {
                                 telemetry::record_end("lease_lost", Some(&held.lease));
                                 let response = held.shared.reject(LockError::LeaseLost(reason));
-                                let release = held.guard.release_now();
-                                // Dropping the running state drops the inner future: abort.
-                                this.state.set(State::Releasing {
-                                    release,
-                                    output: Some(Output::Rejection(response)),
+                                // Dropping the running state drops the inner future (abort) and
+                                // the still-armed guard, which releases in a spawned task: the
+                                // key is most likely not ours any more, and the store may be
+                                // down, so the client need not wait for that.
+                                this.state.set(State::Rejected {
+                                    response: Some(response),
                                 });
                                 continue;
                             }
@@ -231,7 +227,7 @@ where
                             let release = held.guard.release_now();
                             this.state.set(State::Releasing {
                                 release,
-                                output: Some(Output::Inner(output)),
+                                output: Some(output),
                             });
                         }
                     }
@@ -239,10 +235,8 @@ where
                 StateProj::Releasing { release, output } => {
                     // A failed release is logged by the guard; the TTL frees the key.
                     let _ = ready!(release.as_mut().poll(cx));
-                    return Poll::Ready(match output.take().expect(POLLED_AFTER_READY) {
-                        Output::Inner(result) => result.map(|r| r.map(ResponseBody::new)),
-                        Output::Rejection(response) => Ok(response.map(ResponseBody::full)),
-                    });
+                    let output = output.take().expect(POLLED_AFTER_READY);
+                    return Poll::Ready(output.map(|r| r.map(ResponseBody::new)));
                 }
                 StateProj::Rejected { response } => {
                     let response = response.take().expect(POLLED_AFTER_READY);

@@ -30,7 +30,7 @@
 //!              │ bad key: 400           │ store error/timeout: 503     │ lost: 503 (abort)  │ spawned release
 //! ```
 //!
-//! 1. The [`KeySource`](key::KeySource) trait derives a value from the request head: a header
+//! 1. The [`KeySource`] trait derives a value from the request head: a header
 //!    ([`Key::header`]), a path parameter ([`Key::path_param`]), the path, or any closure. It may
 //!    answer "no key" (the request passes through unlocked) or reject the request (400). The
 //!    value is scoped by the route (or a [namespace](LockLayer::namespace)) and prefixed; see
@@ -86,6 +86,7 @@
 //!
 //! - `axum` (default): the [`Lease`] extractor, [`Key::path_param`], and route-template scopes.
 //! - `serde`: [`LockConfig`] and [`Wait`] deserialize from any serde format.
+//! - `cluster`: `ClusterStore`, for Redis Cluster.
 //! - `metrics`: counters, histograms and a gauge for every lease through the
 //!   [`metrics`](https://docs.rs/metrics) facade (see `docs/OBSERVABILITY.md`).
 //!

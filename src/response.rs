@@ -49,27 +49,39 @@ pub struct ProblemJson;
 impl RejectionResponse for ProblemJson {
     fn response(&self, error: &LockError, status: StatusCode) -> Response<Bytes> {
         let (kind, title, detail, retry_after) = describe(error);
-        // Members in RFC 9457's order; serde_json escapes the strings.
-        let quote = |s: &str| serde_json::Value::from(s).to_string();
-        let body = format!(
-            r#"{{"type":{},"title":{},"status":{},"detail":{}}}"#,
-            quote(&format!("{PROBLEM_TYPE_BASE}#{kind}")),
-            quote(title),
-            status.as_u16(),
-            quote(&detail),
-        );
-        let mut response = Response::new(Bytes::from(body));
-        *response.status_mut() = status;
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        let mut response = problem(status, kind, title, &detail);
         if let Some(secs) = retry_after {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
     }
+}
+
+/// An `application/problem+json` response whose `type` is `kind` under [`PROBLEM_TYPE_BASE`].
+pub(crate) fn problem(
+    status: StatusCode,
+    kind: &str,
+    title: &str,
+    detail: &str,
+) -> Response<Bytes> {
+    // Members in RFC 9457's order; serde_json escapes the strings.
+    let quote = |s: &str| serde_json::Value::from(s).to_string();
+    let body = format!(
+        r#"{{"type":{},"title":{},"status":{},"detail":{}}}"#,
+        quote(&format!("{PROBLEM_TYPE_BASE}#{kind}")),
+        quote(title),
+        status.as_u16(),
+        quote(detail),
+    );
+    let mut response = Response::new(Bytes::from(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
 }
 
 /// Whole seconds, rounded up, at least 1.

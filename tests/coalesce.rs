@@ -246,8 +246,14 @@ async fn departing_waiter_leaves_the_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_waiters_are_woken_by_the_release() {
     let server = RedisServer::start();
-    let one = RedisStore::connect(server.url()).await.unwrap();
-    let two = RedisStore::connect(server.url()).await.unwrap();
+    let one = RedisStore::connect(server.url())
+        .await
+        .unwrap()
+        .announce_releases(true);
+    let two = RedisStore::connect(server.url())
+        .await
+        .unwrap()
+        .announce_releases(true);
     second_locker_waits_on(one.clone(), two.clone()).await;
     let took = second_locker_waits_on(one, two).await;
     assert!(
@@ -256,7 +262,7 @@ async fn redis_waiters_are_woken_by_the_release() {
     );
 }
 
-/// The negative control: the same with announcements off waits for the timer.
+/// The negative control: the same with announcements off (the default) waits for the timer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_without_announcements_waiters_use_the_timer() {
     let server = RedisServer::start();
@@ -278,8 +284,14 @@ async fn redis_without_announcements_waiters_use_the_timer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_lost_wake_up_costs_at_most_the_ttl() {
     let server = RedisServer::start();
-    let one = RedisStore::connect(server.url()).await.unwrap();
-    let two = RedisStore::connect(server.url()).await.unwrap();
+    let one = RedisStore::connect(server.url())
+        .await
+        .unwrap()
+        .announce_releases(true);
+    let two = RedisStore::connect(server.url())
+        .await
+        .unwrap()
+        .announce_releases(true);
     second_locker_waits_on(one.clone(), two.clone()).await; // starts the subscription
     let config = LockConfig::default()
         .ttl(Duration::from_millis(800))

@@ -398,9 +398,11 @@ async fn latency_run(policy: OnLeaseLost, one_way: Duration, work: u64) -> Laten
     })
     .await;
     let (mut ok, mut conflict) = (0, 0);
-    // Until the first write: the holder's, or the contender's if it got the key first.
+    // Until the first write: the holder's, or the contender's once the key passes on (an
+    // aborted holder answers 503 at once, before its key has expired in Redis).
     let written = || books.accepted.load(Ordering::SeqCst) + books.rejected.load(Ordering::SeqCst);
-    while written() == 0 && !running.is_finished() {
+    let started = std::time::Instant::now();
+    while written() == 0 && started.elapsed() < Duration::from_secs(10) {
         match send(&contender, purchase("k", 10)).await.status() {
             StatusCode::OK => ok += 1,
             StatusCode::CONFLICT => conflict += 1,
@@ -624,12 +626,15 @@ async fn handler_panic_on_a_real_server_releases_and_keeps_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_and_restarted_mid_load() {
     let mut redis = RedisServer::start();
-    let wait_ms = 1000;
+    let (wait_ms, ttl_ms) = (1000, 3000);
     let apps: Vec<Instance> = (0..3)
         .map(|_| {
             Instance::start(
                 &redis.url(),
-                &[("LOCK_WAIT_MS", "1000"), ("LOCK_TTL_MS", "3000")],
+                &[
+                    ("LOCK_WAIT_MS", &wait_ms.to_string()),
+                    ("LOCK_TTL_MS", &ttl_ms.to_string()),
+                ],
             )
         })
         .collect();
@@ -656,33 +661,50 @@ async fn redis_killed_and_restarted_mid_load() {
     let known: usize = [200, 409, 422, 503].iter().map(|&s| counts.get(s)).sum();
     assert_eq!(known, counts.requests, "unexpected statuses: {counts:?}");
     assert!(counts.get(200) > 0 && counts.get(503) > 0, "{counts:?}");
-    // The layer's own answers (409, 503 store-unavailable): within the wait deadline plus one
-    // store timeout plus a margin. Other 503s come from the example's stock storage, a separate
-    // redis-rs `ConnectionManager` with its default reconnect backoff (about 3 s): no hang
-    // (the client's 10 s limit), but not the layer's bound.
-    let from_layer = |o: &&instances::Outcome| {
-        o.status == Some(409)
-            || o.problem_type.as_deref().is_some_and(|t| {
-                t.ends_with("#lock-store-unavailable") || t.ends_with("#lease-lost")
-            })
+    // The layer's own answers to the acquire (409, 503 store-unavailable): within the wait
+    // deadline plus one store timeout plus a margin. A 503 lease-lost comes from a request that
+    // held its lease when Redis died: its renewals fail until the lease runs out, so it is
+    // bounded by the TTL instead. Other 503s come from the example's stock storage, a separate
+    // redis-rs `ConnectionManager` with its default reconnect backoff (about 3 s): no hang (the
+    // client's 10 s limit), but not the layer's bound.
+    let is_lost = |o: &&instances::Outcome| {
+        o.problem_type
+            .as_deref()
+            .is_some_and(|t| t.ends_with("#lease-lost"))
     };
-    let layer_answers = outcomes.iter().filter(from_layer).count();
-    let layer_max = outcomes
-        .iter()
-        .filter(from_layer)
-        .map(|o| o.latency)
-        .max()
-        .unwrap_or_default();
+    let from_acquire = |o: &&instances::Outcome| {
+        o.status == Some(409)
+            || o.problem_type
+                .as_deref()
+                .is_some_and(|t| t.ends_with("#lock-store-unavailable"))
+    };
+    let slowest = |pick: &dyn Fn(&&instances::Outcome) -> bool| {
+        let mut picked = outcomes.iter().filter(|o| pick(o)).map(|o| o.latency);
+        let count = picked.clone().count();
+        (count, picked.by_ref().max().unwrap_or_default())
+    };
+    let (acquire_answers, acquire_max) = slowest(&from_acquire);
+    let (lost_answers, lost_max) = slowest(&is_lost);
     println!(
-        "  answered by the layer: {layer_answers}, slowest {layer_max:?}; slowest of all {:?}",
+        "  answered by the layer: {acquire_answers} at acquire (slowest {acquire_max:?}), \
+         {lost_answers} lease-lost (slowest {lost_max:?}); slowest of all {:?}",
         counts.max_latency
     );
-    assert!(layer_answers > 0, "the layer never saw the outage");
-    // The margin covers scheduling on a busy 2-core machine (three instances, Redis, the load).
-    let bound = Duration::from_millis(wait_ms) + STORE_TIMEOUT + Duration::from_secs(1);
     assert!(
-        layer_max < bound,
-        "the layer answered after {layer_max:?} (bound {bound:?})"
+        acquire_answers + lost_answers > 0,
+        "the layer never saw the outage"
+    );
+    // The margin covers scheduling on a busy 2-core machine (three instances, Redis, the load).
+    let margin = Duration::from_secs(1);
+    let bound = Duration::from_millis(wait_ms) + STORE_TIMEOUT + margin;
+    assert!(
+        acquire_max < bound,
+        "the layer answered an acquire after {acquire_max:?} (bound {bound:?})"
+    );
+    let lost_bound = Duration::from_millis(ttl_ms) + STORE_TIMEOUT + margin;
+    assert!(
+        lost_max < lost_bound,
+        "a lost lease was answered after {lost_max:?} (bound {lost_bound:?})"
     );
 
     redis.restart();

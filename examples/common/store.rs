@@ -61,6 +61,8 @@ impl ConnectionLike for DataConnection {
 }
 
 /// The lock store [`from_env`] chose.
+// Built once at start-up and moved into the layer: the size of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Store {
     /// One process: the caller uses a `MemoryStore` (and keeps its data in the process too).

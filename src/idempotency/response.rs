@@ -1,10 +1,10 @@
 //! The idempotency layer's own answers, as problem+json.
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header};
+use http::{Response, StatusCode};
 
 use super::error::IdempotencyError;
-use crate::response::{PROBLEM_TYPE_BASE, ProblemJson, RejectionResponse};
+use crate::response::{ProblemJson, RejectionResponse, problem};
 
 /// Builds the response for a request the idempotency layer answers itself.
 ///
@@ -25,7 +25,7 @@ where
 }
 
 /// The default [`IdempotencyResponse`]: RFC 9457 `application/problem+json`, with `type` under
-/// [`PROBLEM_TYPE_BASE`]; the lock's own errors (409, 503) exactly as
+/// [`PROBLEM_TYPE_BASE`](crate::response::PROBLEM_TYPE_BASE); the lock's own errors (409, 503) exactly as
 /// [`LockLayer`](crate::LockLayer) answers them, `Retry-After` included. See the
 /// [module docs](super#responses) for the table.
 #[derive(Debug, Clone, Copy, Default)]
@@ -77,28 +77,12 @@ impl IdempotencyResponse for IdempotencyProblem {
     }
 }
 
-fn problem(status: StatusCode, kind: &str, title: &str, detail: &str) -> Response<Bytes> {
-    let quote = |s: &str| serde_json::Value::from(s).to_string();
-    let body = format!(
-        r#"{{"type":{},"title":{},"status":{},"detail":{}}}"#,
-        quote(&format!("{PROBLEM_TYPE_BASE}#{kind}")),
-        quote(title),
-        status.as_u16(),
-        quote(detail),
-    );
-    let mut response = Response::new(Bytes::from(body));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    response
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::response::PROBLEM_TYPE_BASE;
     use crate::{config::LockConfig, error::LockError};
+    use http::header;
     use std::time::Duration;
 
     #[test]

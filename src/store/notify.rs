@@ -53,10 +53,6 @@ impl Notifier {
         })
     }
 
-    pub(crate) fn client(&self) -> &Client {
-        &self.client
-    }
-
     pub(crate) fn channel(&self) -> &str {
         &self.channel
     }

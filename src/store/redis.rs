@@ -80,8 +80,11 @@ pub struct RedisStore {
     fence_retention: Duration,
     replicas: Option<ReplicaAcks>,
     native: Arc<NativeState>,
-    /// Release announcements (stores made by `connect`, which know their server's address).
+    /// Release announcements, when turned on (`announce_releases`).
     notify: Option<Arc<Notifier>>,
+    /// The server's address, for the announcements' own connection (stores made by `connect`).
+    client: Option<Client>,
+    channel: Arc<str>,
 }
 
 #[derive(Clone)]
@@ -317,32 +320,41 @@ impl RedisStore {
         }
     }
 
-    /// The pub/sub channel on which releases are announced to waiters (default
+    /// Wakes waiters in other processes the moment a key they wait for is released, instead of
+    /// leaving them to their wait policy's timer (default `false`).
+    ///
+    /// A contended acquire leaves a marker; the release script then `PUBLISH`es the key, and
+    /// every store with announcements on listens on one extra (pub/sub) connection, opened at
+    /// its first wait. A waiter sleeps until the announcement or until the holder's lease would
+    /// run out, so a lost announcement costs at most one TTL. Only stores made by
+    /// [`connect`](Self::connect) know their server's address for that connection; on others
+    /// this does nothing.
+    ///
+    /// Off by default, because it trades fairness for latency: every waiting process retries at
+    /// once, and a holder that releases and asks again at once usually wins again (measured in
+    /// `docs/BENCHMARKS.md`, scenario c). Turn it on where waits are rare and should be short (a
+    /// duplicate request waiting for the first); leave it off for hot keys shared by many
+    /// processes.
+    #[must_use]
+    pub fn announce_releases(mut self, enabled: bool) -> Self {
+        self.notify = match (&self.client, enabled) {
+            (Some(client), true) => Some(Notifier::new(client.clone(), Arc::clone(&self.channel))),
+            _ => None,
+        };
+        self
+    }
+
+    /// The pub/sub channel of [`announce_releases`](Self::announce_releases) (default
     /// `tower-lock:released`). Every instance that shares the locks must use the same one.
     #[must_use]
     pub fn release_channel(mut self, channel: impl Into<Arc<str>>) -> Self {
-        if let Some(notify) = &self.notify {
-            self.notify = Some(Notifier::new(notify.client().clone(), channel.into()));
-        }
-        self
-    }
-
-    /// Whether waiters are woken by release announcements (default `true` for stores made by
-    /// [`connect`](Self::connect)). `false`: they retry by their wait policy's timer alone.
-    ///
-    /// Announcements need a second connection (pub/sub), opened at the first wait, and a store
-    /// that knows the server's address: stores built from an existing connection or pool never
-    /// announce.
-    #[must_use]
-    pub fn announce_releases(mut self, enabled: bool) -> Self {
-        if !enabled {
-            self.notify = None;
-        }
-        self
+        self.channel = channel.into();
+        let enabled = self.notify.is_some();
+        self.announce_releases(enabled)
     }
 
     fn announcing(mut self, client: Client) -> Self {
-        self.notify = Some(Notifier::new(client, Arc::from(DEFAULT_CHANNEL)));
+        self.client = Some(client);
         self
     }
 
@@ -376,6 +388,8 @@ impl RedisStore {
                 detected: OnceCell::new(),
             }),
             notify: None,
+            client: None,
+            channel: Arc::from(DEFAULT_CHANNEL),
         }
     }
 
