@@ -14,7 +14,7 @@ use tracing::Span;
 use crate::{
     body::{BodyHold, ResponseBody},
     config::OnLeaseLost,
-    error::LockError,
+    error::{LockError, LostReason},
     key::LockKey,
     layer::Shared,
     lease::Lease,
@@ -61,6 +61,11 @@ pin_project! {
             output: Option<Result<R, E>>,
         },
         Rejected {
+            response: Option<Response<Bytes>>,
+        },
+        // A rejection sent once the lease is released (the request outlived `max_hold`).
+        ReleasingRejected {
+            release: BoxFuture<Result<bool, StoreError>>,
             response: Option<Response<Bytes>>,
         },
     }
@@ -193,13 +198,21 @@ where
                             if config.on_lease_lost_value() == OnLeaseLost::Abort {
                                 telemetry::record_end("lease_lost", Some(&held.lease));
                                 let response = held.shared.reject(LockError::LeaseLost(reason));
-                                // Dropping the running state drops the inner future (abort) and
-                                // the still-armed guard, which releases in a spawned task: the
-                                // key is most likely not ours any more, and the store may be
-                                // down, so the client need not wait for that.
-                                this.state.set(State::Rejected {
-                                    response: Some(response),
-                                });
+                                if reason == LostReason::MaxHold {
+                                    // Still ours: release first, so a retry does not meet it.
+                                    let release = held.guard.release_now();
+                                    this.state.set(State::ReleasingRejected {
+                                        release,
+                                        response: Some(response),
+                                    });
+                                } else {
+                                    // Most likely not ours any more, and the store may be down:
+                                    // dropping the running state drops the inner future (abort)
+                                    // and the armed guard, which releases in a spawned task.
+                                    this.state.set(State::Rejected {
+                                        response: Some(response),
+                                    });
+                                }
                                 continue;
                             }
                         }
@@ -237,6 +250,11 @@ where
                     let _ = ready!(release.as_mut().poll(cx));
                     let output = output.take().expect(POLLED_AFTER_READY);
                     return Poll::Ready(output.map(|r| r.map(ResponseBody::new)));
+                }
+                StateProj::ReleasingRejected { release, response } => {
+                    let _ = ready!(release.as_mut().poll(cx));
+                    let response = response.take().expect(POLLED_AFTER_READY);
+                    return Poll::Ready(Ok(response.map(ResponseBody::full)));
                 }
                 StateProj::Rejected { response } => {
                     let response = response.take().expect(POLLED_AFTER_READY);
