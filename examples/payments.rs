@@ -65,6 +65,7 @@
 //! With `IDEMPOTENCY=off` the two concurrent requests both answer 201 with different ids, and
 //! `GET /payments` counts 2 charges: the customer was charged twice.
 
+use problem::Problem;
 use std::{
     collections::HashMap,
     env,
@@ -81,7 +82,7 @@ use axum::{
         Query, Request, State,
         rejection::{JsonRejection, QueryRejection},
     },
-    http::{StatusCode, header, request::Parts},
+    http::{StatusCode, request::Parts},
     middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::{get, post},
@@ -98,6 +99,8 @@ use tracing_subscriber::EnvFilter;
 mod app;
 #[path = "common/metrics.rs"]
 mod metrics;
+#[path = "common/problem.rs"]
+mod problem;
 #[path = "common/store.rs"]
 mod store;
 
@@ -437,54 +440,7 @@ impl Payments {
 // ---------------------------------------------------------------------------------------------
 // Problem details (RFC 9457), the same shape the lock layer answers with.
 
-#[derive(Debug, Serialize)]
-struct Problem {
-    #[serde(rename = "type")]
-    kind: String,
-    title: &'static str,
-    status: u16,
-    detail: String,
-}
-
 impl Problem {
-    fn new(status: StatusCode, slug: &str, title: &'static str, detail: impl Into<String>) -> Self {
-        Self {
-            // A real service would point this at its own documentation.
-            kind: format!("https://example.com/problems/{slug}"),
-            title,
-            status: status.as_u16(),
-            detail: detail.into(),
-        }
-    }
-
-    fn bad_request(detail: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "bad-request",
-            "Bad request",
-            detail,
-        )
-    }
-
-    fn bad_json(rejection: JsonRejection) -> Self {
-        // axum answers 415 for a missing content type and 422 for well-formed JSON of the wrong
-        // shape; this API calls every unusable body a 400, except the content type.
-        let status = match rejection {
-            JsonRejection::MissingJsonContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            _ => StatusCode::BAD_REQUEST,
-        };
-        Self::new(
-            status,
-            "invalid-body",
-            "Invalid request body",
-            rejection.body_text(),
-        )
-    }
-
-    fn not_found(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not-found", "Not found", detail)
-    }
-
     fn storage(error: redis::RedisError) -> Self {
         tracing::error!(%error, "payment storage failed");
         Self::new(
@@ -503,18 +459,6 @@ impl Problem {
             "Storage corrupt",
             "a stored payment could not be read",
         )
-    }
-}
-
-impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (
-            status,
-            [(header::CONTENT_TYPE, "application/problem+json")],
-            Json(self),
-        )
-            .into_response()
     }
 }
 

@@ -6,16 +6,8 @@ mod support;
 use support::Memory;
 use tower_lock::OnLeaseLost;
 
-macro_rules! memory_tests {
-    ($($name:ident),* $(,)?) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() {
-            suite::$name(Memory::new()).await;
-        }
-    )*};
-}
-
-memory_tests!(
+suite::tests!(
+    Memory::new();
     exclusion,
     renewal_keeps_long_handlers_exclusive,
     without_renewal_the_lease_expires,

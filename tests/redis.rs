@@ -10,16 +10,8 @@ use axum::http::StatusCode;
 use support::{Backend, Counter, Redis, RedisServer, body_json, counter_app, purchase, send};
 use tower_lock::{Key, LockConfig, LockLayer, LockStore, OnLeaseLost, RedisStore, Token, Wait};
 
-macro_rules! redis_tests {
-    ($($name:ident),* $(,)?) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() {
-            suite::$name(Redis::new()).await;
-        }
-    )*};
-}
-
-redis_tests!(
+suite::tests!(
+    Redis::new();
     exclusion,
     renewal_keeps_long_handlers_exclusive,
     without_renewal_the_lease_expires,

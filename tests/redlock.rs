@@ -14,16 +14,8 @@ use tower_lock::{
     Wait, key::LockKey, store::Acquire,
 };
 
-macro_rules! redlock_tests {
-    ($($name:ident),* $(,)?) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() {
-            suite::$name(Redlock::new(3)).await;
-        }
-    )*};
-}
-
-redlock_tests!(
+suite::tests!(
+    Redlock::new(3);
     exclusion,
     renewal_keeps_long_handlers_exclusive,
     without_renewal_the_lease_expires,

@@ -14,6 +14,20 @@ use tower_lock::{Key, LockConfig, LockLayer, OnLeaseLost, Wait};
 
 use crate::support::{Backend, Counter, Tally, body_json, counter_app, purchase, send};
 
+/// One `#[tokio::test]` per named suite test, each on a fresh backend from `$backend`:
+/// `suite::tests!(Memory::new(); exclusion, release_on_drop);`
+#[allow(unused_macros)] // not every backend's test file uses it
+macro_rules! tests {
+    ($backend:expr; $($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            suite::$name($backend).await;
+        }
+    )*};
+}
+#[allow(unused_imports)]
+pub(crate) use tests;
+
 /// How many concurrent requests the exclusion test sends.
 pub const EXCLUSION_REQUESTS: usize = 240;
 

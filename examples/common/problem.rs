@@ -1,0 +1,77 @@
+//! Problem details (RFC 9457) for the examples' own errors, the same shape the lock layer
+//! answers with.
+
+use axum::{
+    Json,
+    extract::rejection::JsonRejection,
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use serde::Serialize;
+
+/// An `application/problem+json` body.
+#[derive(Debug, Serialize)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    kind: String,
+    title: &'static str,
+    status: u16,
+    detail: String,
+}
+
+impl Problem {
+    pub fn new(
+        status: StatusCode,
+        slug: &str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            // A real service would point this at its own documentation.
+            kind: format!("https://example.com/problems/{slug}"),
+            title,
+            status: status.as_u16(),
+            detail: detail.into(),
+        }
+    }
+
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "Bad request",
+            detail,
+        )
+    }
+
+    pub fn bad_json(rejection: JsonRejection) -> Self {
+        // axum answers 415 for a missing content type and 422 for well-formed JSON of the wrong
+        // shape; this API calls every unusable body a 400, except the content type.
+        let status = match rejection {
+            JsonRejection::MissingJsonContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        Self::new(
+            status,
+            "invalid-body",
+            "Invalid request body",
+            rejection.body_text(),
+        )
+    }
+
+    pub fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not-found", "Not found", detail)
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (
+            status,
+            [(header::CONTENT_TYPE, "application/problem+json")],
+            Json(self),
+        )
+            .into_response()
+    }
+}
