@@ -87,6 +87,7 @@
 //! - `axum` (default): the [`Lease`] extractor, [`Key::path_param`], and route-template scopes.
 //! - `serde`: [`LockConfig`] and [`Wait`] deserialize from any serde format.
 //! - `cluster`: `ClusterStore`, for Redis Cluster.
+//! - `sentinel`: `SentinelStore`, for a master monitored by Redis Sentinel (follows failovers).
 //! - `metrics`: counters, histograms and a gauge for every lease through the
 //!   [`metrics`](https://docs.rs/metrics) facade (see `docs/OBSERVABILITY.md`).
 //!
@@ -140,6 +141,8 @@ pub use response::{ProblemJson, RejectionResponse};
 pub use service::LockService;
 #[cfg(feature = "cluster")]
 pub use store::ClusterStore;
+#[cfg(feature = "sentinel")]
+pub use store::SentinelStore;
 pub use store::{LockStore, MemoryStore, RedisStore, RedlockStore};
 pub use token::Token;
 pub use wait::Wait;

@@ -13,6 +13,8 @@ mod memory;
 mod notify;
 mod redis;
 mod redlock;
+#[cfg(feature = "sentinel")]
+mod sentinel;
 mod watch;
 
 use std::{error::Error as StdError, fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
@@ -22,6 +24,8 @@ pub use self::cluster::ClusterStore;
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
 pub use self::redlock::RedlockStore;
+#[cfg(feature = "sentinel")]
+pub use self::sentinel::SentinelStore;
 pub use self::watch::ReleaseWatch;
 pub(crate) use self::watch::Releases;
 use crate::{key::LockKey, token::Token};

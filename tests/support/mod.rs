@@ -3,6 +3,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod proxy;
+pub mod sentinel;
 
 use std::{
     future::Future,

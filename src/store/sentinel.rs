@@ -1,0 +1,490 @@
+//! Leases on the master that Redis Sentinel names, following failovers.
+
+use std::{
+    error::Error as StdError,
+    fmt,
+    future::Future,
+    sync::{
+        Arc, Mutex, PoisonError, RwLock,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use redis::{
+    Client, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind,
+    sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType},
+};
+
+use super::{Acquire, LockStore, RedisStore, StoreError, StoreErrorKind, redis::redis_error};
+use crate::{idempotency::IdempotencyStore, key::LockKey, token::Token};
+
+/// The sentinels are asked again at most this often, however many calls fail at once.
+const MIN_LOOKUP_INTERVAL: Duration = Duration::from_millis(200);
+
+/// While the store is in use, the sentinels are asked in the background this often, to follow a
+/// failover that left the old master running (and so produced no error).
+const POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long one lookup (sentinels, then `ROLE` on the master they name) may take, and so may
+/// connecting to the master.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Leases on a master monitored by Redis Sentinel (the `sentinel` feature).
+///
+/// The sentinels name the current master of `master_name` (the redis crate's
+/// [`SentinelClient`], which also checks with `ROLE` that the server it names is a master), and
+/// a [`RedisStore`] connected to it runs the same scripts as everywhere else. When a call fails
+/// the way a failover makes calls fail (the connection is refused, breaks or times out, or the
+/// server answers `READONLY` or `MASTERDOWN` because it is a replica now), the store asks the
+/// sentinels again (at most every 200 ms); if they name another master, it connects to it, sends
+/// later calls there, and retries the failed call on it once. Until the sentinels have promoted
+/// a replica, calls fail (503). While the store is in use it also asks the sentinels in the
+/// background once a second, so that a failover that leaves the old master up (`SENTINEL
+/// FAILOVER`, a partition) is followed within about a second of the sentinels' switch, not only
+/// once the old master is demoted (which Sentinel does some seconds later).
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_lock::{Key, LockLayer, SentinelStore};
+///
+/// // Any of the sentinels that monitor the master named `mymaster`.
+/// let store = SentinelStore::connect(
+///     ["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/", "redis://10.0.0.3:26379/"],
+///     "mymaster",
+/// )
+/// .await?;
+/// let layer = LockLayer::new(store, Key::path_param("sku"));
+/// # let _ = layer; Ok(()) }
+/// ```
+///
+/// # Failover
+///
+/// The guarantees are those of a master and its replicas: replication is asynchronous, so a
+/// replica promoted before it received a lease forgets it, and a second client can take the key
+/// until the first holder's next renewal finds it gone.
+/// [`wait_for_replicas`](Self::wait_for_replicas) makes that much less likely, at the cost of a
+/// replica acknowledgement per acquire and renewal. Between a promotion and the moment the store
+/// follows it (about a second, or the next failing call), leases granted by the old master, if
+/// it is still up, are lost with it; a process that reaches the old master but not the
+/// sentinels keeps using it until it is demoted (configure `min-replicas-to-write` on the
+/// servers to bound that). Release announcements
+/// ([`RedisStore::announce_releases`]) are not offered here. See `docs/TOPOLOGY.md`.
+#[derive(Clone)]
+pub struct SentinelStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    master_name: Arc<str>,
+    /// The sentinels, asked by one call at a time.
+    lookup: tokio::sync::Mutex<Lookup>,
+    /// The master every call goes to.
+    current: RwLock<Arc<Master>>,
+    settings: Mutex<Settings>,
+    /// Background polling: the time base, when the next poll is due (ms since `created`), and
+    /// whether one runs now.
+    created: Instant,
+    next_poll: AtomicU64,
+    polling: AtomicBool,
+}
+
+struct Lookup {
+    client: SentinelClient,
+    last: Option<Instant>,
+}
+
+impl Lookup {
+    /// Asks the sentinels for the master now.
+    async fn master(&mut self) -> Result<Client, StoreError> {
+        self.last = Some(Instant::now());
+        match tokio::time::timeout(LOOKUP_TIMEOUT, self.client.async_get_client()).await {
+            Ok(found) => found.map_err(redis_error),
+            Err(_) => Err(StoreError::msg(
+                StoreErrorKind::Timeout,
+                format!("the Redis sentinels did not name a master within {LOOKUP_TIMEOUT:?}"),
+            )),
+        }
+    }
+}
+
+/// The master the sentinels named, and a store connected to it.
+struct Master {
+    store: RedisStore,
+    addr: String,
+}
+
+impl Master {
+    async fn connect(client: &Client, settings: Settings) -> Result<Self, StoreError> {
+        let info = client.get_connection_info();
+        let store = tokio::time::timeout(LOOKUP_TIMEOUT, RedisStore::connect(info.clone()))
+            .await
+            .map_err(|_| {
+                StoreError::msg(
+                    StoreErrorKind::Timeout,
+                    format!("could not connect to the Redis master within {LOOKUP_TIMEOUT:?}"),
+                )
+            })??;
+        Ok(Self {
+            store: settings.apply(store),
+            addr: info.addr().to_string(),
+        })
+    }
+}
+
+/// The [`RedisStore`] settings, applied again to the store of every new master.
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    fence_retention: Option<Duration>,
+    native_commands: bool,
+    replicas: Option<(usize, Duration)>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            fence_retention: None,
+            native_commands: true,
+            replicas: None,
+        }
+    }
+}
+
+impl Settings {
+    fn apply(self, mut store: RedisStore) -> RedisStore {
+        if let Some(retention) = self.fence_retention {
+            store = store.fence_retention(retention);
+        }
+        let (replicas, timeout) = self.replicas.unwrap_or((0, Duration::ZERO));
+        store
+            .native_commands(self.native_commands)
+            .wait_for_replicas(replicas, timeout)
+    }
+}
+
+impl SentinelStore {
+    /// Asks `sentinels` (any of the sentinels that monitor it) for the master named
+    /// `master_name` and connects to it, with the timeouts of [`RedisStore::connect`]. Fails if
+    /// no sentinel names a reachable master now.
+    ///
+    /// The sentinels' URLs carry what it takes to reach them (`redis://user:password@host:port/`);
+    /// for a master that needs a password, a database other than 0 or TLS, use
+    /// [`connect_with`](Self::connect_with).
+    pub async fn connect<T: IntoConnectionInfo>(
+        sentinels: impl IntoIterator<Item = T>,
+        master_name: &str,
+    ) -> Result<Self, StoreError> {
+        Self::connect_with(
+            sentinels,
+            master_name,
+            SentinelNodeConnectionInfo::default(),
+        )
+        .await
+    }
+
+    /// Like [`connect`](Self::connect), connecting to the master (this one and every later
+    /// one) with `master`'s credentials, database and TLS mode.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_lock::{
+    ///     SentinelStore,
+    ///     redis::{RedisConnectionInfo, sentinel::SentinelNodeConnectionInfo},
+    /// };
+    ///
+    /// let master = SentinelNodeConnectionInfo::default()
+    ///     .set_redis_connection_info(RedisConnectionInfo::default().set_password("secret"));
+    /// let store =
+    ///     SentinelStore::connect_with(["redis://10.0.0.1:26379/"], "mymaster", master).await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub async fn connect_with<T: IntoConnectionInfo>(
+        sentinels: impl IntoIterator<Item = T>,
+        master_name: &str,
+        master: SentinelNodeConnectionInfo,
+    ) -> Result<Self, StoreError> {
+        // A `String`: the redis crate takes one, or `impl AsRef<str>` with its `tls-rustls`
+        // feature on (which another crate in the build may turn on).
+        #[allow(clippy::unnecessary_to_owned)]
+        let client = SentinelClient::build(
+            sentinels.into_iter().collect(),
+            master_name.to_owned(),
+            Some(master),
+            SentinelServerType::Master,
+        )
+        .map_err(redis_error)?;
+        let mut lookup = Lookup { client, last: None };
+        let master = Master::connect(&lookup.master().await?, Settings::default()).await?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                master_name: Arc::from(master_name),
+                lookup: tokio::sync::Mutex::new(lookup),
+                current: RwLock::new(Arc::new(master)),
+                settings: Mutex::new(Settings::default()),
+                created: Instant::now(),
+                next_poll: AtomicU64::new(millis(POLL_INTERVAL)),
+                polling: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// How long a key's fencing counter is kept after its last acquisition (default 24 h); see
+    /// [`RedisStore::fence_retention`].
+    #[must_use]
+    pub fn fence_retention(self, retention: Duration) -> Self {
+        self.configure(|s| s.fence_retention = Some(retention))
+    }
+
+    /// Whether to use native compare commands where the master has them (default `true`); see
+    /// [`RedisStore::native_commands`]. A new master is asked again.
+    #[must_use]
+    pub fn native_commands(self, enabled: bool) -> Self {
+        self.configure(|s| s.native_commands = enabled)
+    }
+
+    /// Sends `WAIT replicas timeout` after each acquire and renewal, and treats fewer
+    /// acknowledgements as a failure; see [`RedisStore::wait_for_replicas`]. It applies to
+    /// every master the store follows: after a failover that left the new master with fewer
+    /// than `replicas` replicas, acquires fail (503) until enough replicas are back.
+    #[must_use]
+    pub fn wait_for_replicas(self, replicas: usize, timeout: Duration) -> Self {
+        self.configure(|s| s.replicas = (replicas > 0).then_some((replicas, timeout)))
+    }
+
+    /// The address of the master calls go to now (`host:port`).
+    pub fn master_addr(&self) -> String {
+        self.current().addr.clone()
+    }
+
+    /// Changes the settings, for the current master and every later one (clones share them).
+    fn configure(self, change: impl FnOnce(&mut Settings)) -> Self {
+        let settings = {
+            let mut settings = self
+                .shared
+                .settings
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            change(&mut settings);
+            *settings
+        };
+        let mut current = self
+            .shared
+            .current
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        *current = Arc::new(Master {
+            store: settings.apply(current.store.clone()),
+            addr: current.addr.clone(),
+        });
+        drop(current);
+        self
+    }
+
+    fn current(&self) -> Arc<Master> {
+        Arc::clone(
+            &self
+                .shared
+                .current
+                .read()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+
+    /// Runs `op` on the current master; after a failure that a failover explains, asks the
+    /// sentinels again and, if they name another master, runs it there once more.
+    async fn run<T, F, Fut>(&self, op: F) -> Result<T, StoreError>
+    where
+        F: Fn(Arc<Master>) -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        self.poll_if_due();
+        let master = self.current();
+        let error = match op(Arc::clone(&master)).await {
+            Err(error) if after_failover(&error) => error,
+            answer => return answer,
+        };
+        match self.follow(&master, Some(&error)).await {
+            Some(next) => op(next).await,
+            None => Err(error),
+        }
+    }
+
+    /// Starts a background lookup when one is due and none is running (needs a Tokio runtime;
+    /// without one, failovers are followed on errors only).
+    fn poll_if_due(&self) {
+        let shared = &self.shared;
+        let now = millis(shared.created.elapsed());
+        if now < shared.next_poll.load(Ordering::Relaxed)
+            || shared.polling.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        shared
+            .next_poll
+            .store(now + millis(POLL_INTERVAL), Ordering::Relaxed);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            shared.polling.store(false, Ordering::Release);
+            return;
+        };
+        let store = self.clone();
+        runtime.spawn(async move {
+            /// Clears the flag however the poll ends.
+            struct Done(Arc<Shared>);
+            impl Drop for Done {
+                fn drop(&mut self) {
+                    self.0.polling.store(false, Ordering::Release);
+                }
+            }
+            let _done = Done(Arc::clone(&store.shared));
+            let current = store.current();
+            store.follow(&current, None).await;
+        });
+    }
+
+    /// Asks the sentinels for the master, after a call to `failed` went wrong with `error` or
+    /// for a background poll (`None`); the new master, if there is one.
+    async fn follow(
+        &self,
+        failed: &Arc<Master>,
+        error: Option<&StoreError>,
+    ) -> Option<Arc<Master>> {
+        let mut lookup = self.shared.lookup.lock().await;
+        let current = self.current();
+        if !Arc::ptr_eq(&current, failed) {
+            // Another call has moved on while this one waited.
+            return Some(current);
+        }
+        if lookup
+            .last
+            .is_some_and(|last| last.elapsed() < MIN_LOOKUP_INTERVAL)
+        {
+            return None;
+        }
+        let found = match lookup.master().await {
+            Ok(client) => client,
+            Err(lookup_error) => {
+                tracing::debug!(
+                    master_name = %self.shared.master_name,
+                    error = &lookup_error as &dyn StdError,
+                    "the Redis sentinels did not name a reachable master"
+                );
+                return None;
+            }
+        };
+        if found.get_connection_info().addr().to_string() == current.addr {
+            return None;
+        }
+        let settings = *self
+            .shared
+            .settings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let next = match Master::connect(&found, settings).await {
+            Ok(next) => Arc::new(next),
+            Err(connect_error) => {
+                tracing::debug!(
+                    master_name = %self.shared.master_name,
+                    error = &connect_error as &dyn StdError,
+                    "cannot connect to the master the Redis sentinels named"
+                );
+                return None;
+            }
+        };
+        tracing::warn!(
+            master_name = %self.shared.master_name,
+            from = %current.addr,
+            to = %next.addr,
+            error = error.map(|e| e as &(dyn StdError + 'static)),
+            "Redis Sentinel failover: the lock store follows the new master"
+        );
+        *self
+            .shared
+            .current
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::clone(&next);
+        Some(next)
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Whether `error` is what a call to a master that failed or was demoted gets.
+fn after_failover(error: &StoreError) -> bool {
+    match error.kind() {
+        StoreErrorKind::Unavailable | StoreErrorKind::Timeout => true,
+        StoreErrorKind::Backend => StdError::source(error)
+            .and_then(|source| source.downcast_ref::<RedisError>())
+            .is_some_and(|e| {
+                matches!(
+                    e.kind(),
+                    ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+                ) || {
+                    // A write refused inside a script may come back as a script error.
+                    let text = e.to_string();
+                    text.contains("READONLY") || text.contains("MASTERDOWN")
+                }
+            }),
+        _ => false,
+    }
+}
+
+impl LockStore for SentinelStore {
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Acquire, StoreError> {
+        self.run(|m| async move { m.store.acquire(key, token, ttl).await })
+            .await
+    }
+
+    async fn renew(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<bool, StoreError> {
+        self.run(|m| async move { m.store.renew(key, token, ttl).await })
+            .await
+    }
+
+    async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, StoreError> {
+        self.run(|m| async move { m.store.release(key, token).await })
+            .await
+    }
+
+    fn validity(&self, ttl: Duration) -> Duration {
+        self.current().store.validity(ttl)
+    }
+}
+
+/// Idempotency records live next to the lock keys on the same master, as with [`RedisStore`].
+impl IdempotencyStore for SentinelStore {
+    async fn lookup(&self, key: &LockKey) -> Result<Option<bytes::Bytes>, StoreError> {
+        self.run(|m| async move { IdempotencyStore::lookup(&m.store, key).await })
+            .await
+    }
+
+    async fn complete(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        record: bytes::Bytes,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        self.run(|m| {
+            let record = record.clone();
+            async move { IdempotencyStore::complete(&m.store, key, token, record, retention).await }
+        })
+        .await
+    }
+}
+
+impl fmt::Debug for SentinelStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let current = self.current();
+        f.debug_struct("SentinelStore")
+            .field("master_name", &self.shared.master_name)
+            .field("master", &current.addr)
+            .field("inner", &current.store)
+            .finish()
+    }
+}
