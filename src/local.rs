@@ -119,4 +119,19 @@ mod tests {
         assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
         assert_eq!(queues.len(), 0, "entries left behind");
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_dropped_while_queued_leaves_no_entry() {
+        let queues = Arc::new(LocalQueues::default());
+        let holder = queues.turn(&key("k"), None).await.unwrap();
+        let waiter = tokio::spawn({
+            let queues = Arc::clone(&queues);
+            async move { queues.turn(&key("k"), None).await.map(drop) }
+        });
+        tokio::task::yield_now().await;
+        waiter.abort();
+        let _ = waiter.await;
+        drop(holder);
+        assert_eq!(queues.len(), 0, "the dropped waiter's entry stayed behind");
+    }
 }
