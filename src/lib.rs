@@ -106,6 +106,7 @@
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod batch;
 mod body;
 mod config;
 mod error;

@@ -10,6 +10,7 @@ use tokio::{
 use tracing::Instrument;
 
 use crate::{
+    batch::Renewals,
     config::{ConfigError, LockConfig},
     error::LockError,
     key::{KeyRejection, LockKey},
@@ -57,6 +58,18 @@ struct Inner {
     store: Arc<dyn DynStore>,
     config: LockConfig,
     local: Arc<LocalQueues>,
+    renewals: Arc<Renewals>,
+}
+
+impl Inner {
+    fn new(store: Arc<dyn DynStore>, config: LockConfig) -> Self {
+        Self {
+            renewals: Arc::new(Renewals::new(Arc::clone(&store))),
+            store,
+            config,
+            local: Arc::default(),
+        }
+    }
 }
 
 /// A lease just acquired: what the layer carries into the running state.
@@ -73,11 +86,7 @@ impl Locker {
     /// A locker over `store` with the default [`LockConfig`].
     pub fn new(store: impl LockStore) -> Self {
         Self {
-            inner: Arc::new(Inner {
-                store: Arc::new(store),
-                config: LockConfig::default(),
-                local: Arc::default(),
-            }),
+            inner: Arc::new(Inner::new(Arc::new(store), LockConfig::default())),
         }
     }
 
@@ -85,11 +94,7 @@ impl Locker {
     pub fn with_config(store: impl LockStore, config: LockConfig) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(Self {
-            inner: Arc::new(Inner {
-                store: Arc::new(store),
-                config,
-                local: Arc::default(),
-            }),
+            inner: Arc::new(Inner::new(Arc::new(store), config)),
         })
     }
 
@@ -149,6 +154,7 @@ impl Locker {
         let config = &self.inner.config;
         Renewer::new(
             Arc::clone(&self.inner.store),
+            Arc::clone(&self.inner.renewals),
             held.lease.clone(),
             held.guard.token.clone(),
             held.acquired_at,

@@ -10,6 +10,7 @@ use std::{
 use tokio::time::{Instant, Sleep, sleep_until, timeout};
 
 use crate::{
+    batch::Renewals,
     error::LostReason,
     lease::Lease,
     store::{BoxFuture, DynStore, StoreError},
@@ -28,6 +29,7 @@ const MIN_RETRY: Duration = Duration::from_millis(10);
 /// lease running out, or the max-hold cap make it lost.
 pub(crate) struct Renewer {
     store: Arc<dyn DynStore>,
+    renewals: Arc<Renewals>,
     lease: Lease,
     token: Token,
     ttl: Duration,
@@ -48,6 +50,7 @@ pub(crate) struct RenewerSettings {
 impl Renewer {
     pub(crate) fn new(
         store: Arc<dyn DynStore>,
+        renewals: Arc<Renewals>,
         lease: Lease,
         token: Token,
         acquired_at: Instant,
@@ -58,6 +61,7 @@ impl Renewer {
         let first = hold_until.map_or(first, |h| first.min(h));
         Self {
             store,
+            renewals,
             lease,
             token,
             ttl: settings.ttl,
@@ -130,11 +134,9 @@ impl Renewer {
                 return self.lose(LostReason::Expired);
             }
             let limit = self.store_timeout.min(left);
-            let renew = Arc::clone(&self.store).renew(
-                self.lease.key().clone(),
-                self.token.clone(),
-                self.ttl,
-            );
+            let renew = self
+                .renewals
+                .renew(self.lease.key().clone(), self.token.clone(), self.ttl);
             self.in_flight = Some((
                 now,
                 Box::pin(async move {

@@ -75,6 +75,22 @@ pub trait LockStore: Send + Sync + 'static {
         ttl: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
+    /// Extends several held leases to `ttl` from now, answering for each as
+    /// [`renew`](Self::renew) would. The default renews them concurrently; a store that can do
+    /// it in one round trip overrides it ([`RedisStore`] sends one script for the whole batch).
+    /// The locker batches the renewals that fall due within a couple of milliseconds.
+    fn renew_many(
+        &self,
+        leases: &[(LockKey, Token)],
+        ttl: Duration,
+    ) -> impl Future<Output = Vec<Result<bool, StoreError>>> + Send {
+        futures_util::future::join_all(
+            leases
+                .iter()
+                .map(move |(key, token)| self.renew(key, token, ttl)),
+        )
+    }
+
     /// Gives a held lease back. `Ok(false)` means it was not ours (any more).
     fn release(
         &self,
@@ -121,6 +137,11 @@ pub(crate) trait DynStore: Send + Sync + 'static {
         token: Token,
         ttl: Duration,
     ) -> BoxFuture<Result<bool, StoreError>>;
+    fn renew_many(
+        self: Arc<Self>,
+        leases: Vec<(LockKey, Token)>,
+        ttl: Duration,
+    ) -> BoxFuture<Vec<Result<bool, StoreError>>>;
     fn release(self: Arc<Self>, key: LockKey, token: Token) -> BoxFuture<Result<bool, StoreError>>;
     fn validity(&self, ttl: Duration) -> Duration;
     fn watch(&self, key: &LockKey) -> Option<ReleaseWatch>;
@@ -143,6 +164,14 @@ impl<S: LockStore> DynStore for S {
         ttl: Duration,
     ) -> BoxFuture<Result<bool, StoreError>> {
         Box::pin(async move { LockStore::renew(&*self, &key, &token, ttl).await })
+    }
+
+    fn renew_many(
+        self: Arc<Self>,
+        leases: Vec<(LockKey, Token)>,
+        ttl: Duration,
+    ) -> BoxFuture<Vec<Result<bool, StoreError>>> {
+        Box::pin(async move { LockStore::renew_many(&*self, &leases, ttl).await })
     }
 
     fn release(self: Arc<Self>, key: LockKey, token: Token) -> BoxFuture<Result<bool, StoreError>> {

@@ -192,6 +192,7 @@ impl std::error::Error for TooFewReplicas {}
 struct Scripts {
     acquire: Script,
     renew: Script,
+    renew_many: Script,
     release: Script,
 }
 
@@ -200,6 +201,7 @@ impl Scripts {
         Arc::new(Self {
             acquire: Script::new(include_str!("scripts/acquire.lua")),
             renew: Script::new(include_str!("scripts/renew.lua")),
+            renew_many: Script::new(include_str!("scripts/renew_many.lua")),
             release: Script::new(include_str!("scripts/release.lua")),
         })
     }
@@ -693,6 +695,53 @@ impl LockStore for RedisStore {
             )
             .await?;
         Ok(n == 1)
+    }
+
+    /// One script for the whole batch (and one `WAIT`, with replica acknowledgement on). A
+    /// cluster renews key by key: its keys live in different slots.
+    async fn renew_many(
+        &self,
+        leases: &[(LockKey, Token)],
+        ttl: Duration,
+    ) -> Vec<Result<bool, StoreError>> {
+        #[cfg(feature = "cluster")]
+        let one_by_one = matches!(self.transport, Transport::Cluster(_));
+        #[cfg(not(feature = "cluster"))]
+        let one_by_one = false;
+        if one_by_one || leases.len() == 1 {
+            let renewals = leases
+                .iter()
+                .map(|(key, token)| self.renew(key, token, ttl));
+            return futures_util::future::join_all(renewals).await;
+        }
+        let keys: Vec<&[u8]> = leases.iter().map(|(key, _)| key.as_bytes()).collect();
+        let ttl = ms(ttl);
+        let mut args: Vec<&[u8]> = Vec::with_capacity(leases.len() + 1);
+        args.push(&ttl);
+        args.extend(leases.iter().map(|(_, token)| token.as_bytes()));
+        let answer: Result<(Vec<i64>, _), _> = self
+            .invoke(&self.scripts.renew_many, &keys, &args, true)
+            .await;
+        match answer {
+            Ok((renewed, acks)) if renewed.len() == leases.len() => {
+                let replicated = self.check_acks(acks);
+                renewed
+                    .into_iter()
+                    .map(|n| match n {
+                        1 => replicated.clone().map(|()| true),
+                        _ => Ok(false),
+                    })
+                    .collect()
+            }
+            Ok(_) => {
+                let error = StoreError::msg(
+                    StoreErrorKind::Backend,
+                    "the batch renewal script answered for the wrong number of leases",
+                );
+                vec![Err(error); leases.len()]
+            }
+            Err(error) => vec![Err(error); leases.len()],
+        }
     }
 
     fn watch(&self, key: &LockKey) -> Option<ReleaseWatch> {
