@@ -187,37 +187,46 @@ where
                     });
                 }
                 StateProj::Running { fut, running } => {
-                    if let Some(held) = running.as_mut() {
-                        let lost = match held.renewer.as_mut() {
-                            Some(renewer) => renewer.poll_lost(cx),
-                            None => Poll::Pending,
-                        };
-                        if let Poll::Ready(reason) = lost {
-                            held.renewer = None;
-                            let config = held.shared.locker.config();
-                            if config.on_lease_lost_value() == OnLeaseLost::Abort {
-                                telemetry::record_end("lease_lost", Some(&held.lease));
-                                let response = held.shared.reject(LockError::LeaseLost(reason));
-                                if reason == LostReason::MaxHold {
-                                    // Still ours: release first, so a retry does not meet it.
-                                    let release = held.guard.release_now();
-                                    this.state.set(State::ReleasingRejected {
-                                        release,
-                                        response: Some(response),
-                                    });
-                                } else {
-                                    // Most likely not ours any more, and the store may be down:
-                                    // dropping the running state drops the inner future (abort)
-                                    // and the armed guard, which releases in a spawned task.
-                                    this.state.set(State::Rejected {
-                                        response: Some(response),
-                                    });
+                    // The inner future first: one that is ready at once (no waiting) never
+                    // starts the renewal timer.
+                    let output = match fut.poll(cx) {
+                        Poll::Ready(output) => output,
+                        Poll::Pending => {
+                            if let Some(held) = running.as_mut() {
+                                let lost = match held.renewer.as_mut() {
+                                    Some(renewer) => renewer.poll_lost(cx),
+                                    None => Poll::Pending,
+                                };
+                                if let Poll::Ready(reason) = lost {
+                                    held.renewer = None;
+                                    let config = held.shared.locker.config();
+                                    if config.on_lease_lost_value() == OnLeaseLost::Abort {
+                                        telemetry::record_end("lease_lost", Some(&held.lease));
+                                        let response =
+                                            held.shared.reject(LockError::LeaseLost(reason));
+                                        if reason == LostReason::MaxHold {
+                                            // Still ours: release before answering.
+                                            let release = held.guard.release_now();
+                                            this.state.set(State::ReleasingRejected {
+                                                release,
+                                                response: Some(response),
+                                            });
+                                        } else {
+                                            // Likely not ours any more, the store maybe down:
+                                            // dropping the running state drops the inner
+                                            // future (abort) and the armed guard, which
+                                            // releases in a spawned task.
+                                            this.state.set(State::Rejected {
+                                                response: Some(response),
+                                            });
+                                        }
+                                        continue;
+                                    }
                                 }
-                                continue;
                             }
+                            return Poll::Pending;
                         }
-                    }
-                    let output = ready!(fut.poll(cx));
+                    };
                     let Some(mut held) = running.take() else {
                         return Poll::Ready(output.map(|r| r.map(ResponseBody::new)));
                     };

@@ -36,7 +36,10 @@ pub(crate) struct Renewer {
     interval: Duration,
     store_timeout: Duration,
     hold_until: Option<Instant>,
-    sleep: Pin<Box<Sleep>>,
+    /// When the next renewal is due.
+    next_at: Instant,
+    /// Created at the first poll: a request that finishes before it ever waits registers no timer.
+    sleep: Option<Pin<Box<Sleep>>>,
     in_flight: Option<(Instant, BoxFuture<Result<bool, StoreError>>)>,
 }
 
@@ -68,14 +71,18 @@ impl Renewer {
             interval: settings.interval,
             store_timeout: settings.store_timeout,
             hold_until,
-            sleep: Box::pin(sleep_until(first)),
+            next_at: first,
+            sleep: None,
             in_flight: None,
         }
     }
 
     fn schedule(&mut self, at: Instant) {
         let at = self.hold_until.map_or(at, |h| at.min(h));
-        self.sleep.as_mut().reset(at);
+        self.next_at = at;
+        if let Some(sleep) = &mut self.sleep {
+            sleep.as_mut().reset(at);
+        }
     }
 
     fn lose(&self, reason: LostReason) -> Poll<LostReason> {
@@ -124,7 +131,11 @@ impl Renewer {
                     }
                 }
             }
-            ready!(self.sleep.as_mut().poll(cx));
+            let next_at = self.next_at;
+            let sleep = self
+                .sleep
+                .get_or_insert_with(|| Box::pin(sleep_until(next_at)));
+            ready!(sleep.as_mut().poll(cx));
             let now = Instant::now();
             if self.hold_until.is_some_and(|h| now >= h) {
                 return self.lose(LostReason::MaxHold);
