@@ -13,6 +13,7 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 use tokio::time::timeout;
 use tower::{BoxError, Service};
+use tracing::Span;
 
 use super::{
     body::ResponseBody, error::IdempotencyError, key::IdempotencyKey, layer::Shared, record::Record,
@@ -24,6 +25,7 @@ use crate::{
     locker::{Held, ReleaseGuard},
     renew::Renewer,
     store::{BoxFuture, StoreError, StoreErrorKind},
+    telemetry,
 };
 
 pin_project! {
@@ -42,6 +44,8 @@ pin_project! {
         #[pin]
         state: State<S, ReqBody, S::Future, ResBody, S::Error>,
         shared: Arc<Shared>,
+        // The `lock` span, as `LockLayer`'s (disabled for requests without a key).
+        span: Span,
     }
 }
 
@@ -149,6 +153,7 @@ where
         Self {
             state: State::Passthrough { fut },
             shared,
+            span: Span::none(),
         }
     }
 
@@ -158,10 +163,12 @@ where
                 output: Some(Ok(response.map(ResponseBody::full))),
             },
             shared,
+            span: Span::none(),
         }
     }
 
     pub(crate) fn reading(shared: Arc<Shared>, begun: Begun<S>, body: ReqBody) -> Self {
+        let span = telemetry::span(&begun.key, shared.config.lock.key_display_value());
         Self {
             state: State::Reading {
                 body,
@@ -169,6 +176,7 @@ where
                 begun: Some(begun),
             },
             shared,
+            span,
         }
     }
 }
@@ -206,6 +214,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        let _entered = this.span.enter();
         let shared: &Arc<Shared> = this.shared;
         let config = &shared.config;
         let store_timeout = config.lock.store_timeout_value();
@@ -263,7 +272,17 @@ where
                 }
                 StateProj::Acquiring { acquire, pending } => {
                     let (held, contended) = match ready!(acquire.as_mut().poll(cx)) {
-                        Ok(held) => (Some(held), None),
+                        Ok(held) => {
+                            let waited = held
+                                .acquired_at
+                                .saturating_duration_since(held.requested_at);
+                            telemetry::record_acquired(
+                                held.lease.fencing_token(),
+                                held.attempts,
+                                waited,
+                            );
+                            (Some(held), None)
+                        }
                         // Still held: by the first request, running, or by a retry that is
                         // replaying its record right now. The record tells which.
                         Err(error) if matches!(error, LockError::Contended { .. }) => {
