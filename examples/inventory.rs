@@ -82,7 +82,6 @@ use axum::{
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 use tower_lock::{Key, Lease, LockConfig, Wait};
-use tracing_subscriber::EnvFilter;
 
 #[path = "common/app.rs"]
 mod app;
@@ -98,16 +97,8 @@ const MAX_WORK_MS: u64 = 60_000;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .init();
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    app::init_logging();
+    app::exit_code(run().await)
 }
 
 async fn run() -> Result<(), Box<dyn Error>> {

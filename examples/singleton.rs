@@ -52,7 +52,6 @@ use tokio::{
     time::{MissedTickBehavior, interval, sleep},
 };
 use tower_lock::{Lease, LeaseGuard, LockConfig, Locker, MemoryStore, RedisStore, Wait};
-use tracing_subscriber::EnvFilter;
 
 /// How many instances the in-memory demo runs.
 const MEMORY_INSTANCES: usize = 3;
@@ -61,16 +60,8 @@ type BoxError = Box<dyn Error + Send + Sync>;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .init();
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    app::init_logging();
+    app::exit_code(run().await)
 }
 
 async fn run() -> Result<(), BoxError> {

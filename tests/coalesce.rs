@@ -85,36 +85,6 @@ async fn redis_fifo_without_timers() {
     fifo_without_timers(RedisStore::connect(server.url()).await.unwrap()).await;
 }
 
-/// A store that cannot tell when a key is released (the trait's default `watch`).
-#[derive(Clone)]
-struct NoWatch(MemoryStore);
-
-impl LockStore for NoWatch {
-    async fn acquire(
-        &self,
-        key: &tower_lock::key::LockKey,
-        token: &tower_lock::Token,
-        ttl: Duration,
-    ) -> Result<tower_lock::store::Acquire, tower_lock::store::StoreError> {
-        self.0.acquire(key, token, ttl).await
-    }
-    async fn renew(
-        &self,
-        key: &tower_lock::key::LockKey,
-        token: &tower_lock::Token,
-        ttl: Duration,
-    ) -> Result<bool, tower_lock::store::StoreError> {
-        self.0.renew(key, token, ttl).await
-    }
-    async fn release(
-        &self,
-        key: &tower_lock::key::LockKey,
-        token: &tower_lock::Token,
-    ) -> Result<bool, tower_lock::store::StoreError> {
-        self.0.release(key, token).await
-    }
-}
-
 /// Two *separate* lockers (as two processes have) do not share a local queue; the loser waits
 /// in the store. Returns how long the second request took.
 async fn second_locker_waits(store: impl LockStore + Clone) -> Duration {
@@ -144,7 +114,7 @@ async fn separate_lockers_are_woken_by_the_release() {
 /// The negative control: without release announcements the loser waits for its 700 ms timer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_announcements_waiters_use_the_timer() {
-    let took = second_locker_waits(NoWatch(MemoryStore::new())).await;
+    let took = second_locker_waits(support::Tweaked::default()).await;
     assert!(took >= Duration::from_millis(600), "{took:?}");
 }
 

@@ -465,45 +465,22 @@ fn release_without_a_runtime_does_not_panic() {
     drop(guard);
 }
 
-/// A store whose release takes a while, to drop the response future while it is releasing.
-#[derive(Clone)]
-struct SlowRelease(MemoryStore);
-
-impl tower_lock::LockStore for SlowRelease {
-    async fn acquire(
-        &self,
-        key: &tower_lock::key::LockKey,
-        token: &tower_lock::Token,
-        ttl: Duration,
-    ) -> Result<tower_lock::store::Acquire, tower_lock::store::StoreError> {
-        self.0.acquire(key, token, ttl).await
-    }
-    async fn renew(
-        &self,
-        key: &tower_lock::key::LockKey,
-        token: &tower_lock::Token,
-        ttl: Duration,
-    ) -> Result<bool, tower_lock::store::StoreError> {
-        self.0.renew(key, token, ttl).await
-    }
-    async fn release(
-        &self,
-        key: &tower_lock::key::LockKey,
-        token: &tower_lock::Token,
-    ) -> Result<bool, tower_lock::store::StoreError> {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        self.0.release(key, token).await
-    }
-}
-
 /// Dropped while releasing (the client hung up just as the handler finished): the release is
 /// sent again from a spawned task, so the key does not wait for its TTL.
 #[tokio::test]
 async fn dropped_while_releasing_still_releases() {
     let memory = MemoryStore::new();
     let config = LockConfig::default().ttl(Duration::from_secs(30));
-    let layer = LockLayer::with_config(SlowRelease(memory.clone()), Key::path_param("sku"), config)
-        .unwrap();
+    let layer = LockLayer::with_config(
+        support::Tweaked {
+            inner: memory.clone(),
+            release_delay: Duration::from_millis(100),
+            announce: true,
+        },
+        Key::path_param("sku"),
+        config,
+    )
+    .unwrap();
     let counter = Counter::new();
     let app = counter_app(Arc::clone(&counter), Some(layer));
     let request = tokio::spawn({

@@ -1,6 +1,26 @@
 //! Small pieces every example needs: reading the environment and stopping cleanly.
 
-use std::{env, str::FromStr};
+use std::{env, fmt::Display, process::ExitCode, str::FromStr};
+
+/// Logs through `tracing-subscriber`, filtered by `RUST_LOG` (default `info`).
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+}
+
+/// The process's exit code for `run`'s result, printing the error if there is one.
+pub fn exit_code(result: Result<(), impl Display>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
 
 /// The variable parsed as a `T`, or `default` when it is unset.
 pub fn env_or<T: FromStr>(name: &str, default: T) -> Result<T, String>

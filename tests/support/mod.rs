@@ -565,3 +565,51 @@ impl Backend for Cluster {
             .expect("connect to the test cluster")
     }
 }
+
+/// A `MemoryStore` with knobs, for the layer's own behaviour: a slow release, or no release
+/// announcements (the trait's default `watch`).
+#[derive(Clone, Default)]
+pub struct Tweaked {
+    pub inner: MemoryStore,
+    /// How long each release waits before it reaches the store.
+    pub release_delay: Duration,
+    /// Whether waiters are told about releases (as `MemoryStore` does).
+    pub announce: bool,
+}
+
+impl LockStore for Tweaked {
+    async fn acquire(
+        &self,
+        key: &tower_lock::key::LockKey,
+        token: &tower_lock::Token,
+        ttl: Duration,
+    ) -> Result<tower_lock::store::Acquire, tower_lock::store::StoreError> {
+        self.inner.acquire(key, token, ttl).await
+    }
+
+    async fn renew(
+        &self,
+        key: &tower_lock::key::LockKey,
+        token: &tower_lock::Token,
+        ttl: Duration,
+    ) -> Result<bool, tower_lock::store::StoreError> {
+        self.inner.renew(key, token, ttl).await
+    }
+
+    async fn release(
+        &self,
+        key: &tower_lock::key::LockKey,
+        token: &tower_lock::Token,
+    ) -> Result<bool, tower_lock::store::StoreError> {
+        tokio::time::sleep(self.release_delay).await;
+        self.inner.release(key, token).await
+    }
+
+    fn watch(&self, key: &tower_lock::key::LockKey) -> Option<tower_lock::store::ReleaseWatch> {
+        if self.announce {
+            self.inner.watch(key)
+        } else {
+            None
+        }
+    }
+}
