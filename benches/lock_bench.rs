@@ -163,6 +163,7 @@ struct Settings {
     cycles: Duration,
     cycle_count_ops: u64,
     contended: Duration,
+    contended_count: Duration,
     renewal_hold: Duration,
     memory_requests: usize,
     rslock_retry: Duration,
@@ -220,6 +221,7 @@ impl Settings {
             cycles: Duration::from_secs(if quick { 2 } else { 5 }),
             cycle_count_ops: 2_000,
             contended: Duration::from_secs(if quick { 2 } else { 5 }),
+            contended_count: Duration::from_secs(2),
             renewal_hold: Duration::from_millis(if quick { 3_500 } else { 5_000 }),
             memory_requests: if full {
                 1_000_000
@@ -1082,24 +1084,32 @@ fn spawn_waiters(
         .collect()
 }
 
-/// All waiters in this process.
+/// All waiters in this process, for `window`; with `count`, MONITOR counts the commands.
 async fn contended(
     peer: Peer,
     waiters: usize,
     redis: &RedisServer,
     s: &Settings,
     rtt: Duration,
+    (window, count): (Duration, bool),
 ) -> ContendedSample {
     let url = redis.url();
     let tag = tag();
     let ready = connect_waiters(peer, waiters, &url, &tag, s.rslock_retry).await;
     let mut ctl = control(&url).await;
-    let monitor = Monitor::start(redis.port).await;
-    let end = Instant::now() + s.contended;
+    let monitor = if count {
+        Some(Monitor::start(redis.port).await)
+    } else {
+        None
+    };
+    let end = Instant::now() + window;
     let handles = spawn_waiters(ready, &tag, end);
     // Commands sent after the window closes (the last releases) are not counted.
     tokio::time::sleep_until(tokio::time::Instant::from_std(end)).await;
-    let counts = monitor.finish(&mut ctl).await;
+    let counts = match monitor {
+        Some(monitor) => monitor.finish(&mut ctl).await,
+        None => Counts::default(),
+    };
     let mut all = Vec::with_capacity(waiters);
     let mut waits = histogram();
     for handle in handles {
@@ -1109,7 +1119,7 @@ async fn contended(
         }
         all.push(stats);
     }
-    summarize(&all, &waits, &counts, s.contended, rtt)
+    summarize(&all, &waits, &counts, window, rtt)
 }
 
 /// Child processes of this benchmark, killed if still running when dropped.
@@ -1148,11 +1158,11 @@ fn instant_at(unix_us: u64) -> Instant {
 /// `--contended-child`), which all start and stop at the same wall-clock times.
 fn contended_processes(
     peer: Peer,
-    waiters: usize,
-    procs: usize,
+    (waiters, procs): (usize, usize),
     redis: &RedisServer,
     s: &Settings,
     rtt: Duration,
+    (window, count): (Duration, bool),
 ) -> ContendedSample {
     use std::io::BufRead as _;
     let url = redis.url();
@@ -1185,10 +1195,15 @@ fn contended_processes(
     let rt = runtime();
     let (mut ctl, monitor) = rt.block_on(async {
         let ctl = control(&url).await;
-        (ctl, Monitor::start(redis.port).await)
+        let monitor = if count {
+            Some(Monitor::start(redis.port).await)
+        } else {
+            None
+        };
+        (ctl, monitor)
     });
     let start_us = unix_micros() + 20_000;
-    let end_us = start_us + s.contended.as_micros() as u64;
+    let end_us = start_us + window.as_micros() as u64;
     for child in &mut children.0 {
         let stdin = child.stdin.as_mut().expect("child stdin");
         writeln!(stdin, "GO {start_us} {end_us}").expect("tell the child to go");
@@ -1196,7 +1211,10 @@ fn contended_processes(
     }
     let end = instant_at(end_us);
     std::thread::sleep(end.saturating_duration_since(Instant::now()));
-    let counts = rt.block_on(monitor.finish(&mut ctl));
+    let counts = match monitor {
+        Some(monitor) => rt.block_on(monitor.finish(&mut ctl)),
+        None => Counts::default(),
+    };
     rt.shutdown_timeout(Duration::from_secs(1));
     let mut all = Vec::with_capacity(waiters);
     let mut waits = histogram();
@@ -1232,7 +1250,7 @@ fn contended_processes(
         waiters,
         "child processes reported too few waiters"
     );
-    summarize(&all, &waits, &counts, s.contended, rtt)
+    summarize(&all, &waits, &counts, window, rtt)
 }
 
 /// `--contended-child <tower|rslock> <url> <key tag> <warm-up prefix> <waiters> <rslock retry ms>`:
@@ -1916,15 +1934,37 @@ fn main() {
             results.rtt_us.push(rtt.as_secs_f64() * 1e6);
             eprintln!("c. run {}: median EVALSHA round trip {rtt:?}", run + 1);
             for (waiters, procs, peer, samples) in &mut results.contended {
-                let sample = if *procs == 1 {
-                    // A fresh runtime per case: no waiter of one case lingers into the next.
-                    let case = runtime();
-                    let sample = case.block_on(contended(*peer, *waiters, &redis, &s, rtt));
-                    case.shutdown_timeout(Duration::from_secs(2));
-                    sample
-                } else {
-                    contended_processes(*peer, *waiters, *procs, &redis, &s, rtt)
+                let pass = |window: Duration, count: bool| {
+                    if *procs == 1 {
+                        // A fresh runtime per case: no waiter of one case lingers into the next.
+                        let case = runtime();
+                        let sample = case.block_on(contended(
+                            *peer,
+                            *waiters,
+                            &redis,
+                            &s,
+                            rtt,
+                            (window, count),
+                        ));
+                        case.shutdown_timeout(Duration::from_secs(2));
+                        sample
+                    } else {
+                        contended_processes(
+                            *peer,
+                            (*waiters, *procs),
+                            &redis,
+                            &s,
+                            rtt,
+                            (window, count),
+                        )
+                    }
                 };
+                // Timed without MONITOR (it costs Redis and the reader CPU per command, scripts'
+                // commands included), then the commands counted in a pass of their own.
+                let mut sample = pass(s.contended, false);
+                let counted = pass(s.contended_count, true);
+                sample.commands = counted.commands;
+                sample.breakdown = counted.breakdown;
                 eprintln!(
                     "c. run {}: {waiters} waiters in {procs} process(es), {:<22} {:>6.0}/s (ideal {:.0}), per waiter {}..{}, p99 {:.1} ms, {:.2} commands/acquisition",
                     run + 1,
@@ -2256,7 +2296,7 @@ fn render_counting(w: &mut String) {
          (`SUBSCRIBE`, `PUBLISH`) and `SCRIPT LOAD` included, and nothing a script runs. MONITOR \
          costs Redis some CPU per command, so for the high-rate scenarios (HTTP, uncontended \
          cycles) the commands are counted in a separate pass right after the timed one (a 1 s \
-         wrk run; 2,000 cycles), and for the low-rate ones (contended, renewal) during the timed \
+         wrk run; 2,000 cycles; a 2 s contended pass), and for the renewal scenario during the timed \
          window itself. Commands per operation = commands counted ÷ operations in the same \
          window; for HTTP, requests are counted as they reach the server (before the lock), and \
          the count waits 300 ms after wrk stops for the releases of cut-off requests.\n"
@@ -2408,8 +2448,11 @@ fn render_contended(w: &mut String, s: &Settings, r: &Results) {
          `acquire_no_guard` loop. Wait time runs from the call to acquire to its return. The \
          ideal rate is 1 / (mean measured hold + median `EVALSHA` round trip); the round trip, \
          measured sequentially on one connection before each run, was {} µs. Every waiter \
-         connects and takes one warm-up lease on a key of its own before the window opens; \
-         commands are counted over the window, with MONITOR running. **1 process**: every \
+         connects and takes one warm-up lease on a key of its own before the window opens. \
+         Commands are counted in a separate {} s pass of the same case right after the timed \
+         one, with MONITOR running (MONITOR slows Redis and the benchmark's reader down per \
+         command, scripts' own commands included, so the timed window runs without it). \
+         **1 process**: every \
          waiter is a task in the benchmark's process (one tokio runtime, 2 workers). **2 \
          processes**: the benchmark starts its own binary twice (`--contended-child`), each child \
          runs half the waiters on its own 2-worker runtime, and both start and stop at the same \
@@ -2418,7 +2461,8 @@ fn render_contended(w: &mut String, s: &Settings, r: &Results) {
         HOLD.as_millis(),
         s.rslock_retry.as_millis(),
         s.rslock_retry.as_millis(),
-        stat(&r.rtt_us, f0)
+        stat(&r.rtt_us, f0),
+        s.contended_count.as_secs()
     );
     let _ = writeln!(
         w,

@@ -17,7 +17,7 @@ use crate::{
     lease::Lease,
     local::{LocalQueues, Turn},
     renew::{Renewer, RenewerSettings},
-    store::{Acquire, BoxFuture, DynStore, LockStore, StoreError},
+    store::{Acquire, BoxFuture, DynStore, LockStore, Signal, StoreError},
     telemetry::{self, Chain, Op},
     token::Token,
 };
@@ -80,6 +80,9 @@ pub(crate) struct Held {
     /// When the first attempt was made.
     pub(crate) requested_at: Instant,
     pub(crate) attempts: u32,
+    /// When the first renewal is due, if sooner than usual: a key handed over by a release is
+    /// only reserved for the claim window until that renewal confirms it.
+    pub(crate) renew_by: Option<Instant>,
 }
 
 impl Locker {
@@ -158,6 +161,7 @@ impl Locker {
             held.lease.clone(),
             held.guard.token.clone(),
             held.acquired_at,
+            held.renew_by,
             RenewerSettings {
                 ttl: config.ttl_value(),
                 interval: config.renew_interval_value(),
@@ -203,17 +207,49 @@ impl Locker {
                 });
             }
         }
+        // With a store that hands off, a waiter joins the key's queue and is handed the key by
+        // the release before it; registered before the first attempt, so nothing is missed.
+        let mut queue = if config.wait_value().waits() {
+            guard.store.queue_watch(&guard.key, &guard.token)
+        } else {
+            None
+        };
+        let mut queued = false;
+        let mut handed: Option<(u64, Instant)> = None;
         let mut delays = None;
         let mut attempts = 0u32;
         loop {
+            if let Some((fencing_token, valid_until)) = handed.take() {
+                // Handed over: reserved for us until at least `valid_until`. With enough of it
+                // left, run now and let the first renewal confirm; otherwise confirm first.
+                if valid_until.saturating_duration_since(Instant::now()) >= MIN_HANDED_OVER {
+                    return Ok(self.handed_over(
+                        guard,
+                        fencing_token,
+                        valid_until,
+                        start,
+                        attempts,
+                    ));
+                }
+            }
             attempts += 1;
             let sent_at = Instant::now();
             let limit = deadline.map_or(floor, |d| d.saturating_duration_since(sent_at).max(floor));
             // Registered before the attempt, so a release right after it is not missed.
-            let released = guard.store.watch(&guard.key);
+            let released = match queue {
+                Some(_) => None,
+                None => guard.store.watch(&guard.key),
+            };
             guard.armed = true;
-            let attempt =
-                Arc::clone(&guard.store).acquire(guard.key.clone(), guard.token.clone(), ttl);
+            let (store, key, token) = (
+                Arc::clone(&guard.store),
+                guard.key.clone(),
+                guard.token.clone(),
+            );
+            let attempt = match queue {
+                Some(_) => store.enqueue(key, token, ttl),
+                None => store.acquire(key, token, ttl),
+            };
             let answer = timeout(limit, attempt)
                 .await
                 .unwrap_or_else(|_| Err(StoreError::timeout(limit)));
@@ -235,11 +271,16 @@ impl Locker {
                         acquired_at: sent_at,
                         requested_at: start,
                         attempts,
+                        renew_by: None,
                     });
                 }
                 Ok(Acquire::Held { expires_in }) => expires_in,
+                Ok(Acquire::Queued { expires_in }) => {
+                    queued = true;
+                    expires_in
+                }
                 // A bounded wait fails fast on a store error (503). The armed guard releases in
-                // case the command was executed after all.
+                // case the command was executed after all (and leaves the queue).
                 Err(error) if deadline.is_some() => {
                     telemetry::store_error(guard.key.scope(), Op::Acquire);
                     return Err(error.into());
@@ -259,7 +300,9 @@ impl Locker {
                     None
                 }
             };
-            guard.armed = false;
+            // While queued, the key may be handed to us at any moment: stay armed, so that
+            // giving up (or being dropped) leaves the queue or passes the key on.
+            guard.armed = queued;
             let now = Instant::now();
             let next = delays
                 .get_or_insert_with(|| config.wait_value().delays())
@@ -279,23 +322,76 @@ impl Locker {
                     });
                 }
             };
-            match released {
-                // Woken by the release; the timer is only the fallback, for a lost notification:
-                // when the holder's lease would run out, or at the deadline.
-                Some(released) => {
-                    let fallback = now + expires_in.unwrap_or(ttl);
-                    let fallback = deadline.map_or(fallback, |d| fallback.min(d));
+            // The timer is only the fallback, for a lost message: when the holder's lease
+            // would run out, or at the deadline.
+            let fallback = now + expires_in.unwrap_or(ttl);
+            let mut fallback = deadline.map_or(fallback, |d| fallback.min(d));
+            match (&mut queue, released) {
+                (Some(watch), _) if queued => {
+                    tracing::debug!(attempts, "lease contended; queued for its hand-off");
+                    loop {
+                        tokio::select! {
+                            signal = watch.signal() => match signal {
+                                Signal::Granted { fencing_token, valid_until } => {
+                                    handed = Some((fencing_token, valid_until));
+                                    break;
+                                }
+                                // The waiter before us was just handed the key: if it never
+                                // claims it (its process died), check again after the window.
+                                Signal::Next { within } => {
+                                    let by = Instant::now() + within + NEXT_SLACK;
+                                    fallback = fallback.min(by);
+                                }
+                                _ => break,
+                            },
+                            () = sleep_until(fallback) => break,
+                        }
+                    }
+                }
+                // Woken by the release (a store that announces them).
+                (_, Some(released)) => {
                     tracing::debug!(attempts, "lease contended; waiting for its release");
                     tokio::select! {
                         () = released => {}
                         () = sleep_until(fallback) => {}
                     }
                 }
-                None => {
+                _ => {
                     tracing::debug!(attempts, "lease contended; waiting");
                     sleep_until(wake).await;
                 }
             }
+            // A store that could not queue us this time (no subscription) is asked again
+            // next time, with a fresh registration.
+            if queue.is_some() && !queued {
+                queue = guard.store.queue_watch(&guard.key, &guard.token);
+            }
+        }
+    }
+
+    /// The lease a release handed to this waiter: held from now, reserved until `valid_until`,
+    /// with the first renewal (the claim) due within a third of that.
+    fn handed_over(
+        &self,
+        mut guard: ReleaseGuard,
+        fencing_token: u64,
+        valid_until: Instant,
+        requested_at: Instant,
+        attempts: u32,
+    ) -> Held {
+        let now = Instant::now();
+        let left = valid_until.saturating_duration_since(now);
+        let waited = now - requested_at;
+        tracing::debug!(attempts, ?waited, "lease handed over");
+        telemetry::acquired(guard.key.scope(), waited);
+        guard.held_since = Some(now);
+        Held {
+            lease: Lease::new(guard.key.clone(), fencing_token, now, left),
+            guard,
+            acquired_at: now,
+            requested_at,
+            attempts,
+            renew_by: Some(now + left / 3),
         }
     }
 }
@@ -311,6 +407,14 @@ impl fmt::Debug for Locker {
 async fn watch(mut renewer: Renewer) {
     poll_fn(|cx| renewer.poll_lost(cx)).await;
 }
+
+/// A key handed over by a release is run at once only with at least this much of its claim
+/// window left; with less, the waiter confirms it (one more round trip) first.
+const MIN_HANDED_OVER: Duration = Duration::from_millis(100);
+
+/// Added to a claim window before the next waiter checks again, so that a claim in flight
+/// lands first.
+const NEXT_SLACK: Duration = Duration::from_millis(50);
 
 /// Releases a lease when dropped, unless disarmed; never blocks and never panics.
 pub(crate) struct ReleaseGuard {

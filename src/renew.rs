@@ -57,10 +57,12 @@ impl Renewer {
         lease: Lease,
         token: Token,
         acquired_at: Instant,
+        renew_by: Option<Instant>,
         settings: RenewerSettings,
     ) -> Self {
         let hold_until = settings.max_hold.map(|d| acquired_at + d);
         let first = acquired_at + settings.interval;
+        let first = renew_by.map_or(first, |by| first.min(by));
         let first = hold_until.map_or(first, |h| first.min(h));
         Self {
             store,

@@ -232,6 +232,12 @@ impl Wait {
         self
     }
 
+    /// Whether a contended attempt is ever retried (false for [`none`](Self::none) and a
+    /// deadline of zero).
+    pub(crate) fn waits(&self) -> bool {
+        !matches!(self.backoff, Backoff::None) && self.deadline != Some(Duration::ZERO)
+    }
+
     /// The total time to keep trying, `None` for forever.
     pub fn total(&self) -> Option<Duration> {
         self.deadline

@@ -8,14 +8,14 @@ use redis::Script;
 use super::store::{IdempotencyStore, record_key};
 use crate::{
     key::LockKey,
-    store::{RedisStore, StoreError},
+    store::{RedisStore, StoreError, lock_script},
     token::Token,
 };
 
 /// Built once: `redis::Script` hashes its source, and the store reloads it on `NOSCRIPT`.
 static LOOKUP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/lookup.lua")));
 static COMPLETE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/complete.lua")));
+    LazyLock::new(|| lock_script(include_str!("scripts/complete.lua")));
 
 fn ms(d: Duration) -> Vec<u8> {
     d.as_millis().max(1).to_string().into_bytes()
@@ -38,24 +38,16 @@ impl IdempotencyStore for RedisStore {
     ) -> Result<bool, StoreError> {
         let record_key = record_key(key);
         let mut keys: Vec<&[u8]> = vec![key.as_bytes(), &record_key];
-        // The lock's waiter marker, when releases are announced.
-        let release_keys = self.release_keys(key);
-        if let Some(waiting) = release_keys.get(1) {
-            keys.push(waiting);
+        let retention = ms(retention);
+        let mut args: Vec<&[u8]> = vec![token.as_bytes(), &record, &retention];
+        // The lock's fencing counter and queue, and their arguments, with hand-off on.
+        let extra = self.handoff_keys(key);
+        let extra_args = self.handoff_args();
+        if let Some([fence, queue]) = &extra {
+            keys.extend([&fence[..], &queue[..]]);
+            args.extend([&extra_args[0][..], &extra_args[1][..]]);
         }
-        let (done, _): (i64, _) = self
-            .invoke(
-                &COMPLETE,
-                &keys,
-                &[
-                    token.as_bytes(),
-                    &record,
-                    &ms(retention),
-                    self.announce_channel(),
-                ],
-                false,
-            )
-            .await?;
+        let (done, _): (i64, _) = self.invoke(&COMPLETE, &keys, &args, false).await?;
         Ok(done == 1)
     }
 }

@@ -9,8 +9,8 @@
 
 #[cfg(feature = "cluster")]
 mod cluster;
+mod handoff;
 mod memory;
-mod notify;
 mod redis;
 mod redlock;
 #[cfg(feature = "sentinel")]
@@ -19,10 +19,13 @@ mod watch;
 
 use std::{error::Error as StdError, fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
 
+use tokio::time::Instant;
+
 #[cfg(feature = "cluster")]
 pub use self::cluster::ClusterStore;
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
+pub(crate) use self::redis::lock_script;
 pub use self::redlock::RedlockStore;
 #[cfg(feature = "sentinel")]
 pub use self::sentinel::SentinelStore;
@@ -44,6 +47,70 @@ pub enum Acquire {
         /// How long the current holder's lease has left, when the store knows.
         expires_in: Option<Duration>,
     },
+    /// Another holder has the key, and the caller now has a place in the key's wait queue
+    /// (only from [`LockStore::enqueue`]): a release will hand the key to the caller's token,
+    /// announced on the caller's [`QueueWatch`]. Until the caller acquires, it must
+    /// [`release`](LockStore::release) with its token to leave the queue.
+    Queued {
+        /// How long until the caller should check again if it hears nothing: the holder's
+        /// remaining lease, or less.
+        expires_in: Option<Duration>,
+    },
+}
+
+/// What a queued waiter hears from its store, through [`QueueWatch::signal`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Signal {
+    /// The key was handed to the waiter's token. It is held for the waiter at least until
+    /// `valid_until` (or is already lost, if that has passed); the waiter confirms it with a
+    /// renewal before then.
+    Granted {
+        /// The lease's fencing token.
+        fencing_token: u64,
+        /// A lower bound on when the handed-over lease runs out, unless renewed.
+        valid_until: Instant,
+    },
+    /// The waiter is next in line: the key was just handed to the waiter before it, which must
+    /// confirm within `within`. If nothing else arrives by then, the waiter checks again.
+    Next {
+        /// The hand-off's claim window.
+        within: Duration,
+    },
+    /// Something may have changed (for example, the store's subscription reconnected and may
+    /// have missed messages): check again now.
+    Retry,
+}
+
+/// A waiter's registration with a store's hand-off queue, made by [`LockStore::queue_watch`]
+/// before its first attempt so that no signal is missed. Dropping it unregisters.
+pub struct QueueWatch(Pin<Box<dyn QueueSignals>>);
+
+/// The source of a [`QueueWatch`]'s signals.
+pub trait QueueSignals: Send {
+    /// The next signal; pending until one arrives.
+    fn poll_signal(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Signal>;
+}
+
+impl QueueWatch {
+    /// Wraps a source of signals.
+    pub fn new(signals: impl QueueSignals + 'static) -> Self {
+        Self(Box::pin(signals))
+    }
+
+    /// Waits for the next signal.
+    pub async fn signal(&mut self) -> Signal {
+        std::future::poll_fn(|cx| self.0.as_mut().poll_signal(cx)).await
+    }
+}
+
+impl fmt::Debug for QueueWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("QueueWatch")
+    }
 }
 
 /// A backend that can hold leases.
@@ -118,6 +185,31 @@ pub trait LockStore: Send + Sync + 'static {
         let _ = key;
         None
     }
+
+    /// Registers `token` to hear hand-off signals for `key`, for a waiter that will call
+    /// [`enqueue`](Self::enqueue). `None` (the default): this store does not hand off, and the
+    /// waiter uses [`acquire`](Self::acquire) and [`watch`](Self::watch).
+    ///
+    /// A store that hands off keeps a first-come-first-served queue per key: a release gives
+    /// the key straight to the head of the queue instead of freeing it, so waiters never race
+    /// each other (or the releasing holder) for it. [`RedisStore`] does, by default.
+    fn queue_watch(&self, key: &LockKey, token: &Token) -> Option<QueueWatch> {
+        let _ = (key, token);
+        None
+    }
+
+    /// Like [`acquire`](Self::acquire), and when the key is held, queues `token` for a hand-off
+    /// ([`Acquire::Queued`]), or keeps its place if it is queued already. When the key was
+    /// handed to `token`, this claims it (for `ttl`) and answers `Acquired`. Only called after
+    /// [`queue_watch`](Self::queue_watch) returned a watch; the default is `acquire`.
+    fn enqueue(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Acquire, StoreError>> + Send {
+        self.acquire(key, token, ttl)
+    }
 }
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -145,6 +237,13 @@ pub(crate) trait DynStore: Send + Sync + 'static {
     fn release(self: Arc<Self>, key: LockKey, token: Token) -> BoxFuture<Result<bool, StoreError>>;
     fn validity(&self, ttl: Duration) -> Duration;
     fn watch(&self, key: &LockKey) -> Option<ReleaseWatch>;
+    fn queue_watch(&self, key: &LockKey, token: &Token) -> Option<QueueWatch>;
+    fn enqueue(
+        self: Arc<Self>,
+        key: LockKey,
+        token: Token,
+        ttl: Duration,
+    ) -> BoxFuture<Result<Acquire, StoreError>>;
 }
 
 impl<S: LockStore> DynStore for S {
@@ -184,6 +283,19 @@ impl<S: LockStore> DynStore for S {
 
     fn watch(&self, key: &LockKey) -> Option<ReleaseWatch> {
         LockStore::watch(self, key)
+    }
+
+    fn queue_watch(&self, key: &LockKey, token: &Token) -> Option<QueueWatch> {
+        LockStore::queue_watch(self, key, token)
+    }
+
+    fn enqueue(
+        self: Arc<Self>,
+        key: LockKey,
+        token: Token,
+        ttl: Duration,
+    ) -> BoxFuture<Result<Acquire, StoreError>> {
+        Box::pin(async move { LockStore::enqueue(&*self, &key, &token, ttl).await })
     }
 }
 

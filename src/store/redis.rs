@@ -15,17 +15,17 @@ use redis::{
 };
 use tokio::sync::OnceCell;
 
-use super::{
-    Acquire, LockStore, ReleaseWatch, StoreError, StoreErrorKind,
-    notify::{DEFAULT_CHANNEL, Notifier},
-};
+use super::{Acquire, LockStore, QueueWatch, StoreError, StoreErrorKind, handoff::Handoff};
 use crate::{key::LockKey, token::Token};
 
 /// Suffix of the fencing counter's key, next to the lock key (same hash slot).
 const FENCE_SUFFIX: &[u8] = b":fence";
 
-/// Suffix of the "someone waits for this lock" marker, next to the lock key (same hash slot).
-const WAITING_SUFFIX: &[u8] = b":waiting";
+/// Suffix of the hand-off queue's key, next to the lock key (same hash slot).
+const QUEUE_SUFFIX: &[u8] = b":queue";
+
+/// How long a key handed to a waiter stays reserved for it unless it confirms (default).
+const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_secs(1);
 
 /// Leases held in Redis, shared by every instance that uses the same server.
 ///
@@ -80,11 +80,11 @@ pub struct RedisStore {
     fence_retention: Duration,
     replicas: Option<ReplicaAcks>,
     native: Arc<NativeState>,
-    /// Release announcements, when turned on (`announce_releases`).
-    notify: Option<Arc<Notifier>>,
-    /// The server's address, for the announcements' own connection (stores made by `connect`).
+    /// The hand-off queue's signals, when on (`handoff`).
+    handoff: Option<Arc<Handoff>>,
+    claim_window: Duration,
+    /// The server's address, for the hand-off's own connection (stores made by `connect`).
     client: Option<Client>,
-    channel: Arc<str>,
 }
 
 #[derive(Clone)]
@@ -196,13 +196,21 @@ struct Scripts {
     release: Script,
 }
 
+/// The functions shared by the scripts that take or give up a lock.
+const HANDOFF_LUA: &str = include_str!("scripts/handoff.lua");
+
+/// A script that takes or gives up a lock: the shared hand-off functions, then `body`.
+pub(crate) fn lock_script(body: &str) -> Script {
+    Script::new(&format!("{HANDOFF_LUA}{body}"))
+}
+
 impl Scripts {
     fn new() -> Arc<Self> {
         Arc::new(Self {
-            acquire: Script::new(include_str!("scripts/acquire.lua")),
+            acquire: lock_script(include_str!("scripts/acquire.lua")),
             renew: Script::new(include_str!("scripts/renew.lua")),
             renew_many: Script::new(include_str!("scripts/renew_many.lua")),
-            release: Script::new(include_str!("scripts/release.lua")),
+            release: lock_script(include_str!("scripts/release.lua")),
         })
     }
 }
@@ -215,19 +223,26 @@ impl RedisStore {
     /// layer bounds each operation more tightly still (its wait deadline and store timeout).
     /// Fails if the server cannot be reached now.
     pub async fn connect<T: IntoConnectionInfo>(url: T) -> Result<Self, StoreError> {
+        Ok(Self::connect_plain(url).await?.handoff(true))
+    }
+
+    /// Like [`connect`](Self::connect), without hand-off (for Redlock's nodes and Sentinel's
+    /// masters, which do not queue).
+    pub(crate) async fn connect_plain<T: IntoConnectionInfo>(url: T) -> Result<Self, StoreError> {
         let client = Client::open(url).map_err(redis_error)?;
         let manager = ConnectionManager::new_with_config(client.clone(), manager_config())
             .await
             .map_err(redis_error)?;
-        Ok(Self::from_connection_manager(manager).announcing(client))
+        Ok(Self::from_connection_manager(manager).knowing(client))
     }
 
-    /// Like [`connect`](Self::connect), but connects at the first command instead of now.
+    /// Like [`connect`](Self::connect), but connects at the first command instead of now, and
+    /// without hand-off (for Redlock's nodes, which do not queue).
     pub(crate) fn connect_lazy<T: IntoConnectionInfo>(url: T) -> Result<Self, StoreError> {
         let client = Client::open(url).map_err(redis_error)?;
         let manager = ConnectionManager::new_lazy_with_config(client.clone(), manager_config())
             .map_err(redis_error)?;
-        Ok(Self::from_connection_manager(manager).announcing(client))
+        Ok(Self::from_connection_manager(manager).knowing(client))
     }
 
     /// Uses an existing [`ConnectionManager`] (clones share its one connection).
@@ -322,56 +337,64 @@ impl RedisStore {
         }
     }
 
-    /// Wakes waiters in other processes the moment a key they wait for is released, instead of
-    /// leaving them to their wait policy's timer (default `false`).
+    /// Hands a released key straight to the next waiter, first come first served (default
+    /// `true` for stores made by [`connect`](Self::connect); other constructors do not know
+    /// the server's address and cannot turn it on).
     ///
-    /// A contended acquire leaves a marker; the release script then `PUBLISH`es the key, and
-    /// every store with announcements on listens on one extra (pub/sub) connection, opened at
-    /// its first wait. A waiter sleeps until the announcement or until the holder's lease would
-    /// run out, so a lost announcement costs at most one TTL. Only stores made by
-    /// [`connect`](Self::connect) know their server's address for that connection; on others
-    /// this does nothing.
+    /// With hand-off, a waiter that finds its key held joins the key's queue in Redis
+    /// (`<lock key>:queue`, in the same script as its attempt), and the holder's release gives
+    /// the key to the head of the queue instead of freeing it, and tells that waiter on pub/sub
+    /// (each store subscribes once, to a channel of its own, on one extra connection opened by
+    /// `connect`). The waiter runs at once: the key is reserved for it for the
+    /// [`claim_window`](Self::claim_window), and its first renewal, due within a third of that,
+    /// confirms it for the full TTL. So under contention every acquisition costs about two
+    /// commands (the attempt that queues, the release that hands over), waiters take turns
+    /// fairly, and nobody polls: a waiter's timer only backs up a lost message, firing when the
+    /// holder's lease would run out. A waiter that gives up leaves the queue with its release;
+    /// a waiter whose process died before claiming delays the next one by the claim window.
     ///
-    /// Off by default, because it trades fairness for latency: every waiting process retries at
-    /// once, and a holder that releases and asks again at once usually wins again (measured in
-    /// `docs/BENCHMARKS.md`, scenario c). Turn it on where waits are rare and should be short (a
-    /// duplicate request waiting for the first); leave it off for hot keys shared by many
-    /// processes.
+    /// Every instance that shares the locks must agree on this setting: a store without
+    /// hand-off takes a free key even when others queue for it, and frees keys on release
+    /// instead of handing them on (waiters then fall back to their timers). See
+    /// `docs/DECISIONS.md`.
     #[must_use]
-    pub fn announce_releases(mut self, enabled: bool) -> Self {
-        self.notify = match (&self.client, enabled) {
-            (Some(client), true) => Some(Notifier::new(client.clone(), Arc::clone(&self.channel))),
+    pub fn handoff(mut self, enabled: bool) -> Self {
+        self.handoff = match (&self.client, enabled) {
+            (Some(client), true) => {
+                let handoff = Handoff::new(client.clone());
+                handoff.start();
+                Some(handoff)
+            }
             _ => None,
         };
         self
     }
 
-    /// The pub/sub channel of [`announce_releases`](Self::announce_releases) (default
-    /// `tower-lock:released`). Every instance that shares the locks must use the same one.
+    /// How long a key handed to a waiter stays reserved for it before it must confirm
+    /// (default 1 s). A waiter that was queued for longer than about half of this confirms
+    /// before it runs (one more command); a waiter that crashed delays the queue by this long.
+    /// Shorter than the TTL; every instance should use the same.
     #[must_use]
-    pub fn release_channel(mut self, channel: impl Into<Arc<str>>) -> Self {
-        self.channel = channel.into();
-        let enabled = self.notify.is_some();
-        self.announce_releases(enabled)
+    pub fn claim_window(mut self, window: Duration) -> Self {
+        self.claim_window = window.max(Duration::from_millis(10));
+        self
     }
 
-    fn announcing(mut self, client: Client) -> Self {
+    fn knowing(mut self, client: Client) -> Self {
         self.client = Some(client);
         self
     }
 
-    /// The keys of a release script: the lock key, and its waiter marker when announcing.
-    pub(crate) fn release_keys(&self, key: &LockKey) -> Vec<Vec<u8>> {
-        let mut keys = vec![key.as_bytes().to_vec()];
-        if self.notify.is_some() {
-            keys.push(waiting_key(key));
-        }
-        keys
+    /// The keys and arguments a lock script adds for the hand-off queue (none when off): the
+    /// fencing counter and the queue; the claim window and the counter's retention.
+    pub(crate) fn handoff_keys(&self, key: &LockKey) -> Option<[Vec<u8>; 2]> {
+        self.handoff.as_ref()?;
+        Some([suffixed(key, FENCE_SUFFIX), suffixed(key, QUEUE_SUFFIX)])
     }
 
-    /// The channel the release scripts announce on, empty when announcements are off.
-    pub(crate) fn announce_channel(&self) -> &[u8] {
-        self.notify.as_ref().map_or(&[], |n| n.channel().as_bytes())
+    /// The arguments that go with [`handoff_keys`](Self::handoff_keys).
+    pub(crate) fn handoff_args(&self) -> [Vec<u8>; 2] {
+        [ms(self.claim_window), ms(self.fence_retention)]
     }
 
     #[cfg(feature = "cluster")]
@@ -389,9 +412,9 @@ impl RedisStore {
                 enabled: AtomicBool::new(true),
                 detected: OnceCell::new(),
             }),
-            notify: None,
+            handoff: None,
+            claim_window: DEFAULT_CLAIM_WINDOW,
             client: None,
-            channel: Arc::from(DEFAULT_CHANNEL),
         }
     }
 
@@ -573,42 +596,30 @@ fn ms(d: Duration) -> Vec<u8> {
     d.as_millis().max(1).to_string().into_bytes()
 }
 
-impl LockStore for RedisStore {
-    async fn acquire(
+impl RedisStore {
+    /// One acquire script. With hand-off on, `entry` queues the caller (`None`: do not queue).
+    async fn attempt(
         &self,
         key: &LockKey,
         token: &Token,
         ttl: Duration,
+        entry: Option<&[u8]>,
     ) -> Result<Acquire, StoreError> {
-        let mut fence_key = Vec::with_capacity(key.as_bytes().len() + FENCE_SUFFIX.len());
-        fence_key.extend_from_slice(key.as_bytes());
-        fence_key.extend_from_slice(FENCE_SUFFIX);
-        // The waiter's marker goes in only with announcements on (never on a cluster, where a
-        // key that does not exist yet would make the script fail with TRYAGAIN mid-migration),
-        // and is set only while this process listens.
-        let waiting = self.notify.as_ref().map(|_| waiting_key(key));
-        let announce: &[u8] = match &self.notify {
-            Some(notify) if notify.is_live() => b"1",
-            _ => b"0",
-        };
-        let keys: &[&[u8]] = match &waiting {
-            Some(waiting) => &[key.as_bytes(), &fence_key, waiting],
+        let fence_key = suffixed(key, FENCE_SUFFIX);
+        let queue_key = self.handoff.as_ref().map(|_| suffixed(key, QUEUE_SUFFIX));
+        let keys: &[&[u8]] = match &queue_key {
+            Some(queue) => &[key.as_bytes(), &fence_key, queue],
             None => &[key.as_bytes(), &fence_key],
         };
-        let ((acquired, n), acks): ((i64, i64), _) = self
-            .invoke(
-                &self.scripts.acquire,
-                keys,
-                &[
-                    token.as_bytes(),
-                    &ms(ttl),
-                    &ms(self.fence_retention),
-                    announce,
-                ],
-                true,
-            )
+        let (ttl_ms, retention, claim) = (ms(ttl), ms(self.fence_retention), ms(self.claim_window));
+        let mut args: Vec<&[u8]> = vec![token.as_bytes(), &ttl_ms, &retention];
+        if queue_key.is_some() {
+            args.extend([&claim[..], entry.unwrap_or_default()]);
+        }
+        let ((answer, n), acks): ((i64, i64), _) = self
+            .invoke(&self.scripts.acquire, keys, &args, true)
             .await?;
-        if acquired == 1
+        if answer == 1
             && let Err(error) = self.check_acks(acks)
         {
             // Not replicated enough to survive a failover: give it back, report the failure.
@@ -620,15 +631,48 @@ impl LockStore for RedisStore {
             }
             return Err(error);
         }
-        Ok(match acquired {
+        // PTTL is -1 for a key without expiry and -2 for a key that just vanished.
+        let expires_in = u64::try_from(n).ok().map(Duration::from_millis);
+        Ok(match answer {
             1 => Acquire::Acquired {
                 fencing_token: u64::try_from(n).unwrap_or(0),
             },
-            _ => Acquire::Held {
-                // PTTL is -1 for a key without expiry and -2 for a key that just vanished.
-                expires_in: u64::try_from(n).ok().map(Duration::from_millis),
-            },
+            2 => Acquire::Queued { expires_in },
+            _ => Acquire::Held { expires_in },
         })
+    }
+}
+
+/// `key` with `suffix` appended: a key next to the lock key, in the same hash slot.
+fn suffixed(key: &LockKey, suffix: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(key.as_bytes().len() + suffix.len());
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(suffix);
+    out
+}
+
+impl LockStore for RedisStore {
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Acquire, StoreError> {
+        self.attempt(key, token, ttl, None).await
+    }
+
+    async fn enqueue(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Acquire, StoreError> {
+        let entry = self.handoff.as_ref().and_then(|h| h.entry(token));
+        self.attempt(key, token, ttl, entry.as_deref()).await
+    }
+
+    fn queue_watch(&self, _key: &LockKey, token: &Token) -> Option<QueueWatch> {
+        self.handoff.as_ref()?.register(token)
     }
 
     async fn renew(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<bool, StoreError> {
@@ -661,12 +705,12 @@ impl LockStore for RedisStore {
     }
 
     async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, StoreError> {
-        // A native delete cannot announce the release, so with announcements it is Lua.
+        // A native delete cannot hand the key on, so with hand-off it is Lua.
         if let Some(native) = self
             .native()
             .await
             .release
-            .filter(|_| self.notify.is_none())
+            .filter(|_| self.handoff.is_none())
         {
             let mut del = match native {
                 NativeRelease::DelIfEq => redis::cmd("DELIFEQ"),
@@ -682,18 +726,28 @@ impl LockStore for RedisStore {
                 return Ok(n == 1);
             }
         }
-        let (n, _): (i64, _) = self
-            .invoke(
-                &self.scripts.release,
-                &self
-                    .release_keys(key)
-                    .iter()
-                    .map(Vec::as_slice)
-                    .collect::<Vec<_>>(),
-                &[token.as_bytes(), self.announce_channel()],
-                false,
-            )
-            .await?;
+        let extra = self.handoff_keys(key);
+        let args = self.handoff_args();
+        let (n, _): (i64, _) = match &extra {
+            Some([fence, queue]) => {
+                self.invoke(
+                    &self.scripts.release,
+                    &[key.as_bytes(), fence, queue],
+                    &[token.as_bytes(), &args[0], &args[1]],
+                    false,
+                )
+                .await?
+            }
+            None => {
+                self.invoke(
+                    &self.scripts.release,
+                    &[key.as_bytes()],
+                    &[token.as_bytes()],
+                    false,
+                )
+                .await?
+            }
+        };
         Ok(n == 1)
     }
 
@@ -743,18 +797,6 @@ impl LockStore for RedisStore {
             Err(error) => vec![Err(error); leases.len()],
         }
     }
-
-    fn watch(&self, key: &LockKey) -> Option<ReleaseWatch> {
-        self.notify.as_ref()?.watch(key)
-    }
-}
-
-/// The key a waiter marks to have the release of `key` announced (same hash slot).
-pub(crate) fn waiting_key(key: &LockKey) -> Vec<u8> {
-    let mut waiting = Vec::with_capacity(key.as_bytes().len() + WAITING_SUFFIX.len());
-    waiting.extend_from_slice(key.as_bytes());
-    waiting.extend_from_slice(WAITING_SUFFIX);
-    waiting
 }
 
 impl fmt::Debug for RedisStore {
@@ -771,6 +813,8 @@ impl fmt::Debug for RedisStore {
             .field("fence_retention", &self.fence_retention)
             .field("replicas", &self.replicas)
             .field("native", &self.native.detected.get())
+            .field("handoff", &self.handoff)
+            .field("claim_window", &self.claim_window)
             .finish()
     }
 }

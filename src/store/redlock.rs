@@ -122,7 +122,7 @@ impl RedlockStore {
             ));
         }
         let quorum = infos.len() / 2 + 1;
-        let connected = join_all(infos.iter().cloned().map(RedisStore::connect)).await;
+        let connected = join_all(infos.iter().cloned().map(RedisStore::connect_plain)).await;
         let reachable = connected.iter().filter(|c| c.is_ok()).count();
         let mut nodes = Vec::with_capacity(infos.len());
         let mut first_error = None;
@@ -265,7 +265,9 @@ impl LockStore for RedlockStore {
                     fences.push(fencing_token);
                     undo.push(i);
                 }
-                Ok(Acquire::Held { expires_in }) => held.push(expires_in),
+                Ok(Acquire::Held { expires_in } | Acquire::Queued { expires_in }) => {
+                    held.push(expires_in);
+                }
                 // A timed-out or failed call may still have set the key.
                 Err(error) => {
                     errors.push(error);

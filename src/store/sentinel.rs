@@ -68,8 +68,8 @@ const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 /// follows it (about a second, or the next failing call), leases granted by the old master, if
 /// it is still up, are lost with it; a process that reaches the old master but not the
 /// sentinels keeps using it until it is demoted (configure `min-replicas-to-write` on the
-/// servers to bound that). Release announcements
-/// ([`RedisStore::announce_releases`]) are not offered here. See `docs/TOPOLOGY.md`.
+/// servers to bound that). Hand-off ([`RedisStore::handoff`]) is not offered here: waiters
+/// retry by their wait policy. See `docs/TOPOLOGY.md`.
 #[derive(Clone)]
 pub struct SentinelStore {
     shared: Arc<Shared>,
@@ -117,7 +117,7 @@ struct Master {
 impl Master {
     async fn connect(client: &Client, settings: Settings) -> Result<Self, StoreError> {
         let info = client.get_connection_info();
-        let store = tokio::time::timeout(LOOKUP_TIMEOUT, RedisStore::connect(info.clone()))
+        let store = tokio::time::timeout(LOOKUP_TIMEOUT, RedisStore::connect_plain(info.clone()))
             .await
             .map_err(|_| {
                 StoreError::msg(

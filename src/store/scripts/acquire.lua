@@ -1,23 +1,50 @@
--- Take a lock if it is free, and hand out a fencing token.
--- KEYS[1]: the lock key. KEYS[2]: its fencing counter. KEYS[3], only when releases are
--- announced: its "someone waits" marker.
--- ARGV[1]: the holder's token. ARGV[2]: time to live in ms. ARGV[3]: counter retention in ms.
--- ARGV[4]: '1' to leave the marker when the lock is held, so that its release is announced.
--- Returns {1, fencing token} when acquired, {0, remaining ttl in ms} when held by someone else.
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  -- The token is max(last + 1, server time in microseconds): strictly increasing per key even
-  -- after the counter key expires, as long as the server clock does not step back further than
-  -- the counter's retention.
-  local now = redis.call('TIME')
-  local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-  local fence = math.max(last + 1, micros)
-  redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[3])
-  return {1, fence}
+-- Take a lock if it is free, and hand out a fencing token; with hand-off on, respect the queue.
+-- KEYS[1]: the lock key. KEYS[2]: its fencing counter. KEYS[3], only with hand-off: its queue.
+-- ARGV[1]: the caller's token. ARGV[2]: time to live in ms. ARGV[3]: counter retention in ms.
+-- With hand-off: ARGV[4]: the claim window in ms. ARGV[5]: the caller's queue entry, or '' to
+-- not queue (a caller that will not wait, or cannot hear the hand-off).
+-- Returns {1, fencing token} when acquired (or a hand-off to the caller claimed),
+-- {0, remaining ttl in ms} when held by someone else, {2, ms} when held and the caller is
+-- queued (check again within that many ms if told nothing).
+local lock, fence_key, queue = KEYS[1], KEYS[2], KEYS[3]
+local token, ttl, retention = ARGV[1], ARGV[2], ARGV[3]
+if not queue then
+  if redis.call('SET', lock, token, 'NX', 'PX', ttl) then
+    return {1, new_fence(fence_key, retention)}
+  end
+  return {0, redis.call('PTTL', lock)}
 end
-local pttl = redis.call('PTTL', KEYS[1])
-if KEYS[3] and ARGV[4] == '1' and pttl > 0 then
-  -- Lives as long as the holder's lease (plus a margin): a waiter retries by then anyway.
-  redis.call('SET', KEYS[3], '1', 'PX', pttl + 1000)
+local claim, entry = ARGV[4], ARGV[5]
+local holder = redis.call('GET', lock)
+if holder == token then
+  -- Handed to the caller by a release: claim it for the full time to live.
+  redis.call('PEXPIRE', lock, ttl)
+  return {1, tonumber(redis.call('GET', fence_key) or '0') or 0}
 end
-return {0, pttl}
+local pttl
+if not holder then
+  local head = redis.call('LINDEX', queue, 0)
+  if not head or string.sub(head, 1, #token) == token then
+    -- Free, and nobody waits before the caller.
+    if head then
+      leave(queue, token)
+    end
+    redis.call('SET', lock, token, 'PX', ttl)
+    return {1, new_fence(fence_key, retention)}
+  end
+  -- Free, but others wait (a holder's lease ran out, or a hand-off went unclaimed): the key
+  -- goes to the head of the queue, not to the caller.
+  hand_over(lock, fence_key, queue, claim, retention, token)
+  pttl = tonumber(claim)
+else
+  pttl = redis.call('PTTL', lock)
+end
+if entry == '' then
+  return {0, pttl}
+end
+if not redis.call('LPOS', queue, entry) then
+  redis.call('RPUSH', queue, entry)
+end
+-- The queue outlives its waiters' checks (each checks again within the holder's TTL).
+redis.call('PEXPIRE', queue, 2 * tonumber(ttl) + tonumber(claim))
+return {2, pttl}

@@ -1,12 +1,16 @@
--- Delete a lock, only for its holder, and announce it if someone waits.
--- KEYS[1]: the lock key. KEYS[2], only when releases are announced: its "someone waits" marker.
--- ARGV[1]: the holder's token. ARGV[2]: the channel to announce on ('' for none).
--- Returns 1 when deleted, 0 when the lock is not held with this token.
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  if KEYS[2] and redis.call('DEL', KEYS[2]) == 1 and ARGV[2] ~= '' then
-    redis.call('PUBLISH', ARGV[2], KEYS[1])
-  end
+-- Release a lock, only for its holder; with hand-off on, give it to the next waiter, and take a
+-- waiter that gives up out of the queue.
+-- KEYS[1]: the lock key. With hand-off: KEYS[2]: its fencing counter. KEYS[3]: its queue.
+-- ARGV[1]: the holder's token. With hand-off: ARGV[2]: the claim window in ms. ARGV[3]: the
+-- fencing counter's retention in ms.
+-- Returns 1 when released, 0 when the lock is not held with this token.
+local lock, fence_key, queue = KEYS[1], KEYS[2], KEYS[3]
+local token = ARGV[1]
+if redis.call('GET', lock) == token then
+  let_go(lock, fence_key, queue, ARGV[2], ARGV[3], token)
   return 1
+end
+if queue then
+  leave(queue, token)
 end
 return 0

@@ -1,0 +1,464 @@
+//! Hand-off between processes on Redis: a waiter queues in Redis, and the holder's release hands
+//! the key straight to the head of the queue (`RedisStore::handoff`, on by default). Each store
+//! here stands for a separate process (its own connections, its own `Locker`).
+
+mod support;
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use support::RedisServer;
+use tower_lock::{LockConfig, LockError, Locker, RedisStore, Wait, key::LockKey};
+
+/// A wait policy whose timer would make any timer-woken waiter take seconds.
+fn slow_timer() -> Wait {
+    Wait::constant(Duration::from_secs(5)).deadline(Duration::from_secs(30))
+}
+
+fn locker(store: RedisStore, wait: Wait) -> Locker {
+    Locker::with_config(store, LockConfig::default().wait(wait)).unwrap()
+}
+
+fn key(locker: &Locker) -> LockKey {
+    locker.key("handoff", "hot").unwrap()
+}
+
+fn queue_key(key: &LockKey) -> Vec<u8> {
+    [key.as_bytes(), b":queue"].concat()
+}
+
+/// Stores whose hand-off subscriptions are up (they subscribe in the background at connect).
+async fn stores(server: &RedisServer, n: usize) -> Vec<RedisStore> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(RedisStore::connect(server.url()).await.unwrap());
+    }
+    let mut conn = server.client().await;
+    let started = Instant::now();
+    loop {
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg("tower-lock:handoff:*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if channels.len() >= n {
+            return out;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "hand-off subscriptions not up"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn queue_len(server: &RedisServer, key: &LockKey) -> usize {
+    let mut conn = server.client().await;
+    redis::cmd("LLEN")
+        .arg(queue_key(key))
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// Waits until `n` waiters are queued for `key`.
+async fn queued(server: &RedisServer, key: &LockKey, n: usize) {
+    let started = Instant::now();
+    while queue_len(server, key).await != n {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "expected {n} queued waiters, found {}",
+            queue_len(server, key).await
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn evalsha_calls(info: &str) -> u64 {
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn commandstats(server: &RedisServer) -> String {
+    let mut conn = server.client().await;
+    redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// How long a second process waits for a key the first releases after 20 ms.
+async fn second_process_waits(
+    holder: RedisStore,
+    waiter: RedisStore,
+    server: &RedisServer,
+) -> Duration {
+    let wait = Wait::constant(Duration::from_millis(700)).deadline(Duration::from_secs(30));
+    let (holder, waiter) = (locker(holder, wait.clone()), locker(waiter, wait));
+    let held = holder.acquire(key(&holder)).await.unwrap();
+    let started = Instant::now();
+    let second = tokio::spawn(async move {
+        let guard = waiter.acquire(key(&waiter)).await.unwrap();
+        let token = guard.fencing_token();
+        guard.release().await.unwrap();
+        token
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let first_token = held.fencing_token();
+    assert!(held.release().await.unwrap());
+    let second_token = second.await.unwrap();
+    assert!(second_token > first_token, "fencing tokens must increase");
+    assert!(server.lock_keys().await.is_empty(), "keys left behind");
+    started.elapsed()
+}
+
+/// The release hands the key to the waiting process at once: no timer involved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_release_hands_the_key_to_the_waiting_process() {
+    let server = RedisServer::start();
+    let [one, two] = <[RedisStore; 2]>::try_from(stores(&server, 2).await).unwrap();
+    let took = second_process_waits(one, two, &server).await;
+    assert!(
+        took < Duration::from_millis(400),
+        "woken by the 700 ms timer, not the hand-off: {took:?}"
+    );
+}
+
+/// The negative control: without hand-off the waiter only retries on its 700 ms timer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_handoff_waiters_use_their_timer() {
+    let server = RedisServer::start();
+    let one = RedisStore::connect(server.url())
+        .await
+        .unwrap()
+        .handoff(false);
+    let two = RedisStore::connect(server.url())
+        .await
+        .unwrap()
+        .handoff(false);
+    let took = second_process_waits(one, two, &server).await;
+    assert!(took >= Duration::from_millis(600), "{took:?}");
+}
+
+/// Waiters in five processes get the key in the order they asked for it, and each costs two
+/// commands: the attempt that queued it and its release (which hands the key on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_take_turns_in_arrival_order() {
+    let server = RedisServer::start();
+    let mut all = stores(&server, 6).await;
+    let holder = locker(all.remove(0), slow_timer());
+    let k = key(&holder);
+    // Every store loads its scripts once, outside the count.
+    for store in &all {
+        let warm = locker(store.clone(), slow_timer());
+        warm.acquire(warm.key("warm", "up").unwrap())
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let held = holder.acquire(k.clone()).await.unwrap();
+    let before = evalsha_calls(&commandstats(&server).await);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (i, store) in all.into_iter().enumerate() {
+        let (waiter, order) = (locker(store, slow_timer()), Arc::clone(&order));
+        tasks.push(tokio::spawn(async move {
+            let guard = waiter.acquire(key(&waiter)).await.unwrap();
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            guard.release().await.unwrap();
+        }));
+        queued(&server, &k, i + 1).await;
+    }
+    let started = Instant::now();
+    held.release().await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "a waiter waited for its 5 s timer: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        *order.lock().unwrap(),
+        [0, 1, 2, 3, 4],
+        "not first come first served"
+    );
+    let commands = evalsha_calls(&commandstats(&server).await) - before;
+    // The holder's release, then per waiter: the queuing attempt and the release.
+    assert_eq!(
+        commands,
+        1 + 5 * 2,
+        "hand-offs cost more commands than expected"
+    );
+    assert!(server.lock_keys().await.is_empty(), "keys left behind");
+}
+
+/// A waiter that gives up (deadline) or is dropped mid-queue leaves the queue: the waiters
+/// behind it are not held up by a hand-off to nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn departed_waiters_leave_the_queue() {
+    let server = RedisServer::start();
+    let mut all = stores(&server, 5).await;
+    // A long claim window: a hand-off to a departed waiter would show as a 5 s stall.
+    let all: Vec<RedisStore> = all
+        .drain(..)
+        .map(|s| s.claim_window(Duration::from_secs(5)))
+        .collect();
+    let holder = locker(all[0].clone(), slow_timer());
+    let k = key(&holder);
+    let held = holder.acquire(k.clone()).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let patient = |store: RedisStore, who: &'static str| {
+        let (waiter, order) = (locker(store, slow_timer()), Arc::clone(&order));
+        tokio::spawn(async move {
+            let guard = waiter.acquire(key(&waiter)).await.unwrap();
+            order.lock().unwrap().push(who);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            guard.release().await.unwrap();
+        })
+    };
+    let first = patient(all[1].clone(), "first");
+    queued(&server, &k, 1).await;
+    // Gives up after 300 ms.
+    let hasty = locker(
+        all[2].clone(),
+        Wait::constant(Duration::from_secs(5)).deadline(Duration::from_millis(300)),
+    );
+    let hasty = tokio::spawn(async move { hasty.acquire(key(&hasty)).await.map(drop) });
+    queued(&server, &k, 2).await;
+    // Dropped while queued (its client went away).
+    let dropped = locker(all[3].clone(), slow_timer());
+    let dropped = tokio::spawn(async move { dropped.acquire(key(&dropped)).await.map(drop) });
+    queued(&server, &k, 3).await;
+    let last = patient(all[4].clone(), "last");
+    queued(&server, &k, 4).await;
+    dropped.abort();
+    assert!(matches!(
+        hasty.await.unwrap(),
+        Err(LockError::Contended { .. })
+    ));
+    queued(&server, &k, 2).await;
+    let started = Instant::now();
+    held.release().await.unwrap();
+    first.await.unwrap();
+    last.await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the queue stalled behind a departed waiter: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(*order.lock().unwrap(), ["first", "last"]);
+    assert!(
+        server.lock_keys().await.is_empty(),
+        "keys or queue left behind"
+    );
+}
+
+/// A waiter whose process died while queued is handed the key, never claims it, and delays the
+/// next waiter by one claim window (told it is next, the next one checks again then), not by the
+/// holder's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_waiter_costs_one_claim_window() {
+    let server = RedisServer::start();
+    let all: Vec<RedisStore> = stores(&server, 2)
+        .await
+        .into_iter()
+        .map(|s| s.claim_window(Duration::from_millis(300)))
+        .collect();
+    let holder = locker(all[0].clone(), slow_timer());
+    let k = key(&holder);
+    let held = holder.acquire(k.clone()).await.unwrap();
+    // The dead process's entry: a token, a stamp, and a channel nobody listens on.
+    let mut conn = server.client().await;
+    let _: () = redis::cmd("RPUSH")
+        .arg(queue_key(&k))
+        .arg("deaddeaddeaddeaddeaddeaddeaddead0000000000000000tower-lock:handoff:gone")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let waiter = locker(all[1].clone(), slow_timer());
+    let next = tokio::spawn(async move {
+        let guard = waiter.acquire(key(&waiter)).await.unwrap();
+        guard.release().await.unwrap();
+    });
+    queued(&server, &k, 2).await;
+    let started = Instant::now();
+    held.release().await.unwrap();
+    next.await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(250),
+        "the dead waiter's claim window was skipped: {took:?}"
+    );
+    // The holder's TTL is 10 s and the waiter's timer 5 s.
+    assert!(
+        took < Duration::from_secs(3),
+        "the crashed waiter stalled the queue: {took:?}"
+    );
+    assert!(server.lock_keys().await.is_empty(), "keys left behind");
+}
+
+/// A lost hand-off message (here: the queue deleted, so the release frees the key instead)
+/// costs the waiter at most the holder's remaining TTL, not its whole wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_handoff_costs_at_most_the_ttl() {
+    let server = RedisServer::start();
+    let all = stores(&server, 2).await;
+    let config = LockConfig::default()
+        .ttl(Duration::from_millis(800))
+        .wait(Wait::constant(Duration::from_secs(20)).deadline(Duration::from_secs(30)));
+    let holder = Locker::with_config(all[0].clone(), config.clone()).unwrap();
+    let waiter = Locker::with_config(all[1].clone(), config).unwrap();
+    let k = key(&holder);
+    let held = holder.acquire(k.clone()).await.unwrap();
+    let started = Instant::now();
+    let next = tokio::spawn(async move {
+        let guard = waiter.acquire(key(&waiter)).await.unwrap();
+        guard.release().await.unwrap();
+    });
+    queued(&server, &k, 1).await;
+    let mut conn = server.client().await;
+    let _: () = redis::cmd("DEL")
+        .arg(queue_key(&k))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    held.release().await.unwrap();
+    next.await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(300),
+        "woken without a hand-off? {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "the lost hand-off cost more than the TTL: {took:?}"
+    );
+}
+
+/// A waiter whose subscription broke while queued still gets the key: the hand-off is kept for
+/// it (the claim window), and it claims it when it checks again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_subscription_still_gets_the_handoff() {
+    let server = RedisServer::start();
+    let all: Vec<RedisStore> = stores(&server, 2)
+        .await
+        .into_iter()
+        .map(|s| s.claim_window(Duration::from_secs(5)))
+        .collect();
+    let config = LockConfig::default()
+        .ttl(Duration::from_millis(800))
+        .wait(Wait::constant(Duration::from_secs(20)).deadline(Duration::from_secs(30)));
+    let holder = Locker::with_config(all[0].clone(), config.clone()).unwrap();
+    let waiter = Locker::with_config(all[1].clone(), config).unwrap();
+    let k = key(&holder);
+    let held = holder.acquire(k.clone()).await.unwrap();
+    let next = tokio::spawn(async move {
+        let guard = waiter.acquire(key(&waiter)).await.unwrap();
+        let lease = guard.lease().clone();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        guard.release().await.unwrap();
+        lease
+    });
+    queued(&server, &k, 1).await;
+    // Both processes lose their subscriptions; the release's message goes nowhere.
+    support::redis_cli(&[
+        "-p",
+        &server.port().to_string(),
+        "CLIENT",
+        "KILL",
+        "TYPE",
+        "pubsub",
+    ]);
+    held.release().await.unwrap();
+    let lease = next.await.unwrap();
+    assert!(!lease.is_lost());
+    assert!(server.lock_keys().await.is_empty(), "keys left behind");
+}
+
+/// Four processes taking one key 25 times each: never two holders at once, every acquisition
+/// costs at most three commands, and nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contended_processes_exclude_each_other_cheaply() {
+    let server = RedisServer::start();
+    let all = stores(&server, 4).await;
+    let overlaps = run_contenders(&server, all, true).await;
+    assert_eq!(overlaps, 0, "two holders at once");
+    assert!(
+        server.lock_keys().await.is_empty(),
+        "keys or queue left behind"
+    );
+}
+
+/// The negative control: the same load without the lock overlaps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contended_processes_without_the_lock_overlap() {
+    let server = RedisServer::start();
+    let all = stores(&server, 4).await;
+    let overlaps = run_contenders(&server, all, false).await;
+    assert!(
+        overlaps > 0,
+        "the load never overlapped: the test cannot fail"
+    );
+}
+
+/// Runs 4 x 25 critical sections of 2 ms on one key; returns how many found another inside.
+async fn run_contenders(server: &RedisServer, all: Vec<RedisStore>, lock: bool) -> u64 {
+    let wait = Wait::exponential(Duration::from_millis(1), Duration::from_millis(20))
+        .deadline(Duration::from_secs(30));
+    let lockers: Vec<Locker> = all.into_iter().map(|s| locker(s, wait.clone())).collect();
+    for l in &lockers {
+        let guard = l.acquire(l.key("warm", "up").unwrap()).await.unwrap();
+        guard.release().await.unwrap();
+    }
+    let before = evalsha_calls(&commandstats(server).await);
+    let inside = Arc::new(AtomicBool::new(false));
+    let overlaps = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for l in lockers {
+        let (inside, overlaps) = (Arc::clone(&inside), Arc::clone(&overlaps));
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..25 {
+                let guard = if lock {
+                    Some(l.acquire(key(&l)).await.unwrap())
+                } else {
+                    None
+                };
+                if inside.swap(true, Ordering::SeqCst) {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                inside.store(false, Ordering::SeqCst);
+                if let Some(guard) = guard {
+                    guard.release().await.unwrap();
+                }
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    if lock {
+        let commands = evalsha_calls(&commandstats(server).await) - before;
+        assert!(
+            commands <= 3 * 100,
+            "{commands} commands for 100 acquisitions (more than 3 each)"
+        );
+    }
+    overlaps.load(Ordering::SeqCst)
+}
