@@ -208,12 +208,10 @@ impl Locker {
             }
         }
         // With a store that hands off, a waiter joins the key's queue and is handed the key by
-        // the release before it; registered before the first attempt, so nothing is missed.
-        let mut queue = if config.wait_value().waits() {
-            guard.store.queue_watch(&guard.key, &guard.token)
-        } else {
-            None
-        };
+        // the release before it; it registers to hear that once its attempt says it is queued.
+        let waits = config.wait_value().waits();
+        let schedule_end = config.wait_value().schedule_len().map(|d| start + d);
+        let mut queue = None;
         let mut queued = false;
         let mut handed: Option<(u64, Instant)> = None;
         let mut delays = None;
@@ -246,9 +244,10 @@ impl Locker {
                 guard.key.clone(),
                 guard.token.clone(),
             );
-            let attempt = match queue {
-                Some(_) => store.enqueue(key, token, ttl),
-                None => store.acquire(key, token, ttl),
+            let attempt = if waits {
+                store.enqueue(key, token, ttl)
+            } else {
+                store.acquire(key, token, ttl)
             };
             let answer = timeout(limit, attempt)
                 .await
@@ -277,6 +276,9 @@ impl Locker {
                 Ok(Acquire::Held { expires_in }) => expires_in,
                 Ok(Acquire::Queued { expires_in }) => {
                     queued = true;
+                    if queue.is_none() {
+                        queue = guard.store.queue_watch(&guard.key, &guard.token);
+                    }
                     expires_in
                 }
                 // A bounded wait fails fast on a store error (503). The armed guard releases in
@@ -326,6 +328,10 @@ impl Locker {
             // would run out, or at the deadline.
             let fallback = now + expires_in.unwrap_or(ttl);
             let mut fallback = deadline.map_or(fallback, |d| fallback.min(d));
+            if let Some(end) = schedule_end {
+                // A finite schedule (a fixed list) bounds a queued wait too.
+                fallback = fallback.min(end);
+            }
             match (&mut queue, released) {
                 (Some(watch), _) if queued => {
                     tracing::debug!(attempts, "lease contended; queued for its hand-off");
@@ -360,11 +366,6 @@ impl Locker {
                     tracing::debug!(attempts, "lease contended; waiting");
                     sleep_until(wake).await;
                 }
-            }
-            // A store that could not queue us this time (no subscription) is asked again
-            // next time, with a fresh registration.
-            if queue.is_some() && !queued {
-                queue = guard.store.queue_watch(&guard.key, &guard.token);
             }
         }
     }

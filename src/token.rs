@@ -1,11 +1,51 @@
 //! Lock tokens: the secret that proves who holds a lease.
 
-use std::fmt;
+use std::{cell::RefCell, fmt};
+
+/// Random bytes fetched from the OS per refill: 32 tokens' worth, one system call.
+const POOL_LEN: usize = 512;
+
+/// Random bytes drawn from the OS in bulk, per thread, each handed out once. Refilled from the
+/// OS when used up, and in a forked child (the pid changed), so no two processes share bytes.
+struct Pool {
+    bytes: [u8; POOL_LEN],
+    used: usize,
+    pid: u32,
+}
+
+thread_local! {
+    static POOL: RefCell<Pool> = const {
+        RefCell::new(Pool {
+            bytes: [0; POOL_LEN],
+            used: POOL_LEN,
+            pid: 0,
+        })
+    };
+}
+
+/// Fills `out` with bytes from the operating system's CSPRNG.
+fn fill(out: &mut [u8; 16]) -> Result<(), getrandom::Error> {
+    POOL.with_borrow_mut(|pool| {
+        let pid = std::process::id();
+        if pool.used + out.len() > POOL_LEN || pool.pid != pid {
+            getrandom::fill(&mut pool.bytes)?;
+            pool.used = 0;
+            pool.pid = pid;
+        }
+        let taken = &mut pool.bytes[pool.used..pool.used + out.len()];
+        out.copy_from_slice(taken);
+        // Handed out once: nothing left in memory to tell a holder's token.
+        taken.fill(0);
+        pool.used += out.len();
+        Ok(())
+    })
+}
 
 /// The random secret stored as the value of a held lock key.
 ///
 /// Every acquisition draws a fresh token of 128 bits from the operating system's CSPRNG (through
-/// [`getrandom`]), hex-encoded to 32 ASCII bytes. Only the holder of the token can renew or release
+/// [`getrandom`], fetched 512 bytes at a time per thread and each byte used once), hex-encoded to
+/// 32 ASCII bytes. Only the holder of the token can renew or release
 /// the lease, because the store compares it atomically before acting.
 ///
 /// A token never leaves the process except as an argument to the store: its `Debug` output is
@@ -20,7 +60,7 @@ impl Token {
     /// a store error (503) rather than falling back to a weaker source.
     pub fn generate() -> Result<Self, getrandom::Error> {
         let mut raw = [0u8; 16];
-        getrandom::fill(&mut raw)?;
+        fill(&mut raw)?;
         const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut out = [0u8; 32];
         for (i, byte) in raw.iter().enumerate() {
@@ -60,5 +100,23 @@ mod tests {
         let shown = format!("{token:?}");
         assert_eq!(shown, "Token(<redacted>)");
         assert!(!shown.contains(std::str::from_utf8(token.as_bytes()).unwrap()));
+    }
+
+    #[test]
+    fn threads_draw_distinct_tokens() {
+        let draws: Vec<Vec<Vec<u8>>> = (0..4)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    (0..1_000)
+                        .map(|_| Token::generate().unwrap().as_bytes().to_vec())
+                        .collect()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect();
+        let all: HashSet<Vec<u8>> = draws.into_iter().flatten().collect();
+        assert_eq!(all.len(), 4_000, "a token repeated across threads");
     }
 }

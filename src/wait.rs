@@ -238,6 +238,20 @@ impl Wait {
         !matches!(self.backoff, Backoff::None) && self.deadline != Some(Duration::ZERO)
     }
 
+    /// How long the retry schedule itself lasts, when it runs out (a fixed list: the sum of its
+    /// delays, doubled with jitter; `none`: zero); `None` for a schedule that never ends.
+    /// A waiter queued for a hand-off waits no longer than this (or the deadline).
+    pub(crate) fn schedule_len(&self) -> Option<Duration> {
+        match &self.backoff {
+            Backoff::None => Some(Duration::ZERO),
+            Backoff::Fixed { delays, jitter } => {
+                let sum: Duration = delays.iter().sum();
+                Some(if *jitter { sum * 2 } else { sum })
+            }
+            _ => None,
+        }
+    }
+
     /// The total time to keep trying, `None` for forever.
     pub fn total(&self) -> Option<Duration> {
         self.deadline

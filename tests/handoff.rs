@@ -462,3 +462,78 @@ async fn run_contenders(server: &RedisServer, all: Vec<RedisStore>, lock: bool) 
     }
     overlaps.load(Ordering::SeqCst)
 }
+
+/// When a holder's lease runs out with waiters queued, a newcomer that finds the key free does
+/// not take it past them: its attempt hands the key to the head of the queue instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_does_not_barge_past_the_queue() {
+    let server = RedisServer::start();
+    let all = stores(&server, 3).await;
+    let holder = locker(all[0].clone(), slow_timer());
+    let k = key(&holder);
+    let held = holder.acquire(k.clone()).await.unwrap();
+    let waiter = locker(all[1].clone(), slow_timer());
+    let queued_waiter = tokio::spawn(async move {
+        let guard = waiter.acquire(key(&waiter)).await.unwrap();
+        let fencing_token = guard.fencing_token();
+        guard.release().await.unwrap();
+        fencing_token
+    });
+    queued(&server, &k, 1).await;
+    // The holder's lease vanishes (as if it expired); its process keeps quiet.
+    let mut conn = server.client().await;
+    let _: () = redis::cmd("DEL")
+        .arg(k.as_bytes())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let newcomer = locker(all[2].clone(), Wait::none());
+    assert!(
+        matches!(
+            newcomer.acquire(key(&newcomer)).await,
+            Err(LockError::Contended { .. })
+        ),
+        "the newcomer took the key past a queued waiter"
+    );
+    let fencing_token = queued_waiter.await.unwrap();
+    assert!(fencing_token > held.fencing_token());
+    // Handed over by the newcomer's attempt, not found by the waiter's 10 s fallback.
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        !held.release().await.unwrap(),
+        "the lost lease was released"
+    );
+    assert!(server.lock_keys().await.is_empty(), "keys left behind");
+}
+
+/// A queued waiter keeps to its wait policy: a fixed list of delays bounds its wait (not only
+/// the deadline), and giving up takes it out of the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_schedule_bounds_a_queued_wait() {
+    let server = RedisServer::start();
+    let all = stores(&server, 2).await;
+    let holder = locker(all[0].clone(), slow_timer());
+    let k = key(&holder);
+    let held = holder.acquire(k.clone()).await.unwrap();
+    let waiter = locker(
+        all[1].clone(),
+        Wait::fixed([Duration::from_millis(50), Duration::from_millis(50)]),
+    );
+    let started = Instant::now();
+    let answer = waiter.acquire(key(&waiter)).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(answer, Err(LockError::Contended { .. })),
+        "{answer:?}"
+    );
+    // The schedule is 100 ms; the default deadline 2 s, the holder's TTL 10 s.
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    queued(&server, &k, 0).await;
+    held.release().await.unwrap();
+    assert!(server.lock_keys().await.is_empty(), "keys left behind");
+}

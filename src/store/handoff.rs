@@ -12,7 +12,7 @@ use std::{
     pin::Pin,
     sync::{
         Arc, Mutex, Once, OnceLock,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     task::{Context, Poll},
     time::Duration,
@@ -44,18 +44,52 @@ fn base() -> Instant {
     *BASE.get_or_init(Instant::now)
 }
 
-type Waiters = Arc<Mutex<HashMap<[u8; TOKEN_LEN], Slot>>>;
+/// How long a message for a waiter that has not registered (yet) is kept for it.
+const PENDING_FOR: Duration = Duration::from_secs(10);
 
-/// A registered waiter: where its signals go, and its queue entry.
-struct Slot {
-    tx: mpsc::UnboundedSender<Signal>,
-    entry: Arc<[u8]>,
+/// At most this many such messages are kept.
+const PENDING_MAX: usize = 4096;
+
+type Waiters = Arc<Mutex<Registry>>;
+
+/// The waiters of one store, by token.
+#[derive(Default)]
+struct Registry {
+    waiters: HashMap<[u8; TOKEN_LEN], mpsc::UnboundedSender<Signal>>,
+    /// Messages that arrived before their waiter registered: a waiter registers when its attempt
+    /// answers that it was queued, and the hand-off may be faster than that answer. (Also
+    /// messages for waiters that left: dropped when they expire.)
+    pending: HashMap<[u8; TOKEN_LEN], (Instant, Signal)>,
+}
+
+impl Registry {
+    fn deliver(&mut self, id: [u8; TOKEN_LEN], signal: Signal, now: Instant) {
+        if let Some(tx) = self.waiters.get(&id) {
+            let _ = tx.send(signal);
+            return;
+        }
+        if self.pending.len() >= PENDING_MAX {
+            self.pending
+                .retain(|_, (at, _)| now.saturating_duration_since(*at) < PENDING_FOR);
+        }
+        if self.pending.len() < PENDING_MAX {
+            // A grant is what matters; a later "next" must not replace it.
+            match self.pending.get(&id) {
+                Some((_, Signal::Granted { .. })) if !matches!(signal, Signal::Granted { .. }) => {}
+                _ => {
+                    self.pending.insert(id, (now, signal));
+                }
+            }
+        }
+    }
 }
 
 pub(crate) struct Handoff {
     client: Client,
     channel: Arc<str>,
     waiters: Waiters,
+    /// How many waiters are registered (to skip the lock when none are).
+    registered: Arc<AtomicUsize>,
     /// Subscribed now: only then do waiters join queues (and rely on being told).
     live: Arc<AtomicBool>,
     started: Once,
@@ -78,6 +112,7 @@ impl Handoff {
             client,
             channel: Arc::from(format!("tower-lock:handoff:{id}")),
             waiters: Arc::default(),
+            registered: Arc::default(),
             live: Arc::new(AtomicBool::new(false)),
             started: Once::new(),
             stop: Mutex::new(Some(rx)),
@@ -109,42 +144,55 @@ impl Handoff {
         self.live.load(Ordering::Acquire)
     }
 
-    /// Registers `token`'s waiter; `None` until the subscription is up (then waiters pace
-    /// their checks by their wait policy, without joining queues).
+    /// The channel this store's waiters are told on.
+    pub(crate) fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// Registers `token`'s waiter, after its attempt answered that it is queued; a message
+    /// that arrived before is delivered now.
     pub(crate) fn register(&self, token: &Token) -> Option<QueueWatch> {
-        self.start();
-        if !self.is_live() {
-            return None;
-        }
         let id: [u8; TOKEN_LEN] = token.as_bytes().try_into().ok()?;
-        let stamp = u64::try_from(base().elapsed().as_micros()).unwrap_or(u64::MAX);
-        let mut entry = Vec::with_capacity(TOKEN_LEN + STAMP_LEN + self.channel.len());
-        entry.extend_from_slice(&id);
-        entry.extend_from_slice(format!("{stamp:016x}").as_bytes());
-        entry.extend_from_slice(self.channel.as_bytes());
         let (tx, rx) = mpsc::unbounded_channel();
-        let slot = Slot {
-            tx,
-            entry: Arc::from(entry),
-        };
-        self.waiters
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, slot);
+        let mut registry = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, signal)) = registry.pending.remove(&id) {
+            let _ = tx.send(signal);
+        }
+        registry.waiters.insert(id, tx);
+        drop(registry);
+        self.registered.fetch_add(1, Ordering::Relaxed);
         let signals = Registration {
             id,
             rx,
             waiters: Arc::clone(&self.waiters),
+            registered: Arc::clone(&self.registered),
         };
         Some(QueueWatch::new(signals))
     }
 
-    /// The queue entry of `token`'s registered waiter: token, stamp, channel.
-    pub(crate) fn entry(&self, token: &Token) -> Option<Arc<[u8]>> {
-        let id: [u8; TOKEN_LEN] = token.as_bytes().try_into().ok()?;
-        let waiters = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
-        waiters.get(&id).map(|slot| Arc::clone(&slot.entry))
+    /// Whether `token`'s waiter is registered (so it may be queued already).
+    pub(crate) fn is_registered(&self, token: &Token) -> bool {
+        if self.registered.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let Ok(id) = <[u8; TOKEN_LEN]>::try_from(token.as_bytes()) else {
+            return false;
+        };
+        let registry = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        registry.waiters.contains_key(&id)
     }
+}
+
+/// A queue entry's stamp for an attempt sent now: microseconds since this process's origin,
+/// 16 hex digits. The waiter is queued after this instant, so a hand-off to it is too.
+pub(crate) fn stamp() -> [u8; STAMP_LEN] {
+    let micros = u64::try_from(base().elapsed().as_micros()).unwrap_or(u64::MAX);
+    let mut out = [0u8; STAMP_LEN];
+    for (i, byte) in out.iter_mut().enumerate() {
+        let nibble = (micros >> (4 * (STAMP_LEN - 1 - i))) & 0xf;
+        *byte = b"0123456789abcdef"[nibble as usize];
+    }
+    out
 }
 
 impl fmt::Debug for Handoff {
@@ -161,6 +209,7 @@ struct Registration {
     id: [u8; TOKEN_LEN],
     rx: mpsc::UnboundedReceiver<Signal>,
     waiters: Waiters,
+    registered: Arc<AtomicUsize>,
 }
 
 impl QueueSignals for Registration {
@@ -175,10 +224,11 @@ impl QueueSignals for Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.waiters
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.id);
+        let mut registry = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        registry.waiters.remove(&self.id);
+        registry.pending.remove(&self.id);
+        drop(registry);
+        self.registered.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -219,14 +269,6 @@ fn parse(payload: &[u8], received: Instant) -> Option<([u8; TOKEN_LEN], Signal)>
     }
 }
 
-fn deliver(waiters: &Waiters, id: &[u8; TOKEN_LEN], signal: Signal) {
-    // A waiter that left already is no longer registered: its release took it out of the queue
-    // (or hands the key on), so nothing is lost by dropping the message.
-    if let Some(slot) = waiters.lock().unwrap_or_else(|p| p.into_inner()).get(id) {
-        let _ = slot.tx.send(signal);
-    }
-}
-
 async fn subscribe(
     client: Client,
     channel: Arc<str>,
@@ -242,8 +284,12 @@ async fn subscribe(
             tracing::debug!("listening for lock hand-offs");
             let mut messages = pubsub.on_message();
             while let Some(message) = messages.next().await {
-                match parse(message.get_payload_bytes(), Instant::now()) {
-                    Some((id, signal)) => deliver(&waiters, &id, signal),
+                let now = Instant::now();
+                match parse(message.get_payload_bytes(), now) {
+                    Some((id, signal)) => waiters
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .deliver(id, signal, now),
                     None => tracing::debug!("ignoring a malformed hand-off message"),
                 }
             }
@@ -254,8 +300,8 @@ async fn subscribe(
             result = session => {
                 live.store(false, Ordering::Release);
                 // Hand-offs may have been missed: every waiter checks again now.
-                for slot in waiters.lock().unwrap_or_else(|p| p.into_inner()).values() {
-                    let _ = slot.tx.send(Signal::Retry);
+                for tx in waiters.lock().unwrap_or_else(|p| p.into_inner()).waiters.values() {
+                    let _ = tx.send(Signal::Retry);
                 }
                 match result {
                     Ok(()) => tracing::debug!("hand-off subscription closed; subscribing again"),
@@ -276,6 +322,48 @@ async fn subscribe(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A hand-off can reach the process before the attempt's answer does: the waiter registers
+    /// after, and still hears it.
+    #[tokio::test]
+    async fn a_message_before_registration_is_kept_for_the_waiter() {
+        let handoff = Handoff::new(Client::open("redis://127.0.0.1:1/").unwrap());
+        let token = Token::generate().unwrap();
+        let id: [u8; TOKEN_LEN] = token.as_bytes().try_into().unwrap();
+        let now = Instant::now();
+        let granted = Signal::Granted {
+            fencing_token: 7,
+            valid_until: now + Duration::from_secs(1),
+        };
+        {
+            let mut registry = handoff.waiters.lock().unwrap();
+            registry.deliver(id, granted, now);
+            // A later "next" does not replace the grant.
+            registry.deliver(
+                id,
+                Signal::Next {
+                    within: Duration::from_secs(1),
+                },
+                now,
+            );
+        }
+        assert!(!handoff.is_registered(&token));
+        let mut watch = handoff.register(&token).unwrap();
+        assert!(handoff.is_registered(&token));
+        assert_eq!(watch.signal().await, granted);
+        drop(watch);
+        assert!(!handoff.is_registered(&token));
+        assert!(handoff.waiters.lock().unwrap().pending.is_empty());
+    }
+
+    #[test]
+    fn stamps_are_16_hex_digits_and_increase() {
+        let a = stamp();
+        std::thread::sleep(Duration::from_millis(2));
+        let b = stamp();
+        assert!(a.iter().all(u8::is_ascii_hexdigit));
+        assert!(b > a);
+    }
 
     #[test]
     fn parses_hand_off_messages() {

@@ -83,7 +83,7 @@ pub enum Signal {
 }
 
 /// A waiter's registration with a store's hand-off queue, made by [`LockStore::queue_watch`]
-/// before its first attempt so that no signal is missed. Dropping it unregisters.
+/// once an attempt answered [`Acquire::Queued`]. Dropping it unregisters.
 pub struct QueueWatch(Pin<Box<dyn QueueSignals>>);
 
 /// The source of a [`QueueWatch`]'s signals.
@@ -121,8 +121,9 @@ impl fmt::Debug for QueueWatch {
 ///   fencing token; otherwise report that it is held.
 /// - `renew`: if `key` holds `token`, reset its time to live to `ttl` and return `true`;
 ///   otherwise return `false` and change nothing.
-/// - `release`: if `key` holds `token`, delete it and return `true`; otherwise return `false` and
-///   change nothing.
+/// - `release`: if `key` holds `token`, delete it (or, in a store that hands off, give it to the
+///   next queued waiter) and return `true`; otherwise return `false` and change nothing (except
+///   that a store that hands off takes `token` out of the key's queue: a waiter leaving).
 ///
 /// Implementations write `async fn`; the futures must be `Send`.
 pub trait LockStore: Send + Sync + 'static {
@@ -186,22 +187,22 @@ pub trait LockStore: Send + Sync + 'static {
         None
     }
 
-    /// Registers `token` to hear hand-off signals for `key`, for a waiter that will call
-    /// [`enqueue`](Self::enqueue). `None` (the default): this store does not hand off, and the
-    /// waiter uses [`acquire`](Self::acquire) and [`watch`](Self::watch).
-    ///
-    /// A store that hands off keeps a first-come-first-served queue per key: a release gives
-    /// the key straight to the head of the queue instead of freeing it, so waiters never race
-    /// each other (or the releasing holder) for it. [`RedisStore`] does, by default.
+    /// Registers `token` to hear the hand-off of `key`, after [`enqueue`](Self::enqueue)
+    /// answered [`Acquire::Queued`]. The store must deliver signals that arrived in between.
+    /// `None` (the default): this store does not hand off.
     fn queue_watch(&self, key: &LockKey, token: &Token) -> Option<QueueWatch> {
         let _ = (key, token);
         None
     }
 
-    /// Like [`acquire`](Self::acquire), and when the key is held, queues `token` for a hand-off
-    /// ([`Acquire::Queued`]), or keeps its place if it is queued already. When the key was
-    /// handed to `token`, this claims it (for `ttl`) and answers `Acquired`. Only called after
-    /// [`queue_watch`](Self::queue_watch) returned a watch; the default is `acquire`.
+    /// Like [`acquire`](Self::acquire), for a caller that will wait: when the key is held, a
+    /// store that hands off queues `token` ([`Acquire::Queued`]), or keeps its place if it is
+    /// queued already, and when the key was handed to `token`, claims it (for `ttl`) and
+    /// answers `Acquired`. The default is `acquire`.
+    ///
+    /// A store that hands off keeps a first-come-first-served queue per key: a release gives
+    /// the key straight to the head of the queue instead of freeing it, so waiters never race
+    /// each other (or the releasing holder) for it. [`RedisStore`] does, by default.
     fn enqueue(
         &self,
         key: &LockKey,

@@ -15,7 +15,10 @@ use redis::{
 };
 use tokio::sync::OnceCell;
 
-use super::{Acquire, LockStore, QueueWatch, StoreError, StoreErrorKind, handoff::Handoff};
+use super::{
+    Acquire, LockStore, QueueWatch, StoreError, StoreErrorKind,
+    handoff::{self, Handoff},
+};
 use crate::{key::LockKey, token::Token};
 
 /// Suffix of the fencing counter's key, next to the lock key (same hash slot).
@@ -55,7 +58,9 @@ const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_secs(1);
 /// to each lock key lives its fencing counter, `<lock key>:fence`, kept for
 /// [`fence_retention`](Self::fence_retention) (default 24 h) after the last acquisition. Fencing
 /// tokens are `max(last + 1, server time in µs)`, so they keep increasing after the counter
-/// expires, as long as the Redis server's clock does not step back.
+/// expires, as long as the Redis server's clock does not step back. With
+/// [`handoff`](Self::handoff) on (the default for [`connect`](Self::connect)), waiters queue in
+/// `<lock key>:queue` and a release hands the key to the first of them.
 ///
 /// # Replicas
 ///
@@ -597,13 +602,13 @@ fn ms(d: Duration) -> Vec<u8> {
 }
 
 impl RedisStore {
-    /// One acquire script. With hand-off on, `entry` queues the caller (`None`: do not queue).
+    /// One acquire script. With hand-off on, `place` queues the caller (`None`: do not queue).
     async fn attempt(
         &self,
         key: &LockKey,
         token: &Token,
         ttl: Duration,
-        entry: Option<&[u8]>,
+        place: Option<Place<'_>>,
     ) -> Result<Acquire, StoreError> {
         let fence_key = suffixed(key, FENCE_SUFFIX);
         let queue_key = self.handoff.as_ref().map(|_| suffixed(key, QUEUE_SUFFIX));
@@ -614,7 +619,15 @@ impl RedisStore {
         let (ttl_ms, retention, claim) = (ms(ttl), ms(self.fence_retention), ms(self.claim_window));
         let mut args: Vec<&[u8]> = vec![token.as_bytes(), &ttl_ms, &retention];
         if queue_key.is_some() {
-            args.extend([&claim[..], entry.unwrap_or_default()]);
+            match &place {
+                Some(place) => args.extend([
+                    &claim[..],
+                    &place.stamp[..],
+                    place.channel,
+                    if place.rescan { b"1" } else { b"0" },
+                ]),
+                None => args.extend([&claim[..], b"", b"", b"0"]),
+            }
         }
         let ((answer, n), acks): ((i64, i64), _) = self
             .invoke(&self.scripts.acquire, keys, &args, true)
@@ -643,6 +656,14 @@ impl RedisStore {
     }
 }
 
+/// Where a waiter joins a hand-off queue: its entry is its token, `stamp` and `channel`.
+struct Place<'a> {
+    stamp: [u8; 16],
+    channel: &'a [u8],
+    /// A later attempt, which may find the waiter queued already.
+    rescan: bool,
+}
+
 /// `key` with `suffix` appended: a key next to the lock key, in the same hash slot.
 fn suffixed(key: &LockKey, suffix: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(key.as_bytes().len() + suffix.len());
@@ -667,8 +688,17 @@ impl LockStore for RedisStore {
         token: &Token,
         ttl: Duration,
     ) -> Result<Acquire, StoreError> {
-        let entry = self.handoff.as_ref().and_then(|h| h.entry(token));
-        self.attempt(key, token, ttl, entry.as_deref()).await
+        // Queued only while this store listens: otherwise nobody would hear the hand-off.
+        let place = self
+            .handoff
+            .as_ref()
+            .filter(|h| h.is_live())
+            .map(|h| Place {
+                stamp: handoff::stamp(),
+                channel: h.channel().as_bytes(),
+                rescan: h.is_registered(token),
+            });
+        self.attempt(key, token, ttl, place).await
     }
 
     fn queue_watch(&self, _key: &LockKey, token: &Token) -> Option<QueueWatch> {

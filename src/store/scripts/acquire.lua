@@ -1,8 +1,9 @@
 -- Take a lock if it is free, and hand out a fencing token; with hand-off on, respect the queue.
 -- KEYS[1]: the lock key. KEYS[2]: its fencing counter. KEYS[3], only with hand-off: its queue.
 -- ARGV[1]: the caller's token. ARGV[2]: time to live in ms. ARGV[3]: counter retention in ms.
--- With hand-off: ARGV[4]: the claim window in ms. ARGV[5]: the caller's queue entry, or '' to
--- not queue (a caller that will not wait, or cannot hear the hand-off).
+-- With hand-off: ARGV[4]: the claim window in ms. ARGV[5]: the caller's stamp. ARGV[6]: the
+-- caller's channel, or '' to not queue (a caller that will not wait, or cannot hear the
+-- hand-off). ARGV[7]: '1' if the caller may be queued already (a later attempt), else '0'.
 -- Returns {1, fencing token} when acquired (or a hand-off to the caller claimed),
 -- {0, remaining ttl in ms} when held by someone else, {2, ms} when held and the caller is
 -- queued (check again within that many ms if told nothing).
@@ -14,37 +15,44 @@ if not queue then
   end
   return {0, redis.call('PTTL', lock)}
 end
-local claim, entry = ARGV[4], ARGV[5]
-local holder = redis.call('GET', lock)
-if holder == token then
-  -- Handed to the caller by a release: claim it for the full time to live.
-  redis.call('PEXPIRE', lock, ttl)
-  return {1, tonumber(redis.call('GET', fence_key) or '0') or 0}
-end
-local pttl
-if not holder then
+local claim, channel = ARGV[4], ARGV[6]
+local toklen = #token
+if redis.call('SET', lock, token, 'NX', 'PX', ttl) then
   local head = redis.call('LINDEX', queue, 0)
-  if not head or string.sub(head, 1, #token) == token then
-    -- Free, and nobody waits before the caller.
-    if head then
-      leave(queue, token)
-    end
-    redis.call('SET', lock, token, 'PX', ttl)
+  if not head then
+    -- Free, and nobody waits: the usual case, two calls more than without hand-off.
+    return {1, new_fence(fence_key, retention)}
+  end
+  if string.sub(head, 1, toklen) == token then
+    -- Free, and the caller is first in line.
+    leave(queue, token)
     return {1, new_fence(fence_key, retention)}
   end
   -- Free, but others wait (a holder's lease ran out, or a hand-off went unclaimed): the key
-  -- goes to the head of the queue, not to the caller.
+  -- goes to the head of the queue (overwriting the caller's SET), not to the caller.
   hand_over(lock, fence_key, queue, claim, retention, token)
-  pttl = tonumber(claim)
-else
-  pttl = redis.call('PTTL', lock)
+  if channel == '' then
+    return {0, tonumber(claim)}
+  end
+elseif redis.call('GET', lock) == token then
+  -- Handed to the caller by a release: claim it for the full time to live.
+  redis.call('PEXPIRE', lock, ttl)
+  return {1, tonumber(redis.call('GET', fence_key) or '0') or 0}
+elseif channel == '' then
+  return {0, redis.call('PTTL', lock)}
 end
-if entry == '' then
-  return {0, pttl}
+local queued = false
+if ARGV[7] == '1' then
+  for _, e in ipairs(redis.call('LRANGE', queue, 0, -1)) do
+    if string.sub(e, 1, toklen) == token then
+      queued = true
+      break
+    end
+  end
 end
-if not redis.call('LPOS', queue, entry) then
-  redis.call('RPUSH', queue, entry)
+if not queued then
+  redis.call('RPUSH', queue, token .. ARGV[5] .. channel)
 end
 -- The queue outlives its waiters' checks (each checks again within the holder's TTL).
 redis.call('PEXPIRE', queue, 2 * tonumber(ttl) + tonumber(claim))
-return {2, pttl}
+return {2, redis.call('PTTL', lock)}
