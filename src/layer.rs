@@ -94,17 +94,20 @@ impl Shared {
             return Ok(None);
         };
         let config = self.locker.config();
-        let scope;
-        let scope = match &self.namespace {
-            Some(namespace) => &**namespace,
+        let method;
+        let scope: [&str; 3] = match &self.namespace {
+            Some(namespace) => [namespace, "", ""],
             None => {
-                scope = default_scope(parts);
-                &scope
+                method = parts.method.clone();
+                match matched_path(parts) {
+                    Some(path) => [method.as_str(), " ", path],
+                    None => [method.as_str(), "", ""],
+                }
             }
         };
-        LockKey::new(
+        LockKey::from_parts(
             config.key_prefix_value(),
-            scope,
+            &scope,
             &value,
             config.max_key_len_value(),
         )
@@ -132,12 +135,14 @@ impl Shared {
 }
 
 /// `METHOD /route/{template}` under axum, `METHOD` alone elsewhere.
-fn default_scope(parts: &Parts) -> String {
+/// The route template axum matched, part of the default scope (`"POST /items/{sku}"`).
+fn matched_path(parts: &Parts) -> Option<&str> {
     #[cfg(feature = "axum")]
     if let Some(path) = parts.extensions.get::<axum::extract::MatchedPath>() {
-        return format!("{} {}", parts.method, path.as_str());
+        return Some(path.as_str());
     }
-    parts.method.to_string()
+    let _ = parts;
+    None
 }
 
 impl<S> Layer<S> for LockLayer {

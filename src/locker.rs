@@ -299,6 +299,13 @@ impl Locker {
                     let turn = guard.turn.take();
                     tokio::spawn(guard.release_now());
                     guard.turn = turn;
+                    // That release leaves the store's queue, or hands on a key handed to this
+                    // token meanwhile: go on with a fresh token, so that no message for the old
+                    // one (a hand-off given away already) can be taken for ours.
+                    guard.token = Token::generate().map_err(StoreError::entropy)?;
+                    queue = None;
+                    queued = false;
+                    handed = None;
                     None
                 }
             };

@@ -25,7 +25,13 @@ thread_local! {
 
 /// Fills `out` with bytes from the operating system's CSPRNG.
 fn fill(out: &mut [u8; 16]) -> Result<(), getrandom::Error> {
-    POOL.with_borrow_mut(|pool| {
+    // During thread teardown the pool is gone: straight from the OS.
+    POOL.try_with(|pool| fill_from(&mut pool.borrow_mut(), out))
+        .unwrap_or_else(|_| getrandom::fill(out))
+}
+
+fn fill_from(pool: &mut Pool, out: &mut [u8; 16]) -> Result<(), getrandom::Error> {
+    {
         let pid = std::process::id();
         if pool.used + out.len() > POOL_LEN || pool.pid != pid {
             getrandom::fill(&mut pool.bytes)?;
@@ -38,7 +44,7 @@ fn fill(out: &mut [u8; 16]) -> Result<(), getrandom::Error> {
         taken.fill(0);
         pool.used += out.len();
         Ok(())
-    })
+    }
 }
 
 /// The random secret stored as the value of a held lock key.

@@ -350,18 +350,20 @@ async fn a_lost_handoff_costs_at_most_the_ttl() {
     );
 }
 
-/// A waiter whose subscription broke while queued still gets the key: the hand-off is kept for
-/// it (the claim window), and it claims it when it checks again.
+/// A waiter whose subscription broke while queued still gets the key promptly: the hand-off
+/// message is lost (and its claim window passes), but the store's new subscription has every
+/// waiter check again, which finds the key free and first in line for it: about the
+/// resubscription delay (1 s), not the holder's TTL (3 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_subscription_still_gets_the_handoff() {
     let server = RedisServer::start();
     let all: Vec<RedisStore> = stores(&server, 2)
         .await
         .into_iter()
-        .map(|s| s.claim_window(Duration::from_secs(5)))
+        .map(|s| s.claim_window(Duration::from_millis(300)))
         .collect();
     let config = LockConfig::default()
-        .ttl(Duration::from_millis(800))
+        .ttl(Duration::from_secs(3))
         .wait(Wait::constant(Duration::from_secs(20)).deadline(Duration::from_secs(30)));
     let holder = Locker::with_config(all[0].clone(), config.clone()).unwrap();
     let waiter = Locker::with_config(all[1].clone(), config).unwrap();
@@ -384,9 +386,16 @@ async fn a_broken_subscription_still_gets_the_handoff() {
         "TYPE",
         "pubsub",
     ]);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = Instant::now();
     held.release().await.unwrap();
     let lease = next.await.unwrap();
+    let took = started.elapsed();
     assert!(!lease.is_lost());
+    assert!(
+        took < Duration::from_millis(2500),
+        "waited for the holder's TTL instead of checking after resubscribing: {took:?}"
+    );
     assert!(server.lock_keys().await.is_empty(), "keys left behind");
 }
 
@@ -536,4 +545,123 @@ async fn a_fixed_schedule_bounds_a_queued_wait() {
     queued(&server, &k, 0).await;
     held.release().await.unwrap();
     assert!(server.lock_keys().await.is_empty(), "keys left behind");
+}
+
+/// A store scripted by hand, for the locker's side of a hand-off: the first attempt queues, the
+/// second fails, the third acquires; the first token's watch holds a stale hand-off.
+#[derive(Clone, Default)]
+struct Scripted {
+    enqueued: Arc<Mutex<Vec<Vec<u8>>>>,
+    released: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+struct Signals(tokio::sync::mpsc::UnboundedReceiver<tower_lock::store::Signal>);
+
+impl tower_lock::store::QueueSignals for Signals {
+    fn poll_signal(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<tower_lock::store::Signal> {
+        match self.0.poll_recv(cx) {
+            std::task::Poll::Ready(Some(signal)) => std::task::Poll::Ready(signal),
+            _ => std::task::Poll::Pending,
+        }
+    }
+}
+
+impl tower_lock::LockStore for Scripted {
+    async fn acquire(
+        &self,
+        _key: &LockKey,
+        _token: &tower_lock::Token,
+        _ttl: Duration,
+    ) -> Result<tower_lock::store::Acquire, tower_lock::store::StoreError> {
+        unreachable!("a waiting locker enqueues")
+    }
+
+    async fn enqueue(
+        &self,
+        _key: &LockKey,
+        token: &tower_lock::Token,
+        _ttl: Duration,
+    ) -> Result<tower_lock::store::Acquire, tower_lock::store::StoreError> {
+        use tower_lock::store::{Acquire, StoreError, StoreErrorKind};
+        let mut enqueued = self.enqueued.lock().unwrap();
+        enqueued.push(token.as_bytes().to_vec());
+        match enqueued.len() {
+            1 => Ok(Acquire::Queued {
+                expires_in: Some(Duration::from_secs(5)),
+            }),
+            2 => Err(StoreError::msg(StoreErrorKind::Unavailable, "down")),
+            _ => Ok(Acquire::Acquired { fencing_token: 42 }),
+        }
+    }
+
+    fn queue_watch(
+        &self,
+        _key: &LockKey,
+        _token: &tower_lock::Token,
+    ) -> Option<tower_lock::store::QueueWatch> {
+        use tower_lock::store::Signal;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        // Check again now (the second attempt fails), then: a hand-off that the release sent
+        // after that failure has already passed on.
+        tx.send(Signal::Retry).unwrap();
+        tx.send(Signal::Granted {
+            fencing_token: 9,
+            valid_until: tokio::time::Instant::now() + Duration::from_secs(10),
+        })
+        .unwrap();
+        Some(tower_lock::store::QueueWatch::new(Signals(rx)))
+    }
+
+    async fn renew(
+        &self,
+        _key: &LockKey,
+        _token: &tower_lock::Token,
+        _ttl: Duration,
+    ) -> Result<bool, tower_lock::store::StoreError> {
+        Ok(true)
+    }
+
+    async fn release(
+        &self,
+        _key: &LockKey,
+        token: &tower_lock::Token,
+    ) -> Result<bool, tower_lock::store::StoreError> {
+        self.released
+            .lock()
+            .unwrap()
+            .push(token.as_bytes().to_vec());
+        Ok(false)
+    }
+}
+
+/// After a store error while queued (waiting forever), the waiter's release leaves the queue or
+/// passes on a key handed to it meanwhile; the waiter goes on with a fresh token, so a stale
+/// hand-off message for the old token is never taken for its own (two holders at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_store_error_a_stale_handoff_is_not_taken() {
+    let store = Scripted::default();
+    let locker = Locker::with_config(
+        store.clone(),
+        LockConfig::default().wait(Wait::constant(Duration::from_millis(10)).forever()),
+    )
+    .unwrap();
+    let guard = locker
+        .acquire(locker.key("handoff", "scripted").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(guard.fencing_token(), 42, "took the stale hand-off");
+    let enqueued = store.enqueued.lock().unwrap().clone();
+    assert_eq!(enqueued.len(), 3);
+    assert_eq!(enqueued[0], enqueued[1]);
+    assert_ne!(enqueued[1], enqueued[2], "went on with the old token");
+    // The failed attempt's token was released (leaving the queue).
+    let started = Instant::now();
+    while !store.released.lock().unwrap().contains(&enqueued[0]) {
+        assert!(started.elapsed() < Duration::from_secs(2), "never released");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    guard.release().await.unwrap();
 }

@@ -175,3 +175,81 @@ async fn replica_down_answers_503() {
     });
     assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
 }
+
+/// A key handed over by a release (which does not wait for replicas) is confirmed, with its
+/// `WAIT`, before the waiter runs: the waiter's lease is acknowledged like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_over_lease_is_acknowledged_before_it_runs() {
+    let servers = Replicated::new(1);
+    let (one, two) = (servers.store().await, servers.store().await);
+    let mut conn = servers.master.client().await;
+    // Both hand-off subscriptions up.
+    let started = std::time::Instant::now();
+    loop {
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg("tower-lock:handoff:*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if channels.len() >= 2 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no subscriptions"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let wait = Wait::constant(Duration::from_secs(5)).deadline(Duration::from_secs(30));
+    let holder =
+        tower_lock::Locker::with_config(one, LockConfig::default().wait(wait.clone())).unwrap();
+    let waiter = tower_lock::Locker::with_config(two, LockConfig::default().wait(wait)).unwrap();
+    let key = holder.key("replica", "handoff").unwrap();
+    let held = holder.acquire(key.clone()).await.unwrap();
+    let next = tokio::spawn({
+        let key = key.clone();
+        async move { waiter.acquire(key).await.unwrap() }
+    });
+    let queue = [key.as_bytes(), b":queue"].concat();
+    loop {
+        let len: usize = redis::cmd("LLEN")
+            .arg(&queue)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if len == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let waits = |info: String| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_wait:calls="))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let before: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    held.release().await.unwrap();
+    let guard = next.await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "not handed over"
+    );
+    let after: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        waits(after) - waits(before),
+        1,
+        "the handed-over lease ran without a replica acknowledgement"
+    );
+    guard.release().await.unwrap();
+}

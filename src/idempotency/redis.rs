@@ -43,8 +43,8 @@ impl IdempotencyStore for RedisStore {
         // The lock's fencing counter and queue, and their arguments, with hand-off on.
         let extra = self.handoff_keys(key);
         let extra_args = self.handoff_args();
-        if let Some([fence, queue]) = &extra {
-            keys.extend([&fence[..], &queue[..]]);
+        if let Some(next_to) = &extra {
+            keys.extend([next_to.fence(), next_to.queue()]);
             args.extend([&extra_args[0][..], &extra_args[1][..]]);
         }
         let (done, _): (i64, _) = self.invoke(&COMPLETE, &keys, &args, false).await?;

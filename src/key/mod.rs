@@ -235,6 +235,17 @@ impl LockKey {
         value: &[u8],
         max_len: usize,
     ) -> Result<Self, KeyRejection> {
+        Self::from_parts(prefix, &[scope], value, max_len)
+    }
+
+    /// [`new`](Self::new) with the scope given in pieces (joined), for a scope the layer puts
+    /// together per request, without an intermediate string.
+    pub(crate) fn from_parts(
+        prefix: &str,
+        scope: &[&str],
+        value: &[u8],
+        max_len: usize,
+    ) -> Result<Self, KeyRejection> {
         if value.is_empty() {
             return Err(KeyRejection::invalid("the lock key is empty"));
         }
@@ -244,26 +255,32 @@ impl LockKey {
                 value.len()
             )));
         }
-        let scope_len = scope.len().to_string();
-        let mut full =
-            BytesMut::with_capacity(prefix.len() + scope_len.len() + scope.len() + value.len() + 4);
+        Ok(Self::build(prefix, scope, value))
+    }
+
+    fn build(prefix: &str, scope: &[&str], value: &[u8]) -> Self {
+        use std::fmt::Write as _;
+        let scope_len: usize = scope.iter().map(|s| s.len()).sum();
+        let mut full = BytesMut::with_capacity(prefix.len() + 20 + scope_len + value.len() + 4);
         full.put_slice(prefix.as_bytes());
         full.put_u8(b'{');
-        full.put_slice(scope_len.as_bytes());
+        let _ = write!(full, "{scope_len}");
         full.put_u8(b':');
         let scope_start = full.len();
-        full.put_slice(scope.as_bytes());
+        for piece in scope {
+            full.put_slice(piece.as_bytes());
+        }
         let scope_end = full.len();
         full.put_u8(b':');
         let value_start = full.len();
         full.put_slice(value);
         let value_end = full.len();
         full.put_u8(b'}');
-        Ok(Self {
+        Self {
             full: full.freeze(),
             scope: scope_start..scope_end,
             value: value_start..value_end,
-        })
+        }
     }
 
     /// The whole key, as the store writes it.

@@ -50,6 +50,9 @@ const PENDING_FOR: Duration = Duration::from_secs(10);
 /// At most this many such messages are kept.
 const PENDING_MAX: usize = 4096;
 
+/// With this many kept, the expired ones are dropped.
+const PENDING_PURGE_AT: usize = 64;
+
 type Waiters = Arc<Mutex<Registry>>;
 
 /// The waiters of one store, by token.
@@ -68,7 +71,8 @@ impl Registry {
             let _ = tx.send(signal);
             return;
         }
-        if self.pending.len() >= PENDING_MAX {
+        // Expired messages go every so often (a lookup per message otherwise).
+        if self.pending.len() >= PENDING_PURGE_AT {
             self.pending
                 .retain(|_, (at, _)| now.saturating_duration_since(*at) < PENDING_FOR);
         }
@@ -120,7 +124,8 @@ impl Handoff {
         })
     }
 
-    /// Starts the subscriber task, once (a no-op outside a Tokio runtime; retried later).
+    /// Starts the subscriber task, once (a no-op outside a Tokio runtime: then the next call
+    /// tries again).
     pub(crate) fn start(&self) {
         let Ok(handle) = Handle::try_current() else {
             return;
@@ -151,7 +156,10 @@ impl Handoff {
 
     /// Registers `token`'s waiter, after its attempt answered that it is queued; a message
     /// that arrived before is delivered now.
-    pub(crate) fn register(&self, token: &Token) -> Option<QueueWatch> {
+    ///
+    /// With `confirm_first`, a hand-off is reported as [`Signal::Retry`], so that the waiter
+    /// confirms the key (with the store's replica acknowledgement) before it runs.
+    pub(crate) fn register(&self, token: &Token, confirm_first: bool) -> Option<QueueWatch> {
         let id: [u8; TOKEN_LEN] = token.as_bytes().try_into().ok()?;
         let (tx, rx) = mpsc::unbounded_channel();
         let mut registry = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
@@ -166,6 +174,7 @@ impl Handoff {
             rx,
             waiters: Arc::clone(&self.waiters),
             registered: Arc::clone(&self.registered),
+            confirm_first,
         };
         Some(QueueWatch::new(signals))
     }
@@ -210,11 +219,15 @@ struct Registration {
     rx: mpsc::UnboundedReceiver<Signal>,
     waiters: Waiters,
     registered: Arc<AtomicUsize>,
+    confirm_first: bool,
 }
 
 impl QueueSignals for Registration {
     fn poll_signal(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Signal> {
         match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(Signal::Granted { .. })) if self.confirm_first => {
+                Poll::Ready(Signal::Retry)
+            }
             Poll::Ready(Some(signal)) => Poll::Ready(signal),
             // Unregistered by the store going away: nothing more will come.
             Poll::Ready(None) | Poll::Pending => Poll::Pending,
@@ -276,11 +289,32 @@ async fn subscribe(
     live: Arc<AtomicBool>,
     mut stop: oneshot::Receiver<()>,
 ) {
+    // Not live once this task is gone (its runtime shut down): waiters then stop queueing.
+    struct Live(Arc<AtomicBool>);
+    impl Drop for Live {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::Release);
+        }
+    }
+    let live = Live(live);
+    let live = &live.0;
+    let retry_all = || {
+        for tx in waiters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .waiters
+            .values()
+        {
+            let _ = tx.send(Signal::Retry);
+        }
+    };
     loop {
         let session = async {
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&*channel).await?;
             live.store(true, Ordering::Release);
+            // Hand-offs sent while the subscription was down were lost: check again now.
+            retry_all();
             tracing::debug!("listening for lock hand-offs");
             let mut messages = pubsub.on_message();
             while let Some(message) = messages.next().await {
@@ -300,9 +334,7 @@ async fn subscribe(
             result = session => {
                 live.store(false, Ordering::Release);
                 // Hand-offs may have been missed: every waiter checks again now.
-                for tx in waiters.lock().unwrap_or_else(|p| p.into_inner()).waiters.values() {
-                    let _ = tx.send(Signal::Retry);
-                }
+                retry_all();
                 match result {
                     Ok(()) => tracing::debug!("hand-off subscription closed; subscribing again"),
                     Err(error) => tracing::debug!(
@@ -348,7 +380,7 @@ mod tests {
             );
         }
         assert!(!handoff.is_registered(&token));
-        let mut watch = handoff.register(&token).unwrap();
+        let mut watch = handoff.register(&token, false).unwrap();
         assert!(handoff.is_registered(&token));
         assert_eq!(watch.signal().await, granted);
         drop(watch);

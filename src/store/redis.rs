@@ -392,13 +392,13 @@ impl RedisStore {
 
     /// The keys and arguments a lock script adds for the hand-off queue (none when off): the
     /// fencing counter and the queue; the claim window and the counter's retention.
-    pub(crate) fn handoff_keys(&self, key: &LockKey) -> Option<[Vec<u8>; 2]> {
+    pub(crate) fn handoff_keys(&self, key: &LockKey) -> Option<NextTo> {
         self.handoff.as_ref()?;
-        Some([suffixed(key, FENCE_SUFFIX), suffixed(key, QUEUE_SUFFIX)])
+        Some(NextTo::new(key))
     }
 
     /// The arguments that go with [`handoff_keys`](Self::handoff_keys).
-    pub(crate) fn handoff_args(&self) -> [Vec<u8>; 2] {
+    pub(crate) fn handoff_args(&self) -> [Ms; 2] {
         [ms(self.claim_window), ms(self.fence_retention)]
     }
 
@@ -468,8 +468,11 @@ impl RedisStore {
         args: &[&[u8]],
         replicate: bool,
     ) -> Result<(T, Option<i64>), StoreError> {
-        let mut eval = redis::cmd("EVALSHA");
-        eval.arg(script.get_hash()).arg(keys.len());
+        let size = 64
+            + keys.iter().map(|k| k.len()).sum::<usize>()
+            + args.iter().map(|a| a.len()).sum::<usize>();
+        let mut eval = Cmd::with_capacity(3 + keys.len() + args.len(), size);
+        eval.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
         for key in keys {
             eval.arg(*key);
         }
@@ -596,9 +599,60 @@ pub(crate) fn redis_error(e: RedisError) -> StoreError {
     StoreError::new(kind, "the Redis lock store failed", e)
 }
 
-fn ms(d: Duration) -> Vec<u8> {
+/// A duration in whole milliseconds, as decimal text on the stack (no allocation per command).
+pub(crate) struct Ms {
+    digits: [u8; 20],
+    start: usize,
+}
+
+impl std::ops::Deref for Ms {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.digits[self.start..]
+    }
+}
+
+fn ms(d: Duration) -> Ms {
     // Redis takes whole milliseconds; never round a non-zero duration down to 0.
-    d.as_millis().max(1).to_string().into_bytes()
+    let mut n = u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1);
+    let mut out = Ms {
+        digits: [0; 20],
+        start: 20,
+    };
+    while n > 0 {
+        out.start -= 1;
+        out.digits[out.start] = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+    out
+}
+
+/// The keys next to a lock key, in one buffer: its fencing counter and its queue.
+pub(crate) struct NextTo {
+    buf: Vec<u8>,
+    split: usize,
+}
+
+impl NextTo {
+    fn new(key: &LockKey) -> Self {
+        let key = key.as_bytes();
+        let mut buf = Vec::with_capacity(2 * key.len() + FENCE_SUFFIX.len() + QUEUE_SUFFIX.len());
+        buf.extend_from_slice(key);
+        buf.extend_from_slice(FENCE_SUFFIX);
+        let split = buf.len();
+        buf.extend_from_slice(key);
+        buf.extend_from_slice(QUEUE_SUFFIX);
+        Self { buf, split }
+    }
+
+    pub(crate) fn fence(&self) -> &[u8] {
+        &self.buf[..self.split]
+    }
+
+    pub(crate) fn queue(&self) -> &[u8] {
+        &self.buf[self.split..]
+    }
 }
 
 impl RedisStore {
@@ -610,28 +664,42 @@ impl RedisStore {
         ttl: Duration,
         place: Option<Place<'_>>,
     ) -> Result<Acquire, StoreError> {
-        let fence_key = suffixed(key, FENCE_SUFFIX);
-        let queue_key = self.handoff.as_ref().map(|_| suffixed(key, QUEUE_SUFFIX));
-        let keys: &[&[u8]] = match &queue_key {
-            Some(queue) => &[key.as_bytes(), &fence_key, queue],
-            None => &[key.as_bytes(), &fence_key],
+        let next_to = NextTo::new(key);
+        let handoff = self.handoff.is_some();
+        let all_keys = [key.as_bytes(), next_to.fence(), next_to.queue()];
+        let keys = if handoff {
+            &all_keys[..]
+        } else {
+            &all_keys[..2]
         };
         let (ttl_ms, retention, claim) = (ms(ttl), ms(self.fence_retention), ms(self.claim_window));
-        let mut args: Vec<&[u8]> = vec![token.as_bytes(), &ttl_ms, &retention];
-        if queue_key.is_some() {
-            match &place {
-                Some(place) => args.extend([
-                    &claim[..],
-                    &place.stamp[..],
-                    place.channel,
-                    if place.rescan { b"1" } else { b"0" },
-                ]),
-                None => args.extend([&claim[..], b"", b"", b"0"]),
-            }
-        }
-        let ((answer, n), acks): ((i64, i64), _) = self
-            .invoke(&self.scripts.acquire, keys, &args, true)
-            .await?;
+        let all_args: [&[u8]; 7] = match &place {
+            Some(place) => [
+                token.as_bytes(),
+                &ttl_ms,
+                &retention,
+                &claim,
+                &place.stamp,
+                place.channel,
+                if place.rescan { b"1" } else { b"0" },
+            ],
+            None => [
+                token.as_bytes(),
+                &ttl_ms,
+                &retention,
+                &claim,
+                b"",
+                b"",
+                b"0",
+            ],
+        };
+        let args = if handoff {
+            &all_args[..]
+        } else {
+            &all_args[..3]
+        };
+        let ((answer, n), acks): ((i64, i64), _) =
+            self.invoke(&self.scripts.acquire, keys, args, true).await?;
         if answer == 1
             && let Err(error) = self.check_acks(acks)
         {
@@ -664,14 +732,6 @@ struct Place<'a> {
     rescan: bool,
 }
 
-/// `key` with `suffix` appended: a key next to the lock key, in the same hash slot.
-fn suffixed(key: &LockKey, suffix: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(key.as_bytes().len() + suffix.len());
-    out.extend_from_slice(key.as_bytes());
-    out.extend_from_slice(suffix);
-    out
-}
-
 impl LockStore for RedisStore {
     async fn acquire(
         &self,
@@ -702,7 +762,11 @@ impl LockStore for RedisStore {
     }
 
     fn queue_watch(&self, _key: &LockKey, token: &Token) -> Option<QueueWatch> {
-        self.handoff.as_ref()?.register(token)
+        // With replica acknowledgement, a handed-over key is confirmed (and acknowledged)
+        // before the waiter runs: the release that handed it over did not wait for replicas.
+        self.handoff
+            .as_ref()?
+            .register(token, self.replicas.is_some())
     }
 
     async fn renew(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<bool, StoreError> {
@@ -714,7 +778,7 @@ impl LockStore for RedisStore {
                 .arg("IFEQ")
                 .arg(token.as_bytes())
                 .arg("PX")
-                .arg(ms(ttl));
+                .arg(&*ms(ttl));
             if let Some(reply) = self.native_query(&set).await? {
                 // OK when it matched, nil when it did not.
                 return Ok(matches!(reply, Value::Okay | Value::SimpleString(_)));
@@ -759,10 +823,10 @@ impl LockStore for RedisStore {
         let extra = self.handoff_keys(key);
         let args = self.handoff_args();
         let (n, _): (i64, _) = match &extra {
-            Some([fence, queue]) => {
+            Some(next_to) => {
                 self.invoke(
                     &self.scripts.release,
-                    &[key.as_bytes(), fence, queue],
+                    &[key.as_bytes(), next_to.fence(), next_to.queue()],
                     &[token.as_bytes(), &args[0], &args[1]],
                     false,
                 )

@@ -37,7 +37,13 @@ if redis.call('SET', lock, token, 'NX', 'PX', ttl) then
 elseif redis.call('GET', lock) == token then
   -- Handed to the caller by a release: claim it for the full time to live.
   redis.call('PEXPIRE', lock, ttl)
-  return {1, tonumber(redis.call('GET', fence_key) or '0') or 0}
+  leave(queue, token)
+  local fence = tonumber(redis.call('GET', fence_key) or '')
+  if not fence then
+    -- The counter expired since the hand-off (a retention shorter than the wait): a new one.
+    fence = new_fence(fence_key, retention)
+  end
+  return {1, fence}
 elseif channel == '' then
   return {0, redis.call('PTTL', lock)}
 end
@@ -53,6 +59,10 @@ end
 if not queued then
   redis.call('RPUSH', queue, token .. ARGV[5] .. channel)
 end
--- The queue outlives its waiters' checks (each checks again within the holder's TTL).
-redis.call('PEXPIRE', queue, 2 * tonumber(ttl) + tonumber(claim))
+-- The queue outlives its waiters' checks (each checks again within the holder's TTL); only
+-- ever extended, so a waiter with a short TTL does not cut it short for the others.
+local keep = 2 * math.max(tonumber(ttl), redis.call('PTTL', lock)) + tonumber(claim)
+if redis.call('PTTL', queue) < keep then
+  redis.call('PEXPIRE', queue, keep)
+end
 return {2, redis.call('PTTL', lock)}
