@@ -2442,8 +2442,10 @@ fn render_contended(w: &mut String, s: &Settings, r: &Results) {
          N waiters, each with its own connection (its own `RedisStore::connect` and `Locker`; \
          its own `rslock::LockManager`), loop on one key for {} s: \
          acquire, hold for {} ms as a **busy spin** (exact, and it occupies a runtime worker as \
-         real work would), release. tower-lock waits with \
-         `Wait::exponential(1 ms, 20 ms).deadline(30 s)` (jitter on); rslock retries with \
+         real work would), release. tower-lock's stores hand off (`RedisStore::connect`'s \
+         default): a waiter queues in Redis and the holder's release hands it the key and tells \
+         it on pub/sub; its wait policy, `Wait::exponential(1 ms, 20 ms).deadline(30 s)`, only \
+         paces checks when no hand-off can be heard; rslock retries with \
          `set_retry(3, {} ms)` (a random delay in 0..{} ms between attempts) inside its \
          `acquire_no_guard` loop. Wait time runs from the call to acquire to its return. The \
          ideal rate is 1 / (mean measured hold + median `EVALSHA` round trip); the round trip, \
