@@ -201,12 +201,23 @@ struct Scripts {
     release: Script,
 }
 
-/// The functions shared by the scripts that take or give up a lock.
+/// The fencing token function, first in every script that takes or gives up a lock.
+const FENCE_LUA: &str = include_str!("scripts/fence.lua");
+
+/// The hand-off functions, inserted at a lock script's `-- @handoff` line (after its fast path).
 const HANDOFF_LUA: &str = include_str!("scripts/handoff.lua");
 
-/// A script that takes or gives up a lock: the shared hand-off functions, then `body`.
+/// A script that takes or gives up a lock: the fencing function, then `body` with the hand-off
+/// functions in place of its `-- @handoff` line.
 pub(crate) fn lock_script(body: &str) -> Script {
-    Script::new(&format!("{HANDOFF_LUA}{body}"))
+    debug_assert!(
+        body.contains("-- @handoff\n"),
+        "a lock script without -- @handoff"
+    );
+    Script::new(&format!(
+        "{FENCE_LUA}{}",
+        body.replacen("-- @handoff\n", HANDOFF_LUA, 1)
+    ))
 }
 
 impl Scripts {

@@ -9,20 +9,19 @@
 -- queued (check again within that many ms if told nothing).
 local lock, fence_key, queue = KEYS[1], KEYS[2], KEYS[3]
 local token, ttl, retention = ARGV[1], ARGV[2], ARGV[3]
+local took = redis.call('SET', lock, token, 'NX', 'PX', ttl)
+if took and (not queue or redis.call('LLEN', queue) == 0) then
+  -- The usual case: free, and nobody waits.
+  return {1, new_fence(fence_key, retention)}
+end
 if not queue then
-  if redis.call('SET', lock, token, 'NX', 'PX', ttl) then
-    return {1, new_fence(fence_key, retention)}
-  end
   return {0, redis.call('PTTL', lock)}
 end
+-- @handoff
 local claim, channel = ARGV[4], ARGV[6]
 local toklen = #token
-if redis.call('SET', lock, token, 'NX', 'PX', ttl) then
+if took then
   local head = redis.call('LINDEX', queue, 0)
-  if not head then
-    -- Free, and nobody waits: the usual case, two calls more than without hand-off.
-    return {1, new_fence(fence_key, retention)}
-  end
   if string.sub(head, 1, toklen) == token then
     -- Free, and the caller is first in line.
     leave(queue, token)

@@ -1,4 +1,5 @@
--- Shared by the scripts that take or give up a lock: prepended to each of them.
+-- Shared by the scripts that take or give up a lock: inserted at their `-- @handoff` line, after
+-- their fast path, so that the usual (uncontended) call does not define these functions.
 --
 -- Hand-off queue: with hand-off on, next to each lock key lives `<lock key>:queue`, a list of
 -- waiters, first come first served. An entry is the waiter's token, then a 16-hex-digit stamp
@@ -8,18 +9,6 @@
 -- next, so that it checks again if the new holder never claims (a crashed process).
 
 local STAMP_LEN = 16
-
--- A new fencing token for a lock: max(last + 1, server time in microseconds), strictly
--- increasing per key even after the counter key expires, as long as the server clock does not
--- step back further than the counter's retention.
-local function new_fence(fence_key, retention)
-  local now = redis.call('TIME')
-  local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local last = tonumber(redis.call('GET', fence_key) or '0') or 0
-  local fence = math.max(last + 1, micros)
-  redis.call('SET', fence_key, string.format('%d', fence), 'PX', retention)
-  return fence
-end
 
 -- Gives `lock` to the first waiter in `queue` whose token is not `skip`, for `claim` ms, and
 -- tells it (message 'g' token stamp claim ':' fence); tells the waiter after it that it is next

@@ -6,11 +6,19 @@
 -- Returns 1 when released, 0 when the lock is not held with this token.
 local lock, fence_key, queue = KEYS[1], KEYS[2], KEYS[3]
 local token = ARGV[1]
-if redis.call('GET', lock) == token then
+local held = redis.call('GET', lock) == token
+if held and (not queue or redis.call('LLEN', queue) == 0) then
+  -- The usual case: nobody waits.
+  redis.call('DEL', lock)
+  return 1
+end
+if not queue or (not held and redis.call('LLEN', queue) == 0) then
+  return 0
+end
+-- @handoff
+if held then
   let_go(lock, fence_key, queue, ARGV[2], ARGV[3], token)
   return 1
 end
-if queue then
-  leave(queue, token)
-end
+leave(queue, token)
 return 0

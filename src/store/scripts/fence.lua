@@ -1,0 +1,14 @@
+-- Shared by the scripts that take a lock: prepended to each of them.
+
+-- A new fencing token for a lock: max(last + 1, server time in microseconds), strictly
+-- increasing per key even after the counter key expires, as long as the server clock does not
+-- step back further than the counter's retention.
+local function new_fence(fence_key, retention)
+  local now = redis.call('TIME')
+  local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local last = tonumber(redis.call('GET', fence_key) or '0') or 0
+  local fence = math.max(last + 1, micros)
+  redis.call('SET', fence_key, string.format('%d', fence), 'PX', retention)
+  return fence
+end
+
