@@ -360,8 +360,8 @@ impl RedisStore {
     /// With hand-off, a waiter that finds its key held joins the key's queue in Redis
     /// (`<lock key>:queue`, in the same script as its attempt), and the holder's release gives
     /// the key to the head of the queue instead of freeing it, and tells that waiter on pub/sub
-    /// (each store subscribes once, to a channel of its own, on one extra connection opened by
-    /// `connect`). The waiter runs at once: the key is reserved for it for the
+    /// (each store subscribes once, to a channel of its own, on one extra RESP3 connection
+    /// opened by `connect`: Redis 6 or later; on older servers waiters use their timers). The waiter runs at once: the key is reserved for it for the
     /// [`claim_window`](Self::claim_window), and its first renewal, due within a third of that,
     /// confirms it for the full TTL. So under contention every acquisition costs about two
     /// commands (the attempt that queues, the release that hands over), waiters take turns
