@@ -261,7 +261,8 @@ impl LockKey {
     fn build(prefix: &str, scope: &[&str], value: &[u8]) -> Self {
         use std::fmt::Write as _;
         let scope_len: usize = scope.iter().map(|s| s.len()).sum();
-        let mut full = BytesMut::with_capacity(prefix.len() + 20 + scope_len + value.len() + 4);
+        let digits = scope_len.checked_ilog10().map_or(1, |d| d as usize + 1);
+        let mut full = BytesMut::with_capacity(prefix.len() + digits + scope_len + value.len() + 3);
         full.put_slice(prefix.as_bytes());
         full.put_u8(b'{');
         let _ = write!(full, "{scope_len}");
