@@ -132,18 +132,7 @@ async fn one_contender_per_process_in_redis() {
     );
     let app = app(store, config, order);
     assert_eq!(send(&app, req(99)).await.status(), 200); // loads the scripts
-    let mut conn = server.client().await;
-    let calls = |info: String| -> u64 {
-        info.lines()
-            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-            .and_then(|rest| rest.split(',').next()?.parse().ok())
-            .unwrap_or(0)
-    };
-    let before: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let before = support::calls_of(&server, "evalsha").await;
     let n = 24;
     let mut tasks = Vec::new();
     for who in 0..n {
@@ -155,13 +144,8 @@ async fn one_contender_per_process_in_redis() {
     for task in tasks {
         assert_eq!(task.await.unwrap(), 200);
     }
-    let after: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
     assert_eq!(
-        calls(after) - calls(before),
+        support::calls_of(&server, "evalsha").await - before,
         2 * n as u64,
         "waiters polled Redis"
     );

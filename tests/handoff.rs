@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use support::RedisServer;
+use support::{RedisServer, calls_of, handoff_subscriptions};
 use tower_lock::{LockConfig, LockError, Locker, RedisStore, Wait, key::LockKey};
 
 /// A wait policy whose timer would make any timer-woken waiter take seconds.
@@ -38,24 +38,14 @@ async fn stores(server: &RedisServer, n: usize) -> Vec<RedisStore> {
     for _ in 0..n {
         out.push(RedisStore::connect(server.url()).await.unwrap());
     }
-    let mut conn = server.client().await;
-    let started = Instant::now();
-    loop {
-        let channels: Vec<String> = redis::cmd("PUBSUB")
-            .arg("CHANNELS")
-            .arg("tower-lock:handoff:*")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if channels.len() >= n {
-            return out;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "hand-off subscriptions not up"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    handoff_subscriptions(server, n).await;
+    out
+}
+
+/// The same, with a claim window of `window`.
+async fn stores_claiming(server: &RedisServer, n: usize, window: Duration) -> Vec<RedisStore> {
+    let stores = stores(server, n).await;
+    stores.into_iter().map(|s| s.claim_window(window)).collect()
 }
 
 async fn queue_len(server: &RedisServer, key: &LockKey) -> usize {
@@ -78,22 +68,6 @@ async fn queued(server: &RedisServer, key: &LockKey, n: usize) {
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-}
-
-fn evalsha_calls(info: &str) -> u64 {
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-async fn commandstats(server: &RedisServer) -> String {
-    let mut conn = server.client().await;
-    redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap()
 }
 
 /// How long a second process waits for a key the first releases after 20 ms.
@@ -168,7 +142,7 @@ async fn processes_take_turns_in_arrival_order() {
             .unwrap();
     }
     let held = holder.acquire(k.clone()).await.unwrap();
-    let before = evalsha_calls(&commandstats(&server).await);
+    let before = calls_of(&server, "evalsha").await;
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for (i, store) in all.into_iter().enumerate() {
@@ -196,7 +170,7 @@ async fn processes_take_turns_in_arrival_order() {
         [0, 1, 2, 3, 4],
         "not first come first served"
     );
-    let commands = evalsha_calls(&commandstats(&server).await) - before;
+    let commands = calls_of(&server, "evalsha").await - before;
     // The holder's release, then per waiter: the queuing attempt and the release.
     assert_eq!(
         commands,
@@ -211,12 +185,8 @@ async fn processes_take_turns_in_arrival_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn departed_waiters_leave_the_queue() {
     let server = RedisServer::start();
-    let mut all = stores(&server, 5).await;
     // A long claim window: a hand-off to a departed waiter would show as a 5 s stall.
-    let all: Vec<RedisStore> = all
-        .drain(..)
-        .map(|s| s.claim_window(Duration::from_secs(5)))
-        .collect();
+    let all = stores_claiming(&server, 5, Duration::from_secs(5)).await;
     let holder = locker(all[0].clone(), slow_timer());
     let k = key(&holder);
     let held = holder.acquire(k.clone()).await.unwrap();
@@ -273,11 +243,7 @@ async fn departed_waiters_leave_the_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_waiter_costs_one_claim_window() {
     let server = RedisServer::start();
-    let all: Vec<RedisStore> = stores(&server, 2)
-        .await
-        .into_iter()
-        .map(|s| s.claim_window(Duration::from_millis(300)))
-        .collect();
+    let all = stores_claiming(&server, 2, Duration::from_millis(300)).await;
     let holder = locker(all[0].clone(), slow_timer());
     let k = key(&holder);
     let held = holder.acquire(k.clone()).await.unwrap();
@@ -357,11 +323,7 @@ async fn a_lost_handoff_costs_at_most_the_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_subscription_still_gets_the_handoff() {
     let server = RedisServer::start();
-    let all: Vec<RedisStore> = stores(&server, 2)
-        .await
-        .into_iter()
-        .map(|s| s.claim_window(Duration::from_millis(300)))
-        .collect();
+    let all = stores_claiming(&server, 2, Duration::from_millis(300)).await;
     let config = LockConfig::default()
         .ttl(Duration::from_secs(3))
         .wait(Wait::constant(Duration::from_secs(20)).deadline(Duration::from_secs(30)));
@@ -434,7 +396,7 @@ async fn run_contenders(server: &RedisServer, all: Vec<RedisStore>, lock: bool) 
         let guard = l.acquire(l.key("warm", "up").unwrap()).await.unwrap();
         guard.release().await.unwrap();
     }
-    let before = evalsha_calls(&commandstats(server).await);
+    let before = calls_of(server, "evalsha").await;
     let inside = Arc::new(AtomicBool::new(false));
     let overlaps = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
@@ -463,7 +425,7 @@ async fn run_contenders(server: &RedisServer, all: Vec<RedisStore>, lock: bool) 
         task.await.unwrap();
     }
     if lock {
-        let commands = evalsha_calls(&commandstats(server).await) - before;
+        let commands = calls_of(server, "evalsha").await - before;
         assert!(
             commands <= 3 * 100,
             "{commands} commands for 100 acquisitions (more than 3 each)"

@@ -183,24 +183,7 @@ async fn a_handed_over_lease_is_acknowledged_before_it_runs() {
     let servers = Replicated::new(1);
     let (one, two) = (servers.store().await, servers.store().await);
     let mut conn = servers.master.client().await;
-    // Both hand-off subscriptions up.
-    let started = std::time::Instant::now();
-    loop {
-        let channels: Vec<String> = redis::cmd("PUBSUB")
-            .arg("CHANNELS")
-            .arg("tower-lock:handoff:*")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if channels.len() >= 2 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "no subscriptions"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    support::handoff_subscriptions(&servers.master, 2).await;
     let wait = Wait::constant(Duration::from_secs(5)).deadline(Duration::from_secs(30));
     let holder =
         tower_lock::Locker::with_config(one, LockConfig::default().wait(wait.clone())).unwrap();
@@ -223,17 +206,7 @@ async fn a_handed_over_lease_is_acknowledged_before_it_runs() {
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let waits = |info: String| -> u64 {
-        info.lines()
-            .find_map(|l| l.strip_prefix("cmdstat_wait:calls="))
-            .and_then(|rest| rest.split(',').next()?.parse().ok())
-            .unwrap_or(0)
-    };
-    let before: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let before = support::calls_of(&servers.master, "wait").await;
     let started = std::time::Instant::now();
     held.release().await.unwrap();
     let guard = next.await.unwrap();
@@ -241,13 +214,8 @@ async fn a_handed_over_lease_is_acknowledged_before_it_runs() {
         started.elapsed() < Duration::from_secs(2),
         "not handed over"
     );
-    let after: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
     assert_eq!(
-        waits(after) - waits(before),
+        support::calls_of(&servers.master, "wait").await - before,
         1,
         "the handed-over lease ran without a replica acknowledgement"
     );

@@ -178,6 +178,44 @@ impl RedisServer {
     }
 }
 
+/// How many times `command` ran on `server`, by clients or inside scripts (`INFO
+/// commandstats`; `command` as Redis names it there, e.g. `evalsha`, `wait`).
+pub async fn calls_of(server: &RedisServer, command: &str) -> u64 {
+    let mut conn = server.client().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits until `n` stores' hand-off subscriptions (opened by `RedisStore::connect`) are up.
+pub async fn handoff_subscriptions(server: &RedisServer, n: usize) {
+    let mut conn = server.client().await;
+    let started = std::time::Instant::now();
+    loop {
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg("tower-lock:handoff:*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if channels.len() >= n {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "hand-off subscriptions not up"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
