@@ -1,6 +1,6 @@
 //! The acquire / renew / release machinery, for the layer and for background work.
 
-use std::{fmt, future::poll_fn, ops::Deref, sync::Arc, time::Duration};
+use std::{fmt, future::poll_fn, ops::Deref, sync::Arc, task::Poll, time::Duration};
 
 use tokio::{
     runtime::Handle,
@@ -547,10 +547,24 @@ impl LeaseGuard {
 
     /// Stops renewing and releases the lease now. `Ok(false)`: it was no longer ours.
     pub async fn release(mut self) -> Result<bool, StoreError> {
+        let release = self.guard.release_now().instrument(self.span.clone());
+        let mut release = std::pin::pin!(release);
+        // Sent first (the first poll hands the command to the connection), so that stopping the
+        // renewal task is not on the way of the waiter the release hands the key to.
+        let first = poll_fn(|cx| Poll::Ready(release.as_mut().poll(cx))).await;
+        if let Poll::Ready(result) = first {
+            self.stop("released");
+            return result;
+        }
+        self.stop("released");
+        release.await
+    }
+
+    /// Stops renewing and records how the lease ended.
+    fn stop(&self, outcome: &'static str) {
         self.watchdog.abort();
         self.span
-            .in_scope(|| telemetry::record_end("released", Some(&self.lease)));
-        self.guard.release_now().instrument(self.span.clone()).await
+            .in_scope(|| telemetry::record_end(outcome, Some(&self.lease)));
     }
 }
 
