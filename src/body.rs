@@ -1,6 +1,5 @@
 use std::{
     fmt,
-    future::poll_fn,
     pin::Pin,
     task::{Context, Poll, ready},
 };
@@ -8,11 +7,12 @@ use std::{
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tokio::{runtime::Handle, task::AbortHandle};
+use tokio::runtime::Handle;
 
 use crate::{
     future::Running,
     locker::ReleaseGuard,
+    renew::Watchdog,
     store::{BoxFuture, StoreError},
 };
 
@@ -46,34 +46,22 @@ pin_project! {
 /// The lease, carried from the response future into the body.
 pub(crate) struct BodyHold {
     guard: ReleaseGuard,
-    watchdog: Option<AbortHandle>,
+    watchdog: Option<Watchdog>,
     releasing: Option<BoxFuture<Result<bool, StoreError>>>,
 }
 
 impl BodyHold {
     pub(crate) fn new(running: Running) -> Self {
         let watchdog = match (running.renewer, Handle::try_current()) {
-            (Some(mut renewer), Ok(handle)) => Some(
-                handle
-                    .spawn(async move {
-                        poll_fn(|cx| renewer.poll_lost(cx)).await;
-                    })
-                    .abort_handle(),
-            ),
+            (Some(renewer), Ok(handle)) => {
+                Some(Watchdog::spawn(&handle, renewer, tracing::Span::current()))
+            }
             _ => None,
         };
         Self {
             guard: running.guard,
             watchdog,
             releasing: None,
-        }
-    }
-}
-
-impl Drop for BodyHold {
-    fn drop(&mut self) {
-        if let Some(watchdog) = &self.watchdog {
-            watchdog.abort();
         }
     }
 }
@@ -129,8 +117,9 @@ where
             match frame {
                 None => match this.hold.as_mut() {
                     Some(hold) => {
-                        if let Some(watchdog) = hold.watchdog.take() {
-                            watchdog.abort();
+                        // The watchdog stops with the hold, once the release is answered.
+                        if let Some(watchdog) = &hold.watchdog {
+                            watchdog.releasing();
                         }
                         hold.releasing = Some(hold.guard.release_now());
                     }

@@ -4,7 +4,7 @@ use std::{
     fmt,
     sync::{
         Arc,
-        atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering},
     },
     time::{Duration, SystemTime},
 };
@@ -49,6 +49,9 @@ struct Inner {
     /// 0 while held, else `LostReason` as 1 + its index.
     lost: AtomicU8,
     renewals: AtomicU32,
+    /// Set when its holder sends the release: renewals stop, and a "not held" answer to one
+    /// already on its way is the release's doing, not a loss.
+    releasing: AtomicBool,
     notify: Notify,
 }
 
@@ -79,6 +82,7 @@ impl Lease {
                 valid_until: AtomicU64::new(nanos(ttl)),
                 lost: AtomicU8::new(0),
                 renewals: AtomicU32::new(0),
+                releasing: AtomicBool::new(false),
                 notify: Notify::new(),
             }),
         }
@@ -162,6 +166,16 @@ impl Lease {
         let until = nanos(sent_at.saturating_duration_since(self.inner.acquired_at) + ttl);
         self.inner.valid_until.fetch_max(until, Ordering::Relaxed);
         self.inner.renewals.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Marks the lease as being released by its holder.
+    pub(crate) fn set_releasing(&self) {
+        self.inner.releasing.store(true, Ordering::Release);
+    }
+
+    /// Whether its holder has sent the release.
+    pub(crate) fn is_releasing(&self) -> bool {
+        self.inner.releasing.load(Ordering::Acquire)
     }
 
     /// Marks the lease lost (the first reason wins) and wakes everyone waiting in [`lost`](Self::lost).

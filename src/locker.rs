@@ -1,10 +1,9 @@
 //! The acquire / renew / release machinery, for the layer and for background work.
 
-use std::{fmt, future::poll_fn, ops::Deref, sync::Arc, task::Poll, time::Duration};
+use std::{fmt, ops::Deref, sync::Arc, time::Duration};
 
 use tokio::{
     runtime::Handle,
-    task::AbortHandle,
     time::{Instant, sleep_until, timeout},
 };
 use tracing::Instrument;
@@ -16,7 +15,7 @@ use crate::{
     key::{KeyRejection, LockKey},
     lease::Lease,
     local::{LocalQueues, Turn},
-    renew::{Renewer, RenewerSettings},
+    renew::{Renewer, RenewerSettings, Watchdog},
     store::{Acquire, BoxFuture, DynStore, LockStore, Signal, StoreError},
     telemetry::{self, Chain, Op},
     token::Token,
@@ -144,7 +143,7 @@ impl Locker {
             telemetry::record_acquired(held.lease.fencing_token(), held.attempts, waited);
         });
         let renewer = self.renewer(&held, None);
-        let watchdog = tokio::spawn(watch(renewer).instrument(span.clone())).abort_handle();
+        let watchdog = Watchdog::spawn(&Handle::current(), renewer, span.clone());
         Ok(LeaseGuard {
             lease: held.lease,
             guard: held.guard,
@@ -412,10 +411,6 @@ impl fmt::Debug for Locker {
     }
 }
 
-async fn watch(mut renewer: Renewer) {
-    poll_fn(|cx| renewer.poll_lost(cx)).await;
-}
-
 /// A key handed over by a release is run at once only with at least this much of its claim
 /// window left; with less, the waiter confirms it (one more round trip) first.
 const MIN_HANDED_OVER: Duration = Duration::from_millis(100);
@@ -535,7 +530,7 @@ impl Drop for ReleaseGuard {
 pub struct LeaseGuard {
     lease: Lease,
     guard: ReleaseGuard,
-    watchdog: AbortHandle,
+    watchdog: Watchdog,
     span: tracing::Span,
 }
 
@@ -547,24 +542,12 @@ impl LeaseGuard {
 
     /// Stops renewing and releases the lease now. `Ok(false)`: it was no longer ours.
     pub async fn release(mut self) -> Result<bool, StoreError> {
-        let release = self.guard.release_now().instrument(self.span.clone());
-        let mut release = std::pin::pin!(release);
-        // Sent first (the first poll hands the command to the connection), so that stopping the
-        // renewal task is not on the way of the waiter the release hands the key to.
-        let first = poll_fn(|cx| Poll::Ready(release.as_mut().poll(cx))).await;
-        if let Poll::Ready(result) = first {
-            self.stop("released");
-            return result;
-        }
-        self.stop("released");
-        release.await
-    }
-
-    /// Stops renewing and records how the lease ended.
-    fn stop(&self, outcome: &'static str) {
-        self.watchdog.abort();
+        // The renewal task stops once the release is answered (see `Watchdog::releasing`).
+        self.watchdog.releasing();
+        let result = self.guard.release_now().instrument(self.span.clone()).await;
         self.span
-            .in_scope(|| telemetry::record_end(outcome, Some(&self.lease)));
+            .in_scope(|| telemetry::record_end("released", Some(&self.lease)));
+        result
     }
 }
 
@@ -578,7 +561,7 @@ impl Deref for LeaseGuard {
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
-        self.watchdog.abort();
+        // The watchdog stops as it drops.
         if self.guard.armed {
             self.span
                 .in_scope(|| telemetry::record_end("dropped", Some(&self.lease)));

@@ -7,7 +7,12 @@ use std::{
     time::Duration,
 };
 
-use tokio::time::{Instant, Sleep, sleep_until, timeout};
+use tokio::{
+    runtime::Handle,
+    task::AbortHandle,
+    time::{Instant, Sleep, sleep_until, timeout},
+};
+use tracing::Instrument;
 
 use crate::{
     batch::Renewals,
@@ -93,16 +98,24 @@ impl Renewer {
         Poll::Ready(self.lease.mark_lost(reason))
     }
 
-    /// Pending while the lease is held; ready with the reason once it is lost.
+    /// Pending while the lease is held; ready with the reason once it is lost. Pending for good
+    /// once the holder is releasing it (see [`Watchdog::releasing`]).
     pub(crate) fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<LostReason> {
         loop {
             if let Some(reason) = self.lease.lost_reason() {
                 return Poll::Ready(reason);
             }
+            if self.lease.is_releasing() {
+                return Poll::Pending;
+            }
             if let Some((sent_at, fut)) = &mut self.in_flight {
                 let sent_at = *sent_at;
                 let result = ready!(fut.as_mut().poll(cx));
                 self.in_flight = None;
+                if self.lease.is_releasing() {
+                    // Answered after the release went out: "not held" is the release's doing.
+                    return Poll::Pending;
+                }
                 let now = Instant::now();
                 let scope = self.lease.key().scope();
                 telemetry::round_trip(Op::Renew, now - sent_at);
@@ -159,5 +172,39 @@ impl Renewer {
                 }),
             ));
         }
+    }
+}
+
+/// A [`Renewer`] in a task of its own: for background leases and streamed bodies, whose holder
+/// is not polled while it works. Stopped when dropped.
+pub(crate) struct Watchdog {
+    task: AbortHandle,
+    lease: Lease,
+}
+
+impl Watchdog {
+    /// Runs `renewer` on `handle`, in `span`.
+    pub(crate) fn spawn(handle: &Handle, mut renewer: Renewer, span: tracing::Span) -> Self {
+        let lease = renewer.lease.clone();
+        let task = handle
+            .spawn(std::future::poll_fn(move |cx| renewer.poll_lost(cx).map(drop)).instrument(span))
+            .abort_handle();
+        Self { task, lease }
+    }
+
+    /// The holder is sending its release: renew no more, and take no "not held" for a loss.
+    ///
+    /// The task itself stops when the watchdog is dropped, which the holder does once the
+    /// release is answered: stopping it now would schedule its cancellation next to the
+    /// release's write, and can make the write wait for another worker to wake up (docs/
+    /// DECISIONS.md, "The renewal task stops after the release is answered").
+    pub(crate) fn releasing(&self) {
+        self.lease.set_releasing();
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }

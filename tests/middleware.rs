@@ -465,6 +465,38 @@ fn release_without_a_runtime_does_not_panic() {
     drop(guard);
 }
 
+/// A renewal that is answered while the release is on its way finds the key gone: that is the
+/// release's doing, and the lease is not reported lost.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_answered_during_the_release_is_not_a_loss() {
+    let memory = MemoryStore::new();
+    let store = support::Tweaked {
+        inner: memory.clone(),
+        renew_delay: Duration::from_millis(300),
+        release_answer_delay: Duration::from_millis(500),
+        ..Default::default()
+    };
+    let config = LockConfig::default()
+        .ttl(Duration::from_secs(3))
+        .renew_interval(Duration::from_secs(1));
+    let locker = tower_lock::Locker::with_config(store, config).unwrap();
+    let guard = locker.acquire(locker.key("n", "k").unwrap()).await.unwrap();
+    let lease = guard.lease().clone();
+    // The renewal goes out at 1 s and reaches the store at 1.3 s; the release reaches it at
+    // 1.1 s and is answered at 1.6 s.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(guard.release().await.unwrap());
+    assert_eq!(memory.held(), 0);
+    assert!(
+        !lease.is_lost(),
+        "the renewal's \"not held\" was taken for a loss: {:?}",
+        lease.lost_reason()
+    );
+    // Nor later: the renewal task is gone.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!lease.is_lost());
+}
+
 /// Dropped while releasing (the client hung up just as the handler finished): the release is
 /// sent again from a spawned task, so the key does not wait for its TTL.
 #[tokio::test]
@@ -476,6 +508,7 @@ async fn dropped_while_releasing_still_releases() {
             inner: memory.clone(),
             release_delay: Duration::from_millis(100),
             announce: true,
+            ..Default::default()
         },
         Key::path_param("sku"),
         config,

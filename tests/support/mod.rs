@@ -604,13 +604,17 @@ impl Backend for Cluster {
     }
 }
 
-/// A `MemoryStore` with knobs, for the layer's own behaviour: a slow release, or no release
-/// announcements (the trait's default `watch`).
+/// A `MemoryStore` with knobs, for the layer's own behaviour: a slow release or renewal, or no
+/// release announcements (the trait's default `watch`).
 #[derive(Clone, Default)]
 pub struct Tweaked {
     pub inner: MemoryStore,
     /// How long each release waits before it reaches the store.
     pub release_delay: Duration,
+    /// How long each release's answer takes after the store released.
+    pub release_answer_delay: Duration,
+    /// How long each renewal waits before it reaches the store.
+    pub renew_delay: Duration,
     /// Whether waiters are told about releases (as `MemoryStore` does).
     pub announce: bool,
 }
@@ -631,6 +635,7 @@ impl LockStore for Tweaked {
         token: &tower_lock::Token,
         ttl: Duration,
     ) -> Result<bool, tower_lock::store::StoreError> {
+        tokio::time::sleep(self.renew_delay).await;
         self.inner.renew(key, token, ttl).await
     }
 
@@ -640,7 +645,9 @@ impl LockStore for Tweaked {
         token: &tower_lock::Token,
     ) -> Result<bool, tower_lock::store::StoreError> {
         tokio::time::sleep(self.release_delay).await;
-        self.inner.release(key, token).await
+        let released = self.inner.release(key, token).await;
+        tokio::time::sleep(self.release_answer_delay).await;
+        released
     }
 
     fn watch(&self, key: &tower_lock::key::LockKey) -> Option<tower_lock::store::ReleaseWatch> {
