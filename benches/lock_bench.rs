@@ -1930,7 +1930,13 @@ fn main() {
         }
         for run in 0..s.runs {
             rt.block_on(flushall(&url));
-            let rtt = rt.block_on(eval_rtt(&url));
+            // From a task on the runtime's workers, where the waiters run: `block_on`'s own
+            // thread would add a cross-thread wake-up to every reply.
+            let rtt = rt.block_on({
+                let url = url.clone();
+                async move { tokio::spawn(async move { eval_rtt(&url).await }).await }
+            });
+            let rtt = rtt.expect("round-trip task");
             results.rtt_us.push(rtt.as_secs_f64() * 1e6);
             eprintln!("c. run {}: median EVALSHA round trip {rtt:?}", run + 1);
             for (waiters, procs, peer, samples) in &mut results.contended {
@@ -2449,7 +2455,9 @@ fn render_contended(w: &mut String, s: &Settings, r: &Results) {
          `set_retry(3, {} ms)` (a random delay in 0..{} ms between attempts) inside its \
          `acquire_no_guard` loop. Wait time runs from the call to acquire to its return. The \
          ideal rate is 1 / (mean measured hold + median `EVALSHA` round trip); the round trip, \
-         measured sequentially on one connection before each run, was {} µs. Every waiter \
+         measured sequentially on one connection before each run, from a task on the runtime's \
+         workers like the waiters, was {} µs. *Time per hand-off* is 1 / rate − mean hold: what \
+         each hand-off actually took, to set against that round trip. Every waiter \
          connects and takes one warm-up lease on a key of its own before the window opens. \
          Commands are counted in a separate {} s pass of the same case right after the timed \
          one, with MONITOR running (MONITOR slows Redis and the benchmark's reader down per \
@@ -2468,19 +2476,20 @@ fn render_contended(w: &mut String, s: &Settings, r: &Results) {
     );
     let _ = writeln!(
         w,
-        "| waiters | processes | implementation | acquisitions/s | ideal/s | % of ideal | per-waiter min | per-waiter max | max deviation from mean | wait p50 | wait p99 | client commands per acquisition | errors |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| waiters | processes | implementation | acquisitions/s | ideal/s | % of ideal | time per hand-off | per-waiter min | per-waiter max | max deviation from mean | wait p50 | wait p99 | client commands per acquisition | errors |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for (waiters, procs, peer, samples) in &r.contended {
         let get =
             |f: &dyn Fn(&ContendedSample) -> f64| -> Vec<f64> { samples.iter().map(f).collect() };
         let _ = writeln!(
             w,
-            "| {waiters} | {procs} | {} | {} | {} | {} % | {} | {} | {} % | {} ms | {} ms | {} ({}) | {} |",
+            "| {waiters} | {procs} | {} | {} | {} | {} % | {} µs | {} | {} | {} % | {} ms | {} ms | {} ({}) | {} |",
             peer.name(),
             stat(&get(&|x| x.rate), f0),
             stat(&get(&|x| x.ideal), f0),
             stat(&get(&|x| x.rate / x.ideal * 100.0), f1),
+            stat(&get(&|x| 1e6 / x.rate.max(1e-9) - x.mean_hold_us), f0),
             stat(&get(&|x| x.per_min as f64), f0),
             stat(&get(&|x| x.per_max as f64), f0),
             stat(&get(&|x| x.max_dev_pct), f1),
