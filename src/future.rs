@@ -79,16 +79,6 @@ pub(crate) struct Running {
     pub(crate) guard: ReleaseGuard,
 }
 
-/// The span's `outcome` for a request that did not get its lease.
-fn outcome(error: &LockError) -> &'static str {
-    match error {
-        LockError::Contended { .. } => "contended",
-        LockError::Store(_) => "store_error",
-        LockError::LeaseLost(_) => "lease_lost",
-        LockError::Key(_) => "bad_key",
-    }
-}
-
 const POLLED_AFTER_READY: &str = "ResponseFuture polled after completion";
 
 impl<S, ReqBody> ResponseFuture<S, ReqBody>
@@ -158,7 +148,7 @@ where
                                 Span::current().record("attempts", attempts);
                                 Span::current().record("wait_ms", waited.as_millis() as u64);
                             }
-                            telemetry::record_end(outcome(&error), None);
+                            telemetry::record_end(telemetry::outcome(&error), None);
                             let response = shared.reject(error);
                             this.state.set(State::Rejected {
                                 response: Some(response),

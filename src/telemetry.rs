@@ -59,6 +59,16 @@ pub(crate) fn record_acquired(fencing_token: u64, attempts: u32, waited: Duratio
     span.record("wait_ms", ms(waited));
 }
 
+/// The span's `outcome` for a request that did not get its lease.
+pub(crate) fn outcome(error: &crate::LockError) -> &'static str {
+    match error {
+        crate::LockError::Contended { .. } => "contended",
+        crate::LockError::Store(_) => "store_error",
+        crate::LockError::LeaseLost(_) => "lease_lost",
+        crate::LockError::Key(_) => "bad_key",
+    }
+}
+
 /// Records the end of a lease on the current span.
 pub(crate) fn record_end(outcome: &'static str, lease: Option<&crate::Lease>) {
     let span = Span::current();

@@ -20,6 +20,30 @@ use tower_lock::{Key, LockConfig, LockLayer, RedisStore, Wait};
 
 const SCOPE: &str = "POST /items/{sku}/purchase";
 
+/// Through the `IdempotencyLayer`: a request that is stored, its retry (replayed), and the same
+/// key with another body (422).
+async fn idempotency_scenario() {
+    use axum::{Router, body::Body, routing::post};
+    use tower::ServiceExt;
+    let app = Router::new()
+        .route("/pay", post(|| async { "paid" }))
+        .layer(tower_lock::IdempotencyLayer::new(
+            tower_lock::MemoryStore::new(),
+        ));
+    for (body, status) in [
+        ("a", StatusCode::OK),
+        ("a", StatusCode::OK),
+        ("b", StatusCode::UNPROCESSABLE_ENTITY),
+    ] {
+        let request = axum::http::Request::post("/pay")
+            .header("idempotency-key", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+            .body(Body::from(body))
+            .unwrap();
+        let response = app.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), status);
+    }
+}
+
 async fn scenario(server: &mut RedisServer) {
     // TTL 600 ms: renewals every 200 ms, so a 100 ms handler is never renewed.
     let config = LockConfig::default()
@@ -264,6 +288,7 @@ fn spans_carry_outcomes_and_hashed_keys_never_tokens() {
             tokens.push(token);
             assert_eq!(held.await.unwrap(), StatusCode::OK);
             scenario(&mut server).await;
+            idempotency_scenario().await;
         });
     }
     let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
@@ -274,6 +299,23 @@ fn spans_carry_outcomes_and_hashed_keys_never_tokens() {
             "no span closed with outcome {outcome}:\n{logged}"
         );
     }
+    // The idempotency layer's requests end their span with its own outcomes, and the lease's
+    // hold time and renewals on those that ran the handler.
+    for outcome in ["stored", "replayed", "key_reused"] {
+        assert!(
+            logged.contains(&format!("outcome=\"{outcome}\""))
+                || logged.contains(&format!("outcome={outcome}")),
+            "no span closed with outcome {outcome}:\n{logged}"
+        );
+    }
+    let stored = logged
+        .lines()
+        .find(|line| line.contains("outcome=stored") || line.contains("outcome=\"stored\""))
+        .unwrap();
+    assert!(
+        stored.contains("hold_ms=") && stored.contains("renewals="),
+        "{stored}"
+    );
     assert!(logged.contains("fencing_token="), "{logged}");
     assert!(
         logged.contains("lease lost"),

@@ -22,6 +22,7 @@ use crate::{
     config::OnLeaseLost,
     error::LockError,
     key::LockKey,
+    lease::Lease,
     locker::{Held, ReleaseGuard},
     renew::Renewer,
     store::{BoxFuture, StoreError, StoreErrorKind},
@@ -125,6 +126,7 @@ pub(crate) struct Pending<S, ReqBody> {
 /// A held lock while the inner service runs and its response is read.
 pub(crate) struct Run {
     renewer: Option<Renewer>,
+    lease: Lease,
     guard: ReleaseGuard,
     key: LockKey,
     fingerprint: [u8; 32],
@@ -245,6 +247,7 @@ where
                         }
                     };
                     if let Err(error) = read {
+                        telemetry::record_end("bad_request", None);
                         let response = shared.reject(error);
                         this.state.set(answer(None, response));
                         continue;
@@ -289,6 +292,7 @@ where
                             (None, Some(error))
                         }
                         Err(error) => {
+                            telemetry::record_end(telemetry::outcome(&error), None);
                             let response = shared.reject(error.into());
                             this.state.set(answer(None, response));
                             continue;
@@ -324,17 +328,17 @@ where
                         })
                         .transpose()
                     });
-                    let response = match found {
-                        Err(error) => shared.reject(LockError::from(error).into()),
+                    let (outcome, response) = match found {
+                        Err(error) => ("store_error", shared.reject(LockError::from(error).into())),
                         Ok(Some(record)) if record.fingerprint != pending.fingerprint => {
-                            shared.reject(IdempotencyError::KeyReused)
+                            ("key_reused", shared.reject(IdempotencyError::KeyReused))
                         }
                         Ok(Some(record)) => {
                             tracing::debug!(
                                 status = %record.status,
                                 "idempotency key finished before; replaying its response"
                             );
-                            record.replay()
+                            ("replayed", record.replay())
                         }
                         Ok(None) => {
                             if let Some(held) = held.take() {
@@ -342,9 +346,10 @@ where
                                 continue;
                             }
                             let error = contended.take().expect(POLLED_AFTER_READY);
-                            shared.reject(error.into())
+                            (telemetry::outcome(&error), shared.reject(error.into()))
                         }
                     };
+                    telemetry::record_end(outcome, held.as_ref().map(|h| &h.lease));
                     this.state.set(answer(held, response));
                     continue;
                 }
@@ -357,6 +362,7 @@ where
                         if let Poll::Ready(reason) = lost {
                             running.renewer = None;
                             if config.lock.on_lease_lost_value() == OnLeaseLost::Abort {
+                                telemetry::record_end("lease_lost", Some(&running.lease));
                                 let response = shared.reject(LockError::LeaseLost(reason).into());
                                 let release = running.guard.release_now();
                                 // Dropping the running state drops the inner future: abort.
@@ -373,6 +379,7 @@ where
                     let response = match output {
                         Ok(response) => response,
                         Err(error) => {
+                            telemetry::record_end("failed", Some(&running.lease));
                             this.state.set(State::Releasing {
                                 release: running.guard.release_now(),
                                 output: Some(Err(error)),
@@ -386,6 +393,7 @@ where
                         response.body().size_hint().lower() > config.max_response_body as u64;
                     if !storable || too_large {
                         tracing::debug!(%status, too_large, "response not stored; a retry runs again");
+                        telemetry::record_end("not_stored", Some(&running.lease));
                         this.state.set(State::Releasing {
                             release: running.guard.release_now(),
                             output: Some(Ok(response.map(ResponseBody::inner))),
@@ -487,6 +495,7 @@ where
                             Some(error)
                         }
                     };
+                    telemetry::record_end("not_stored", Some(&running.lease));
                     let body = ResponseBody::prefixed(chunks, error, rest);
                     this.state.set(State::Releasing {
                         release: running.guard.release_now(),
@@ -500,6 +509,12 @@ where
                 } => {
                     let result = ready!(complete.as_mut().poll(cx));
                     let mut running = run.take().expect(POLLED_AFTER_READY);
+                    let outcome = if matches!(result, Ok(true)) {
+                        "stored"
+                    } else {
+                        "not_stored"
+                    };
+                    telemetry::record_end(outcome, Some(&running.lease));
                     match result {
                         Ok(true) => running.guard.disarm(true),
                         Ok(false) => {
@@ -560,6 +575,7 @@ where
         fut,
         run: Some(Run {
             renewer: Some(renewer),
+            lease: held.lease,
             guard: held.guard,
             key,
             fingerprint,
