@@ -163,6 +163,50 @@ async fn scripts_reload_after_flush() {
     assert!(backend.0.lock_keys().await.is_empty());
 }
 
+/// After `SCRIPT FLUSH` every request in flight meets NOSCRIPT at once; they share the reload
+/// instead of each sending its own `SCRIPT LOAD` (about one per request before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_in_flight_share_one_script_reload() {
+    let backend = Redis::new();
+    let layer = LockLayer::new(backend.store().await, Key::path_param("sku"));
+    let app = counter_app(Counter::new(), Some(layer));
+    assert_eq!(
+        send(&app, purchase("warm-up", 0)).await.status(),
+        StatusCode::OK
+    );
+    let mut conn = backend.0.client().await;
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let loads = |calls: Vec<(String, u64)>| {
+        calls
+            .into_iter()
+            .find(|(name, _)| name == "script|load")
+            .map_or(0, |(_, n)| n)
+    };
+    let before = loads(command_calls(&mut conn).await);
+    let n = 100;
+    let requests: Vec<_> = (0..n)
+        .map(|i| {
+            let app = app.clone();
+            tokio::spawn(async move { send(&app, purchase(&format!("k{i}"), 0)).await.status() })
+        })
+        .collect();
+    for request in requests {
+        assert_eq!(request.await.unwrap(), StatusCode::OK);
+    }
+    let loaded = loads(command_calls(&mut conn).await) - before;
+    // Two scripts (acquire, release), each loaded once; a call that meets NOSCRIPT late may
+    // load once more. Before: about one load per request.
+    assert!(
+        (2..=6).contains(&loaded),
+        "{loaded} SCRIPT LOADs for {n} requests"
+    );
+    assert!(backend.0.lock_keys().await.is_empty());
+}
+
 async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64)> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")

@@ -1,10 +1,11 @@
 use std::{
+    collections::HashMap,
     fmt,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use bb8_redis::{RedisConnectionManager, bb8};
@@ -199,6 +200,9 @@ struct Scripts {
     renew: Script,
     renew_many: Script,
     release: Script,
+    /// When each script (by hash) was last loaded by this store; held while loading, so that
+    /// the calls meeting NOSCRIPT together share one load (see `RedisStore::reload`).
+    loads: tokio::sync::Mutex<HashMap<String, Instant>>,
 }
 
 /// The fencing token function, first in every script that takes or gives up a lock.
@@ -227,6 +231,7 @@ impl Scripts {
             renew: Script::new(include_str!("scripts/renew.lua")),
             renew_many: Script::new(include_str!("scripts/renew_many.lua")),
             release: lock_script(include_str!("scripts/release.lua")),
+            loads: tokio::sync::Mutex::default(),
         })
     }
 }
@@ -503,12 +508,17 @@ impl RedisStore {
             Some(pipe) => Request::Pipe(pipe),
             None => Request::Cmd(&eval),
         };
+        let no_script = |answer: &Result<Value, RedisError>| matches!(answer, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript));
         let mut answer = self.query(request()).await?;
-        if matches!(&answer, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)) {
-            self.query(Request::Load(script))
-                .await?
-                .map_err(redis_error)?;
+        if no_script(&answer) {
+            self.reload(script, Instant::now()).await?;
             answer = self.query(request()).await?;
+            if no_script(&answer) {
+                // Flushed again meanwhile, or the shared load reached another server than this
+                // call (a pool's connections, a failover): load it ourselves.
+                self.load(script).await?;
+                answer = self.query(request()).await?;
+            }
         }
         let answer = answer.map_err(redis_error)?;
         if pipe.is_some() {
@@ -540,6 +550,30 @@ impl RedisStore {
     }
 
     /// The server's native compare commands, asked once (none when turned off or unknown).
+    /// Loads `script` after a call met NOSCRIPT at `failed_at`, unless a load of it by this store
+    /// finished after that. After a restart or `SCRIPT FLUSH` every call in flight meets
+    /// NOSCRIPT at once: the first loads, the others wait for that load and send their call
+    /// again, so the server sees one `SCRIPT LOAD`, not one per call.
+    async fn reload(&self, script: &Script, failed_at: Instant) -> Result<(), StoreError> {
+        let mut loads = self.scripts.loads.lock().await;
+        if loads
+            .get(script.get_hash())
+            .is_some_and(|loaded| *loaded > failed_at)
+        {
+            return Ok(());
+        }
+        self.load(script).await?;
+        loads.insert(script.get_hash().to_owned(), Instant::now());
+        Ok(())
+    }
+
+    async fn load(&self, script: &Script) -> Result<(), StoreError> {
+        self.query(Request::Load(script))
+            .await?
+            .map_err(redis_error)?;
+        Ok(())
+    }
+
     async fn native(&self) -> Native {
         if !self.native.enabled.load(Ordering::Relaxed) {
             return Native::default();
