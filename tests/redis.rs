@@ -150,15 +150,9 @@ async fn stalled_redis_answers_503_in_bounded_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_reload_after_flush() {
     let backend = Redis::new();
-    let layer = LockLayer::new(backend.store().await, Key::path_param("sku"));
-    let app = counter_app(Counter::new(), Some(layer));
-    assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
+    let app = warm_app(&backend).await;
     let mut conn = backend.0.client().await;
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    script_flush(&mut conn).await;
     assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
     assert!(backend.0.lock_keys().await.is_empty());
 }
@@ -168,18 +162,9 @@ async fn scripts_reload_after_flush() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_in_flight_share_one_script_reload() {
     let backend = Redis::new();
-    let layer = LockLayer::new(backend.store().await, Key::path_param("sku"));
-    let app = counter_app(Counter::new(), Some(layer));
-    assert_eq!(
-        send(&app, purchase("warm-up", 0)).await.status(),
-        StatusCode::OK
-    );
+    let app = warm_app(&backend).await;
     let mut conn = backend.0.client().await;
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    script_flush(&mut conn).await;
     let loads = |calls: Vec<(String, u64)>| {
         calls
             .into_iter()
@@ -207,6 +192,25 @@ async fn requests_in_flight_share_one_script_reload() {
     assert!(backend.0.lock_keys().await.is_empty());
 }
 
+/// A locked route on `backend` (default config), with its scripts loaded by one request.
+async fn warm_app(backend: &Redis) -> axum::Router {
+    let layer = LockLayer::new(backend.store().await, Key::path_param("sku"));
+    let app = counter_app(Counter::new(), Some(layer));
+    assert_eq!(
+        send(&app, purchase("warm-up", 0)).await.status(),
+        StatusCode::OK
+    );
+    app
+}
+
+async fn script_flush(conn: &mut redis::aio::MultiplexedConnection) {
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
 async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64)> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
@@ -227,12 +231,7 @@ async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(Str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_round_trips_per_uncontended_request() {
     let backend = Redis::new();
-    let layer = LockLayer::new(backend.store().await, Key::path_param("sku"));
-    let app = counter_app(Counter::new(), Some(layer));
-    assert_eq!(
-        send(&app, purchase("warm-up", 0)).await.status(),
-        StatusCode::OK
-    );
+    let app = warm_app(&backend).await;
     let mut conn = backend.0.client().await;
     let before: std::collections::HashMap<_, _> =
         command_calls(&mut conn).await.into_iter().collect();
