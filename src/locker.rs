@@ -544,10 +544,12 @@ impl LeaseGuard {
     pub async fn release(mut self) -> Result<bool, StoreError> {
         // The renewal task stops once the release is answered (see `Watchdog::releasing`).
         self.watchdog.releasing();
-        let result = self.guard.release_now().instrument(self.span.clone()).await;
+        let release = self.guard.release_now().instrument(self.span.clone());
+        // Recorded now, like a request's, so that a release dropped on its way still ends the
+        // span (and `hold_ms` leaves out the release's round trip).
         self.span
             .in_scope(|| telemetry::record_end("released", Some(&self.lease)));
-        result
+        release.await
     }
 }
 

@@ -26,8 +26,9 @@ use crate::{
 /// Shortest pause before retrying a renewal that failed with a store error.
 const MIN_RETRY: Duration = Duration::from_millis(10);
 
-/// Renews a lease every `interval` until it is lost. Polled inline by the response future, or
-/// driven by a spawned watchdog task for background leases and streamed bodies.
+/// Renews a lease every `interval` until it is lost, or until its holder releases it (a
+/// [`Watchdog`]'s lease). Polled inline by the response future, or driven by a spawned watchdog
+/// task for background leases and streamed bodies.
 ///
 /// One `Sleep` is reset in place for every tick. A renewal that fails with a store error is
 /// retried (every quarter interval) while the lease is still valid; only a "not ours" answer, the
@@ -205,6 +206,8 @@ impl Watchdog {
 
 impl Drop for Watchdog {
     fn drop(&mut self) {
+        // A poll already running on another worker must not take the release for a loss.
+        self.lease.set_releasing();
         self.task.abort();
     }
 }

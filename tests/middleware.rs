@@ -492,9 +492,6 @@ async fn a_renewal_answered_during_the_release_is_not_a_loss() {
         "the renewal's \"not held\" was taken for a loss: {:?}",
         lease.lost_reason()
     );
-    // Nor later: the renewal task is gone.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(!lease.is_lost());
 }
 
 /// Dropped while releasing (the client hung up just as the handler finished): the release is

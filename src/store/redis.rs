@@ -2,7 +2,7 @@ use std::{
     collections::HashMap,
     fmt,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
     time::{Duration, Instant},
@@ -14,7 +14,10 @@ use redis::{
     ServerErrorKind, Value,
     aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection},
 };
-use tokio::sync::OnceCell;
+use tokio::{
+    runtime::Handle,
+    sync::{OnceCell, watch},
+};
 
 use super::{
     Acquire, LockStore, QueueWatch, StoreError, StoreErrorKind,
@@ -168,6 +171,41 @@ impl Native {
     }
 }
 
+impl Transport {
+    /// See [`RedisStore::query`].
+    async fn query(&self, request: Request<'_>) -> Result<Result<Value, RedisError>, StoreError> {
+        async fn run(
+            request: Request<'_>,
+            conn: &mut impl ConnectionLike,
+        ) -> Result<Value, RedisError> {
+            match request {
+                Request::Cmd(cmd) => cmd.query_async(conn).await,
+                Request::Pipe(pipe) => pipe.query_async(conn).await,
+                Request::Load(script) => script
+                    .load_async(conn)
+                    .await
+                    .map(|sha| Value::BulkString(sha.into_bytes())),
+            }
+        }
+        Ok(match self {
+            Self::Manager(conn) => run(request, &mut conn.clone()).await,
+            Self::Multiplexed(conn) => run(request, &mut conn.clone()).await,
+            #[cfg(feature = "cluster")]
+            Self::Cluster(conn) => run(request, &mut conn.clone()).await,
+            Self::Pool(pool) => {
+                let mut conn = pool.get().await.map_err(|e| match e {
+                    bb8::RunError::User(e) => redis_error(e),
+                    bb8::RunError::TimedOut => StoreError::msg(
+                        StoreErrorKind::Timeout,
+                        "timed out waiting for a Redis connection from the pool",
+                    ),
+                })?;
+                run(request, &mut *conn).await
+            }
+        })
+    }
+}
+
 /// One request on the store's transport.
 enum Request<'a> {
     Cmd(&'a Cmd),
@@ -200,10 +238,21 @@ struct Scripts {
     renew: Script,
     renew_many: Script,
     release: Script,
-    /// When each script (by hash) was last loaded by this store; held while loading, so that
-    /// the calls meeting NOSCRIPT together share one load (see `RedisStore::reload`).
-    loads: tokio::sync::Mutex<HashMap<String, Instant>>,
+    /// This store's loads of each script, by hash (see `RedisStore::reload`).
+    loads: Mutex<HashMap<String, Load>>,
 }
+
+/// This store's loads of one script.
+#[derive(Default)]
+struct Load {
+    /// When the last one finished.
+    done_at: Option<Instant>,
+    /// The one in flight: its sender is dropped when it finishes.
+    running: Option<watch::Receiver<()>>,
+}
+
+/// The longest a shared script load may take before the next call that needs it starts another.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The fencing token function, first in every script that takes or gives up a lock.
 const FENCE_LUA: &str = include_str!("scripts/fence.lua");
@@ -231,7 +280,7 @@ impl Scripts {
             renew: Script::new(include_str!("scripts/renew.lua")),
             renew_many: Script::new(include_str!("scripts/renew_many.lua")),
             release: lock_script(include_str!("scripts/release.lua")),
-            loads: tokio::sync::Mutex::default(),
+            loads: Mutex::default(),
         })
     }
 }
@@ -442,35 +491,7 @@ impl RedisStore {
     /// Sends one request. The outer error is the transport's (no pooled connection); the inner
     /// one is Redis's answer.
     async fn query(&self, request: Request<'_>) -> Result<Result<Value, RedisError>, StoreError> {
-        async fn run(
-            request: Request<'_>,
-            conn: &mut impl ConnectionLike,
-        ) -> Result<Value, RedisError> {
-            match request {
-                Request::Cmd(cmd) => cmd.query_async(conn).await,
-                Request::Pipe(pipe) => pipe.query_async(conn).await,
-                Request::Load(script) => script
-                    .load_async(conn)
-                    .await
-                    .map(|sha| Value::BulkString(sha.into_bytes())),
-            }
-        }
-        Ok(match &self.transport {
-            Transport::Manager(conn) => run(request, &mut conn.clone()).await,
-            Transport::Multiplexed(conn) => run(request, &mut conn.clone()).await,
-            #[cfg(feature = "cluster")]
-            Transport::Cluster(conn) => run(request, &mut conn.clone()).await,
-            Transport::Pool(pool) => {
-                let mut conn = pool.get().await.map_err(|e| match e {
-                    bb8::RunError::User(e) => redis_error(e),
-                    bb8::RunError::TimedOut => StoreError::msg(
-                        StoreErrorKind::Timeout,
-                        "timed out waiting for a Redis connection from the pool",
-                    ),
-                })?;
-                run(request, &mut *conn).await
-            }
-        })
+        self.transport.query(request).await
     }
 
     /// Runs `script` with `EVALSHA` (loading it on `NOSCRIPT`), followed in the same round trip
@@ -509,14 +530,17 @@ impl RedisStore {
             None => Request::Cmd(&eval),
         };
         let no_script = |answer: &Result<Value, RedisError>| matches!(answer, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript));
+        let sent_at = Instant::now();
         let mut answer = self.query(request()).await?;
         if no_script(&answer) {
-            self.reload(script, Instant::now()).await?;
+            self.reload(script, sent_at).await;
             answer = self.query(request()).await?;
             if no_script(&answer) {
-                // Flushed again meanwhile, or the shared load reached another server than this
-                // call (a pool's connections, a failover): load it ourselves.
-                self.load(script).await?;
+                // Flushed again meanwhile, or the shared load failed or reached another server
+                // than this call (a pool's connections, a failover): load it ourselves.
+                self.query(Request::Load(script))
+                    .await?
+                    .map_err(redis_error)?;
                 answer = self.query(request()).await?;
             }
         }
@@ -549,31 +573,58 @@ impl RedisStore {
         }
     }
 
+    /// Has `script` loaded after a call sent at `sent_at` met NOSCRIPT, unless this store
+    /// loaded it since. After a restart or `SCRIPT FLUSH` every call in flight meets NOSCRIPT at
+    /// once: the first starts a load in a task of its own, the others wait for that same load
+    /// (never for each other), then all send their call again, so the server sees one
+    /// `SCRIPT LOAD` per script, not one per call. A failed or timed-out load is not reported
+    /// here: the caller's second attempt meets NOSCRIPT and loads the script itself.
+    async fn reload(&self, script: &Script, sent_at: Instant) {
+        let mut running = {
+            let mut loads = self.scripts.loads.lock().unwrap_or_else(|p| p.into_inner());
+            let load = loads.entry(script.get_hash().to_owned()).or_default();
+            // Loaded after our call was sent: our call ran before the load, send it again.
+            if load.done_at.is_some_and(|done| done > sent_at) {
+                return;
+            }
+            // A load whose task died with its runtime counts as none.
+            let live = load.running.as_ref().filter(|r| r.has_changed().is_ok());
+            match live {
+                Some(running) => running.clone(),
+                None => {
+                    let Ok(runtime) = Handle::try_current() else {
+                        return;
+                    };
+                    let (done, running) = watch::channel(());
+                    let (transport, script) = (self.transport.clone(), script.clone());
+                    let scripts = Arc::downgrade(&self.scripts);
+                    runtime.spawn(async move {
+                        let loaded = tokio::time::timeout(
+                            LOAD_TIMEOUT,
+                            transport.query(Request::Load(&script)),
+                        )
+                        .await;
+                        if let Some(scripts) = scripts.upgrade() {
+                            let mut loads = scripts.loads.lock().unwrap_or_else(|p| p.into_inner());
+                            if let Some(load) = loads.get_mut(script.get_hash()) {
+                                load.running = None;
+                                if matches!(loaded, Ok(Ok(Ok(_)))) {
+                                    load.done_at = Some(Instant::now());
+                                }
+                            }
+                        }
+                        drop(done);
+                    });
+                    load.running = Some(running.clone());
+                    running
+                }
+            }
+        };
+        // Ends when the load does (its sender is dropped).
+        let _ = running.changed().await;
+    }
+
     /// The server's native compare commands, asked once (none when turned off or unknown).
-    /// Loads `script` after a call met NOSCRIPT at `failed_at`, unless a load of it by this store
-    /// finished after that. After a restart or `SCRIPT FLUSH` every call in flight meets
-    /// NOSCRIPT at once: the first loads, the others wait for that load and send their call
-    /// again, so the server sees one `SCRIPT LOAD`, not one per call.
-    async fn reload(&self, script: &Script, failed_at: Instant) -> Result<(), StoreError> {
-        let mut loads = self.scripts.loads.lock().await;
-        if loads
-            .get(script.get_hash())
-            .is_some_and(|loaded| *loaded > failed_at)
-        {
-            return Ok(());
-        }
-        self.load(script).await?;
-        loads.insert(script.get_hash().to_owned(), Instant::now());
-        Ok(())
-    }
-
-    async fn load(&self, script: &Script) -> Result<(), StoreError> {
-        self.query(Request::Load(script))
-            .await?
-            .map_err(redis_error)?;
-        Ok(())
-    }
-
     async fn native(&self) -> Native {
         if !self.native.enabled.load(Ordering::Relaxed) {
             return Native::default();
