@@ -529,13 +529,12 @@ impl RedisStore {
             Some(pipe) => Request::Pipe(pipe),
             None => Request::Cmd(&eval),
         };
-        let no_script = |answer: &Result<Value, RedisError>| matches!(answer, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript));
         let sent_at = Instant::now();
         let mut answer = self.query(request()).await?;
-        if no_script(&answer) {
+        if is_no_script(&answer) {
             self.reload(script, sent_at).await;
             answer = self.query(request()).await?;
-            if no_script(&answer) {
+            if is_no_script(&answer) {
                 // Flushed again meanwhile, or the shared load failed or reached another server
                 // than this call (a pool's connections, a failover): load it ourselves.
                 self.query(Request::Load(script))
@@ -673,6 +672,11 @@ fn info_text(value: Value) -> String {
         Value::Map(pairs) => pairs.into_iter().map(|(_, v)| info_text(v)).collect(),
         _ => String::new(),
     }
+}
+
+/// Whether Redis answered that it does not have the script (`NOSCRIPT`).
+fn is_no_script(answer: &Result<Value, RedisError>) -> bool {
+    matches!(answer, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
 }
 
 /// The [`RedisStore::connect`] transport's settings.
