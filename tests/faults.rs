@@ -882,6 +882,9 @@ async fn redis_restarted_empty_under_many_holders_is_noticed() {
     })
     .await;
     drop(conn);
+    // Each handler reads its stock right after taking its lock: let the last ones get past that
+    // read, so that the restart meets them working (a read after it is a storage 503 instead).
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let redis = tokio::task::spawn_blocking(move || {
         redis.restart();
         redis
