@@ -94,35 +94,12 @@ impl RedisServer {
                 )
             });
         self.child = Some(child);
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(10) {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                eprintln!("redis-server on port {} exited early: {status}", self.port);
-                self.child = None;
-                return false;
-            }
-            if self.ping() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        let port = self.port;
+        if wait_until_up(&mut self.child, "redis-server", port, || ping(port)) {
+            return true;
         }
         self.kill();
         false
-    }
-
-    fn ping(&self) -> bool {
-        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
-            return false;
-        };
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-        let mut buf = [0u8; 7];
-        stream.write_all(b"PING\r\n").is_ok()
-            && stream.read_exact(&mut buf).is_ok()
-            && &buf == b"+PONG\r\n"
     }
 
     pub fn port(&self) -> u16 {
@@ -657,4 +634,39 @@ impl LockStore for Tweaked {
             None
         }
     }
+}
+
+/// Whether a server on `port` answers `PING` with `PONG`.
+fn ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut buf = [0u8; 7];
+    stream.write_all(b"PING\r\n").is_ok()
+        && stream.read_exact(&mut buf).is_ok()
+        && &buf == b"+PONG\r\n"
+}
+
+/// Waits up to 10 s for `up` to hold of the server `child` runs on `port`; `false` (and the child
+/// forgotten) if it exits first.
+pub fn wait_until_up(
+    child: &mut Option<Child>,
+    what: &str,
+    port: u16,
+    mut up: impl FnMut() -> bool,
+) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        if let Some(status) = child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            eprintln!("{what} on port {port} exited early: {status}");
+            *child = None;
+            return false;
+        }
+        if up() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
 }

@@ -79,29 +79,8 @@ impl SentinelServer {
     }
 
     fn wait_until_up(&mut self) -> bool {
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(10) {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                eprintln!("sentinel on port {} exited early: {status}", self.port);
-                self.child = None;
-                return false;
-            }
-            let port = self.port.to_string();
-            let pong = Command::new("redis-cli")
-                .args(["-p", &port, "PING"])
-                .output()
-                .map(|o| String::from_utf8_lossy(&o.stdout).contains("PONG"))
-                .unwrap_or(false);
-            if pong {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
+        let port = self.port;
+        super::wait_until_up(&mut self.child, "sentinel", port, || super::ping(port))
     }
 
     pub fn port(&self) -> u16 {
