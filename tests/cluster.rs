@@ -26,10 +26,21 @@ fn key(value: &str) -> LockKey {
     LockKey::new("tower-lock:", "t", value.as_bytes(), 64).unwrap()
 }
 
-fn fence_key(key: &LockKey) -> Vec<u8> {
-    let mut fence = key.as_bytes().to_vec();
-    fence.extend_from_slice(b":fence");
-    fence
+/// The fencing counter of `slot` (`tower-lock:fence:{<n>}`, one per hash slot), as `node` lists
+/// the slot's keys.
+fn fence_key(node: &support::RedisServer, slot: u16) -> String {
+    let keys = node.cli(&["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "100"]);
+    let fences: Vec<&str> = keys
+        .lines()
+        .map(str::trim)
+        .filter(|k| k.starts_with("tower-lock:fence:{"))
+        .collect();
+    assert_eq!(
+        fences.len(),
+        1,
+        "one fencing counter in slot {slot}: {keys}"
+    );
+    fences[0].to_owned()
 }
 
 fn acquired(answer: Acquire) -> u64 {
@@ -67,7 +78,7 @@ async fn slot_migrates_under_a_held_lease() {
     target.cli(&["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &source_id]);
     source.cli(&["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &target_id]);
     let lock_key = std::str::from_utf8(k.as_bytes()).unwrap().to_owned();
-    let fence = String::from_utf8(fence_key(&k)).unwrap();
+    let fence = fence_key(source, slot);
     let target_port = target.port().to_string();
     let migrated = source.cli(&[
         "MIGRATE",

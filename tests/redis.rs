@@ -285,7 +285,8 @@ async fn pool_transport() {
 }
 
 /// Only the holder's token renews or releases; fencing tokens keep increasing even after the
-/// counter key is gone; keys never leave the prefix, whatever bytes the value holds.
+/// counter key is gone; keys never leave the prefix, whatever bytes the value holds; released
+/// locks leave nothing behind but the one fencing counter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_semantics() {
     use tower_lock::{key::LockKey, store::Acquire};
@@ -317,8 +318,11 @@ async fn store_semantics() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(keys.len(), 1, "only the fencing counter is left: {keys:?}");
-    assert!(keys[0].starts_with(b"tower-lock:{12:POST /x/{id}:"));
+    assert_eq!(
+        keys,
+        vec![b"tower-lock:fence".to_vec()],
+        "only the counter is left"
+    );
     let _: () = redis::cmd("DEL")
         .arg(&keys[0])
         .query_async(&mut conn)
@@ -348,14 +352,50 @@ async fn store_semantics() {
         .await
         .unwrap();
     assert!(pttl > 0 && pttl <= 5000);
-    let mut fence = key.as_bytes().to_vec();
-    fence.extend_from_slice(b":fence");
     let fence_ttl: i64 = redis::cmd("PTTL")
-        .arg(&fence)
+        .arg("tower-lock:fence")
         .query_async(&mut conn)
         .await
         .unwrap();
     assert!(fence_ttl > 3_600_000, "fence retention {fence_ttl}");
+    assert!(store.release(&key, &a).await.unwrap());
+
+    // Distinct keys, some of them contended (queued, then handed over): tokens keep rising
+    // across keys, and nothing is left per key once they are released.
+    let mut last = f3;
+    for i in 0..50 {
+        let key = LockKey::new("tower-lock:", "t", format!("k{i}").as_bytes(), 64).unwrap();
+        let Acquire::Acquired { fencing_token } = store.acquire(&key, &a, ttl).await.unwrap()
+        else {
+            panic!("not acquired")
+        };
+        assert!(fencing_token > last, "{fencing_token} after {last}");
+        last = fencing_token;
+        if i % 5 == 0 {
+            let queued = store.enqueue(&key, &b, ttl).await.unwrap();
+            assert!(matches!(queued, Acquire::Queued { .. }), "{queued:?}");
+            assert!(store.release(&key, &a).await.unwrap());
+            let Acquire::Acquired { fencing_token } = store.enqueue(&key, &b, ttl).await.unwrap()
+            else {
+                panic!("the hand-off was not claimed")
+            };
+            assert!(fencing_token > last, "{fencing_token} after {last}");
+            last = fencing_token;
+            assert!(store.release(&key, &b).await.unwrap());
+        } else {
+            assert!(store.release(&key, &a).await.unwrap());
+        }
+    }
+    let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        keys,
+        vec![b"tower-lock:fence".to_vec()],
+        "left behind: {keys:?}"
+    );
 }
 
 /// Two services over two connections: the lock excludes across them, not just within one.

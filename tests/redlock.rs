@@ -240,8 +240,8 @@ async fn validity_and_quorum_max_fencing_token() {
     let mut fences = Vec::new();
     for server in &backend.0 {
         let mut conn = server.client().await;
-        let mut fence_key = k.as_bytes().to_vec();
-        fence_key.extend_from_slice(b":fence");
+        // One counter per key prefix.
+        let fence_key = "tower-lock:fence";
         let fence: u64 = redis::cmd("GET")
             .arg(fence_key)
             .query_async(&mut conn)

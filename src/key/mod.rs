@@ -289,6 +289,13 @@ impl LockKey {
         &self.full
     }
 
+    /// The prefix the key was built with (the bytes before its hash tag's `{`).
+    pub(crate) fn prefix(&self) -> &[u8] {
+        let scope_len = self.scope.len();
+        let digits = scope_len.checked_ilog10().map_or(1, |d| d as usize + 1);
+        &self.full[..self.scope.start - digits - 2]
+    }
+
     /// The whole key, shared (no copy).
     pub(crate) fn bytes(&self) -> Bytes {
         self.full.clone()

@@ -15,6 +15,8 @@ mod redis;
 mod redlock;
 #[cfg(feature = "sentinel")]
 mod sentinel;
+#[cfg(feature = "cluster")]
+mod slot;
 mod watch;
 
 use std::{error::Error as StdError, fmt, future::Future, pin::Pin, sync::Arc, time::Duration};

@@ -25,8 +25,9 @@ use super::{
 };
 use crate::{key::LockKey, token::Token};
 
-/// Suffix of the fencing counter's key, next to the lock key (same hash slot).
-const FENCE_SUFFIX: &[u8] = b":fence";
+/// Name of the fencing counter's key, after the lock keys' prefix: one counter per prefix
+/// (`<prefix>fence`), or in a cluster one per hash slot (`<prefix>fence:{<tag>}`).
+const FENCE_COUNTER: &[u8] = b"fence";
 
 /// Suffix of the hand-off queue's key, next to the lock key (same hash slot).
 const QUEUE_SUFFIX: &[u8] = b":queue";
@@ -58,11 +59,12 @@ const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_secs(1);
 ///
 /// A lease is the key [`LockKey::as_bytes`] set to the holder's token with `SET NX PX`; renew and
 /// release are Lua compare-and-`PEXPIRE` and compare-and-`DEL`, sent as `EVALSHA` and reloaded
-/// by `redis::Script` if the server answers `NOSCRIPT` (after `SCRIPT FLUSH` or a restart). Next
-/// to each lock key lives its fencing counter, `<lock key>:fence`, kept for
-/// [`fence_retention`](Self::fence_retention) (default 24 h) after the last acquisition. Fencing
-/// tokens are `max(last + 1, server time in µs)`, so they keep increasing after the counter
-/// expires, as long as the Redis server's clock does not step back. With
+/// by `redis::Script` if the server answers `NOSCRIPT` (after `SCRIPT FLUSH` or a restart). Fencing
+/// tokens come from one counter per key prefix, `<prefix>fence` (in a cluster, one per hash
+/// slot: `<prefix>fence:{<n>}`), kept for [`fence_retention`](Self::fence_retention) (default
+/// 24 h) after the last acquisition: a released lock leaves no key behind, however many distinct
+/// keys are locked. Tokens are `max(last + 1, server time in µs)`, so they keep increasing after
+/// the counter expires, as long as the Redis server's clock does not step back. With
 /// [`handoff`](Self::handoff) on (the default for [`connect`](Self::connect)), waiters queue in
 /// `<lock key>:queue` and a release hands the key to the first of them.
 ///
@@ -354,7 +356,7 @@ impl RedisStore {
             .connection_timeout(Duration::from_secs(1))
     }
 
-    /// How long a key's fencing counter is kept after its last acquisition (default 24 h).
+    /// How long the fencing counter is kept after its last acquisition (default 24 h).
     ///
     /// Fencing tokens stay increasing without it (they follow the server clock); the counter only
     /// guards against the clock stepping back by less than this.
@@ -459,7 +461,16 @@ impl RedisStore {
     /// fencing counter and the queue; the claim window and the counter's retention.
     pub(crate) fn handoff_keys(&self, key: &LockKey) -> Option<NextTo> {
         self.handoff.as_ref()?;
-        Some(NextTo::new(key))
+        Some(self.next_to(key))
+    }
+
+    /// The fencing counter and the queue for `key`; the counter is per hash slot in a cluster.
+    fn next_to(&self, key: &LockKey) -> NextTo {
+        #[cfg(feature = "cluster")]
+        let per_slot = matches!(self.transport, Transport::Cluster(_));
+        #[cfg(not(feature = "cluster"))]
+        let per_slot = false;
+        NextTo::new(key, per_slot)
     }
 
     /// The arguments that go with [`handoff_keys`](Self::handoff_keys).
@@ -728,18 +739,27 @@ fn ms(d: Duration) -> Ms {
     out
 }
 
-/// The keys next to a lock key, in one buffer: its fencing counter and its queue.
+/// The keys a lock script touches next to a lock key, in one buffer: the fencing counter (one
+/// per key prefix, or per hash slot when `per_slot`, so it shares the lock key's slot) and the
+/// key's hand-off queue.
 pub(crate) struct NextTo {
     buf: Vec<u8>,
     split: usize,
 }
 
 impl NextTo {
-    fn new(key: &LockKey) -> Self {
-        let key = key.as_bytes();
-        let mut buf = Vec::with_capacity(2 * key.len() + FENCE_SUFFIX.len() + QUEUE_SUFFIX.len());
-        buf.extend_from_slice(key);
-        buf.extend_from_slice(FENCE_SUFFIX);
+    fn new(key: &LockKey, per_slot: bool) -> Self {
+        let (prefix, key) = (key.prefix(), key.as_bytes());
+        let mut buf = Vec::with_capacity(prefix.len() + key.len() + 24 + QUEUE_SUFFIX.len());
+        buf.extend_from_slice(prefix);
+        buf.extend_from_slice(FENCE_COUNTER);
+        #[cfg(feature = "cluster")]
+        if per_slot {
+            use std::io::Write as _;
+            let _ = write!(buf, ":{{{}}}", super::slot::tag(super::slot::of(key)));
+        }
+        #[cfg(not(feature = "cluster"))]
+        let _ = per_slot;
         let split = buf.len();
         buf.extend_from_slice(key);
         buf.extend_from_slice(QUEUE_SUFFIX);
@@ -764,7 +784,7 @@ impl RedisStore {
         ttl: Duration,
         place: Option<Place<'_>>,
     ) -> Result<Acquire, StoreError> {
-        let next_to = NextTo::new(key);
+        let next_to = self.next_to(key);
         let handoff = self.handoff.is_some();
         let all_keys = [key.as_bytes(), next_to.fence(), next_to.queue()];
         let keys = if handoff {

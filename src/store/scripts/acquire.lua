@@ -1,5 +1,6 @@
 -- Take a lock if it is free, and hand out a fencing token; with hand-off on, respect the queue.
--- KEYS[1]: the lock key. KEYS[2]: its fencing counter. KEYS[3], only with hand-off: its queue.
+-- KEYS[1]: the lock key. KEYS[2]: the fencing counter (one per key prefix, or per hash slot).
+-- KEYS[3], only with hand-off: the lock key's queue.
 -- ARGV[1]: the caller's token. ARGV[2]: time to live in ms. ARGV[3]: counter retention in ms.
 -- With hand-off: ARGV[4]: the claim window in ms. ARGV[5]: the caller's stamp. ARGV[6]: the
 -- caller's channel, or '' to not queue (a caller that will not wait, or cannot hear the
@@ -34,15 +35,12 @@ if took then
     return {0, tonumber(claim)}
   end
 elseif redis.call('GET', lock) == token then
-  -- Handed to the caller by a release: claim it for the full time to live.
+  -- Handed to the caller by a release: claim it for the full time to live, with a fencing
+  -- token of its own (higher than the one the hand-off announced, which the caller only uses
+  -- when it did not send this).
   redis.call('PEXPIRE', lock, ttl)
   leave(queue, token)
-  local fence = tonumber(redis.call('GET', fence_key) or '')
-  if not fence then
-    -- The counter expired since the hand-off (a retention shorter than the wait): a new one.
-    fence = new_fence(fence_key, retention)
-  end
-  return {1, fence}
+  return {1, new_fence(fence_key, retention)}
 elseif channel == '' then
   return {0, redis.call('PTTL', lock)}
 end

@@ -1,8 +1,10 @@
 -- Shared by the scripts that take a lock: prepended to each of them.
 
--- A new fencing token for a lock: max(last + 1, server time in microseconds), strictly
--- increasing per key even after the counter key expires, as long as the server clock does not
--- step back further than the counter's retention.
+-- A new fencing token for a lock: max(last + 1, server time in microseconds). `fence_key` is
+-- one counter shared by every lock key of a prefix (of a hash slot, in a cluster), so tokens
+-- increase across all of them and no key is left behind per lock key. They stay increasing
+-- after the counter expires, as long as the server clock does not step back further than the
+-- counter's retention.
 local function new_fence(fence_key, retention)
   local now = redis.call('TIME')
   local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])

@@ -1,6 +1,6 @@
 -- Release a lock, only for its holder; with hand-off on, give it to the next waiter, and take a
 -- waiter that gives up out of the queue.
--- KEYS[1]: the lock key. With hand-off: KEYS[2]: its fencing counter. KEYS[3]: its queue.
+-- KEYS[1]: the lock key. With hand-off: KEYS[2]: the fencing counter. KEYS[3]: its queue.
 -- ARGV[1]: the holder's token. With hand-off: ARGV[2]: the claim window in ms. ARGV[3]: the
 -- fencing counter's retention in ms.
 -- Returns 1 when released, 0 when the lock is not held with this token.
