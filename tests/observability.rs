@@ -85,8 +85,12 @@ async fn scenario(server: &mut RedisServer) {
         .await
         .unwrap();
     assert_eq!(c.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+    // C's release is spawned (its lease was lost); let it land before the outage, or it would
+    // fail and count as a release error.
+    tokio::time::sleep(Duration::from_millis(300)).await;
 
-    // An outage: D's acquire fails.
+    // An outage: D's acquire fails, and the release its armed guard spawns (in case the acquire
+    // ran after all) fails too: a store error, not a release error (D never held the key).
     server.kill();
     assert_eq!(
         send(&app, purchase("d", 0)).await.status(),
@@ -150,8 +154,8 @@ fn metrics_count_every_outcome_exactly() {
             .build()
             .unwrap();
         rt.block_on(scenario(&mut server));
-        // Let spawned releases finish.
-        rt.block_on(async { tokio::time::sleep(Duration::from_millis(50)).await });
+        // Let spawned releases finish: D's fails within the store timeout (1 s).
+        rt.block_on(async { tokio::time::sleep(Duration::from_millis(1500)).await });
     });
     let m = collect(&recorder);
     let scope = [("scope", SCOPE)];
@@ -166,6 +170,14 @@ fn metrics_count_every_outcome_exactly() {
             &m,
             "tower_lock_store_errors_total",
             &[("scope", SCOPE), ("operation", "acquire")]
+        ),
+        1
+    );
+    assert_eq!(
+        counter(
+            &m,
+            "tower_lock_store_errors_total",
+            &[("scope", SCOPE), ("operation", "release")]
         ),
         1
     );
@@ -216,8 +228,9 @@ fn metrics_count_every_outcome_exactly() {
             &[("operation", op)],
         )
     };
-    // B found "a" taken by A in this very process: it never asked the store.
-    assert_eq!((rtt("acquire"), rtt("renew"), rtt("release")), (3, 1, 2));
+    // B found "a" taken by A in this very process: it never asked the store. Releases: A's,
+    // C's and D's.
+    assert_eq!((rtt("acquire"), rtt("renew"), rtt("release")), (3, 1, 3));
     // Labels are bounded: no metric carries a key value.
     for (name, labels) in m.keys() {
         for (k, v) in labels {
