@@ -29,7 +29,7 @@ use std::{
     process::{Child, Command, Stdio},
     sync::{
         Arc,
-        atomic::{AtomicIsize, AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicIsize, AtomicU64, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -62,12 +62,18 @@ struct CountingAlloc;
 
 static HEAP_BYTES: AtomicIsize = AtomicIsize::new(0);
 
+/// Off until the memory scenario (e) starts, and on from then: one shared counter updated by
+/// every allocation would slow the timed scenarios down, allocation-heavy code (the layer, more
+/// than the hand-written baselines) the most, as both runtime workers contend for its cache
+/// line.
+static COUNTING: AtomicBool = AtomicBool::new(false);
+
 // SAFETY: every call is forwarded unchanged to `System`; the wrapper only adds up sizes.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, passed on as is.
         let ptr = unsafe { System.alloc(layout) };
-        if !ptr.is_null() {
+        if !ptr.is_null() && COUNTING.load(Ordering::Relaxed) {
             HEAP_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
         }
         ptr
@@ -76,7 +82,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as for `alloc`.
         let ptr = unsafe { System.alloc_zeroed(layout) };
-        if !ptr.is_null() {
+        if !ptr.is_null() && COUNTING.load(Ordering::Relaxed) {
             HEAP_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
         }
         ptr
@@ -85,13 +91,15 @@ unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: `ptr` was allocated by `System` with `layout` (every allocation goes there).
         unsafe { System.dealloc(ptr, layout) };
-        HEAP_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        if COUNTING.load(Ordering::Relaxed) {
+            HEAP_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: as for `dealloc`, and the caller upholds `realloc`'s contract.
         let new = unsafe { System.realloc(ptr, layout, new_size) };
-        if !new.is_null() {
+        if !new.is_null() && COUNTING.load(Ordering::Relaxed) {
             HEAP_BYTES.fetch_add(
                 new_size as isize - layout.size() as isize,
                 Ordering::Relaxed,
@@ -134,8 +142,8 @@ return {0, redis.call('PTTL', KEYS[1])}";
 
 /// Lease TTL of the baselines (the crate's default).
 const TTL_MS: u64 = 10_000;
-/// The fenced baseline's fencing counter: one for all its keys, as the crate keeps one per key
-/// prefix.
+/// The fenced baseline's fencing counter: one for all its keys (the crate keeps one per hash
+/// slot, and reuses them the same way).
 const FENCE_COUNTER: &str = "bench:fence";
 /// Fencing counter retention of the fenced baseline (the crate's default).
 const FENCE_RETENTION_MS: u64 = 24 * 60 * 60 * 1000;
@@ -2035,6 +2043,8 @@ fn main() {
     }
 
     if s.wants('e') {
+        // Heap figures are differences taken within this scenario, which counts from here on.
+        COUNTING.store(true, Ordering::SeqCst);
         for run in 0..s.runs {
             rt.block_on(flushall(&url));
             let case = runtime();
@@ -2429,7 +2439,8 @@ fn render_http(w: &mut String, s: &Settings, r: &Results) {
     let _ = writeln!(
         w,
         "\nThe layer's acquire is an `EVALSHA` that also hands out the fencing token (`SET NX \
-         PX`, then `TIME`, `GET` and `SET` of the one fencing counter, inside the script), \
+         PX`, then `TIME`, `GET` and `SET` of the key's slot's fencing counter, inside the \
+         script), \
          heavier for Redis than the baseline's plain `SET NX PX`; `baseline-fenced` sends that \
          script by hand, so layer / baseline-fenced is the cost of the middleware itself plus \
          the hand-off's queue check (an `LLEN` inside each of the layer's two scripts).\n"
@@ -2620,7 +2631,8 @@ fn render_memory(w: &mut String, s: &Settings, r: &Results) {
         w,
         "## e. Memory\n\n\
          Heap bytes come from a counting `#[global_allocator]` in the benchmark (it wraps \
-         `System` and keeps the bytes currently allocated). **Per lease**: {LEASES} \
+         `System` and keeps the bytes currently allocated; it counts only from the start of this \
+         scenario, so that its shared counter does not slow the timed scenarios down). **Per lease**: {LEASES} \
          `LeaseGuard`s taken one after the other with `Locker::acquire` (default config) and held; \
          (heap after − heap before) ÷ {LEASES}, measured 300 ms after the last acquisition (the \
          vector holding the guards is allocated beforehand and not counted; a `LeaseGuard` is \
