@@ -53,7 +53,7 @@ fn acquired(answer: Acquire) -> u64 {
 /// A held lease whose slot is migrated to another master, by hand as `redis-cli --cluster
 /// reshard` does it: while the keys sit on the target and the slot is still migrating, the
 /// client follows `ASK`; after the slot is handed over, `MOVED`. The lease, its TTL and its
-/// fencing counter move together (one hash tag), so exclusion and fencing hold throughout.
+/// slot's fencing counter move together, so exclusion and fencing hold throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slot_migrates_under_a_held_lease() {
     let cluster = RedisCluster::start(3, 0);

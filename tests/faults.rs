@@ -131,7 +131,9 @@ async fn held(conn: &mut redis::aio::MultiplexedConnection) -> usize {
         .query_async(conn)
         .await
         .unwrap();
-    keys.iter().filter(|k| !k.ends_with(b":fence")).count()
+    keys.iter()
+        .filter(|k| !support::is_fence_counter(k))
+        .count()
 }
 
 async fn wait_for(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> bool) -> Duration {

@@ -237,24 +237,107 @@ async fn departed_waiters_leave_the_queue() {
     );
 }
 
-/// A waiter whose process died while queued is handed the key, never claims it, and delays the
-/// next waiter by one claim window (told it is next, the next one checks again then), not by the
-/// holder's TTL.
+/// A queue entry, as a waiter of another process would leave it: a token, a stamp, a channel.
+fn entry(token: &str, channel: &str) -> String {
+    format!("{token}0000000000000000{channel}")
+}
+
+async fn push_entries(server: &RedisServer, key: &LockKey, entries: &[String]) {
+    let mut conn = server.client().await;
+    for e in entries {
+        let _: () = redis::cmd("RPUSH")
+            .arg(queue_key(key))
+            .arg(e)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
+/// Two waiters whose processes died while queued (nobody listens on their channels any more)
+/// are skipped by the release: the live waiter behind them gets the key at once, not after a
+/// claim window each (5 s here), nor after the holder's TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crashed_waiter_costs_one_claim_window() {
+async fn crashed_waiters_are_skipped() {
+    let server = RedisServer::start();
+    let all = stores_claiming(&server, 2, Duration::from_secs(5)).await;
+    let holder = locker(all[0].clone(), slow_timer());
+    let k = key(&holder);
+    let held = holder.acquire(k.clone()).await.unwrap();
+    let dead = [
+        entry(
+            "deaddeaddeaddeaddeaddeaddeaddead",
+            "tower-lock:handoff:gone1",
+        ),
+        entry(
+            "deadbeefdeadbeefdeadbeefdeadbeef",
+            "tower-lock:handoff:gone2",
+        ),
+    ];
+    push_entries(&server, &k, &dead).await;
+    let waiter = locker(all[1].clone(), slow_timer());
+    let next = tokio::spawn(async move {
+        let guard = waiter.acquire(key(&waiter)).await.unwrap();
+        guard.release().await.unwrap();
+    });
+    queued(&server, &k, 3).await;
+    let started = Instant::now();
+    held.release().await.unwrap();
+    next.await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "the crashed waiters stalled the queue: {took:?}"
+    );
+    assert!(server.lock_keys().await.is_empty(), "keys left behind");
+    assert_eq!(queue_len(&server, &k).await, 0, "dead entries left queued");
+}
+
+/// A free key whose queue holds only waiters whose processes died (the holder's lease ran out
+/// meanwhile) goes to the next caller at once, even one that will not wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_key_with_only_dead_waiters_is_taken() {
+    let server = RedisServer::start();
+    let all = stores(&server, 1).await;
+    let caller = locker(all[0].clone(), Wait::none());
+    let k = key(&caller);
+    let dead = entry(
+        "deaddeaddeaddeaddeaddeaddeaddead",
+        "tower-lock:handoff:gone",
+    );
+    push_entries(&server, &k, &[dead]).await;
+    let guard = caller.acquire(k.clone()).await.unwrap();
+    assert_eq!(
+        queue_len(&server, &k).await,
+        0,
+        "the dead entry is still queued"
+    );
+    guard.release().await.unwrap();
+    assert!(server.lock_keys().await.is_empty(), "keys left behind");
+}
+
+/// A waiter whose process hangs while queued (still subscribed, never claiming) is handed the
+/// key and delays the next waiter by one claim window (told it is next, the next one checks
+/// again then), not by the holder's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_waiter_costs_one_claim_window() {
     let server = RedisServer::start();
     let all = stores_claiming(&server, 2, Duration::from_millis(300)).await;
     let holder = locker(all[0].clone(), slow_timer());
     let k = key(&holder);
     let held = holder.acquire(k.clone()).await.unwrap();
-    // The dead process's entry: a token, a stamp, and a channel nobody listens on.
-    let mut conn = server.client().await;
-    let _: () = redis::cmd("RPUSH")
-        .arg(queue_key(&k))
-        .arg("deaddeaddeaddeaddeaddeaddeaddead0000000000000000tower-lock:handoff:gone")
-        .query_async(&mut conn)
+    // The hung process: subscribed to its channel, deaf to what arrives there.
+    let mut hung = redis::Client::open(server.url())
+        .unwrap()
+        .get_async_pubsub()
         .await
         .unwrap();
+    hung.subscribe("tower-lock:handoff:hung").await.unwrap();
+    let hung_entry = entry(
+        "deaddeaddeaddeaddeaddeaddeaddead",
+        "tower-lock:handoff:hung",
+    );
+    push_entries(&server, &k, &[hung_entry]).await;
     let waiter = locker(all[1].clone(), slow_timer());
     let next = tokio::spawn(async move {
         let guard = waiter.acquire(key(&waiter)).await.unwrap();
@@ -267,14 +350,15 @@ async fn a_crashed_waiter_costs_one_claim_window() {
     let took = started.elapsed();
     assert!(
         took >= Duration::from_millis(250),
-        "the dead waiter's claim window was skipped: {took:?}"
+        "the hung waiter's claim window was skipped: {took:?}"
     );
     // The holder's TTL is 10 s and the waiter's timer 5 s.
     assert!(
         took < Duration::from_secs(3),
-        "the crashed waiter stalled the queue: {took:?}"
+        "the hung waiter stalled the queue: {took:?}"
     );
     assert!(server.lock_keys().await.is_empty(), "keys left behind");
+    drop(hung);
 }
 
 /// A lost hand-off message (here: the queue deleted, so the release frees the key instead)

@@ -53,7 +53,10 @@ async fn leases(conn: &mut redis::aio::MultiplexedConnection) -> usize {
             .query_async(conn)
             .await
             .unwrap();
-        count += keys.iter().filter(|k| !k.ends_with(b":fence")).count();
+        count += keys
+            .iter()
+            .filter(|k| !support::is_fence_counter(k))
+            .count();
         if next == 0 {
             return count;
         }

@@ -240,8 +240,14 @@ async fn validity_and_quorum_max_fencing_token() {
     let mut fences = Vec::new();
     for server in &backend.0 {
         let mut conn = server.client().await;
-        // One counter per key prefix.
-        let fence_key = "tower-lock:fence";
+        // The counter of the key's hash slot: the only one on this server.
+        let counters: Vec<String> = redis::cmd("KEYS")
+            .arg("tower-lock:fence:*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(counters.len(), 1, "{counters:?}");
+        let fence_key = &counters[0];
         let fence: u64 = redis::cmd("GET")
             .arg(fence_key)
             .query_async(&mut conn)

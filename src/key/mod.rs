@@ -33,7 +33,7 @@
 //! ```
 //!
 //! The braces make the whole key a Redis Cluster hash tag, so companion keys the store derives
-//! from it (the fencing counter) land on the same slot.
+//! from it (the hand-off queue) land on the same slot; the fencing counter is kept per slot.
 //!
 //! # Limits
 //!

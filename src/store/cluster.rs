@@ -13,7 +13,7 @@ use crate::{key::LockKey, token::Token};
 /// [`ClusterConnection`], which routes each command to the master of its key's hash slot and
 /// follows `MOVED` and `ASK` redirections by itself (slot migrations, failovers). A lock key
 /// wraps its scope and value in a hash tag (`tower-lock:{...}`, see [`crate::key`]), so the key
-/// and its hand-off queue `<key>:queue` live in one slot; the fencing counter is kept per slot
+/// and its hand-off queue `<key>:queue` live in one slot; fencing counters are kept per slot
 /// (`tower-lock:fence:{<n>}`, with `<n>` chosen to hash to that slot), so every script stays
 /// single-slot.
 ///

@@ -15,7 +15,6 @@ mod redis;
 mod redlock;
 #[cfg(feature = "sentinel")]
 mod sentinel;
-#[cfg(feature = "cluster")]
 mod slot;
 mod watch;
 

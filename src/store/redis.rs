@@ -25,9 +25,14 @@ use super::{
 };
 use crate::{key::LockKey, token::Token};
 
-/// Name of the fencing counter's key, after the lock keys' prefix: one counter per prefix
-/// (`<prefix>fence`), or in a cluster one per hash slot (`<prefix>fence:{<tag>}`).
-const FENCE_COUNTER: &[u8] = b"fence";
+/// Name of the fencing counters' keys, after the lock keys' prefix: one counter per hash slot,
+/// `<prefix>fence:{<n>}`, in the slot of the lock keys it counts for.
+const FENCE_COUNTER: &[u8] = b"fence:";
+
+/// Suffix of a lock key's own counter (`<lock key>:fence`), used instead when the key prefix
+/// holds braces (only possible through `LockKey::new`; the config refuses them), which would
+/// move `<prefix>fence:{<n>}` to another slot.
+const FENCE_SUFFIX: &[u8] = b":fence";
 
 /// Suffix of the hand-off queue's key, next to the lock key (same hash slot).
 const QUEUE_SUFFIX: &[u8] = b":queue";
@@ -60,10 +65,10 @@ const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_secs(1);
 /// A lease is the key [`LockKey::as_bytes`] set to the holder's token with `SET NX PX`; renew and
 /// release are Lua compare-and-`PEXPIRE` and compare-and-`DEL`, sent as `EVALSHA` and reloaded
 /// by `redis::Script` if the server answers `NOSCRIPT` (after `SCRIPT FLUSH` or a restart). Fencing
-/// tokens come from one counter per key prefix, `<prefix>fence` (in a cluster, one per hash
-/// slot: `<prefix>fence:{<n>}`), kept for [`fence_retention`](Self::fence_retention) (default
-/// 24 h) after the last acquisition: a released lock leaves no key behind, however many distinct
-/// keys are locked. Tokens are `max(last + 1, server time in µs)`, so they keep increasing after
+/// tokens come from one counter per hash slot, `<prefix>fence:{<n>}` (with `<n>` chosen to hash
+/// to the slot: at most 16,384 such keys), kept for [`fence_retention`](Self::fence_retention)
+/// (default 24 h) after their last use: a released lock leaves no key behind, however many
+/// distinct keys are locked, and every script touches one slot only. Tokens are `max(last + 1, server time in µs)`, so they keep increasing after
 /// the counter expires, as long as the Redis server's clock does not step back. With
 /// [`handoff`](Self::handoff) on (the default for [`connect`](Self::connect)), waiters queue in
 /// `<lock key>:queue` and a release hands the key to the first of them.
@@ -423,7 +428,8 @@ impl RedisStore {
     /// commands (the attempt that queues, the release that hands over), waiters take turns
     /// fairly, and nobody polls: a waiter's timer only backs up a lost message, firing when the
     /// holder's lease would run out. A waiter that gives up leaves the queue with its release;
-    /// a waiter whose process died before claiming delays the next one by the claim window.
+    /// a waiter whose process died is skipped (nobody hears its message), and one whose
+    /// process hangs before claiming delays the next one by the claim window.
     ///
     /// Every instance that shares the locks must agree on this setting: a store without
     /// hand-off takes a free key even when others queue for it, and frees keys on release
@@ -444,7 +450,8 @@ impl RedisStore {
 
     /// How long a key handed to a waiter stays reserved for it before it must confirm
     /// (default 1 s). A waiter that was queued for longer than about half of this confirms
-    /// before it runs (one more command); a waiter that crashed delays the queue by this long.
+    /// before it runs (one more command); a waiter whose process hangs delays the queue by this
+    /// long.
     /// Shorter than the TTL; every instance should use the same.
     #[must_use]
     pub fn claim_window(mut self, window: Duration) -> Self {
@@ -461,16 +468,7 @@ impl RedisStore {
     /// fencing counter and the queue; the claim window and the counter's retention.
     pub(crate) fn handoff_keys(&self, key: &LockKey) -> Option<NextTo> {
         self.handoff.as_ref()?;
-        Some(self.next_to(key))
-    }
-
-    /// The fencing counter and the queue for `key`; the counter is per hash slot in a cluster.
-    fn next_to(&self, key: &LockKey) -> NextTo {
-        #[cfg(feature = "cluster")]
-        let per_slot = matches!(self.transport, Transport::Cluster(_));
-        #[cfg(not(feature = "cluster"))]
-        let per_slot = false;
-        NextTo::new(key, per_slot)
+        Some(NextTo::new(key))
     }
 
     /// The arguments that go with [`handoff_keys`](Self::handoff_keys).
@@ -739,8 +737,8 @@ fn ms(d: Duration) -> Ms {
     out
 }
 
-/// The keys a lock script touches next to a lock key, in one buffer: the fencing counter (one
-/// per key prefix, or per hash slot when `per_slot`, so it shares the lock key's slot) and the
+/// The keys a lock script touches next to a lock key, in one buffer: the fencing counter of the
+/// key's hash slot (so that every script stays single-slot, whatever the transport) and the
 /// key's hand-off queue.
 pub(crate) struct NextTo {
     buf: Vec<u8>,
@@ -748,18 +746,18 @@ pub(crate) struct NextTo {
 }
 
 impl NextTo {
-    fn new(key: &LockKey, per_slot: bool) -> Self {
+    fn new(key: &LockKey) -> Self {
+        use std::io::Write as _;
         let (prefix, key) = (key.prefix(), key.as_bytes());
-        let mut buf = Vec::with_capacity(prefix.len() + key.len() + 24 + QUEUE_SUFFIX.len());
-        buf.extend_from_slice(prefix);
-        buf.extend_from_slice(FENCE_COUNTER);
-        #[cfg(feature = "cluster")]
-        if per_slot {
-            use std::io::Write as _;
-            let _ = write!(buf, ":{{{}}}", super::slot::tag(super::slot::of(key)));
+        let mut buf = Vec::with_capacity(prefix.len() + 2 * key.len() + 32);
+        if prefix.iter().any(|&b| b == b'{' || b == b'}') {
+            buf.extend_from_slice(key);
+            buf.extend_from_slice(FENCE_SUFFIX);
+        } else {
+            buf.extend_from_slice(prefix);
+            buf.extend_from_slice(FENCE_COUNTER);
+            let _ = write!(buf, "{{{}}}", super::slot::tag(super::slot::of(key)));
         }
-        #[cfg(not(feature = "cluster"))]
-        let _ = per_slot;
         let split = buf.len();
         buf.extend_from_slice(key);
         buf.extend_from_slice(QUEUE_SUFFIX);
@@ -784,7 +782,7 @@ impl RedisStore {
         ttl: Duration,
         place: Option<Place<'_>>,
     ) -> Result<Acquire, StoreError> {
-        let next_to = self.next_to(key);
+        let next_to = NextTo::new(key);
         let handoff = self.handoff.is_some();
         let all_keys = [key.as_bytes(), next_to.fence(), next_to.queue()];
         let keys = if handoff {
@@ -1035,7 +1033,31 @@ impl fmt::Debug for RedisStore {
 
 #[cfg(test)]
 mod tests {
-    use super::{Native, NativeRelease};
+    use super::{Native, NativeRelease, NextTo};
+    use crate::{key::LockKey, store::slot};
+
+    #[test]
+    fn the_fencing_counter_shares_the_lock_keys_slot() {
+        for (prefix, scope, value) in [
+            ("tower-lock:", "POST /items/{sku}/purchase", &b"sku-1"[..]),
+            ("", "s", b"}{\x00"),
+            ("p:", "0123456789", b"v"),
+        ] {
+            let key = LockKey::new(prefix, scope, value, 64).unwrap();
+            let next = NextTo::new(&key);
+            assert_eq!(slot::of(next.fence()), slot::of(key.as_bytes()));
+            assert!(
+                next.fence()
+                    .starts_with(format!("{prefix}fence:{{").as_bytes())
+            );
+            assert_eq!(slot::of(next.queue()), slot::of(key.as_bytes()));
+        }
+        // A prefix with braces (only through `LockKey::new`) falls back to the key's own counter.
+        let key = LockKey::new("a{", "s", b"v", 64).unwrap();
+        let next = NextTo::new(&key);
+        assert_eq!(next.fence(), [key.as_bytes(), b":fence"].concat());
+        assert_eq!(slot::of(next.fence()), slot::of(key.as_bytes()));
+    }
 
     #[test]
     fn native_commands_by_server_version() {

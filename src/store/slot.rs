@@ -1,5 +1,6 @@
 //! Redis Cluster hash slots, for the one key a store keeps per slot (the fencing counter): it
-//! must live in the slot of every lock key whose script touches it.
+//! must live in the slot of every lock key whose script touches it, so that every script stays
+//! single-slot, in a cluster or behind anything that routes by slot.
 
 use std::sync::OnceLock;
 
@@ -51,16 +52,18 @@ pub(crate) fn of(key: &[u8]) -> u16 {
 }
 
 /// A number whose decimal form hashes to `slot`: a key with `{<tag>}` in it lives in that slot.
-/// The table (64 KiB) is built once, on first use: the first numbers that reach each slot.
+/// The table (64 KiB) is built once per process, on first use (a few milliseconds): the first
+/// number that reaches each slot.
 pub(crate) fn tag(slot: u16) -> u32 {
     static TAGS: OnceLock<Box<[u32]>> = OnceLock::new();
     let tags = TAGS.get_or_init(|| {
         let mut tags = vec![u32::MAX; SLOTS].into_boxed_slice();
         let mut left = SLOTS;
         let mut n = 0u32;
+        let mut digits = [0u8; 10];
         // About 170,000 numbers (a coupon collector's count); deterministic.
         while left > 0 {
-            let found = &mut tags[usize::from(of(n.to_string().as_bytes()))];
+            let found = &mut tags[usize::from(crc16(decimal(n, &mut digits)) % SLOTS as u16)];
             if *found == u32::MAX {
                 *found = n;
                 left -= 1;
@@ -70,6 +73,19 @@ pub(crate) fn tag(slot: u16) -> u32 {
         tags
     });
     tags[usize::from(slot) % SLOTS]
+}
+
+/// `n` in decimal, written at the end of `buf`.
+fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
+    let mut start = buf.len();
+    loop {
+        start -= 1;
+        buf[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[start..];
+        }
+    }
 }
 
 #[cfg(test)]
@@ -89,6 +105,14 @@ mod tests {
         // Values `CLUSTER KEYSLOT` gives.
         assert_eq!(of(b"foo"), 12182);
         assert_eq!(of(b"somekey"), 11058);
+    }
+
+    #[test]
+    fn decimals() {
+        let mut buf = [0u8; 10];
+        assert_eq!(decimal(0, &mut buf), b"0");
+        assert_eq!(decimal(907, &mut buf), b"907");
+        assert_eq!(decimal(u32::MAX, &mut buf), b"4294967295");
     }
 
     #[test]

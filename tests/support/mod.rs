@@ -149,10 +149,16 @@ impl RedisServer {
             .query_async(&mut conn)
             .await
             .unwrap();
-        keys.into_iter()
-            .filter(|k| !k.ends_with(b":fence"))
-            .collect()
+        keys.into_iter().filter(|k| !is_fence_counter(k)).collect()
     }
+}
+
+/// Whether `key` is one of the fencing counters (one per hash slot, `tower-lock:fence:{<n>}`),
+/// the only keys a released lock leaves behind.
+pub fn is_fence_counter(key: &[u8]) -> bool {
+    key.strip_prefix(b"tower-lock:fence:{")
+        .and_then(|rest| rest.strip_suffix(b"}"))
+        .is_some_and(|n| !n.is_empty() && n.iter().all(u8::is_ascii_digit))
 }
 
 /// How many times `command` ran on `server`, by clients or inside scripts (`INFO

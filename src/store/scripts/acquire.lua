@@ -1,5 +1,5 @@
 -- Take a lock if it is free, and hand out a fencing token; with hand-off on, respect the queue.
--- KEYS[1]: the lock key. KEYS[2]: the fencing counter (one per key prefix, or per hash slot).
+-- KEYS[1]: the lock key. KEYS[2]: the fencing counter of its hash slot.
 -- KEYS[3], only with hand-off: the lock key's queue.
 -- ARGV[1]: the caller's token. ARGV[2]: time to live in ms. ARGV[3]: counter retention in ms.
 -- With hand-off: ARGV[4]: the claim window in ms. ARGV[5]: the caller's stamp. ARGV[6]: the
@@ -29,8 +29,11 @@ if took then
     return {1, new_fence(fence_key, retention)}
   end
   -- Free, but others wait (a holder's lease ran out, or a hand-off went unclaimed): the key
-  -- goes to the head of the queue (overwriting the caller's SET), not to the caller.
-  hand_over(lock, fence_key, queue, claim, retention, token)
+  -- goes to the head of the queue (overwriting the caller's SET), not to the caller. Unless
+  -- none of them is alive: then the caller's SET stands.
+  if not hand_over(lock, fence_key, queue, claim, retention, token) then
+    return {1, new_fence(fence_key, retention)}
+  end
   if channel == '' then
     return {0, tonumber(claim)}
   end

@@ -1,7 +1,7 @@
 -- Shared by the scripts that take a lock: prepended to each of them.
 
 -- A new fencing token for a lock: max(last + 1, server time in microseconds). `fence_key` is
--- one counter shared by every lock key of a prefix (of a hash slot, in a cluster), so tokens
+-- the counter of the lock key's hash slot, shared by every lock key in that slot, so tokens
 -- increase across all of them and no key is left behind per lock key. They stay increasing
 -- after the counter expires, as long as the server clock does not step back further than the
 -- counter's retention.

@@ -6,13 +6,15 @@
 -- (when the waiter registered, on its own clock: a lower bound on when it was queued), then the
 -- pub/sub channel of its process. A release gives the key straight to the head of the queue,
 -- for a short claim window, and tells it on its channel; the waiter behind it learns that it is
--- next, so that it checks again if the new holder never claims (a crashed process).
+-- next, so that it checks again if the new holder never claims (a hung process). A waiter
+-- whose process is gone is skipped: nobody is subscribed to its channel any more.
 
 local STAMP_LEN = 16
 
--- Gives `lock` to the first waiter in `queue` whose token is not `skip`, for `claim` ms, and
--- tells it (message 'g' token stamp claim ':' fence); tells the waiter after it that it is next
--- (message 'n' token stamp claim). Returns true when handed over, false when nobody waits.
+-- Gives `lock` to the first waiter in `queue` whose token is not `skip` and whose process still
+-- listens, for `claim` ms, and tells it (message 'g' token stamp claim ':' fence); tells the
+-- waiter after it that it is next (message 'n' token stamp claim). Returns true when handed
+-- over, false when nobody (alive) waits; `lock` is then left as it was.
 local function hand_over(lock, fence_key, queue, claim, retention, skip)
   local toklen = #skip
   while true do
@@ -23,16 +25,21 @@ local function hand_over(lock, fence_key, queue, claim, retention, skip)
     local tok = string.sub(head, 1, toklen)
     if tok ~= skip then
       local id = string.sub(head, 1, toklen + STAMP_LEN)
-      redis.call('SET', lock, tok, 'PX', claim)
       local fence = new_fence(fence_key, retention)
-      redis.call('PUBLISH', string.sub(head, toklen + STAMP_LEN + 1),
+      -- PUBLISH answers how many subscribers got the message. None: the waiter's process is
+      -- gone (its subscription closed with it), so the next waiter is served now rather than
+      -- after a claim window nobody would use.
+      local heard = redis.call('PUBLISH', string.sub(head, toklen + STAMP_LEN + 1),
         'g' .. id .. claim .. ':' .. string.format('%d', fence))
-      local after = redis.call('LINDEX', queue, 0)
-      if after then
-        redis.call('PUBLISH', string.sub(after, toklen + STAMP_LEN + 1),
-          'n' .. string.sub(after, 1, toklen + STAMP_LEN) .. claim)
+      if heard > 0 then
+        redis.call('SET', lock, tok, 'PX', claim)
+        local after = redis.call('LINDEX', queue, 0)
+        if after then
+          redis.call('PUBLISH', string.sub(after, toklen + STAMP_LEN + 1),
+            'n' .. string.sub(after, 1, toklen + STAMP_LEN) .. claim)
+        end
+        return true
       end
-      return true
     end
   end
 end
