@@ -747,7 +747,7 @@ pub(crate) struct NextTo {
 
 impl NextTo {
     fn new(key: &LockKey) -> Self {
-        use std::io::Write as _;
+        use super::slot;
         let (prefix, key) = (key.prefix(), key.as_bytes());
         let mut buf = Vec::with_capacity(prefix.len() + 2 * key.len() + 32);
         if prefix.iter().any(|&b| b == b'{' || b == b'}') {
@@ -756,7 +756,9 @@ impl NextTo {
         } else {
             buf.extend_from_slice(prefix);
             buf.extend_from_slice(FENCE_COUNTER);
-            let _ = write!(buf, "{{{}}}", super::slot::tag(super::slot::of(key)));
+            buf.push(b'{');
+            buf.extend_from_slice(slot::decimal(slot::tag(slot::of(key)), &mut [0; 10]));
+            buf.push(b'}');
         }
         let split = buf.len();
         buf.extend_from_slice(key);

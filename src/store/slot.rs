@@ -76,7 +76,7 @@ pub(crate) fn tag(slot: u16) -> u32 {
 }
 
 /// `n` in decimal, written at the end of `buf`.
-fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
+pub(crate) fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
     let mut start = buf.len();
     loop {
         start -= 1;
