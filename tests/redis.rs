@@ -284,6 +284,11 @@ async fn pool_transport() {
     assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
 }
 
+/// Every key in the server, whatever its prefix.
+async fn every_key(conn: &mut redis::aio::MultiplexedConnection) -> Vec<Vec<u8>> {
+    redis::cmd("KEYS").arg("*").query_async(conn).await.unwrap()
+}
+
 /// Only the holder's token renews or releases; fencing tokens keep increasing even after the
 /// counter key is gone; keys never leave the prefix, whatever bytes the value holds; released
 /// locks leave nothing behind but the one fencing counter.
@@ -313,11 +318,7 @@ async fn store_semantics() {
     assert!(!store.release(&key, &a).await.unwrap(), "released twice");
 
     let mut conn = backend.0.client().await;
-    let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
-        .arg("*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let keys = every_key(&mut conn).await;
     assert!(
         keys.len() == 1 && support::is_fence_counter(&keys[0]),
         "only the slot's fencing counter is left: {keys:?}"
@@ -384,11 +385,7 @@ async fn store_semantics() {
             assert!(store.release(&key, &a).await.unwrap());
         }
     }
-    let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
-        .arg("*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let keys = every_key(&mut conn).await;
     assert!(
         keys.iter().all(|k| support::is_fence_counter(k)),
         "left behind: {keys:?}"
