@@ -64,11 +64,12 @@ const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_secs(1);
 ///
 /// A lease is the key [`LockKey::as_bytes`] set to the holder's token with `SET NX PX`; renew and
 /// release are Lua compare-and-`PEXPIRE` and compare-and-`DEL`, sent as `EVALSHA` and reloaded
-/// by `redis::Script` if the server answers `NOSCRIPT` (after `SCRIPT FLUSH` or a restart). Fencing
-/// tokens come from one counter per hash slot, `<prefix>fence:{<n>}` (with `<n>` chosen to hash
-/// to the slot: at most 16,384 such keys), kept for [`fence_retention`](Self::fence_retention)
-/// (default 24 h) after their last use: a released lock leaves no key behind, however many
-/// distinct keys are locked, and every script touches one slot only. Tokens are `max(last + 1, server time in µs)`, so they keep increasing after
+/// by `redis::Script` if the server answers `NOSCRIPT` (after `SCRIPT FLUSH` or a restart).
+/// Fencing tokens come from one counter per hash slot, `<prefix>fence:{<n>}` (with `<n>` chosen
+/// to hash to the slot: at most 16,384 such keys), kept for
+/// [`fence_retention`](Self::fence_retention) (default 24 h) after their last use: a released
+/// lock leaves no key behind, however many distinct keys are locked, and every script touches
+/// one slot only. Tokens are `max(last + 1, server time in µs)`, so they keep increasing after
 /// the counter expires, as long as the Redis server's clock does not step back. With
 /// [`handoff`](Self::handoff) on (the default for [`connect`](Self::connect)), waiters queue in
 /// `<lock key>:queue` and a release hands the key to the first of them.
@@ -422,7 +423,8 @@ impl RedisStore {
     /// (`<lock key>:queue`, in the same script as its attempt), and the holder's release gives
     /// the key to the head of the queue instead of freeing it, and tells that waiter on pub/sub
     /// (each store subscribes once, to a channel of its own, on one extra RESP3 connection
-    /// opened by `connect`: Redis 6 or later; on older servers waiters use their timers). The waiter runs at once: the key is reserved for it for the
+    /// opened by `connect`: Redis 6 or later; on older servers waiters use their timers). The
+    /// waiter runs at once: the key is reserved for it for the
     /// [`claim_window`](Self::claim_window), and its first renewal, due within a third of that,
     /// confirms it for the full TTL. So under contention every acquisition costs about two
     /// commands (the attempt that queues, the release that hands over), waiters take turns
