@@ -11,9 +11,8 @@ use tokio::runtime::Handle;
 
 use crate::{
     future::Running,
-    locker::ReleaseGuard,
+    locker::{Release, ReleaseGuard},
     renew::Watchdog,
-    store::{BoxFuture, StoreError},
 };
 
 pin_project! {
@@ -47,7 +46,7 @@ pin_project! {
 pub(crate) struct BodyHold {
     guard: ReleaseGuard,
     watchdog: Option<Watchdog>,
-    releasing: Option<BoxFuture<Result<bool, StoreError>>>,
+    releasing: Option<Release>,
 }
 
 impl BodyHold {
@@ -106,7 +105,7 @@ where
         let mut this = self.project();
         loop {
             if let Some(release) = this.hold.as_mut().and_then(|h| h.releasing.as_mut()) {
-                let _ = ready!(release.as_mut().poll(cx));
+                let _ = ready!(Pin::new(release).poll(cx));
                 *this.hold = None;
                 return Poll::Ready(None);
             }

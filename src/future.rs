@@ -18,9 +18,9 @@ use crate::{
     key::LockKey,
     layer::Shared,
     lease::Lease,
-    locker::{Held, ReleaseGuard},
+    locker::{Held, Release, ReleaseGuard},
     renew::Renewer,
-    store::{BoxFuture, StoreError},
+    store::BoxFuture,
     telemetry,
 };
 
@@ -57,7 +57,7 @@ pin_project! {
             running: Option<Running>,
         },
         Releasing {
-            release: BoxFuture<Result<bool, StoreError>>,
+            release: Release,
             output: Option<Result<R, E>>,
         },
         Rejected {
@@ -65,7 +65,7 @@ pin_project! {
         },
         // A rejection sent once the lease is released (the request outlived `max_hold`).
         ReleasingRejected {
-            release: BoxFuture<Result<bool, StoreError>>,
+            release: Release,
             response: Option<Response<Bytes>>,
         },
     }
@@ -246,12 +246,12 @@ where
                 }
                 StateProj::Releasing { release, output } => {
                     // A failed release is logged by the guard; the TTL frees the key.
-                    let _ = ready!(release.as_mut().poll(cx));
+                    let _ = ready!(Pin::new(release).poll(cx));
                     let output = output.take().expect(POLLED_AFTER_READY);
                     return Poll::Ready(output.map(|r| r.map(ResponseBody::new)));
                 }
                 StateProj::ReleasingRejected { release, response } => {
-                    let _ = ready!(release.as_mut().poll(cx));
+                    let _ = ready!(Pin::new(release).poll(cx));
                     let response = response.take().expect(POLLED_AFTER_READY);
                     return Poll::Ready(Ok(response.map(ResponseBody::full)));
                 }

@@ -10,7 +10,6 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use bytes::Bytes;
 use tokio::{
     sync::{Mutex as FairMutex, OwnedMutexGuard},
     time::{Instant, timeout_at},
@@ -23,13 +22,13 @@ use crate::key::LockKey;
 pub(crate) struct LocalQueues {
     // A key's entry lives while anyone holds or waits for its turn. Tokio's mutex queues its
     // waiters in FIFO order.
-    queues: Mutex<HashMap<Bytes, Arc<FairMutex<()>>>>,
+    queues: Mutex<HashMap<LockKey, Arc<FairMutex<()>>>>,
 }
 
 /// This request's turn at a key, within the process. Dropping it passes the turn on.
 #[derive(Debug)]
 pub(crate) struct Turn {
-    key: Bytes,
+    key: LockKey,
     queues: Arc<LocalQueues>,
     guard: Option<OwnedMutexGuard<()>>,
 }
@@ -41,7 +40,7 @@ impl LocalQueues {
         key: &LockKey,
         deadline: Option<Instant>,
     ) -> Option<Turn> {
-        let key = key.bytes();
+        let key = key.clone();
         let queue = {
             let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
             Arc::clone(queues.entry(key.clone()).or_default())

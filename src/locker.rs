@@ -1,6 +1,14 @@
 //! The acquire / renew / release machinery, for the layer and for background work.
 
-use std::{fmt, ops::Deref, sync::Arc, time::Duration};
+use std::{
+    fmt,
+    future::Future,
+    ops::Deref,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, ready},
+    time::Duration,
+};
 
 use tokio::{
     runtime::Handle,
@@ -455,54 +463,71 @@ impl ReleaseGuard {
     ///
     /// If that future is dropped before it finishes (the client hung up while the response
     /// future was releasing), a fallback guard inside it spawns the release again.
-    pub(crate) fn release_now(&mut self) -> BoxFuture<Result<bool, StoreError>> {
+    pub(crate) fn release_now(&mut self) -> Release {
         self.armed = false;
-        let held_since = self.held_since.take();
         let limit = self.timeout;
-        let release = Arc::clone(&self.store).release(self.key.clone(), self.token.clone());
-        let key = self.key.clone();
-        let fallback = ReleaseGuard {
-            store: Arc::clone(&self.store),
-            key: self.key.clone(),
-            token: self.token.clone(),
-            timeout: limit,
-            armed: self.fallback,
-            held_since: None,
-            fallback: false,
-            turn: None,
-        };
-        let turn = self.turn.take();
-        Box::pin(async move {
-            // Moved in whole, so that dropping this future drops (and fires) the fallback.
-            let mut fallback = fallback;
-            let sent_at = Instant::now();
-            let result = timeout(limit, release)
-                .await
-                .unwrap_or_else(|_| Err(StoreError::timeout(limit)));
-            fallback.armed = false;
-            // Only now may the next request of this process try the key.
-            drop(turn);
-            telemetry::round_trip(Op::Release, sent_at.elapsed());
-            match &result {
-                Ok(released) => tracing::debug!(released, "lease released"),
-                Err(error) => {
-                    telemetry::store_error(key.scope(), Op::Release);
-                    tracing::warn!(
-                        scope = key.scope(),
-                        error = %Chain(error),
-                        "lease release failed; the key frees itself when its TTL runs out"
-                    );
-                }
-            }
-            if let Some(since) = held_since {
-                telemetry::released(
-                    key.scope(),
-                    result.as_ref().map(|r| *r).map_err(|_| ()),
-                    since.elapsed(),
+        Release {
+            release: Arc::clone(&self.store).release(self.key.clone(), self.token.clone(), limit),
+            fallback: ReleaseGuard {
+                store: Arc::clone(&self.store),
+                key: self.key.clone(),
+                token: self.token.clone(),
+                timeout: limit,
+                armed: self.fallback,
+                held_since: None,
+                fallback: false,
+                turn: None,
+            },
+            turn: self.turn.take(),
+            held_since: self.held_since.take(),
+            sent_at: None,
+        }
+    }
+}
+
+/// A release in flight, from [`ReleaseGuard::release_now`]: the store's release (bounded by the
+/// store timeout), then this process's turn at the key passed on, the round trip and the hold
+/// time recorded, and a failure logged. Dropped before it finishes, its armed fallback guard
+/// sends the release again in a spawned task.
+pub(crate) struct Release {
+    release: BoxFuture<Result<bool, StoreError>>,
+    fallback: ReleaseGuard,
+    turn: Option<Turn>,
+    held_since: Option<Instant>,
+    sent_at: Option<Instant>,
+}
+
+impl Future for Release {
+    type Output = Result<bool, StoreError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let sent_at = *this.sent_at.get_or_insert_with(Instant::now);
+        let result = ready!(this.release.as_mut().poll(cx));
+        this.fallback.armed = false;
+        // Only now may the next request of this process try the key.
+        drop(this.turn.take());
+        telemetry::round_trip(Op::Release, sent_at.elapsed());
+        let key = &this.fallback.key;
+        match &result {
+            Ok(released) => tracing::debug!(released, "lease released"),
+            Err(error) => {
+                telemetry::store_error(key.scope(), Op::Release);
+                tracing::warn!(
+                    scope = key.scope(),
+                    error = %Chain(error),
+                    "lease release failed; the key frees itself when its TTL runs out"
                 );
             }
-            result
-        })
+        }
+        if let Some(since) = this.held_since.take() {
+            telemetry::released(
+                key.scope(),
+                result.as_ref().map(|r| *r).map_err(|_| ()),
+                since.elapsed(),
+            );
+        }
+        Poll::Ready(result)
     }
 }
 

@@ -360,6 +360,18 @@ async fn store_semantics() {
         .unwrap();
     assert!(fence_ttl > 3_600_000, "fence retention {fence_ttl}");
     assert!(store.release(&key, &a).await.unwrap());
+    // A token is the slot's counter plus one (a Redlock node's follows the clock instead).
+    let _: () = redis::cmd("SET")
+        .arg(&counter)
+        .arg(1000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let Acquire::Acquired { fencing_token } = store.acquire(&key, &a, ttl).await.unwrap() else {
+        panic!("not acquired")
+    };
+    assert_eq!(fencing_token, 1001);
+    assert!(store.release(&key, &a).await.unwrap());
 
     // Distinct keys, some of them contended (queued, then handed over): nothing is left per key
     // once they are released, only the counters of the slots they fell in.

@@ -258,7 +258,31 @@ async fn validity_and_quorum_max_fencing_token() {
     assert_eq!(guard.fencing_token(), *fences.iter().max().unwrap());
     // A later holder's token is larger (the nodes share one clock here).
     assert!(guard.release().await.unwrap());
+    // A node's tokens follow its clock, even from a counter far behind it (a single store's
+    // would be the counter plus one): the masters' tokens stay comparable.
+    let mut conn = backend.0[0].client().await;
+    let counters: Vec<String> = redis::cmd("KEYS")
+        .arg("tower-lock:fence:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(&counters[0])
+        .arg(5)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let next = locker.acquire(k).await.unwrap();
     assert!(next.fencing_token() > *fences.iter().max().unwrap());
+    let fence: u64 = redis::cmd("GET")
+        .arg(&counters[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        fence >= fences[0],
+        "node 0 handed out {fence} after {}",
+        fences[0]
+    );
     assert!(next.release().await.unwrap());
 }

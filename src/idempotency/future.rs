@@ -23,7 +23,7 @@ use crate::{
     error::LockError,
     key::LockKey,
     lease::Lease,
-    locker::{Held, ReleaseGuard},
+    locker::{Held, Release, ReleaseGuard},
     renew::Renewer,
     store::{BoxFuture, StoreError, StoreErrorKind},
     telemetry,
@@ -94,7 +94,7 @@ pin_project! {
             response: Option<Response<ResponseBody<ResBody>>>,
         },
         Releasing {
-            release: BoxFuture<Result<bool, StoreError>>,
+            release: Release,
             output: Option<Output<ResBody, E>>,
         },
         Passthrough {
@@ -536,7 +536,7 @@ where
                 }
                 StateProj::Releasing { release, output } => {
                     // A failed release is logged by the guard; the TTL frees the key.
-                    let _ = ready!(release.as_mut().poll(cx));
+                    let _ = ready!(Pin::new(release).poll(cx));
                     return Poll::Ready(output.take().expect(POLLED_AFTER_READY));
                 }
                 StateProj::Passthrough { fut } => {

@@ -47,7 +47,7 @@ mod path_param;
 
 use std::{fmt, ops::Range, sync::Arc};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use http::request::Parts;
 
 pub use header::HeaderKey;
@@ -220,7 +220,7 @@ impl std::error::Error for KeyRejection {}
 /// Cheap to clone. See the [module docs](self#scoping) for its layout.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct LockKey {
-    full: Bytes,
+    full: Arc<[u8]>,
     scope: Range<usize>,
     value: Range<usize>,
 }
@@ -259,26 +259,40 @@ impl LockKey {
     }
 
     fn build(prefix: &str, scope: &[&str], value: &[u8]) -> Self {
-        use std::fmt::Write as _;
         let scope_len: usize = scope.iter().map(|s| s.len()).sum();
-        let digits = scope_len.checked_ilog10().map_or(1, |d| d as usize + 1);
-        let mut full = BytesMut::with_capacity(prefix.len() + digits + scope_len + value.len() + 3);
-        full.put_slice(prefix.as_bytes());
-        full.put_u8(b'{');
-        let _ = write!(full, "{scope_len}");
-        full.put_u8(b':');
-        let scope_start = full.len();
+        let mut digits = [0u8; 20];
+        let digits = decimal(scope_len, &mut digits);
+        // `prefix{<scope length>:<scope>:<value>}`
+        let len = prefix.len() + 1 + digits.len() + 1 + scope_len + 1 + value.len() + 1;
+        // Put together on the stack when it fits (most keys), then copied once into the key's
+        // one allocation.
+        let mut stack = [0u8; 256];
+        let mut heap = Vec::new();
+        let buf: &mut [u8] = if len <= stack.len() {
+            &mut stack[..len]
+        } else {
+            heap.resize(len, 0);
+            &mut heap
+        };
+        let mut at = 0;
+        let mut put = |bytes: &[u8]| {
+            buf[at..at + bytes.len()].copy_from_slice(bytes);
+            at += bytes.len();
+            at
+        };
+        put(prefix.as_bytes());
+        put(b"{");
+        put(digits);
+        let scope_start = put(b":");
+        let mut scope_end = scope_start;
         for piece in scope {
-            full.put_slice(piece.as_bytes());
+            scope_end = put(piece.as_bytes());
         }
-        let scope_end = full.len();
-        full.put_u8(b':');
-        let value_start = full.len();
-        full.put_slice(value);
-        let value_end = full.len();
-        full.put_u8(b'}');
+        let value_start = put(b":");
+        let value_end = put(value);
+        put(b"}");
         Self {
-            full: full.freeze(),
+            full: Arc::from(&*buf),
             scope: scope_start..scope_end,
             value: value_start..value_end,
         }
@@ -294,11 +308,6 @@ impl LockKey {
         let scope_len = self.scope.len();
         let digits = scope_len.checked_ilog10().map_or(1, |d| d as usize + 1);
         &self.full[..self.scope.start - digits - 2]
-    }
-
-    /// The whole key, shared (no copy).
-    pub(crate) fn bytes(&self) -> Bytes {
-        self.full.clone()
     }
 
     /// The scope: the namespace, or the method and route template.
@@ -322,6 +331,19 @@ impl fmt::Debug for LockKey {
     }
 }
 
+/// `n` in decimal, written at the end of `out`.
+fn decimal(mut n: usize, out: &mut [u8; 20]) -> &[u8] {
+    let mut start = out.len();
+    loop {
+        start -= 1;
+        out[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &out[start..];
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,6 +358,24 @@ mod tests {
         assert_eq!(key.as_bytes(), b"p:{7:POST /a:v:1}}");
         assert_eq!(key.scope(), "POST /a");
         assert_eq!(key.value(), b"v:1}");
+        assert_eq!(key.prefix(), b"p:");
+
+        // Longer than the stack buffer the key is put together in; an empty and a two-digit
+        // scope length.
+        let value = vec![b'v'; 300];
+        let key = LockKey::from_parts("p:", &["POST ", "/items/{sku}"], &value, 512).unwrap();
+        assert_eq!(
+            key.as_bytes(),
+            [&b"p:{17:POST /items/{sku}:"[..], &value, b"}"].concat()
+        );
+        assert_eq!(key.scope(), "POST /items/{sku}");
+        assert_eq!(key.value(), value);
+        let key = LockKey::new("", "", b"v", 64).unwrap();
+        assert_eq!(key.as_bytes(), b"{0::v}");
+        assert_eq!(
+            (key.scope(), key.value(), key.prefix()),
+            ("", &b"v"[..], &b""[..])
+        );
     }
 
     #[test]

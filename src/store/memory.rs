@@ -87,7 +87,9 @@ impl MemoryStore {
                     then();
                 }
                 leases.remove(key.as_bytes());
-                self.inner.releases.released(key.bytes());
+                self.inner
+                    .releases
+                    .released(Bytes::copy_from_slice(key.as_bytes()));
                 live
             }
             _ => false,
@@ -143,7 +145,9 @@ impl LockStore for MemoryStore {
             Some(entry) if entry.token == *token => {
                 let live = entry.expires > now;
                 leases.remove(key.as_bytes());
-                self.inner.releases.released(key.bytes());
+                self.inner
+                    .releases
+                    .released(Bytes::copy_from_slice(key.as_bytes()));
                 Ok(live)
             }
             _ => Ok(false),

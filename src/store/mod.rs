@@ -236,7 +236,13 @@ pub(crate) trait DynStore: Send + Sync + 'static {
         leases: Vec<(LockKey, Token)>,
         ttl: Duration,
     ) -> BoxFuture<Vec<Result<bool, StoreError>>>;
-    fn release(self: Arc<Self>, key: LockKey, token: Token) -> BoxFuture<Result<bool, StoreError>>;
+    /// A release that fails with a timeout error after `limit`.
+    fn release(
+        self: Arc<Self>,
+        key: LockKey,
+        token: Token,
+        limit: Duration,
+    ) -> BoxFuture<Result<bool, StoreError>>;
     fn validity(&self, ttl: Duration) -> Duration;
     fn watch(&self, key: &LockKey) -> Option<ReleaseWatch>;
     fn queue_watch(&self, key: &LockKey, token: &Token) -> Option<QueueWatch>;
@@ -275,8 +281,17 @@ impl<S: LockStore> DynStore for S {
         Box::pin(async move { LockStore::renew_many(&*self, &leases, ttl).await })
     }
 
-    fn release(self: Arc<Self>, key: LockKey, token: Token) -> BoxFuture<Result<bool, StoreError>> {
-        Box::pin(async move { LockStore::release(&*self, &key, &token).await })
+    fn release(
+        self: Arc<Self>,
+        key: LockKey,
+        token: Token,
+        limit: Duration,
+    ) -> BoxFuture<Result<bool, StoreError>> {
+        Box::pin(async move {
+            tokio::time::timeout(limit, LockStore::release(&*self, &key, &token))
+                .await
+                .unwrap_or_else(|_| Err(StoreError::timeout(limit)))
+        })
     }
 
     fn validity(&self, ttl: Duration) -> Duration {

@@ -67,10 +67,12 @@ const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_secs(1);
 /// by `redis::Script` if the server answers `NOSCRIPT` (after `SCRIPT FLUSH` or a restart).
 /// Fencing tokens come from one counter per hash slot, `<prefix>fence:{<n>}` (with `<n>` chosen
 /// to hash to the slot: at most 16,384 such keys), kept for
-/// [`fence_retention`](Self::fence_retention) (default 24 h) after their last use: a released
+/// [`fence_retention`](Self::fence_retention) (default 24 h) after it was created: a released
 /// lock leaves no key behind, however many distinct keys are locked, and every script touches
-/// one slot only. Tokens are `max(last + 1, server time in µs)`, so they keep increasing after
-/// the counter expires, as long as the Redis server's clock does not step back. With
+/// one slot only. A token is the counter plus one (`INCR`); a missing counter starts from the
+/// server time in µs, so tokens keep increasing after the counter expires or is lost, as long
+/// as the Redis server's clock does not step back. (A [`RedlockStore`](super::RedlockStore)'s
+/// nodes use `max(last + 1, server time in µs)` instead, so that independent masters agree.) With
 /// [`handoff`](Self::handoff) on (the default for [`connect`](Self::connect)), waiters queue in
 /// `<lock key>:queue` and a release hands the key to the first of them.
 ///
@@ -195,12 +197,25 @@ impl Transport {
                     .map(|sha| Value::BulkString(sha.into_bytes())),
             }
         }
-        Ok(match self {
-            Self::Manager(conn) => run(request, &mut conn.clone()).await,
-            Self::Multiplexed(conn) => run(request, &mut conn.clone()).await,
+        Ok(match (self, request) {
+            // A single command straight to the connection: `query_async` would go through
+            // `ConnectionLike`, which boxes every command's future (an allocation above the
+            // allocator's per-thread cache, per command).
+            (Self::Manager(conn), Request::Cmd(cmd)) => conn
+                .clone()
+                .send_packed_command(cmd)
+                .await
+                .and_then(Value::extract_error),
+            (Self::Multiplexed(conn), Request::Cmd(cmd)) => conn
+                .clone()
+                .send_packed_command(cmd)
+                .await
+                .and_then(Value::extract_error),
+            (Self::Manager(conn), request) => run(request, &mut conn.clone()).await,
+            (Self::Multiplexed(conn), request) => run(request, &mut conn.clone()).await,
             #[cfg(feature = "cluster")]
-            Self::Cluster(conn) => run(request, &mut conn.clone()).await,
-            Self::Pool(pool) => {
+            (Self::Cluster(conn), request) => run(request, &mut conn.clone()).await,
+            (Self::Pool(pool), request) => {
                 let mut conn = pool.get().await.map_err(|e| match e {
                     bb8::RunError::User(e) => redis_error(e),
                     bb8::RunError::TimedOut => StoreError::msg(
@@ -262,8 +277,12 @@ struct Load {
 /// The longest a shared script load may take before the next call that needs it starts another.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The fencing token function, first in every script that takes or gives up a lock.
+/// The fencing token function, first in every script that takes or gives up a lock: the slot's
+/// counter plus one.
 const FENCE_LUA: &str = include_str!("scripts/fence.lua");
+
+/// The fencing token function of a Redlock node's scripts: `max(last + 1, server time in µs)`.
+const FENCE_TIME_LUA: &str = include_str!("scripts/fence_time.lua");
 
 /// The hand-off functions, inserted at a lock script's `-- @handoff` line (after its fast path).
 const HANDOFF_LUA: &str = include_str!("scripts/handoff.lua");
@@ -271,23 +290,33 @@ const HANDOFF_LUA: &str = include_str!("scripts/handoff.lua");
 /// A script that takes or gives up a lock: the fencing function, then `body` with the hand-off
 /// functions in place of its `-- @handoff` line.
 pub(crate) fn lock_script(body: &str) -> Script {
+    lock_script_with(FENCE_LUA, body)
+}
+
+fn lock_script_with(fence: &str, body: &str) -> Script {
     debug_assert!(
         body.contains("-- @handoff\n"),
         "a lock script without -- @handoff"
     );
     Script::new(&format!(
-        "{FENCE_LUA}{}",
+        "{fence}{}",
         body.replacen("-- @handoff\n", HANDOFF_LUA, 1)
     ))
 }
 
 impl Scripts {
-    fn new() -> Arc<Self> {
+    /// `clock_fences`: fencing tokens that follow the server clock (a Redlock node's).
+    fn new(clock_fences: bool) -> Arc<Self> {
+        let fence = if clock_fences {
+            FENCE_TIME_LUA
+        } else {
+            FENCE_LUA
+        };
         Arc::new(Self {
-            acquire: lock_script(include_str!("scripts/acquire.lua")),
+            acquire: lock_script_with(fence, include_str!("scripts/acquire.lua")),
             renew: Script::new(include_str!("scripts/renew.lua")),
             renew_many: Script::new(include_str!("scripts/renew_many.lua")),
-            release: lock_script(include_str!("scripts/release.lua")),
+            release: lock_script_with(fence, include_str!("scripts/release.lua")),
             loads: Mutex::default(),
         })
     }
@@ -362,10 +391,12 @@ impl RedisStore {
             .connection_timeout(Duration::from_secs(1))
     }
 
-    /// How long the fencing counter is kept after its last acquisition (default 24 h).
+    /// How long a fencing counter is kept once created (default 24 h); it then starts again from
+    /// the server time in µs, ahead of where it was.
     ///
-    /// Fencing tokens stay increasing without it (they follow the server clock); the counter only
-    /// guards against the clock stepping back by less than this.
+    /// Fencing tokens stay increasing across that restart (they were counted up from an earlier
+    /// server time, by less than a million a second); the counter guards against the clock
+    /// stepping back by less than this.
     #[must_use]
     pub fn fence_retention(mut self, retention: Duration) -> Self {
         self.fence_retention = retention.max(Duration::from_millis(1));
@@ -461,6 +492,15 @@ impl RedisStore {
         self
     }
 
+    /// Fencing tokens that follow this server's clock, `max(last + 1, TIME in µs)`, rather
+    /// than the slot's counter plus one: what a Redlock node needs, so that the tokens of
+    /// independent masters are comparable (see [`RedlockStore`](super::RedlockStore)). Costs
+    /// Redis about 2 µs more per acquisition.
+    pub(crate) fn clock_fences(mut self) -> Self {
+        self.scripts = Scripts::new(true);
+        self
+    }
+
     fn knowing(mut self, client: Client) -> Self {
         self.client = Some(client);
         self
@@ -486,7 +526,7 @@ impl RedisStore {
     fn with(transport: Transport) -> Self {
         Self {
             transport,
-            scripts: Scripts::new(),
+            scripts: Scripts::new(false),
             fence_retention: Duration::from_secs(24 * 60 * 60),
             replicas: None,
             native: Arc::new(NativeState {
@@ -739,41 +779,72 @@ fn ms(d: Duration) -> Ms {
     out
 }
 
-/// The keys a lock script touches next to a lock key, in one buffer: the fencing counter of the
-/// key's hash slot (so that every script stays single-slot, whatever the transport) and the
-/// key's hand-off queue.
+/// The keys a lock script touches next to a lock key, in one buffer (on the stack for keys of
+/// usual length): the fencing counter of the key's hash slot (so that every script stays
+/// single-slot, whatever the transport) and the key's hand-off queue.
 pub(crate) struct NextTo {
-    buf: Vec<u8>,
+    inline: [u8; NEXT_TO_INLINE],
+    heap: Vec<u8>,
+    len: usize,
     split: usize,
 }
+
+/// Room for a prefix, a counter's name and a lock key of about 150 bytes.
+const NEXT_TO_INLINE: usize = 224;
 
 impl NextTo {
     fn new(key: &LockKey) -> Self {
         use super::slot;
         let (prefix, key) = (key.prefix(), key.as_bytes());
-        let mut buf = Vec::with_capacity(prefix.len() + 2 * key.len() + 32);
-        if prefix.iter().any(|&b| b == b'{' || b == b'}') {
-            buf.extend_from_slice(key);
-            buf.extend_from_slice(FENCE_SUFFIX);
+        let mut digits = [0; 10];
+        let braced = prefix.iter().any(|&b| b == b'{' || b == b'}');
+        let fence: [&[u8]; 5] = if braced {
+            [key, FENCE_SUFFIX, b"", b"", b""]
         } else {
-            buf.extend_from_slice(prefix);
-            buf.extend_from_slice(FENCE_COUNTER);
-            buf.push(b'{');
-            buf.extend_from_slice(slot::decimal(slot::tag(slot::of(key)), &mut [0; 10]));
-            buf.push(b'}');
+            [
+                prefix,
+                FENCE_COUNTER,
+                b"{",
+                slot::decimal(slot::tag(slot::of(key)), &mut digits),
+                b"}",
+            ]
+        };
+        let split: usize = fence.iter().map(|p| p.len()).sum();
+        let len = split + key.len() + QUEUE_SUFFIX.len();
+        let mut next = Self {
+            inline: [0; NEXT_TO_INLINE],
+            heap: Vec::new(),
+            len,
+            split,
+        };
+        let buf: &mut [u8] = if len <= NEXT_TO_INLINE {
+            &mut next.inline[..len]
+        } else {
+            next.heap.resize(len, 0);
+            &mut next.heap
+        };
+        let mut at = 0;
+        for piece in fence.iter().chain([&key, &QUEUE_SUFFIX]) {
+            buf[at..at + piece.len()].copy_from_slice(piece);
+            at += piece.len();
         }
-        let split = buf.len();
-        buf.extend_from_slice(key);
-        buf.extend_from_slice(QUEUE_SUFFIX);
-        Self { buf, split }
+        next
+    }
+
+    fn buf(&self) -> &[u8] {
+        if self.len <= NEXT_TO_INLINE {
+            &self.inline[..self.len]
+        } else {
+            &self.heap
+        }
     }
 
     pub(crate) fn fence(&self) -> &[u8] {
-        &self.buf[..self.split]
+        &self.buf()[..self.split]
     }
 
     pub(crate) fn queue(&self) -> &[u8] {
-        &self.buf[self.split..]
+        &self.buf()[self.split..]
     }
 }
 
@@ -1037,24 +1108,27 @@ impl fmt::Debug for RedisStore {
 
 #[cfg(test)]
 mod tests {
-    use super::{Native, NativeRelease, NextTo};
+    use super::{NEXT_TO_INLINE, Native, NativeRelease, NextTo};
     use crate::{key::LockKey, store::slot};
 
     #[test]
     fn the_fencing_counter_shares_the_lock_keys_slot() {
+        // The last one is too long for the stack buffer.
+        let long = vec![b'x'; NEXT_TO_INLINE];
         for (prefix, scope, value) in [
             ("tower-lock:", "POST /items/{sku}/purchase", &b"sku-1"[..]),
             ("", "s", b"}{\x00"),
             ("p:", "0123456789", b"v"),
+            ("tower-lock:", "s", &long),
         ] {
-            let key = LockKey::new(prefix, scope, value, 64).unwrap();
+            let key = LockKey::new(prefix, scope, value, 512).unwrap();
             let next = NextTo::new(&key);
             assert_eq!(slot::of(next.fence()), slot::of(key.as_bytes()));
             assert!(
                 next.fence()
                     .starts_with(format!("{prefix}fence:{{").as_bytes())
             );
-            assert_eq!(slot::of(next.queue()), slot::of(key.as_bytes()));
+            assert_eq!(next.queue(), [key.as_bytes(), b":queue"].concat());
         }
         // A prefix with braces (only through `LockKey::new`) falls back to the key's own counter.
         let key = LockKey::new("a{", "s", b"v", 64).unwrap();

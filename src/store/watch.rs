@@ -57,7 +57,7 @@ impl Releases {
     /// Registers for the next release of `key`.
     pub(crate) fn watch(&self, key: &LockKey) -> ReleaseWatch {
         let mut rx = self.tx.subscribe();
-        let key = key.bytes();
+        let key = Bytes::copy_from_slice(key.as_bytes());
         ReleaseWatch::new(async move {
             loop {
                 match rx.recv().await {
