@@ -120,7 +120,7 @@ fn heap_bytes() -> i64 {
 // Settings
 // ---------------------------------------------------------------------------------------------
 
-/// The compare-and-delete the crate's release sends (`src/store/scripts/release.lua`), for the
+/// The compare-and-delete at the heart of the crate's release (`src/store/scripts/release.lua`), for the
 /// baselines and the round-trip measurement. Copied, so the baselines stay what they are while
 /// the crate's own scripts change.
 const RELEASE_LUA: &str = r"if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -128,25 +128,40 @@ const RELEASE_LUA: &str = r"if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0";
 
-/// The crate's acquire script without the hand-off queue (`SET NX PX` plus a fencing token from
-/// one counter, `FENCE_COUNTER`), for the "fenced" baseline.
-const ACQUIRE_LUA: &str = r"if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local now = redis.call('TIME')
-  local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-  local fence = math.max(last + 1, micros)
-  redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[3])
-  return {1, fence}
-end
-return {0, redis.call('PTTL', KEYS[1])}";
+/// One of the crate's own lock scripts, put together as `RedisStore` does (`lock_script` in
+/// `src/store/redis.rs`): the fencing function, then `body` with the hand-off functions in place
+/// of its `-- @handoff` line. For the "same scripts" baseline, which sends byte for byte the
+/// `EVALSHA`s the layer sends.
+fn crate_script(body: &str) -> Script {
+    let fence = include_str!("../src/store/scripts/fence.lua");
+    let handoff = include_str!("../src/store/scripts/handoff.lua");
+    assert!(body.contains("-- @handoff\n"));
+    Script::new(&format!(
+        "{fence}{}",
+        body.replacen("-- @handoff\n", handoff, 1)
+    ))
+}
+
+/// The "same scripts" baseline's acquire and release: the crate's.
+fn crate_scripts() -> (Script, Script) {
+    (
+        crate_script(include_str!("../src/store/scripts/acquire.lua")),
+        crate_script(include_str!("../src/store/scripts/release.lua")),
+    )
+}
 
 /// Lease TTL of the baselines (the crate's default).
 const TTL_MS: u64 = 10_000;
-/// The fenced baseline's fencing counter: one for all its keys (the crate keeps one per hash
-/// slot, and reuses them the same way).
+/// The "same scripts" baseline's fencing counter: one for all its keys (the crate keeps one per
+/// hash slot; on one server the script does the same `INCR` either way).
 const FENCE_COUNTER: &str = "bench:fence";
-/// Fencing counter retention of the fenced baseline (the crate's default).
+/// Fencing counter retention of the "same scripts" baseline (the crate's default).
 const FENCE_RETENTION_MS: u64 = 24 * 60 * 60 * 1000;
+/// The hand-off's claim window the layer sends (the crate's default), in ms.
+const CLAIM_MS: u64 = 1000;
+/// Stand-ins for a waiter's stamp and its process's channel, of the lengths the layer sends.
+const STAMP: &str = "0000000000000000";
+const CHANNEL: &str = "tower-lock:handoff:0123456789abcdef0123456789abcdef";
 /// wrk's shape, as in the issue.
 const WRK_THREADS: u32 = 2;
 const WRK_CONNECTIONS: u32 = 50;
@@ -561,7 +576,7 @@ fn runtime() -> Runtime {
 enum Variant {
     Hello,
     Baseline,
-    BaselineFenced,
+    BaselineScripts,
     Bb8Defaults,
     Layer,
 }
@@ -569,7 +584,7 @@ enum Variant {
 const VARIANTS: [Variant; 5] = [
     Variant::Hello,
     Variant::Baseline,
-    Variant::BaselineFenced,
+    Variant::BaselineScripts,
     Variant::Bb8Defaults,
     Variant::Layer,
 ];
@@ -581,8 +596,8 @@ impl Variant {
             Self::Baseline => {
                 "baseline: `SET NX PX` + `EVALSHA` compare-and-delete, one shared multiplexed connection"
             }
-            Self::BaselineFenced => {
-                "baseline, fenced: `EVALSHA` of the crate's acquire script (`SET NX PX` + fencing token) + `EVALSHA` compare-and-delete, one shared multiplexed connection"
+            Self::BaselineScripts => {
+                "baseline, same scripts: `EVALSHA` of the crate's own acquire and release scripts (fencing token, hand-off queue check), with the keys and arguments the layer sends, one shared multiplexed connection"
             }
             Self::Bb8Defaults => {
                 "bb8-redis 0.26 with its defaults (`PING` on checkout, 10 connections), one checkout per command, same 2 commands as the baseline"
@@ -597,7 +612,7 @@ impl Variant {
         match self {
             Self::Hello => "hello",
             Self::Baseline => "baseline",
-            Self::BaselineFenced => "baseline-fenced",
+            Self::BaselineScripts => "baseline-scripts",
             Self::Bb8Defaults => "bb8-defaults",
             Self::Layer => "layer",
         }
@@ -608,8 +623,9 @@ const ROUTE: &str = "/items/{sku}/purchase";
 
 struct Direct {
     conn: MultiplexedConnection,
-    /// `Some`: acquire with the fenced script instead of a plain `SET NX PX`.
-    acquire: Option<Script>,
+    /// `Some`: the crate's own acquire and release scripts, with the keys and arguments the
+    /// layer sends, instead of a plain `SET NX PX` and `RELEASE_LUA`.
+    scripts: Option<(Script, Script)>,
     release: Script,
 }
 
@@ -624,7 +640,7 @@ async fn direct_handler(
     let token = Token::generate().map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
     let key = lock_key(&sku);
     let mut conn = state.conn.clone();
-    let acquired = match &state.acquire {
+    let acquired = match &state.scripts {
         None => redis::cmd("SET")
             .arg(&key)
             .arg(token.as_bytes())
@@ -634,12 +650,17 @@ async fn direct_handler(
             .query_async::<Option<String>>(&mut conn)
             .await
             .map(|reply| reply.is_some()),
-        Some(script) => script
+        Some((acquire, _)) => acquire
             .key(&key)
             .key(FENCE_COUNTER)
+            .key(format!("{key}:queue"))
             .arg(token.as_bytes())
             .arg(TTL_MS)
             .arg(FENCE_RETENTION_MS)
+            .arg(CLAIM_MS)
+            .arg(STAMP)
+            .arg(CHANNEL)
+            .arg("0")
             .invoke_async::<(i64, i64)>(&mut conn)
             .await
             .map(|(acquired, _)| acquired == 1),
@@ -648,13 +669,28 @@ async fn direct_handler(
     if !acquired {
         return Err(StatusCode::CONFLICT);
     }
-    state
-        .release
-        .key(&key)
-        .arg(token.as_bytes())
-        .invoke_async::<i64>(&mut conn)
-        .await
-        .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?;
+    let released = match &state.scripts {
+        None => {
+            state
+                .release
+                .key(&key)
+                .arg(token.as_bytes())
+                .invoke_async::<i64>(&mut conn)
+                .await
+        }
+        Some((_, release)) => {
+            release
+                .key(&key)
+                .key(FENCE_COUNTER)
+                .key(format!("{key}:queue"))
+                .arg(token.as_bytes())
+                .arg(CLAIM_MS)
+                .arg(FENCE_RETENTION_MS)
+                .invoke_async::<i64>(&mut conn)
+                .await
+        }
+    };
+    released.map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?;
     Ok("ok")
 }
 
@@ -700,10 +736,10 @@ async fn pooled_handler(
 async fn http_app(variant: Variant, url: &str, requests: Arc<AtomicU64>) -> Router {
     let router = match variant {
         Variant::Hello => Router::new().route(ROUTE, post(|| async { "ok" })),
-        Variant::Baseline | Variant::BaselineFenced => {
+        Variant::Baseline | Variant::BaselineScripts => {
             let state = Arc::new(Direct {
                 conn: control(url).await,
-                acquire: (variant == Variant::BaselineFenced).then(|| Script::new(ACQUIRE_LUA)),
+                scripts: (variant == Variant::BaselineScripts).then(crate_scripts),
                 release: Script::new(RELEASE_LUA),
             });
             Router::new()
@@ -2194,8 +2230,8 @@ fn render(s: &Settings, meta: &Meta, r: &Results) -> String {
          - **CPU shares.** On this machine the kernel's autogroup scheduling is on: each \
          session gets an equal share of the CPU. `redis-server` runs in its own session; the \
          benchmark, its children and wrk share one. With `redis-server` in the benchmark's \
-         session instead (until this run), the locked route measured 37–40k req/s and the \
-         fenced baseline 50–54k; a probe with the same server and wrk measured 40–41k with \
+         session instead (until the 727daa5 run), the locked route measured 37–40k req/s and \
+         the fenced baseline of then 50–54k; a probe with the same server and wrk measured 40–41k with \
          Redis in the same session as the server and 44–45k with Redis in its own.\n"
     );
     o
@@ -2421,7 +2457,8 @@ fn render_http(w: &mut String, s: &Settings, r: &Results) {
     }
     let ratios = [
         (Variant::Layer, Variant::Baseline, "≥ 0.95"),
-        (Variant::Layer, Variant::BaselineFenced, ""),
+        (Variant::Layer, Variant::BaselineScripts, ""),
+        (Variant::BaselineScripts, Variant::Baseline, ""),
         (Variant::Layer, Variant::Bb8Defaults, "≥ 3"),
         (Variant::Baseline, Variant::Bb8Defaults, ""),
         (Variant::Layer, Variant::Hello, ""),
@@ -2451,11 +2488,12 @@ fn render_http(w: &mut String, s: &Settings, r: &Results) {
     let _ = writeln!(
         w,
         "\nThe layer's acquire is an `EVALSHA` that also hands out the fencing token (`SET NX \
-         PX`, then `TIME`, `GET` and `SET` of the key's slot's fencing counter, inside the \
-         script), \
-         heavier for Redis than the baseline's plain `SET NX PX`; `baseline-fenced` sends that \
-         script by hand, so layer / baseline-fenced is the cost of the middleware itself plus \
-         the hand-off's queue check (an `LLEN` inside each of the layer's two scripts).\n"
+         PX`, then an `INCR` of the key's slot's fencing counter) and checks the hand-off queue \
+         (`LLEN`); its release checks the queue too. Both are heavier for Redis than the \
+         baseline's plain `SET NX PX` and compare-and-delete. `baseline-scripts` sends the \
+         crate's own two scripts by hand, with the same keys and arguments, so layer / \
+         baseline-scripts is the cost of the middleware alone, and baseline-scripts / baseline \
+         the cost of what the scripts do in Redis.\n"
     );
 }
 
