@@ -22,16 +22,22 @@ use crate::key::LockKey;
 pub(crate) struct LocalQueues {
     // A key's entry lives while anyone holds or waits for its turn. Tokio's mutex queues its
     // waiters in FIFO order.
-    queues: Mutex<HashMap<LockKey, Arc<FairMutex<()>>>>,
+    queues: Mutex<HashMap<Arc<[u8]>, Queue>>,
 }
+
+/// One key's queue: tokio's mutex queues its waiters in FIFO order.
+type Queue = Arc<FairMutex<()>>;
 
 /// This request's turn at a key, within the process. Dropping it passes the turn on.
 #[derive(Debug)]
 pub(crate) struct Turn {
-    key: LockKey,
+    key: Arc<[u8]>,
     queues: Arc<LocalQueues>,
     guard: Option<OwnedMutexGuard<()>>,
 }
+
+/// Table capacity (entries) above which a mostly empty table is shrunk.
+const SHRINK_ABOVE: usize = 1024;
 
 impl LocalQueues {
     /// Waits for this process's turn at `key`; `None` if the deadline passes first.
@@ -40,7 +46,7 @@ impl LocalQueues {
         key: &LockKey,
         deadline: Option<Instant>,
     ) -> Option<Turn> {
-        let key = key.clone();
+        let key = key.shared();
         let queue = {
             let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
             Arc::clone(queues.entry(key.clone()).or_default())
@@ -66,6 +72,11 @@ impl LocalQueues {
     fn len(&self) -> usize {
         self.queues.lock().unwrap().len()
     }
+
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        self.queues.lock().unwrap().capacity()
+    }
 }
 
 impl Drop for Turn {
@@ -79,6 +90,12 @@ impl Drop for Turn {
             .is_some_and(|q| Arc::strong_count(q) == 1)
         {
             queues.remove(&self.key);
+            // A burst of distinct keys grew the table: give the memory back once it is mostly
+            // empty, rather than keeping the burst's size for good.
+            if queues.capacity() > SHRINK_ABOVE && queues.len() * 8 < queues.capacity() {
+                let keep = queues.len() * 2;
+                queues.shrink_to(keep);
+            }
         }
     }
 }
@@ -117,6 +134,23 @@ mod tests {
         }
         assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
         assert_eq!(queues.len(), 0, "entries left behind");
+    }
+
+    #[tokio::test]
+    async fn a_burst_of_keys_gives_its_memory_back() {
+        let queues = Arc::new(LocalQueues::default());
+        let mut turns = Vec::new();
+        for i in 0..5000 {
+            turns.push(queues.turn(&key(&i.to_string()), None).await.unwrap());
+        }
+        assert!(queues.capacity() >= 5000);
+        drop(turns);
+        assert_eq!(queues.len(), 0);
+        assert!(
+            queues.capacity() <= 2 * SHRINK_ABOVE,
+            "kept {} entries' room",
+            queues.capacity()
+        );
     }
 
     #[tokio::test(start_paused = true)]

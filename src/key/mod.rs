@@ -310,6 +310,11 @@ impl LockKey {
         &self.full[..self.scope.start - digits - 2]
     }
 
+    /// The whole key, shared (no copy).
+    pub(crate) fn shared(&self) -> Arc<[u8]> {
+        Arc::clone(&self.full)
+    }
+
     /// The scope: the namespace, or the method and route template.
     pub fn scope(&self) -> &str {
         // The scope was copied in from a `&str`, so this cannot fail.
