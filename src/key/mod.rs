@@ -261,7 +261,7 @@ impl LockKey {
     fn build(prefix: &str, scope: &[&str], value: &[u8]) -> Self {
         let scope_len: usize = scope.iter().map(|s| s.len()).sum();
         let mut digits = [0u8; 20];
-        let digits = decimal(scope_len, &mut digits);
+        let digits = decimal(scope_len as u64, &mut digits);
         // `prefix{<scope length>:<scope>:<value>}`
         let len = prefix.len() + 1 + digits.len() + 1 + scope_len + 1 + value.len() + 1;
         // Put together on the stack when it fits (most keys), then copied once into the key's
@@ -336,8 +336,8 @@ impl fmt::Debug for LockKey {
     }
 }
 
-/// `n` in decimal, written at the end of `out`.
-fn decimal(mut n: usize, out: &mut [u8; 20]) -> &[u8] {
+/// `n` in decimal, written at the end of `out` (the key's scope length, a slot's tag).
+pub(crate) fn decimal(mut n: u64, out: &mut [u8; 20]) -> &[u8] {
     let mut start = out.len();
     loop {
         start -= 1;

@@ -796,7 +796,7 @@ impl NextTo {
     fn new(key: &LockKey) -> Self {
         use super::slot;
         let (prefix, key) = (key.prefix(), key.as_bytes());
-        let mut digits = [0; 10];
+        let mut digits = [0; 20];
         let braced = prefix.iter().any(|&b| b == b'{' || b == b'}');
         let fence: [&[u8]; 5] = if braced {
             [key, FENCE_SUFFIX, b"", b"", b""]
@@ -805,7 +805,7 @@ impl NextTo {
                 prefix,
                 FENCE_COUNTER,
                 b"{",
-                slot::decimal(slot::tag(slot::of(key)), &mut digits),
+                crate::key::decimal(u64::from(slot::tag(slot::of(key))), &mut digits),
                 b"}",
             ]
         };

@@ -4,6 +4,8 @@
 
 use std::sync::OnceLock;
 
+use crate::key::decimal;
+
 /// Hash slots in a Redis Cluster.
 const SLOTS: usize = 16384;
 
@@ -60,10 +62,11 @@ pub(crate) fn tag(slot: u16) -> u32 {
         let mut tags = vec![u32::MAX; SLOTS].into_boxed_slice();
         let mut left = SLOTS;
         let mut n = 0u32;
-        let mut digits = [0u8; 10];
+        let mut digits = [0u8; 20];
         // About 170,000 numbers (a coupon collector's count); deterministic.
         while left > 0 {
-            let found = &mut tags[usize::from(crc16(decimal(n, &mut digits)) % SLOTS as u16)];
+            let found =
+                &mut tags[usize::from(crc16(decimal(u64::from(n), &mut digits)) % SLOTS as u16)];
             if *found == u32::MAX {
                 *found = n;
                 left -= 1;
@@ -73,19 +76,6 @@ pub(crate) fn tag(slot: u16) -> u32 {
         tags
     });
     tags[usize::from(slot) % SLOTS]
-}
-
-/// `n` in decimal, written at the end of `buf`.
-pub(crate) fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
-    let mut start = buf.len();
-    loop {
-        start -= 1;
-        buf[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[start..];
-        }
-    }
 }
 
 #[cfg(test)]
@@ -109,10 +99,10 @@ mod tests {
 
     #[test]
     fn decimals() {
-        let mut buf = [0u8; 10];
+        let mut buf = [0u8; 20];
         assert_eq!(decimal(0, &mut buf), b"0");
         assert_eq!(decimal(907, &mut buf), b"907");
-        assert_eq!(decimal(u32::MAX, &mut buf), b"4294967295");
+        assert_eq!(decimal(u64::MAX, &mut buf), b"18446744073709551615");
     }
 
     #[test]
