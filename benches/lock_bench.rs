@@ -153,7 +153,7 @@ fn crate_scripts() -> (Script, Script) {
 /// Lease TTL of the baselines (the crate's default).
 const TTL_MS: u64 = 10_000;
 /// The "same scripts" baseline's fencing counter: one for all its keys (the crate keeps one per
-/// hash slot; on one server the script does the same `INCR` either way).
+/// hash slot; on one server the script does the same work either way).
 const FENCE_COUNTER: &str = "bench:fence";
 /// Fencing counter retention of the "same scripts" baseline (the crate's default).
 const FENCE_RETENTION_MS: u64 = 24 * 60 * 60 * 1000;
@@ -2488,7 +2488,8 @@ fn render_http(w: &mut String, s: &Settings, r: &Results) {
     let _ = writeln!(
         w,
         "\nThe layer's acquire is an `EVALSHA` that also hands out the fencing token (`SET NX \
-         PX`, then an `INCR` of the key's slot's fencing counter) and checks the hand-off queue \
+         PX`, then `TIME`, `GET` and `SET` of the key's slot's fencing counter) and checks the \
+         hand-off queue \
          (`LLEN`); its release checks the queue too. Both are heavier for Redis than the \
          baseline's plain `SET NX PX` and compare-and-delete. `baseline-scripts` sends the \
          crate's own two scripts by hand, with the same keys and arguments, so layer / \

@@ -67,12 +67,10 @@ const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_secs(1);
 /// by `redis::Script` if the server answers `NOSCRIPT` (after `SCRIPT FLUSH` or a restart).
 /// Fencing tokens come from one counter per hash slot, `<prefix>fence:{<n>}` (with `<n>` chosen
 /// to hash to the slot: at most 16,384 such keys), kept for
-/// [`fence_retention`](Self::fence_retention) (default 24 h) after it was created: a released
+/// [`fence_retention`](Self::fence_retention) (default 24 h) after their last use: a released
 /// lock leaves no key behind, however many distinct keys are locked, and every script touches
-/// one slot only. A token is the counter plus one (`INCR`); a missing counter starts from the
-/// server time in µs, so tokens keep increasing after the counter expires or is lost, as long
-/// as the Redis server's clock does not step back. (A [`RedlockStore`](super::RedlockStore)'s
-/// nodes use `max(last + 1, server time in µs)` instead, so that independent masters agree.) With
+/// one slot only. Tokens are `max(last + 1, server time in µs)`, so they keep increasing after
+/// the counter expires, as long as the Redis server's clock does not step back. With
 /// [`handoff`](Self::handoff) on (the default for [`connect`](Self::connect)), waiters queue in
 /// `<lock key>:queue` and a release hands the key to the first of them.
 ///
@@ -277,12 +275,8 @@ struct Load {
 /// The longest a shared script load may take before the next call that needs it starts another.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The fencing token function, first in every script that takes or gives up a lock: the slot's
-/// counter plus one.
+/// The fencing token function, first in every script that takes or gives up a lock.
 const FENCE_LUA: &str = include_str!("scripts/fence.lua");
-
-/// The fencing token function of a Redlock node's scripts: `max(last + 1, server time in µs)`.
-const FENCE_TIME_LUA: &str = include_str!("scripts/fence_time.lua");
 
 /// The hand-off functions, inserted at a lock script's `-- @handoff` line (after its fast path).
 const HANDOFF_LUA: &str = include_str!("scripts/handoff.lua");
@@ -290,33 +284,23 @@ const HANDOFF_LUA: &str = include_str!("scripts/handoff.lua");
 /// A script that takes or gives up a lock: the fencing function, then `body` with the hand-off
 /// functions in place of its `-- @handoff` line.
 pub(crate) fn lock_script(body: &str) -> Script {
-    lock_script_with(FENCE_LUA, body)
-}
-
-fn lock_script_with(fence: &str, body: &str) -> Script {
     debug_assert!(
         body.contains("-- @handoff\n"),
         "a lock script without -- @handoff"
     );
     Script::new(&format!(
-        "{fence}{}",
+        "{FENCE_LUA}{}",
         body.replacen("-- @handoff\n", HANDOFF_LUA, 1)
     ))
 }
 
 impl Scripts {
-    /// `clock_fences`: fencing tokens that follow the server clock (a Redlock node's).
-    fn new(clock_fences: bool) -> Arc<Self> {
-        let fence = if clock_fences {
-            FENCE_TIME_LUA
-        } else {
-            FENCE_LUA
-        };
+    fn new() -> Arc<Self> {
         Arc::new(Self {
-            acquire: lock_script_with(fence, include_str!("scripts/acquire.lua")),
+            acquire: lock_script(include_str!("scripts/acquire.lua")),
             renew: Script::new(include_str!("scripts/renew.lua")),
             renew_many: Script::new(include_str!("scripts/renew_many.lua")),
-            release: lock_script_with(fence, include_str!("scripts/release.lua")),
+            release: lock_script(include_str!("scripts/release.lua")),
             loads: Mutex::default(),
         })
     }
@@ -391,12 +375,10 @@ impl RedisStore {
             .connection_timeout(Duration::from_secs(1))
     }
 
-    /// How long a fencing counter is kept once created (default 24 h); it then starts again from
-    /// the server time in µs, ahead of where it was.
+    /// How long the fencing counter is kept after its last acquisition (default 24 h).
     ///
-    /// Fencing tokens stay increasing across that restart (they were counted up from an earlier
-    /// server time, by less than a million a second); the counter guards against the clock
-    /// stepping back by less than this.
+    /// Fencing tokens stay increasing without it (they follow the server clock); the counter only
+    /// guards against the clock stepping back by less than this.
     #[must_use]
     pub fn fence_retention(mut self, retention: Duration) -> Self {
         self.fence_retention = retention.max(Duration::from_millis(1));
@@ -492,15 +474,6 @@ impl RedisStore {
         self
     }
 
-    /// Fencing tokens that follow this server's clock, `max(last + 1, TIME in µs)`, rather
-    /// than the slot's counter plus one: what a Redlock node needs, so that the tokens of
-    /// independent masters are comparable (see [`RedlockStore`](super::RedlockStore)). Costs
-    /// Redis about 2 µs more per acquisition.
-    pub(crate) fn clock_fences(mut self) -> Self {
-        self.scripts = Scripts::new(true);
-        self
-    }
-
     fn knowing(mut self, client: Client) -> Self {
         self.client = Some(client);
         self
@@ -526,7 +499,7 @@ impl RedisStore {
     fn with(transport: Transport) -> Self {
         Self {
             transport,
-            scripts: Scripts::new(false),
+            scripts: Scripts::new(),
             fence_retention: Duration::from_secs(24 * 60 * 60),
             replicas: None,
             native: Arc::new(NativeState {

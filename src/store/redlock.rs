@@ -92,7 +92,7 @@ impl RedlockStore {
     ///
     /// Use an odd number, 3 or 5: 4 nodes survive no more failures than 3.
     pub fn new(nodes: impl IntoIterator<Item = RedisStore>) -> Result<Self, ConfigError> {
-        let nodes: Arc<[RedisStore]> = nodes.into_iter().map(RedisStore::clock_fences).collect();
+        let nodes: Arc<[RedisStore]> = nodes.into_iter().collect();
         if nodes.is_empty() {
             return Err(ConfigError::new("redlock.nodes", "needs at least one node"));
         }

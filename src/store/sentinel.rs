@@ -228,7 +228,7 @@ impl SentinelStore {
         })
     }
 
-    /// How long a fencing counter is kept once created (default 24 h); see
+    /// How long a key's fencing counter is kept after its last acquisition (default 24 h); see
     /// [`RedisStore::fence_retention`].
     #[must_use]
     pub fn fence_retention(self, retention: Duration) -> Self {
