@@ -108,6 +108,7 @@
 
 mod batch;
 mod body;
+mod concat;
 mod config;
 mod error;
 #[cfg(feature = "axum")]

@@ -50,6 +50,8 @@ use std::{fmt, ops::Range, sync::Arc};
 use bytes::Bytes;
 use http::request::Parts;
 
+use crate::concat::Concat;
+
 pub use header::HeaderKey;
 #[cfg(feature = "axum")]
 pub use path_param::PathParamKey;
@@ -262,37 +264,23 @@ impl LockKey {
         let scope_len: usize = scope.iter().map(|s| s.len()).sum();
         let mut digits = [0u8; 20];
         let digits = decimal(scope_len as u64, &mut digits);
-        // `prefix{<scope length>:<scope>:<value>}`
+        // `prefix{<scope length>:<scope>:<value>}`, put together on the stack when it fits (most
+        // keys), then copied once into the key's one allocation.
         let len = prefix.len() + 1 + digits.len() + 1 + scope_len + 1 + value.len() + 1;
-        // Put together on the stack when it fits (most keys), then copied once into the key's
-        // one allocation.
-        let mut stack = [0u8; 256];
-        let mut heap = Vec::new();
-        let buf: &mut [u8] = if len <= stack.len() {
-            &mut stack[..len]
-        } else {
-            heap.resize(len, 0);
-            &mut heap
-        };
-        let mut at = 0;
-        let mut put = |bytes: &[u8]| {
-            buf[at..at + bytes.len()].copy_from_slice(bytes);
-            at += bytes.len();
-            at
-        };
-        put(prefix.as_bytes());
-        put(b"{");
-        put(digits);
-        let scope_start = put(b":");
+        let mut buf = Concat::<256>::with_capacity(len);
+        buf.push(prefix.as_bytes());
+        buf.push(b"{");
+        buf.push(digits);
+        let scope_start = buf.push(b":");
         let mut scope_end = scope_start;
         for piece in scope {
-            scope_end = put(piece.as_bytes());
+            scope_end = buf.push(piece.as_bytes());
         }
-        let value_start = put(b":");
-        let value_end = put(value);
-        put(b"}");
+        let value_start = buf.push(b":");
+        let value_end = buf.push(value);
+        buf.push(b"}");
         Self {
-            full: Arc::from(&*buf),
+            full: Arc::from(buf.as_bytes()),
             scope: scope_start..scope_end,
             value: value_start..value_end,
         }

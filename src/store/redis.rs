@@ -23,7 +23,7 @@ use super::{
     Acquire, LockStore, QueueWatch, StoreError, StoreErrorKind,
     handoff::{self, Handoff},
 };
-use crate::{key::LockKey, token::Token};
+use crate::{concat::Concat, key::LockKey, token::Token};
 
 /// Name of the fencing counters' keys, after the lock keys' prefix: one counter per hash slot,
 /// `<prefix>fence:{<n>}`, in the slot of the lock keys it counts for.
@@ -756,9 +756,7 @@ fn ms(d: Duration) -> Ms {
 /// usual length): the fencing counter of the key's hash slot (so that every script stays
 /// single-slot, whatever the transport) and the key's hand-off queue.
 pub(crate) struct NextTo {
-    inline: [u8; NEXT_TO_INLINE],
-    heap: Vec<u8>,
-    len: usize,
+    buf: Concat<NEXT_TO_INLINE>,
     split: usize,
 }
 
@@ -769,55 +767,36 @@ impl NextTo {
     fn new(key: &LockKey) -> Self {
         use super::slot;
         let (prefix, key) = (key.prefix(), key.as_bytes());
-        let mut digits = [0; 20];
         let braced = prefix.iter().any(|&b| b == b'{' || b == b'}');
-        let fence: [&[u8]; 5] = if braced {
-            [key, FENCE_SUFFIX, b"", b"", b""]
+        let fence_len = if braced {
+            key.len() + FENCE_SUFFIX.len()
         } else {
-            [
-                prefix,
-                FENCE_COUNTER,
-                b"{",
-                crate::key::decimal(u64::from(slot::tag(slot::of(key))), &mut digits),
-                b"}",
-            ]
+            prefix.len() + FENCE_COUNTER.len() + "{16383}".len()
         };
-        let split: usize = fence.iter().map(|p| p.len()).sum();
-        let len = split + key.len() + QUEUE_SUFFIX.len();
-        let mut next = Self {
-            inline: [0; NEXT_TO_INLINE],
-            heap: Vec::new(),
-            len,
-            split,
-        };
-        let buf: &mut [u8] = if len <= NEXT_TO_INLINE {
-            &mut next.inline[..len]
+        let mut buf = Concat::with_capacity(fence_len + key.len() + QUEUE_SUFFIX.len());
+        let split = if braced {
+            buf.push(key);
+            buf.push(FENCE_SUFFIX)
         } else {
-            next.heap.resize(len, 0);
-            &mut next.heap
+            let mut digits = [0; 20];
+            let tag = u64::from(slot::tag(slot::of(key)));
+            buf.push(prefix);
+            buf.push(FENCE_COUNTER);
+            buf.push(b"{");
+            buf.push(crate::key::decimal(tag, &mut digits));
+            buf.push(b"}")
         };
-        let mut at = 0;
-        for piece in fence.iter().chain([&key, &QUEUE_SUFFIX]) {
-            buf[at..at + piece.len()].copy_from_slice(piece);
-            at += piece.len();
-        }
-        next
-    }
-
-    fn buf(&self) -> &[u8] {
-        if self.len <= NEXT_TO_INLINE {
-            &self.inline[..self.len]
-        } else {
-            &self.heap
-        }
+        buf.push(key);
+        buf.push(QUEUE_SUFFIX);
+        Self { buf, split }
     }
 
     pub(crate) fn fence(&self) -> &[u8] {
-        &self.buf()[..self.split]
+        &self.buf.as_bytes()[..self.split]
     }
 
     pub(crate) fn queue(&self) -> &[u8] {
-        &self.buf()[self.split..]
+        &self.buf.as_bytes()[self.split..]
     }
 }
 
