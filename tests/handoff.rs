@@ -293,6 +293,52 @@ async fn crashed_waiters_are_skipped() {
     assert_eq!(queue_len(&server, &k).await, 0, "dead entries left queued");
 }
 
+/// A pattern subscriber whose pattern matches the waiters' channels (a debugging `PSUBSCRIBE *`,
+/// or a tool watching `tower-lock:*`) does not pass for a crashed waiter's process: the live
+/// waiter behind two dead ones still gets the key at once, not after a 5 s claim window each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pattern_subscriber_does_not_hide_crashed_waiters() {
+    let server = RedisServer::start();
+    let all = stores_claiming(&server, 2, Duration::from_secs(5)).await;
+    let mut watcher = redis::Client::open(server.url())
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap();
+    watcher.psubscribe("*").await.unwrap();
+    let holder = locker(all[0].clone(), slow_timer());
+    let k = key(&holder);
+    let held = holder.acquire(k.clone()).await.unwrap();
+    let dead = [
+        entry(
+            "deaddeaddeaddeaddeaddeaddeaddead",
+            "tower-lock:handoff:gone1",
+        ),
+        entry(
+            "deadbeefdeadbeefdeadbeefdeadbeef",
+            "tower-lock:handoff:gone2",
+        ),
+    ];
+    push_entries(&server, &k, &dead).await;
+    let waiter = locker(all[1].clone(), slow_timer());
+    let next = tokio::spawn(async move {
+        let guard = waiter.acquire(key(&waiter)).await.unwrap();
+        guard.release().await.unwrap();
+    });
+    queued(&server, &k, 3).await;
+    let started = Instant::now();
+    held.release().await.unwrap();
+    next.await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "the pattern subscriber made the crashed waiters look alive: {took:?}"
+    );
+    assert!(server.lock_keys().await.is_empty(), "keys left behind");
+    assert_eq!(queue_len(&server, &k).await, 0, "dead entries left queued");
+    drop(watcher);
+}
+
 /// A free key whose queue holds only waiters whose processes died (the holder's lease ran out
 /// meanwhile) goes to the next caller at once, even one that will not wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

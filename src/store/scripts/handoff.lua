@@ -24,14 +24,15 @@ local function hand_over(lock, fence_key, queue, claim, retention, skip)
     end
     local tok = string.sub(head, 1, toklen)
     if tok ~= skip then
-      local id = string.sub(head, 1, toklen + STAMP_LEN)
-      local fence = new_fence(fence_key, retention)
-      -- PUBLISH answers how many subscribers got the message. None: the waiter's process is
+      local channel = string.sub(head, toklen + STAMP_LEN + 1)
+      -- Somebody listens on the waiter's channel: its process is alive. None: the process is
       -- gone (its subscription closed with it), so the next waiter is served now rather than
-      -- after a claim window nobody would use.
-      local heard = redis.call('PUBLISH', string.sub(head, toklen + STAMP_LEN + 1),
-        'g' .. id .. claim .. ':' .. string.format('%d', fence))
-      if heard > 0 then
+      -- after a claim window nobody would use. NUMSUB counts channel subscribers only, so a
+      -- pattern subscriber (a debugging `PSUBSCRIBE *`) does not pass for the waiter.
+      if redis.call('PUBSUB', 'NUMSUB', channel)[2] > 0 then
+        local fence = new_fence(fence_key, retention)
+        local id = string.sub(head, 1, toklen + STAMP_LEN)
+        redis.call('PUBLISH', channel, 'g' .. id .. claim .. ':' .. string.format('%d', fence))
         redis.call('SET', lock, tok, 'PX', claim)
         local after = redis.call('LINDEX', queue, 0)
         if after then
