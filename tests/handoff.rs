@@ -254,13 +254,11 @@ async fn push_entries(server: &RedisServer, key: &LockKey, entries: &[String]) {
     }
 }
 
-/// Two waiters whose processes died while queued (nobody listens on their channels any more)
-/// are skipped by the release: the live waiter behind them gets the key at once, not after a
-/// claim window each (5 s here), nor after the holder's TTL.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn crashed_waiters_are_skipped() {
-    let server = RedisServer::start();
-    let all = stores_claiming(&server, 2, Duration::from_secs(5)).await;
+/// Holds a key with two dead waiters' entries queued behind it (nobody subscribed to their
+/// channels) and a live waiter behind those, with a 5 s claim window; releases it and answers
+/// how long the live waiter took to get the key. Checks that nothing is left behind.
+async fn past_two_dead_waiters(server: &RedisServer) -> Duration {
+    let all = stores_claiming(server, 2, Duration::from_secs(5)).await;
     let holder = locker(all[0].clone(), slow_timer());
     let k = key(&holder);
     let held = holder.acquire(k.clone()).await.unwrap();
@@ -274,23 +272,33 @@ async fn crashed_waiters_are_skipped() {
             "tower-lock:handoff:gone2",
         ),
     ];
-    push_entries(&server, &k, &dead).await;
+    push_entries(server, &k, &dead).await;
     let waiter = locker(all[1].clone(), slow_timer());
     let next = tokio::spawn(async move {
         let guard = waiter.acquire(key(&waiter)).await.unwrap();
         guard.release().await.unwrap();
     });
-    queued(&server, &k, 3).await;
+    queued(server, &k, 3).await;
     let started = Instant::now();
     held.release().await.unwrap();
     next.await.unwrap();
     let took = started.elapsed();
+    assert!(server.lock_keys().await.is_empty(), "keys left behind");
+    assert_eq!(queue_len(server, &k).await, 0, "dead entries left queued");
+    took
+}
+
+/// Two waiters whose processes died while queued (nobody listens on their channels any more)
+/// are skipped by the release: the live waiter behind them gets the key at once, not after a
+/// claim window each (5 s here), nor after the holder's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashed_waiters_are_skipped() {
+    let server = RedisServer::start();
+    let took = past_two_dead_waiters(&server).await;
     assert!(
         took < Duration::from_secs(2),
         "the crashed waiters stalled the queue: {took:?}"
     );
-    assert!(server.lock_keys().await.is_empty(), "keys left behind");
-    assert_eq!(queue_len(&server, &k).await, 0, "dead entries left queued");
 }
 
 /// A pattern subscriber whose pattern matches the waiters' channels (a debugging `PSUBSCRIBE *`,
@@ -299,43 +307,17 @@ async fn crashed_waiters_are_skipped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pattern_subscriber_does_not_hide_crashed_waiters() {
     let server = RedisServer::start();
-    let all = stores_claiming(&server, 2, Duration::from_secs(5)).await;
     let mut watcher = redis::Client::open(server.url())
         .unwrap()
         .get_async_pubsub()
         .await
         .unwrap();
     watcher.psubscribe("*").await.unwrap();
-    let holder = locker(all[0].clone(), slow_timer());
-    let k = key(&holder);
-    let held = holder.acquire(k.clone()).await.unwrap();
-    let dead = [
-        entry(
-            "deaddeaddeaddeaddeaddeaddeaddead",
-            "tower-lock:handoff:gone1",
-        ),
-        entry(
-            "deadbeefdeadbeefdeadbeefdeadbeef",
-            "tower-lock:handoff:gone2",
-        ),
-    ];
-    push_entries(&server, &k, &dead).await;
-    let waiter = locker(all[1].clone(), slow_timer());
-    let next = tokio::spawn(async move {
-        let guard = waiter.acquire(key(&waiter)).await.unwrap();
-        guard.release().await.unwrap();
-    });
-    queued(&server, &k, 3).await;
-    let started = Instant::now();
-    held.release().await.unwrap();
-    next.await.unwrap();
-    let took = started.elapsed();
+    let took = past_two_dead_waiters(&server).await;
     assert!(
         took < Duration::from_secs(2),
         "the pattern subscriber made the crashed waiters look alive: {took:?}"
     );
-    assert!(server.lock_keys().await.is_empty(), "keys left behind");
-    assert_eq!(queue_len(&server, &k).await, 0, "dead entries left queued");
     drop(watcher);
 }
 
