@@ -1,0 +1,167 @@
+//! A least-privilege Redis user: the ACL rule that docs/TOPOLOGY.md gives for a
+//! `RedisStore::connect` store is enough for everything the crate sends (acquire, queueing,
+//! hand-off, renewal, release, a waiter that gives up, idempotency records), and Redis refuses
+//! nothing (`ACL LOG` stays empty). Without the `PUBSUB NUMSUB` the hand-off asks, a release
+//! that hands over fails: the rule is not wider than it needs to be there.
+
+mod support;
+
+use std::time::Duration;
+
+use axum::{
+    Router,
+    body::Body,
+    http::{Request, StatusCode},
+    routing::post,
+};
+use support::{RedisServer, handoff_subscriptions, send};
+use tower_lock::{IdempotencyLayer, LockConfig, LockError, Locker, RedisStore, Wait, key::LockKey};
+
+/// The rule, as docs/TOPOLOGY.md gives it ("A least-privilege user"), after `ACL SETUSER <name>`.
+const RULE: &str = "on >s3cret resetkeys ~tower-lock:* resetchannels &tower-lock:handoff:* \
+    -@all +evalsha +script|load +info +subscribe \
+    +get +set +del +pexpire +pttl +time +llen +lpop +rpush +lindex +lrange +lrem \
+    +publish +pubsub|numsub";
+
+const USER: &str = "locker";
+
+/// Creates `USER` with `rule` on `server`, as its administrator.
+async fn create_user(server: &RedisServer, rule: &str) {
+    let mut admin = server.client().await;
+    let mut setuser = redis::cmd("ACL");
+    setuser.arg("SETUSER").arg(USER);
+    for part in rule.split_whitespace() {
+        setuser.arg(part);
+    }
+    let () = setuser.query_async(&mut admin).await.unwrap();
+    let () = redis::cmd("ACL")
+        .arg("LOG")
+        .arg("RESET")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+}
+
+/// What Redis refused, from `ACL LOG`: one "<reason> <object>" line per entry.
+async fn refused(server: &RedisServer) -> Vec<String> {
+    let mut admin = server.client().await;
+    let log: Vec<redis::Value> = redis::cmd("ACL")
+        .arg("LOG")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    log.into_iter()
+        .map(|entry| {
+            let fields: Vec<(String, redis::Value)> = redis::from_redis_value(entry).unwrap();
+            let field = |name: &str| {
+                fields
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .and_then(|(_, v)| redis::from_redis_value::<String>(v.clone()).ok())
+                    .unwrap_or_default()
+            };
+            format!("{} {}", field("reason"), field("object"))
+        })
+        .collect()
+}
+
+/// Two stores (two processes, as far as Redis can tell) logged in as `USER`.
+async fn stores(server: &RedisServer) -> (RedisStore, RedisStore) {
+    let url = format!("redis://{USER}:s3cret@127.0.0.1:{}/", server.port());
+    let a = RedisStore::connect(url.as_str()).await.unwrap();
+    let b = RedisStore::connect(url.as_str()).await.unwrap();
+    handoff_subscriptions(server, 2).await;
+    (a, b)
+}
+
+fn locker(store: RedisStore, ttl: Duration, wait: Wait) -> Locker {
+    Locker::with_config(store, LockConfig::default().ttl(ttl).wait(wait)).unwrap()
+}
+
+fn key(locker: &Locker) -> LockKey {
+    locker.key("acl", "hot").unwrap()
+}
+
+/// Acquire, queue, hand over, renew, release; and a waiter that gives up (leaving the queue).
+/// Answers the first error.
+async fn take_turns(a: &RedisStore, b: &RedisStore) -> Result<(), LockError> {
+    let wait = Wait::constant(Duration::from_secs(5)).deadline(Duration::from_secs(10));
+    let holder = locker(a.clone(), Duration::from_secs(10), wait.clone());
+    let held = holder.acquire(key(&holder)).await?;
+    // Queued behind the holder, then handed the key by its release; a TTL short enough that it
+    // renews (with a claim window of 1 s, the first renewal is due within about 330 ms).
+    let waiter = locker(b.clone(), Duration::from_millis(600), wait);
+    let next = tokio::spawn(async move {
+        let guard = waiter.acquire(key(&waiter)).await?;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let renewals = guard.lease().renewals();
+        guard.release().await?;
+        Ok::<u32, LockError>(renewals)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    held.release().await?;
+    let renewals = next.await.unwrap()?;
+    assert!(renewals >= 1, "the handed-over lease was never renewed");
+    // A waiter that gives up while queued takes itself out of the queue.
+    let holder = locker(a.clone(), Duration::from_secs(10), Wait::none());
+    let held = holder.acquire(key(&holder)).await?;
+    let quitter = locker(
+        b.clone(),
+        Duration::from_secs(10),
+        Wait::constant(Duration::from_secs(5)).deadline(Duration::from_millis(300)),
+    );
+    match quitter.acquire(key(&quitter)).await {
+        Err(LockError::Contended { .. }) => {}
+        other => panic!("expected the waiter to give up, got {other:?}"),
+    }
+    held.release().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_acl_rule_is_enough() {
+    let server = RedisServer::start();
+    create_user(&server, RULE).await;
+    let (a, b) = stores(&server).await;
+    take_turns(&a, &b).await.unwrap();
+    // Idempotency records: the first request runs, the retry is replayed from Redis.
+    let app = Router::new()
+        .route("/payments", post(|| async { "charged" }))
+        .route_layer(IdempotencyLayer::new(a.clone()));
+    for _ in 0..2 {
+        let request = Request::post("/payments")
+            .header("idempotency-key", "\"acl-test-key-0001\"")
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(send(&app, request).await.status(), StatusCode::OK);
+    }
+    assert_eq!(refused(&server).await, Vec::<String>::new());
+    let mut admin = server.client().await;
+    let records: Vec<String> = redis::cmd("KEYS")
+        .arg("tower-lock:*")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(
+        records.iter().all(|k| !k.contains("{1:acl:")),
+        "lock keys left behind: {records:?}"
+    );
+}
+
+/// The negative control: the same rule without `+pubsub|numsub`. Acquiring and queueing still
+/// work; the release that hands the key over is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_pubsub_numsub_a_handing_over_release_is_refused() {
+    let server = RedisServer::start();
+    create_user(&server, &RULE.replace(" +pubsub|numsub", "")).await;
+    let (a, b) = stores(&server).await;
+    let error = take_turns(&a, &b)
+        .await
+        .expect_err("the release that hands over should have been refused");
+    assert!(matches!(error, LockError::Store(_)), "{error:?}");
+    let refused = refused(&server).await;
+    assert!(
+        refused.iter().any(|r| r.contains("pubsub|numsub")),
+        "{refused:?}"
+    );
+}
