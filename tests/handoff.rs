@@ -13,7 +13,9 @@ use std::{
 };
 
 use support::{RedisServer, calls_of, handoff_subscriptions};
-use tower_lock::{LockConfig, LockError, Locker, RedisStore, Wait, key::LockKey};
+use tower_lock::{
+    LockConfig, LockError, LockStore, Locker, RedisStore, Token, Wait, key::LockKey, store::Acquire,
+};
 
 /// A wait policy whose timer would make any timer-woken waiter take seconds.
 fn slow_timer() -> Wait {
@@ -344,38 +346,49 @@ async fn a_free_key_with_only_dead_waiters_is_taken() {
     assert!(server.lock_keys().await.is_empty(), "keys left behind");
 }
 
-/// A waiter whose process hangs while queued (still subscribed, never claiming) is handed the
-/// key and delays the next waiter by one claim window (told it is next, the next one checks
-/// again then), not by the holder's TTL.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hung_waiter_costs_one_claim_window() {
-    let server = RedisServer::start();
-    let all = stores_claiming(&server, 2, Duration::from_millis(300)).await;
+/// Holds a key with a hung waiter's entry queued behind it (its process subscribed to its
+/// channel, deaf to what arrives there), then the entries `between`, then a live waiter, with a
+/// claim window of 300 ms; releases it and answers how long the live waiter took to get the
+/// key. Checks that nothing is left behind.
+async fn past_a_hung_waiter(server: &RedisServer, between: &[String]) -> Duration {
+    let all = stores_claiming(server, 2, Duration::from_millis(300)).await;
     let holder = locker(all[0].clone(), slow_timer());
     let k = key(&holder);
     let held = holder.acquire(k.clone()).await.unwrap();
-    // The hung process: subscribed to its channel, deaf to what arrives there.
     let mut hung = redis::Client::open(server.url())
         .unwrap()
         .get_async_pubsub()
         .await
         .unwrap();
     hung.subscribe("tower-lock:handoff:hung").await.unwrap();
-    let hung_entry = entry(
+    let mut entries = vec![entry(
         "deaddeaddeaddeaddeaddeaddeaddead",
         "tower-lock:handoff:hung",
-    );
-    push_entries(&server, &k, &[hung_entry]).await;
+    )];
+    entries.extend_from_slice(between);
+    push_entries(server, &k, &entries).await;
     let waiter = locker(all[1].clone(), slow_timer());
     let next = tokio::spawn(async move {
         let guard = waiter.acquire(key(&waiter)).await.unwrap();
         guard.release().await.unwrap();
     });
-    queued(&server, &k, 2).await;
+    queued(server, &k, entries.len() + 1).await;
     let started = Instant::now();
     held.release().await.unwrap();
     next.await.unwrap();
     let took = started.elapsed();
+    assert!(server.lock_keys().await.is_empty(), "keys left behind");
+    drop(hung);
+    took
+}
+
+/// A waiter whose process hangs while queued (still subscribed, never claiming) is handed the
+/// key and delays the next waiter by one claim window (told it is next, the next one checks
+/// again then), not by the holder's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_waiter_costs_one_claim_window() {
+    let server = RedisServer::start();
+    let took = past_a_hung_waiter(&server, &[]).await;
     assert!(
         took >= Duration::from_millis(250),
         "the hung waiter's claim window was skipped: {took:?}"
@@ -385,8 +398,77 @@ async fn a_hung_waiter_costs_one_claim_window() {
         took < Duration::from_secs(3),
         "the hung waiter stalled the queue: {took:?}"
     );
-    assert!(server.lock_keys().await.is_empty(), "keys left behind");
-    drop(hung);
+}
+
+/// The same with a crashed waiter between the hung one and the live one: the release tells the
+/// live waiter that it is next (the crashed one cannot hear it), so it still costs one claim
+/// window, not the live waiter's timer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_waiter_behind_a_hung_one_is_not_told_it_is_next() {
+    let server = RedisServer::start();
+    let dead = entry(
+        "deadbeefdeadbeefdeadbeefdeadbeef",
+        "tower-lock:handoff:gone",
+    );
+    let took = past_a_hung_waiter(&server, &[dead]).await;
+    assert!(
+        took < Duration::from_secs(3),
+        "the live waiter was never told it is next: {took:?}"
+    );
+}
+
+/// A queued caller that finds the key free (its holder's lease ran out) with only crashed
+/// waiters ahead of it takes the key itself: it is the first live waiter. It is not passed
+/// over for a live waiter behind it, nor sent to the back of the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_caller_that_finds_the_key_free_keeps_its_place() {
+    let server = RedisServer::start();
+    let caller = RedisStore::connect(server.url()).await.unwrap();
+    let caller_channel = handoff_subscriptions(&server, 1).await.remove(0);
+    let behind = RedisStore::connect(server.url()).await.unwrap();
+    let behind_channel = handoff_subscriptions(&server, 2)
+        .await
+        .into_iter()
+        .find(|c| *c != caller_channel)
+        .unwrap();
+    let k = key(&locker(caller.clone(), slow_timer()));
+    let (mine, theirs) = (Token::generate().unwrap(), Token::generate().unwrap());
+    let as_str = |t: &Token| String::from_utf8(t.as_bytes().to_vec()).unwrap();
+    push_entries(
+        &server,
+        &k,
+        &[
+            entry(
+                "deaddeaddeaddeaddeaddeaddeaddead",
+                "tower-lock:handoff:gone",
+            ),
+            entry(&as_str(&mine), &caller_channel),
+            entry(&as_str(&theirs), &behind_channel),
+        ],
+    )
+    .await;
+    // The key is free: the lease of the holder these waiters queued behind ran out.
+    let answer = caller
+        .enqueue(&k, &mine, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(matches!(answer, Acquire::Acquired { .. }), "{answer:?}");
+    let mut conn = server.client().await;
+    let holder: Option<Vec<u8>> = redis::cmd("GET")
+        .arg(k.as_bytes())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(holder.as_deref(), Some(mine.as_bytes()));
+    let queue: Vec<String> = redis::cmd("LRANGE")
+        .arg(queue_key(&k))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(queue, [entry(&as_str(&theirs), &behind_channel)]);
+    drop(behind);
 }
 
 /// A lost hand-off message (here: the queue deleted, so the release frees the key instead)

@@ -123,8 +123,12 @@ impl Handoff {
         })
     }
 
-    /// Starts the subscriber task, once (a no-op outside a Tokio runtime: then the next call
-    /// tries again).
+    /// Starts the subscriber task, once, on the current Tokio runtime (a no-op outside one).
+    ///
+    /// Called by [`RedisStore::handoff`](super::RedisStore::handoff), which `connect` calls
+    /// inside its runtime. The task lives as long as that runtime: if it shuts down while the
+    /// store lives on, the store stops queueing its waiters (they use their timers) and does
+    /// not subscribe again.
     pub(crate) fn start(&self) {
         let Ok(handle) = Handle::try_current() else {
             return;

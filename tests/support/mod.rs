@@ -177,8 +177,9 @@ pub async fn calls_of(server: &RedisServer, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Waits until `n` stores' hand-off subscriptions (opened by `RedisStore::connect`) are up.
-pub async fn handoff_subscriptions(server: &RedisServer, n: usize) {
+/// Waits until `n` stores' hand-off subscriptions (opened by `RedisStore::connect`) are up;
+/// answers their channels.
+pub async fn handoff_subscriptions(server: &RedisServer, n: usize) -> Vec<String> {
     let mut conn = server.client().await;
     let started = std::time::Instant::now();
     loop {
@@ -189,7 +190,7 @@ pub async fn handoff_subscriptions(server: &RedisServer, n: usize) {
             .await
             .unwrap();
         if channels.len() >= n {
-            return;
+            return channels;
         }
         assert!(
             started.elapsed() < Duration::from_secs(5),

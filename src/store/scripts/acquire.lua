@@ -29,9 +29,11 @@ if took then
     return {1, new_fence(fence_key, retention)}
   end
   -- Free, but others wait (a holder's lease ran out, or a hand-off went unclaimed): the key
-  -- goes to the head of the queue (overwriting the caller's SET), not to the caller. Unless
-  -- none of them is alive: then the caller's SET stands.
-  if not hand_over(lock, fence_key, queue, claim, retention, token) then
+  -- goes to the first live waiter (overwriting the caller's SET), not to the caller. Unless
+  -- none of them is alive, or the caller's own entry comes before any live one: then the
+  -- caller's SET stands.
+  if hand_over(lock, fence_key, queue, claim, retention, token, true) ~= 'handed' then
+    leave(queue, token)
     return {1, new_fence(fence_key, retention)}
   end
   if channel == '' then

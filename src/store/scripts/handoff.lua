@@ -11,19 +11,27 @@
 
 local STAMP_LEN = 16
 
--- Gives `lock` to the first waiter in `queue` whose token is not `skip` and whose process still
--- listens, for `claim` ms, and tells it (message 'g' token stamp claim ':' fence); tells the
--- waiter after it that it is next (message 'n' token stamp claim). Returns true when handed
--- over, false when nobody (alive) waits; `lock` is then left as it was.
-local function hand_over(lock, fence_key, queue, claim, retention, skip)
+-- Gives `lock` to the first waiter in `queue` whose process still listens, for `claim` ms, and
+-- tells it (message 'g' token stamp claim ':' fence); tells the first waiter still listening
+-- after it that it is next (message 'n' token stamp claim). Entries found dead on the way are
+-- dropped. Entries of `skip` are the caller's own: with `mine` (a queued caller that found the
+-- key free), reaching one ends the search, since the caller is then first of the live waiters;
+-- without it (a releasing holder), they are dropped. Returns 'handed' when handed over, 'mine'
+-- when the caller's entry came first, nil when nobody (alive) waits; `lock` is left as it was
+-- unless handed over.
+local function hand_over(lock, fence_key, queue, claim, retention, skip, mine)
   local toklen = #skip
   while true do
     local head = redis.call('LPOP', queue)
     if not head then
-      return false
+      return nil
     end
     local tok = string.sub(head, 1, toklen)
-    if tok ~= skip then
+    if tok == skip then
+      if mine then
+        return 'mine'
+      end
+    else
       local channel = string.sub(head, toklen + STAMP_LEN + 1)
       -- Somebody listens on the waiter's channel: its process is alive. None: the process is
       -- gone (its subscription closed with it), so the next waiter is served now rather than
@@ -34,12 +42,23 @@ local function hand_over(lock, fence_key, queue, claim, retention, skip)
         local id = string.sub(head, 1, toklen + STAMP_LEN)
         redis.call('PUBLISH', channel, 'g' .. id .. claim .. ':' .. string.format('%d', fence))
         redis.call('SET', lock, tok, 'PX', claim)
-        local after = redis.call('LINDEX', queue, 0)
-        if after then
-          redis.call('PUBLISH', string.sub(after, toklen + STAMP_LEN + 1),
+        -- The next waiter checks again after the claim window if the new holder never claims
+        -- (a hung process). Told by PUBLISH, whose answer is free here: nobody heard it, so that
+        -- process is gone too, and the one after it is told instead (a pattern subscriber
+        -- hides a dead one here; that costs the next waiter its timer, as before).
+        while true do
+          local after = redis.call('LINDEX', queue, 0)
+          if not after then
+            break
+          end
+          local heard = redis.call('PUBLISH', string.sub(after, toklen + STAMP_LEN + 1),
             'n' .. string.sub(after, 1, toklen + STAMP_LEN) .. claim)
+          if heard > 0 then
+            break
+          end
+          redis.call('LPOP', queue)
         end
-        return true
+        return 'handed'
       end
     end
   end
@@ -58,7 +77,7 @@ end
 -- Releases `lock` held by `token`: hands it to the next waiter, or deletes it. Without a queue
 -- (hand-off off), deletes it.
 local function let_go(lock, fence_key, queue, claim, retention, token)
-  if not (queue and hand_over(lock, fence_key, queue, claim, retention, token)) then
+  if not (queue and hand_over(lock, fence_key, queue, claim, retention, token, false)) then
     redis.call('DEL', lock)
   end
 end
