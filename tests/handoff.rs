@@ -417,6 +417,28 @@ async fn a_crashed_waiter_behind_a_hung_one_is_not_told_it_is_next() {
     );
 }
 
+/// Two hung waiters in a row: the release tells the two waiters behind the new holder that they
+/// are next, so the live waiter behind the second hung one checks again after the first's claim
+/// window, hands the key on to the second, and takes it after that one's: two claim windows,
+/// not the live waiter's timer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hung_waiters_in_a_row_cost_two_claim_windows() {
+    let server = RedisServer::start();
+    let second = entry(
+        "deadbeefdeadbeefdeadbeefdeadbeef",
+        "tower-lock:handoff:hung",
+    );
+    let took = past_a_hung_waiter(&server, &[second]).await;
+    assert!(
+        took >= Duration::from_millis(500),
+        "a hung waiter's claim window was skipped: {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "two hung waiters stalled the queue: {took:?}"
+    );
+}
+
 /// A queued caller that finds the key free (its holder's lease ran out) with only crashed
 /// waiters ahead of it takes the key itself: it is the first live waiter. It is not passed
 /// over for a live waiter behind it, nor sent to the back of the queue.

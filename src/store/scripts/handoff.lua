@@ -12,8 +12,8 @@
 local STAMP_LEN = 16
 
 -- Gives `lock` to the first waiter in `queue` whose process still listens, for `claim` ms, and
--- tells it (message 'g' token stamp claim ':' fence); tells the first waiter still listening
--- after it that it is next (message 'n' token stamp claim). Entries found dead on the way are
+-- tells it (message 'g' token stamp claim ':' fence); tells the two waiters still listening
+-- after it that they are next (message 'n' token stamp claim). Entries found dead on the way are
 -- dropped. Entries of `skip` are the caller's own: with `mine` (a queued caller that found the
 -- key free), reaching one ends the search, since the caller is then first of the live waiters;
 -- without it (a releasing holder), they are dropped. Returns 'handed' when handed over, 'mine'
@@ -42,21 +42,28 @@ local function hand_over(lock, fence_key, queue, claim, retention, skip, mine)
         local id = string.sub(head, 1, toklen + STAMP_LEN)
         redis.call('PUBLISH', channel, 'g' .. id .. claim .. ':' .. string.format('%d', fence))
         redis.call('SET', lock, tok, 'PX', claim)
-        -- The next waiter checks again after the claim window if the new holder never claims
-        -- (a hung process). Told by PUBLISH, whose answer is free here: nobody heard it, so that
-        -- process is gone too, and the one after it is told instead (a pattern subscriber
-        -- hides a dead one here; that costs the next waiter its timer, as before).
-        while true do
-          local after = redis.call('LINDEX', queue, 0)
+        -- The next two waiters still listening check again after the claim window if the new
+        -- holder never claims (a hung process); two, so that the queue moves on even when the
+        -- next one hangs too. Told by PUBLISH, whose answer is free here: nobody heard it, so
+        -- that process is gone too; a dead entry at the head is dropped, one further back is
+        -- passed over (a pattern subscriber hides a dead one here; that costs a waiter behind
+        -- it its timer).
+        local i, told = 0, 0
+        while told < 2 do
+          local after = redis.call('LINDEX', queue, i)
           if not after then
             break
           end
           local heard = redis.call('PUBLISH', string.sub(after, toklen + STAMP_LEN + 1),
             'n' .. string.sub(after, 1, toklen + STAMP_LEN) .. claim)
           if heard > 0 then
-            break
+            told = told + 1
+            i = i + 1
+          elseif i == 0 then
+            redis.call('LPOP', queue)
+          else
+            i = i + 1
           end
-          redis.call('LPOP', queue)
         end
         return 'handed'
       end
