@@ -120,12 +120,19 @@ async fn run() -> Result<(), Box<dyn Error>> {
 
     // LOCK_STORE picks the topology (`examples/common/store.rs`). Idempotency records are
     // written atomically with the release, on one server: memory, redis or cluster, not redlock.
+    // Keys are scoped by the account that `authenticate` put into the extensions.
+    let by_account = |parts: &Parts| {
+        let Account(id) = parts.extensions.get::<Account>()?;
+        Some(Bytes::from(id.clone()))
+    };
     let chosen = store::from_env().await?;
     let layer = match chosen.store.clone() {
-        store::Store::Memory => IdempotencyLayer::with_config(MemoryStore::new(), config)?,
-        store::Store::Redis(store) => IdempotencyLayer::with_config(store, config)?,
+        store::Store::Memory => {
+            IdempotencyLayer::with_config(MemoryStore::new(), by_account, config)?
+        }
+        store::Store::Redis(store) => IdempotencyLayer::with_config(store, by_account, config)?,
         #[cfg(feature = "cluster")]
-        store::Store::Cluster(store) => IdempotencyLayer::with_config(store, config)?,
+        store::Store::Cluster(store) => IdempotencyLayer::with_config(store, by_account, config)?,
         store::Store::Redlock(_) => {
             return Err(
                 "idempotency records need one store: use LOCK_STORE=redis or cluster".into(),
@@ -145,12 +152,6 @@ async fn run() -> Result<(), Box<dyn Error>> {
             Payments::Memory(Arc::default())
         }
     };
-    // Keys are scoped by the account that `authenticate` put into the extensions.
-    let layer = layer.principal(|parts: &Parts| {
-        let Account(id) = parts.extensions.get::<Account>()?;
-        Some(Bytes::from(id.clone()))
-    });
-
     // Only creation takes keys; `route_layer` on this `MethodRouter` wraps the POST handler
     // alone, and the GET handler is merged in beside it.
     let create = if settings.idempotency {

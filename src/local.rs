@@ -4,10 +4,16 @@
 //! Two effects: a process sends one contender per key to Redis however many of its requests
 //! wait, and a waiter behind a holder of the same process is woken the moment that holder
 //! releases, not by a timer.
+//!
+//! The head of a key's queue publishes what it knows of the key's holder: its own lease once it
+//! holds the key, or the remaining TTL the store reported for another holder. A waiter that
+//! gives up here is told that, so its 409's `Retry-After` is the holder's remaining lease, as it
+//! would be had it asked the store itself.
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
 };
 
 use tokio::{
@@ -15,57 +21,98 @@ use tokio::{
     time::{Instant, timeout_at},
 };
 
-use crate::key::LockKey;
+use crate::{key::LockKey, lease::Lease};
 
 /// The local queues of one [`Locker`](crate::Locker), one per key in use.
 #[derive(Debug, Default)]
 pub(crate) struct LocalQueues {
-    // A key's entry lives while anyone holds or waits for its turn. Tokio's mutex queues its
-    // waiters in FIFO order.
-    queues: Mutex<HashMap<Arc<[u8]>, Queue>>,
+    // A key's entry lives while anyone holds or waits for its turn.
+    queues: Mutex<HashMap<Arc<[u8]>, Arc<Entry>>>,
 }
 
-/// One key's queue: tokio's mutex queues its waiters in FIFO order.
-type Queue = Arc<FairMutex<()>>;
+/// One key's queue, and what its head knows of the key's holder.
+#[derive(Debug, Default)]
+struct Entry {
+    /// Tokio's mutex queues its waiters in FIFO order; holding it is holding the turn.
+    turn: Arc<FairMutex<()>>,
+    /// Published by the turn's holder, read by a waiter that gives up.
+    holder: Mutex<Holder>,
+}
+
+/// What the head of a key's queue knows of the key's holder.
+#[derive(Debug, Default)]
+enum Holder {
+    /// The head has not heard from the store yet.
+    #[default]
+    Unknown,
+    /// The store told the head that someone else holds the key, until about then.
+    Elsewhere { until: Instant },
+    /// The head holds the key: its lease, kept up to date by its renewals.
+    Head(Lease),
+}
+
+impl Entry {
+    fn holder(&self) -> std::sync::MutexGuard<'_, Holder> {
+        self.holder.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 
 /// This request's turn at a key, within the process. Dropping it passes the turn on.
 #[derive(Debug)]
 pub(crate) struct Turn {
     key: Arc<[u8]>,
     queues: Arc<LocalQueues>,
+    // `None` only while dropping.
+    entry: Option<Arc<Entry>>,
     guard: Option<OwnedMutexGuard<()>>,
+}
+
+/// A waiter that gave up in the local queue: how long the key's holder has left, as far as the
+/// head of the queue knows (`None` if it has not heard from the store yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GaveUp {
+    pub(crate) holder_left: Option<Duration>,
 }
 
 /// Table capacity (entries) above which a mostly empty table is shrunk.
 const SHRINK_ABOVE: usize = 1024;
 
 impl LocalQueues {
-    /// Waits for this process's turn at `key`; `None` if the deadline passes first.
+    /// Waits for this process's turn at `key`, or gives up when the deadline passes first.
     pub(crate) async fn turn(
         self: &Arc<Self>,
         key: &LockKey,
         deadline: Option<Instant>,
-    ) -> Option<Turn> {
+    ) -> Result<Turn, GaveUp> {
         let key = key.shared();
-        let queue = {
-            let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = {
+            let mut queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
             Arc::clone(queues.entry(key.clone()).or_default())
         };
+        let queue = Arc::clone(&entry.turn);
         // Constructed first, so that giving up (or being dropped) still cleans the entry.
         let mut turn = Turn {
             key,
             queues: Arc::clone(self),
+            entry: Some(entry),
             guard: None,
         };
         let guard = match Arc::clone(&queue).try_lock_owned() {
             Ok(guard) => guard,
             Err(_) => match deadline {
-                Some(deadline) => timeout_at(deadline, queue.lock_owned()).await.ok()?,
+                Some(deadline) => match timeout_at(deadline, queue.lock_owned()).await {
+                    Ok(guard) => guard,
+                    Err(_) => {
+                        return Err(GaveUp {
+                            holder_left: turn.holder_left(),
+                        });
+                    }
+                },
                 None => queue.lock_owned().await,
             },
         };
         turn.guard = Some(guard);
-        Some(turn)
+        Ok(turn)
     }
 
     #[cfg(test)]
@@ -79,12 +126,53 @@ impl LocalQueues {
     }
 }
 
+impl Turn {
+    fn entry(&self) -> &Entry {
+        self.entry
+            .as_deref()
+            .expect("a turn has its entry until dropped")
+    }
+
+    /// The holder's time left, as the queue's head last published it.
+    fn holder_left(&self) -> Option<Duration> {
+        match &*self.entry().holder() {
+            Holder::Unknown => None,
+            Holder::Elsewhere { until } => Some(until.saturating_duration_since(Instant::now())),
+            Holder::Head(lease) => Some(lease.time_left()),
+        }
+    }
+
+    /// The store answered the head that the key is held by someone else for `expires_in`.
+    pub(crate) fn held_elsewhere(&self, expires_in: Option<Duration>) {
+        if let Some(expires_in) = expires_in {
+            *self.entry().holder() = Holder::Elsewhere {
+                until: Instant::now() + expires_in,
+            };
+        }
+    }
+
+    /// The head acquired the key: a waiter that gives up is told this lease's time left.
+    pub(crate) fn acquired(&self, lease: &Lease) {
+        *self.entry().holder() = Holder::Head(lease.clone());
+    }
+}
+
 impl Drop for Turn {
     fn drop(&mut self) {
+        // Only the holder of the turn publishes: it forgets what it knew before passing the
+        // turn on, so the next head starts from `Unknown`.
+        if self.guard.is_some() {
+            *self.entry().holder() = Holder::Unknown;
+        }
         // Pass the turn on first, then forget the key if nobody else holds or waits for it
         // (every holder and waiter keeps a clone of the entry, taken under this same lock).
         drop(self.guard.take());
-        let mut queues = self.queues.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let mut queues = self
+            .queues
+            .queues
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        drop(self.entry.take());
         if queues
             .get(&self.key)
             .is_some_and(|q| Arc::strong_count(q) == 1)
@@ -126,8 +214,8 @@ mod tests {
         }
         // A waiter that gives up leaves the queue without blocking the rest.
         let deadline = Instant::now() + Duration::from_millis(5);
-        assert!(queues.turn(&key("k"), Some(deadline)).await.is_none());
-        assert!(queues.turn(&key("other"), Some(deadline)).await.is_some());
+        assert!(queues.turn(&key("k"), Some(deadline)).await.is_err());
+        assert!(queues.turn(&key("other"), Some(deadline)).await.is_ok());
         drop(first);
         for waiter in waiters {
             waiter.await.unwrap();
@@ -166,5 +254,50 @@ mod tests {
         let _ = waiter.await;
         drop(holder);
         assert_eq!(queues.len(), 0, "the dropped waiter's entry stayed behind");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_that_gives_up_hears_the_holders_time_left() {
+        let queues = Arc::new(LocalQueues::default());
+        let soon = || Some(Instant::now() + Duration::from_millis(5));
+        let head = queues.turn(&key("k"), None).await.unwrap();
+        // The head has not heard from the store yet.
+        let gave_up = queues.turn(&key("k"), soon()).await.unwrap_err();
+        assert_eq!(gave_up.holder_left, None);
+        // The store told the head that another process holds the key for 4 s more.
+        head.held_elsewhere(Some(Duration::from_secs(4)));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let gave_up = queues.turn(&key("k"), soon()).await.unwrap_err();
+        assert_eq!(
+            gave_up.holder_left,
+            Some(Duration::from_secs(3) - Duration::from_millis(5))
+        );
+        // An answer without a TTL keeps what the head knew.
+        head.held_elsewhere(None);
+        assert!(
+            queues
+                .turn(&key("k"), soon())
+                .await
+                .unwrap_err()
+                .holder_left
+                .is_some()
+        );
+        // The head acquired: its own lease, renewals included.
+        let lease = Lease::new(key("k"), 1, Instant::now(), Duration::from_secs(10));
+        head.acquired(&lease);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        lease.renewed(Instant::now(), Duration::from_secs(10));
+        let gave_up = queues.turn(&key("k"), soon()).await.unwrap_err();
+        assert_eq!(
+            gave_up.holder_left,
+            Some(Duration::from_secs(10) - Duration::from_millis(5))
+        );
+        // The next head starts from nothing.
+        drop(head);
+        let next = queues.turn(&key("k"), None).await.unwrap();
+        let gave_up = queues.turn(&key("k"), soon()).await.unwrap_err();
+        assert_eq!(gave_up.holder_left, None);
+        drop(next);
+        assert_eq!(queues.len(), 0, "entries left behind");
     }
 }

@@ -202,13 +202,16 @@ impl Locker {
         // Requests of this process that want the same key wait here, in order, and only the
         // first contends in the store; a holder's release wakes the next at once.
         match self.inner.local.turn(&guard.key, deadline).await {
-            Some(turn) => guard.turn = Some(turn),
-            None => {
+            Ok(turn) => guard.turn = Some(turn),
+            Err(gave_up) => {
                 let waited = start.elapsed();
                 tracing::debug!(?waited, "lease contended in this process; giving up");
                 telemetry::contended(guard.key.scope(), waited);
+                // The holder's remaining lease, as the head of the local queue knows it: its own
+                // lease, or the TTL the store reported for another holder. The head may not
+                // have heard from the store yet: then the TTL, what it holds if it takes the key.
                 return Err(LockError::Contended {
-                    expires_in: None,
+                    expires_in: Some(gave_up.holder_left.unwrap_or(ttl)),
                     waited,
                     attempts: 0,
                 });
@@ -266,13 +269,15 @@ impl Locker {
                     tracing::debug!(attempts, ?waited, "lease acquired");
                     telemetry::acquired(guard.key.scope(), waited);
                     guard.held_since = Some(sent_at);
+                    let lease = Lease::new(
+                        guard.key.clone(),
+                        fencing_token,
+                        sent_at,
+                        guard.store.validity(ttl),
+                    );
+                    guard.publish(&lease);
                     return Ok(Held {
-                        lease: Lease::new(
-                            guard.key.clone(),
-                            fencing_token,
-                            sent_at,
-                            guard.store.validity(ttl),
-                        ),
+                        lease,
                         guard,
                         acquired_at: sent_at,
                         requested_at: start,
@@ -316,6 +321,10 @@ impl Locker {
                     None
                 }
             };
+            // Told to the waiters behind us in this process, should they give up.
+            if let Some(turn) = &guard.turn {
+                turn.held_elsewhere(expires_in);
+            }
             // While queued, the key may be handed to us at any moment: stay armed, so that
             // giving up (or being dropped) leaves the queue or passes the key on.
             guard.armed = queued;
@@ -400,8 +409,10 @@ impl Locker {
         tracing::debug!(attempts, ?waited, "lease handed over");
         telemetry::acquired(guard.key.scope(), waited);
         guard.held_since = Some(now);
+        let lease = Lease::new(guard.key.clone(), fencing_token, now, left);
+        guard.publish(&lease);
         Held {
-            lease: Lease::new(guard.key.clone(), fencing_token, now, left),
+            lease,
             guard,
             acquired_at: now,
             requested_at,
@@ -444,6 +455,13 @@ pub(crate) struct ReleaseGuard {
 }
 
 impl ReleaseGuard {
+    /// Tells the waiters behind this request in the process's queue that it holds `lease`.
+    fn publish(&self, lease: &Lease) {
+        if let Some(turn) = &self.turn {
+            turn.acquired(lease);
+        }
+    }
+
     /// The holder's token, for a store operation that releases in its own way (the
     /// idempotency layer's record-and-release script).
     pub(crate) fn token(&self) -> &Token {

@@ -127,7 +127,10 @@ async fn the_documented_acl_rule_is_enough() {
     // Idempotency records: the first request runs, the retry is replayed from Redis.
     let app = Router::new()
         .route("/payments", post(|| async { "charged" }))
-        .route_layer(IdempotencyLayer::new(a.clone()));
+        .route_layer(IdempotencyLayer::new(
+            a.clone(),
+            tower_lock::idempotency::SharedKeySpace,
+        ));
     for _ in 0..2 {
         let request = Request::post("/payments")
             .header("idempotency-key", "\"acl-test-key-0001\"")

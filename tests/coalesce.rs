@@ -194,3 +194,115 @@ async fn departing_waiter_leaves_the_queue() {
     assert_eq!(order, ["0", "1", "2", "3", "4"]);
     assert_eq!(store.held(), 0);
 }
+
+/// A purchase route that holds its lease for `?ms=N` and says when it started.
+fn holding_app(
+    store: impl LockStore,
+    config: LockConfig,
+    started: Arc<tokio::sync::Notify>,
+) -> Router {
+    Router::new()
+        .route(
+            "/items/{sku}/hold",
+            post(
+                move |axum::extract::Query(q): axum::extract::Query<
+                    std::collections::HashMap<String, u64>,
+                >| {
+                    let started = Arc::clone(&started);
+                    async move {
+                        started.notify_one();
+                        tokio::time::sleep(Duration::from_millis(q["ms"])).await;
+                        "held"
+                    }
+                },
+            ),
+        )
+        .route_layer(LockLayer::with_config(store, Key::path_param("sku"), config).unwrap())
+}
+
+fn hold(ms: u64) -> Request<Body> {
+    Request::post(format!("/items/hot/hold?ms={ms}"))
+        .body(Body::empty())
+        .unwrap()
+}
+
+/// A 409's `Retry-After`, in seconds.
+fn retry_after(response: &axum::http::Response<Body>) -> u64 {
+    assert_eq!(response.status(), 409);
+    response.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// One rule for `Retry-After`, wherever the waiter queued: a request that gives up in this
+/// process's queue, behind a holder of this process, answers the holder's remaining lease
+/// rounded up (TTL 10 s: 10; TTL 4 s: 4), as a request of another process that gave up in the
+/// store does. Failing fast (`Wait::none`) or after a bounded wait.
+async fn gave_up_locally_answers_the_holders_lease(store: impl LockStore + Clone) {
+    for (ttl, wait) in [
+        (10, Wait::none()),
+        (
+            10,
+            Wait::constant(Duration::from_millis(50)).deadline(Duration::from_millis(300)),
+        ),
+        (4, Wait::none()),
+    ] {
+        let config = LockConfig::default()
+            .ttl(Duration::from_secs(ttl))
+            .wait(wait);
+        let started = Arc::new(tokio::sync::Notify::new());
+        let here = holding_app(store.clone(), config.clone(), Arc::clone(&started));
+        // A separately built layer: another process, as far as the local queue knows.
+        let elsewhere = holding_app(store.clone(), config, Arc::new(tokio::sync::Notify::new()));
+        let holder = tokio::spawn({
+            let here = here.clone();
+            async move { send(&here, hold(1500)).await.status() }
+        });
+        started.notified().await;
+        let local = send(&here, hold(0)).await;
+        let remote = send(&elsewhere, hold(0)).await;
+        assert_eq!(
+            (retry_after(&local), retry_after(&remote)),
+            (ttl, ttl),
+            "Retry-After (queued in this process, queued in the store) with a {ttl} s TTL"
+        );
+        assert_eq!(holder.await.unwrap(), 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_gave_up_locally_answers_the_holders_lease() {
+    gave_up_locally_answers_the_holders_lease(MemoryStore::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_gave_up_locally_answers_the_holders_lease() {
+    let server = RedisServer::start();
+    gave_up_locally_answers_the_holders_lease(RedisStore::connect(server.url()).await.unwrap())
+        .await;
+}
+
+/// The head of the local queue has not heard from the store yet (its acquire is in flight):
+/// a request that gives up behind it answers the TTL, what the head holds if it takes the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gave_up_behind_a_head_still_acquiring_answers_the_ttl() {
+    let store = support::Tweaked {
+        acquire_delay: Duration::from_millis(300),
+        announce: true,
+        ..Default::default()
+    };
+    let config = LockConfig::default()
+        .ttl(Duration::from_secs(7))
+        .wait(Wait::none());
+    let app = holding_app(store, config, Arc::new(tokio::sync::Notify::new()));
+    let head = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, hold(0)).await.status() }
+    });
+    // Within the head's 300 ms acquire.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(retry_after(&send(&app, hold(0)).await), 7);
+    assert_eq!(head.await.unwrap(), 200);
+}

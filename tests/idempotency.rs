@@ -27,7 +27,7 @@ use support::{Backend, Memory, Redis, send};
 use tower_lock::{
     IdempotencyConfig, IdempotencyLayer, IdempotencyStore, Lease, LockConfig, LockStore, Token,
     Wait,
-    idempotency::{Fingerprint, IdempotencyKey},
+    idempotency::{Always, Fingerprint, IdempotencyKey, NotError, SharedKeySpace},
     key::LockKey,
     store::Acquire,
 };
@@ -49,11 +49,15 @@ struct Params {
     fail: bool,
     #[serde(default)]
     size: usize,
+    /// Answer 402 (a declined card) on the first this many runs.
+    #[serde(default)]
+    decline_runs: usize,
 }
 
 /// `POST /payments` and `POST /refunds`: a "payment" numbered by run, with headers that are
 /// and are not on the replay allow-list. `?wait_ms=N` works that long, `?fail=true` answers
-/// 500, `?size=N` answers an N-byte body. `POST /stream` streams three chunks.
+/// 500, `?size=N` answers an N-byte body, `?decline_runs=N` answers 402 on the first N runs.
+/// `POST /stream` streams three chunks.
 fn make_app(runs: Arc<Runs>, layer: Option<IdempotencyLayer>) -> Router {
     let handler = {
         let runs = Arc::clone(&runs);
@@ -71,6 +75,10 @@ fn make_app(runs: Arc<Runs>, layer: Option<IdempotencyLayer>) -> Router {
                 }
                 if params.size > 0 {
                     return (StatusCode::OK, vec![b'x'; params.size]).into_response();
+                }
+                if n <= params.decline_runs {
+                    return (StatusCode::PAYMENT_REQUIRED, format!("declined (run {n})"))
+                        .into_response();
                 }
                 let json = serde_json::json!({
                     "id": format!("pay_{n}"),
@@ -122,12 +130,13 @@ async fn layer<B: Backend>(backend: &B, config: IdempotencyConfig) -> Idempotenc
 where
     B::Store: IdempotencyStore,
 {
-    IdempotencyLayer::with_config(backend.store().await, config)
-        .unwrap()
-        .principal(|parts: &axum::http::request::Parts| {
-            let tenant = parts.headers.get("x-tenant")?;
-            Some(Bytes::copy_from_slice(tenant.as_bytes()))
-        })
+    IdempotencyLayer::with_config(backend.store().await, by_tenant, config).unwrap()
+}
+
+/// The principal: the `x-tenant` header (a stand-in for what authentication would set).
+fn by_tenant(parts: &axum::http::request::Parts) -> Option<Bytes> {
+    let tenant = parts.headers.get("x-tenant")?;
+    Some(Bytes::copy_from_slice(tenant.as_bytes()))
 }
 
 fn post_to(uri: &str, key: Option<&str>, tenant: Option<&str>, body: &str) -> Request<Body> {
@@ -402,7 +411,7 @@ where
     assert_eq!(runs.started.load(Ordering::SeqCst), 1);
 }
 
-/// 5xx responses are not stored by default (a retry runs again); stored when configured.
+/// 5xx responses are not stored by default (a retry runs again); stored with `Always`.
 async fn server_errors_are_not_stored_by_default<B: Backend>(backend: B)
 where
     B::Store: IdempotencyStore,
@@ -423,7 +432,7 @@ where
     let runs = Arc::new(Runs::default());
     let config = IdempotencyConfig::default()
         .namespace("store-5xx")
-        .store_server_errors(true);
+        .store_when(Always);
     let app = make_app(Arc::clone(&runs), Some(layer(&backend, config).await));
     assert_eq!(send(&app, failing()).await.status(), 500);
     let retry = send(&app, failing()).await;
@@ -602,6 +611,121 @@ where
     .await;
 }
 
+/// A client error is stored by default: a retry with the same key and body gets the 402 again.
+/// With `store_when(NotError)` it is not, so the retry (the customer changed cards) runs the
+/// handler, and that answer is the one stored. A closure decides per response.
+async fn client_errors_are_stored_unless_the_predicate_says_not<B: Backend>(backend: B)
+where
+    B::Store: IdempotencyStore,
+{
+    let declined_once = || {
+        post_to(
+            "/payments?decline_runs=1",
+            Some(KEY),
+            Some("t1"),
+            r#"{"amount":1250}"#,
+        )
+    };
+    // The default: stored, and replayed to the corrected retry.
+    let runs = Arc::new(Runs::default());
+    let app = make_app(
+        Arc::clone(&runs),
+        Some(layer(&backend, IdempotencyConfig::default()).await),
+    );
+    assert_eq!(
+        send(&app, declined_once()).await.status(),
+        StatusCode::PAYMENT_REQUIRED
+    );
+    let retry = send(&app, declined_once()).await;
+    assert_eq!(retry.status(), StatusCode::PAYMENT_REQUIRED);
+    assert!(replayed(&retry));
+    assert_eq!(bytes(retry).await, "declined (run 1)");
+    assert_eq!(runs.started.load(Ordering::SeqCst), 1);
+
+    // `NotError`: the 402 is not stored; the retry runs and its 201 is what replays.
+    let not_error = IdempotencyConfig::default()
+        .namespace("not-error")
+        .store_when(NotError);
+    let corrected_retry_runs = |config: IdempotencyConfig| {
+        let backend = &backend;
+        async move {
+            let runs = Arc::new(Runs::default());
+            let app = make_app(Arc::clone(&runs), Some(layer(backend, config).await));
+            let first = send(&app, declined_once()).await;
+            assert_eq!(first.status(), StatusCode::PAYMENT_REQUIRED);
+            let retry = send(&app, declined_once()).await;
+            assert_eq!(retry.status(), StatusCode::CREATED, "the retry did not run");
+            assert!(!replayed(&retry));
+            let created = bytes(retry).await;
+            let again = send(&app, declined_once()).await;
+            assert!(replayed(&again));
+            assert_eq!(bytes(again).await, created);
+            assert_eq!(runs.started.load(Ordering::SeqCst), 2);
+        }
+    };
+    corrected_retry_runs(not_error).await;
+    // The same, decided by a closure on the response head.
+    let closure = IdempotencyConfig::default()
+        .namespace("closure")
+        .store_when(|head: &axum::http::response::Parts| {
+            head.status != StatusCode::PAYMENT_REQUIRED && !head.status.is_server_error()
+        });
+    corrected_retry_runs(closure).await;
+}
+
+/// Two clients, the same key and the same body: each gets its own run, with a layer built the
+/// plain way (`IdempotencyLayer::new(store, principal)`). Built without a principal, as the
+/// layer could be before, the second client was served the first client's response.
+async fn another_clients_key_and_body_get_their_own_run<B: Backend>(backend: B)
+where
+    B::Store: IdempotencyStore,
+{
+    let runs = Arc::new(Runs::default());
+    let app = make_app(
+        Arc::clone(&runs),
+        Some(IdempotencyLayer::new(backend.store().await, by_tenant)),
+    );
+    let charge = |tenant: &str| post_to("/payments", Some(KEY), Some(tenant), r#"{"amount":1}"#);
+    let a = send(&app, charge("tenant-a")).await;
+    assert_eq!(a.headers()["x-run"], "1");
+    let b = send(&app, charge("tenant-b")).await;
+    assert!(
+        !replayed(&b),
+        "tenant-b was served tenant-a's stored response"
+    );
+    assert_eq!(b.headers()["x-run"], "2");
+    assert_eq!(runs.started.load(Ordering::SeqCst), 2);
+}
+
+/// A shared key space, chosen explicitly: one record per key whoever sends it, and no
+/// principal needed.
+async fn shared_key_space_is_one_space_for_everyone<B: Backend>(backend: B)
+where
+    B::Store: IdempotencyStore,
+{
+    let runs = Arc::new(Runs::default());
+    let app = make_app(
+        Arc::clone(&runs),
+        Some(IdempotencyLayer::new(backend.store().await, SharedKeySpace)),
+    );
+    let first = send(
+        &app,
+        post_to("/payments", Some(KEY), Some("tenant-a"), "{}"),
+    )
+    .await;
+    assert!(!replayed(&first));
+    let first = bytes(first).await;
+    for tenant in [Some("tenant-b"), None] {
+        let other = send(&app, post_to("/payments", Some(KEY), tenant, "{}")).await;
+        assert!(
+            replayed(&other),
+            "{tenant:?} ran again in a shared key space"
+        );
+        assert_eq!(bytes(other).await, first);
+    }
+    assert_eq!(runs.started.load(Ordering::SeqCst), 1);
+}
+
 /// The store's `complete`: only the lock's holder writes the record, and the record appears
 /// exactly as the lock goes.
 async fn complete_is_one_step_for_the_holder<B: Backend>(backend: B)
@@ -694,6 +818,9 @@ suite!(
     expired_record_frees_the_key,
     principals_do_not_share_records,
     complete_is_one_step_for_the_holder,
+    client_errors_are_stored_unless_the_predicate_says_not,
+    another_clients_key_and_body_get_their_own_run,
+    shared_key_space_is_one_space_for_everyone,
 );
 
 /// The negative control for `running_key_is_409` and `finished_key_is_replayed`: without the
@@ -757,7 +884,10 @@ async fn futures_are_send_and_plain_tower_stacks_work() {
     fn assert_send<T: Send>(_: &T) {}
     let runs = Arc::new(AtomicUsize::new(0));
     let mut svc = ServiceBuilder::new()
-        .layer(IdempotencyLayer::new(tower_lock::MemoryStore::new()))
+        .layer(IdempotencyLayer::new(
+            tower_lock::MemoryStore::new(),
+            SharedKeySpace,
+        ))
         .service(service_fn({
             let runs = Arc::clone(&runs);
             move |_req: Request<Body>| {

@@ -29,6 +29,7 @@ async fn idempotency_scenario() {
         .route("/pay", post(|| async { "paid" }))
         .layer(tower_lock::IdempotencyLayer::new(
             tower_lock::MemoryStore::new(),
+            tower_lock::idempotency::SharedKeySpace,
         ));
     for (body, status) in [
         ("a", StatusCode::OK),

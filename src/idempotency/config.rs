@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use http::{HeaderName, header};
 
-use super::fingerprint::Fingerprint;
+use super::{fingerprint::Fingerprint, predicate::StoreWhen};
 use crate::{
     config::{ConfigError, LockConfig},
     wait::Wait,
@@ -24,7 +24,7 @@ use crate::{
 /// | [`retention`](Self::retention) | 24 h | how long a finished request's response is replayed |
 /// | [`max_request_body`](Self::max_request_body) | 1 MiB | request bodies are buffered to fingerprint them; larger ones are a 413 |
 /// | [`max_response_body`](Self::max_response_body) | 64 KiB | larger responses are sent but not stored: a retry runs the handler again |
-/// | [`store_server_errors`](Self::store_server_errors) | `false` | whether 5xx responses are stored and replayed |
+/// | [`store_when`](Self::store_when) | [`NotServerError`](super::NotServerError) | which of the handler's responses are stored and replayed; a retry after any other runs the handler again |
 /// | [`replay_headers`](Self::replay_headers) | `content-type`, `content-language`, `content-location`, `location`, `etag`, `last-modified`, `link` | response headers stored and replayed; all others are dropped from the record |
 /// | [`namespace`](Self::namespace) | `idempotency` | key space; layers with the same namespace and principal share keys |
 /// | [`fingerprint`](Self::fingerprint) | method, path, body | what a retry must repeat to be replayed (else 422) |
@@ -42,7 +42,7 @@ pub struct IdempotencyConfig {
     pub(super) retention: Duration,
     pub(super) max_request_body: usize,
     pub(super) max_response_body: usize,
-    pub(super) store_server_errors: bool,
+    pub(super) store_when: StoreWhen,
     pub(super) replay_headers: Vec<HeaderName>,
     pub(super) namespace: String,
     pub(super) fingerprint: Fingerprint,
@@ -59,7 +59,7 @@ impl Default for IdempotencyConfig {
             retention: Duration::from_secs(24 * 60 * 60),
             max_request_body: 1024 * 1024,
             max_response_body: 64 * 1024,
-            store_server_errors: false,
+            store_when: StoreWhen::default(),
             replay_headers: vec![
                 header::CONTENT_TYPE,
                 header::CONTENT_LANGUAGE,
@@ -110,9 +110,12 @@ setters! {
     /// Largest response body stored for replay, in bytes (default 64 KiB). A larger response
     /// is sent as it is, but not stored: a retry runs the handler again.
     max_response_body: usize => |v| v;
-    /// Whether 5xx responses are stored and replayed (default `false`: a retry after a server
-    /// error runs the handler again).
-    store_server_errors: bool => |v| v;
+    /// Which of the handler's responses are stored and replayed, decided on the response head
+    /// (default [`NotServerError`](super::NotServerError): all but 5xx). A response it refuses
+    /// is sent as it is and not stored: a retry with the same key runs the handler again. See
+    /// [`StorePredicate`](super::StorePredicate) for the built-ins ([`NotError`](super::NotError)
+    /// leaves out 4xx too, [`Always`](super::Always) stores 5xx as well) and closures.
+    store_when: impl super::StorePredicate => StoreWhen::new;
     /// Response headers stored and replayed (matched case-insensitively); the others are not
     /// stored at all.
     replay_headers: impl IntoIterator<Item = HeaderName> => |v: _| Vec::from_iter(v);

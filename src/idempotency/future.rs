@@ -387,20 +387,22 @@ where
                             continue;
                         }
                     };
-                    let status = response.status();
-                    let storable = !status.is_server_error() || config.store_server_errors;
-                    let too_large =
-                        response.body().size_hint().lower() > config.max_response_body as u64;
+                    let (head, body) = response.into_parts();
+                    let storable = config.store_when.should_store(&head);
+                    let too_large = body.size_hint().lower() > config.max_response_body as u64;
                     if !storable || too_large {
-                        tracing::debug!(%status, too_large, "response not stored; a retry runs again");
+                        tracing::debug!(
+                            status = %head.status,
+                            too_large,
+                            "response not stored; a retry runs again"
+                        );
                         telemetry::record_end("not_stored", Some(&running.lease));
                         this.state.set(State::Releasing {
                             release: running.guard.release_now(),
-                            output: Some(Ok(response.map(ResponseBody::inner))),
+                            output: Some(Ok(Response::from_parts(head, ResponseBody::inner(body)))),
                         });
                         continue;
                     }
-                    let (head, body) = response.into_parts();
                     this.state.set(State::Collecting {
                         body: Some(Box::pin(body)),
                         head: Some(head),

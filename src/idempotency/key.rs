@@ -1,57 +1,9 @@
-//! Reading the `Idempotency-Key` header, and the principal that scopes it.
+//! Reading the `Idempotency-Key` header.
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, request::Parts};
+use http::{HeaderMap, HeaderName};
 
 use super::error::IdempotencyError;
-
-/// Who a request is made for: the scope of its idempotency keys.
-///
-/// Two principals using the same key value never see each other's records, so one client cannot
-/// replay (read) another's response by guessing its key. Return a tenant or API-key id that an
-/// authenticating layer put into the request extensions; `None` means the request reached the
-/// layer without one, a server misconfiguration answered 500.
-///
-/// Implemented for closures `Fn(&Parts) -> Option<Bytes>`:
-///
-/// ```
-/// use bytes::Bytes;
-/// use http::request::Parts;
-/// use tower_lock::{IdempotencyLayer, MemoryStore};
-///
-/// #[derive(Clone)]
-/// struct AccountId(String);
-///
-/// let layer = IdempotencyLayer::new(MemoryStore::new()).principal(|parts: &Parts| {
-///     let AccountId(id) = parts.extensions.get::<AccountId>()?;
-///     Some(Bytes::from(id.clone()))
-/// });
-/// # let _ = layer;
-/// ```
-pub trait Principal: Send + Sync + 'static {
-    /// The principal's id (any bytes), or `None` if the request has none (500).
-    fn principal(&self, parts: &Parts) -> Option<Bytes>;
-}
-
-impl<F> Principal for F
-where
-    F: Fn(&Parts) -> Option<Bytes> + Send + Sync + 'static,
-{
-    fn principal(&self, parts: &Parts) -> Option<Bytes> {
-        self(parts)
-    }
-}
-
-/// The default [`Principal`]: every request shares one key space.
-#[derive(Debug, Clone, Copy, Default)]
-#[non_exhaustive]
-pub struct Shared;
-
-impl Principal for Shared {
-    fn principal(&self, _parts: &Parts) -> Option<Bytes> {
-        Some(Bytes::new())
-    }
-}
 
 /// The request's idempotency key and principal, in the request extensions while the handler
 /// runs (extract it with `axum::Extension<IdempotencyKey>`).
@@ -76,7 +28,7 @@ impl IdempotencyKey {
         std::str::from_utf8(&self.key).unwrap_or_default()
     }
 
-    /// The principal it is scoped by (empty without a [`Principal`]).
+    /// The principal it is scoped by (empty in a [`SharedKeySpace`](super::SharedKeySpace)).
     pub fn principal(&self) -> &[u8] {
         &self.principal
     }

@@ -7,7 +7,8 @@ use tower::Layer;
 use super::{
     config::IdempotencyConfig,
     error::IdempotencyError,
-    key::{self, IdempotencyKey, Principal},
+    key::{self, IdempotencyKey},
+    principal::Principal,
     response::{IdempotencyProblem, IdempotencyResponse},
     service::IdempotencyService,
     store::{DynRecords, IdempotencyStore},
@@ -20,6 +21,36 @@ use crate::{config::ConfigError, error::LockError, key::LockKey, locker::Locker}
 /// See the [module docs](super) for an example, the path of a request and the responses.
 /// The layer takes its own lock on each key (it does not need a [`LockLayer`](crate::LockLayer)
 /// beside it) and stores records in the same store.
+///
+/// # A principal, or a shared key space on purpose
+///
+/// Keys are scoped by the [`Principal`] the layer is built with, so that one client is never
+/// served another's stored response. There is no default: name the principal (a closure over
+/// what authentication put into the extensions), or opt in to one key space for every client
+/// with [`SharedKeySpace`](super::SharedKeySpace).
+///
+/// ```
+/// use bytes::Bytes;
+/// use http::request::Parts;
+/// use tower_lock::{IdempotencyLayer, MemoryStore, idempotency::SharedKeySpace};
+///
+/// #[derive(Clone)]
+/// struct Tenant(String);
+///
+/// let scoped = IdempotencyLayer::new(MemoryStore::new(), |parts: &Parts| {
+///     parts.extensions.get::<Tenant>().map(|t| Bytes::from(t.0.clone()))
+/// });
+/// let shared = IdempotencyLayer::new(MemoryStore::new(), SharedKeySpace);
+/// # let _ = (scoped, shared);
+/// ```
+///
+/// A layer without either does not compile:
+///
+/// ```compile_fail,E0061
+/// use tower_lock::{IdempotencyLayer, MemoryStore};
+///
+/// let layer = IdempotencyLayer::new(MemoryStore::new());
+/// ```
 #[derive(Clone)]
 #[must_use]
 pub struct IdempotencyLayer {
@@ -37,17 +68,18 @@ pub(crate) struct Shared {
 }
 
 impl IdempotencyLayer {
-    /// A layer over `store` with the default [`IdempotencyConfig`]: every request shares one key
-    /// space until you set a [`principal`](Self::principal).
-    pub fn new<S: IdempotencyStore + Clone>(store: S) -> Self {
-        Self::with_config(store, IdempotencyConfig::default())
+    /// A layer over `store` whose keys are scoped by `principal`, with the default
+    /// [`IdempotencyConfig`]. See [above](Self#a-principal-or-a-shared-key-space-on-purpose).
+    pub fn new<S: IdempotencyStore + Clone>(store: S, principal: impl Principal) -> Self {
+        Self::with_config(store, principal, IdempotencyConfig::default())
             .expect("the default idempotency config is valid")
     }
 
-    /// A layer with `config`, checked now: an invalid setting is an error here, never at
-    /// request time.
+    /// A layer whose keys are scoped by `principal`, with `config`, checked now: an invalid
+    /// setting is an error here, never at request time.
     pub fn with_config<S: IdempotencyStore + Clone>(
         store: S,
+        principal: impl Principal,
         config: IdempotencyConfig,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
@@ -57,17 +89,10 @@ impl IdempotencyLayer {
                 locker,
                 records: Arc::new(store),
                 config,
-                principal: Arc::new(key::Shared),
+                principal: Arc::new(principal),
                 respond: Arc::new(IdempotencyProblem),
             }),
         })
-    }
-
-    /// Scopes keys by the request's principal (a tenant, an API key's id), so that clients
-    /// never see each other's records. See [`Principal`].
-    pub fn principal(mut self, principal: impl Principal) -> Self {
-        Arc::make_mut(&mut self.shared).principal = Arc::new(principal);
-        self
     }
 
     /// Replaces the problem+json responses (see [`IdempotencyResponse`]).

@@ -9,8 +9,12 @@
 //!
 //! ```
 //! # #[cfg(feature = "axum")] {
-//! use axum::{Extension, Router, http::StatusCode, routing::post};
+//! use axum::{Extension, Router, body::Bytes, http::{StatusCode, request::Parts}, routing::post};
 //! use tower_lock::{IdempotencyLayer, Lease, MemoryStore, idempotency::IdempotencyKey};
+//!
+//! /// The account a request is made for, put into the extensions by authentication.
+//! #[derive(Clone)]
+//! struct Account(String);
 //!
 //! async fn create_payment(
 //!     lease: Lease,
@@ -29,15 +33,23 @@
 //! use http::Request;
 //! use tower::ServiceExt;
 //!
+//! // Keys are scoped by account: one account is never served another's response.
+//! let by_account = |parts: &Parts| {
+//!     let Account(id) = parts.extensions.get::<Account>()?;
+//!     Some(Bytes::from(id.clone()))
+//! };
 //! let app = Router::new()
 //!     .route("/payments", post(create_payment))
-//!     .route_layer(IdempotencyLayer::new(MemoryStore::new()));
+//!     .route_layer(IdempotencyLayer::new(MemoryStore::new(), by_account));
 //!
 //! let request = || {
-//!     Request::post("/payments")
+//!     let mut request = Request::post("/payments")
 //!         .header("idempotency-key", "\"8e03978e-40d5-43e8-bc93-6894a57f9324\"")
 //!         .body(Body::from(r#"{"amount":1250}"#))
-//!         .unwrap()
+//!         .unwrap();
+//!     // What an authentication layer outside this one would do.
+//!     request.extensions_mut().insert(Account("acct_1".into()));
+//!     request
 //! };
 //! let first = app.clone().oneshot(request()).await.unwrap();
 //! assert_eq!(first.status(), StatusCode::CREATED);
@@ -59,7 +71,8 @@
 //! 2. **Principal.** The key is scoped by the request's [`Principal`] (a tenant or API-key id
 //!    from the request extensions) and the [namespace](IdempotencyConfig::namespace), never by
 //!    the route: clients cannot see each other's records, and one client's key names one
-//!    request whatever the route.
+//!    request whatever the route. The layer is built with its principal; there is no default,
+//!    and one key space for every client is a choice made explicitly, with [`SharedKeySpace`].
 //! 3. **Body.** The request body is buffered, up to
 //!    [`max_request_body`](IdempotencyConfig::max_request_body) (1 MiB; larger is a 413, checked
 //!    against `Content-Length` first), and the [`Fingerprint`] (method, path, body by default)
@@ -99,10 +112,14 @@
 //!
 //! # What is not stored
 //!
-//! - **5xx responses**, unless [`store_server_errors`](IdempotencyConfig::store_server_errors):
-//!   a retry after a server error runs the handler again, so the handler must be safe to retry
-//!   after a failure it reported. The layer's own answers (400, 409, 413, 422, 503) are never
-//!   stored.
+//! - **Responses the [`store_when`](IdempotencyConfig::store_when) predicate refuses**: by
+//!   default ([`NotServerError`]) 5xx responses, so a retry after a server error runs the
+//!   handler again, and the handler must be safe to retry after a failure it reported. 4xx
+//!   responses are stored by default (the key's request had its outcome, as at Stripe); an API
+//!   whose 4xx ask the client to correct something and retry with the same key stores only
+//!   1xx–3xx with [`NotError`], or decides per response with a closure (see
+//!   [`StorePredicate`]). [`Always`] stores 5xx too. The layer's own answers (400, 409, 413,
+//!   422, 503) are never stored.
 //! - **Responses over [`max_response_body`](IdempotencyConfig::max_response_body)**: the client
 //!   gets the whole response, streamed on after the part that was read, but nothing is stored
 //!   and the lock is released: a retry runs the handler again. Raise the cap for handlers whose
@@ -155,6 +172,8 @@ mod future;
 mod key;
 mod layer;
 mod memory;
+mod predicate;
+mod principal;
 mod record;
 mod redis;
 mod response;
@@ -166,9 +185,11 @@ pub use config::IdempotencyConfig;
 pub use error::IdempotencyError;
 pub use fingerprint::Fingerprint;
 pub use future::ResponseFuture;
-pub use key::{IdempotencyKey, Principal, Shared as SharedKeySpace};
+pub use key::IdempotencyKey;
 pub use layer::IdempotencyLayer;
 pub(crate) use memory::MemoryRecords;
+pub use predicate::{Always, NotError, NotServerError, StorePredicate};
+pub use principal::{Principal, SharedKeySpace};
 pub use response::{IdempotencyProblem, IdempotencyResponse};
 pub use service::IdempotencyService;
 pub use store::{IdempotencyStore, record_key};

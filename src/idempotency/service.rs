@@ -14,6 +14,7 @@ use super::{
     error::IdempotencyError,
     future::{Begun, ResponseFuture},
     layer::{IdempotencyLayer, Shared},
+    principal::Principal,
     store::IdempotencyStore,
 };
 
@@ -30,9 +31,14 @@ pub struct IdempotencyService<S> {
 }
 
 impl<S> IdempotencyService<S> {
-    /// Wraps `inner` with the default config (see [`IdempotencyLayer::new`]).
-    pub fn new<St: IdempotencyStore + Clone>(inner: S, store: St) -> Self {
-        tower::Layer::layer(&IdempotencyLayer::new(store), inner)
+    /// Wraps `inner`, scoping keys by `principal`, with the default config (see
+    /// [`IdempotencyLayer::new`]).
+    pub fn new<St: IdempotencyStore + Clone>(
+        inner: S,
+        store: St,
+        principal: impl Principal,
+    ) -> Self {
+        tower::Layer::layer(&IdempotencyLayer::new(store, principal), inner)
     }
 
     pub(crate) fn from_shared(inner: S, shared: Arc<Shared>) -> Self {
@@ -40,8 +46,11 @@ impl<S> IdempotencyService<S> {
     }
 
     /// An [`IdempotencyLayer`] with the default config, the usual way to build this service.
-    pub fn layer<St: IdempotencyStore + Clone>(store: St) -> IdempotencyLayer {
-        IdempotencyLayer::new(store)
+    pub fn layer<St: IdempotencyStore + Clone>(
+        store: St,
+        principal: impl Principal,
+    ) -> IdempotencyLayer {
+        IdempotencyLayer::new(store, principal)
     }
 
     /// The inner service.

@@ -601,6 +601,8 @@ pub struct Tweaked {
     pub renew_delay: Duration,
     /// Whether waiters are told about releases (as `MemoryStore` does).
     pub announce: bool,
+    /// How long each acquire waits before it reaches the store.
+    pub acquire_delay: Duration,
 }
 
 impl LockStore for Tweaked {
@@ -610,6 +612,7 @@ impl LockStore for Tweaked {
         token: &tower_lock::Token,
         ttl: Duration,
     ) -> Result<tower_lock::store::Acquire, tower_lock::store::StoreError> {
+        tokio::time::sleep(self.acquire_delay).await;
         self.inner.acquire(key, token, ttl).await
     }
 
