@@ -38,7 +38,8 @@ use crate::{key::LockKey, token::Token};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Acquire {
-    /// The key was free and is now held with the caller's token.
+    /// The key was free (or already held with the caller's token) and is now held with the
+    /// caller's token.
     Acquired {
         /// Strictly greater than every fencing token handed out before for the same key.
         fencing_token: u64,
@@ -119,7 +120,10 @@ impl fmt::Debug for QueueWatch {
 /// Each operation must be atomic in the store:
 ///
 /// - `acquire`: if `key` is free, set it to `token` with a time to live of `ttl` and return a new
-///   fencing token; otherwise report that it is held.
+///   fencing token; if it already holds `token` (the same acquire sent again: a client that
+///   re-sends a request whose reply was lost, or a store that runs it again on a new master),
+///   reset its time to live to `ttl` and return a new fencing token, since the caller never saw
+///   the first; otherwise report that it is held.
 /// - `renew`: if `key` holds `token`, reset its time to live to `ttl` and return `true`;
 ///   otherwise return `false` and change nothing.
 /// - `release`: if `key` holds `token`, delete it (or, in a store that hands off, give it to the
