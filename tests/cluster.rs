@@ -224,7 +224,7 @@ async fn master_killed_replica_promoted() {
 /// fault proxy: the node announces the proxy's port (`cluster-announce-port`), so every
 /// connection the client opens to it, after the seed too, goes through the proxy.
 struct Proxied {
-    node: RedisCluster,
+    cluster: RedisCluster,
     proxy: Proxy,
 }
 
@@ -241,19 +241,13 @@ impl Proxied {
         node.cli(&["CONFIG", "SET", "cluster-announce-ip", "127.0.0.1"]);
         node.cli(&["CONFIG", "SET", "cluster-announce-port", &port]);
         node.cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
-        let node = RedisCluster { nodes: vec![node] };
-        node.wait_until_ok();
-        Self { node, proxy }
+        let cluster = RedisCluster { nodes: vec![node] };
+        cluster.wait_until_ok();
+        Self { cluster, proxy }
     }
 
-    /// How many `EVALSHA`s the node has run.
-    fn evalsha_calls(&self) -> u64 {
-        let stats = self.node.nodes[0].cli(&["INFO", "commandstats"]);
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-            .and_then(|rest| rest.split(',').next()?.parse().ok())
-            .unwrap_or(0)
+    fn node(&self) -> &RedisServer {
+        &self.cluster.nodes[0]
     }
 }
 
@@ -295,13 +289,13 @@ async fn an_acquire_resent_after_its_reply_was_lost_holds_the_key() {
         .await
         .unwrap();
 
-    let before = cluster.evalsha_calls();
+    let before = support::calls_of(cluster.node(), "evalsha").await;
     cluster.proxy.drop_reply_to(b"EVALSHA");
     let key = a.key("t", "resent").unwrap();
     let answer = a.acquire(key.clone()).await;
     assert_eq!(cluster.proxy.replies_dropped(), 1, "no reply was dropped");
     assert_eq!(
-        cluster.evalsha_calls() - before,
+        support::calls_of(cluster.node(), "evalsha").await - before,
         2,
         "the cluster client did not run the acquire twice"
     );

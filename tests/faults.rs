@@ -346,16 +346,6 @@ async fn dropped_connections_keep_the_lease_refused_ones_answer_503() {
     println!("refused: slowest 503 {slowest:?}; recovered {took:?} after healing");
 }
 
-/// How many `EVALSHA`s `redis` has run.
-fn evalsha_calls(redis: &RedisServer) -> u64 {
-    redis
-        .cli(&["INFO", "commandstats"])
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 /// An acquire that Redis ran, whose reply was lost with its connection, on the default
 /// transport (a `ConnectionManager`, which reconnects but does not send a request again): the
 /// attempt fails (503), and the release its armed guard sends once the connection is back
@@ -385,7 +375,10 @@ async fn an_acquire_whose_reply_is_lost_is_released_not_left_for_the_ttl() {
             send(&lossy, purchase("warm", 0)).await.status(),
             StatusCode::OK
         );
-        let (before, dropped) = (evalsha_calls(&redis), proxy.replies_dropped());
+        let (before, dropped) = (
+            support::calls_of(&redis, "evalsha").await,
+            proxy.replies_dropped(),
+        );
         proxy.drop_reply_to(b"EVALSHA");
         let status = send(&lossy, purchase("k", 0)).await.status();
         assert_eq!(proxy.replies_dropped(), dropped + 1, "no reply was dropped");
@@ -395,7 +388,11 @@ async fn an_acquire_whose_reply_is_lost_is_released_not_left_for_the_ttl() {
         })
         .await;
         // The acquire, and its release sent after the reconnect: nothing was sent twice.
-        assert_eq!(evalsha_calls(&redis) - before, 2, "handoff {handoff}");
+        assert_eq!(
+            support::calls_of(&redis, "evalsha").await - before,
+            2,
+            "handoff {handoff}"
+        );
         let started = Instant::now();
         let status = send(&direct, purchase("k", 0)).await.status();
         let waited = started.elapsed();
