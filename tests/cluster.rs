@@ -230,19 +230,11 @@ struct Proxied {
 
 impl Proxied {
     fn start() -> Self {
-        let node = RedisServer::start_with(&[
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-        ]);
-        let proxy = Proxy::start(node.port());
+        let cluster = RedisCluster::one_node(&[]);
+        let proxy = Proxy::start(cluster.nodes[0].port());
         let port = proxy.port().to_string();
-        node.cli(&["CONFIG", "SET", "cluster-announce-ip", "127.0.0.1"]);
-        node.cli(&["CONFIG", "SET", "cluster-announce-port", &port]);
-        node.cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
-        let cluster = RedisCluster { nodes: vec![node] };
-        cluster.wait_until_ok();
+        cluster.nodes[0].cli(&["CONFIG", "SET", "cluster-announce-ip", "127.0.0.1"]);
+        cluster.nodes[0].cli(&["CONFIG", "SET", "cluster-announce-port", &port]);
         Self { cluster, proxy }
     }
 

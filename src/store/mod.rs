@@ -9,6 +9,7 @@
 
 #[cfg(feature = "cluster")]
 mod cluster;
+mod eviction;
 mod handoff;
 mod memory;
 mod redis;
@@ -24,6 +25,7 @@ use tokio::time::Instant;
 
 #[cfg(feature = "cluster")]
 pub use self::cluster::ClusterStore;
+pub use self::eviction::Eviction;
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
 pub(crate) use self::redis::lock_script;
