@@ -15,7 +15,10 @@ use axum::{
     routing::post,
 };
 use support::{RedisServer, handoff_subscriptions, send};
-use tower_lock::{IdempotencyLayer, LockConfig, LockError, Locker, RedisStore, Wait, key::LockKey};
+use tower_lock::{
+    IdempotencyLayer, LockConfig, LockError, Locker, RedisStore, Wait, key::LockKey,
+    store::Eviction,
+};
 
 /// The rule, as docs/TOPOLOGY.md gives it ("A least-privilege user"), after `ACL SETUSER <name>`.
 const RULE: &str = "on >s3cret resetkeys ~tower-lock:* resetchannels &tower-lock:handoff:* \
@@ -123,6 +126,7 @@ async fn the_documented_acl_rule_is_enough() {
     let server = RedisServer::start();
     create_user(&server, RULE).await;
     let (a, b) = stores(&server).await;
+    assert_eq!(a.eviction().await.unwrap(), Eviction::Never);
     take_turns(&a, &b).await.unwrap();
     // Idempotency records: the first request runs, the retry is replayed from Redis.
     let app = Router::new()
@@ -167,4 +171,22 @@ async fn without_pubsub_numsub_a_handing_over_release_is_refused() {
         refused.iter().any(|r| r.contains("pubsub|numsub")),
         "{refused:?}"
     );
+}
+
+/// `+info` is optional: without it the stores connect all the same (the eviction policy they
+/// read at connect is unknown, the native compare commands are not detected) and everything
+/// else works; Redis refuses only the `INFO`s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_info_the_stores_connect_and_the_eviction_policy_is_unknown() {
+    let server = RedisServer::start();
+    create_user(&server, &RULE.replace(" +info", "")).await;
+    let (a, b) = stores(&server).await;
+    assert_eq!(a.eviction().await.unwrap(), Eviction::Unknown);
+    take_turns(&a, &b).await.unwrap();
+    let refused = refused(&server).await;
+    assert!(
+        !refused.is_empty(),
+        "INFO was not refused: the test shows nothing"
+    );
+    assert!(refused.iter().all(|r| r.ends_with(" info")), "{refused:?}");
 }

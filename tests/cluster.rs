@@ -8,8 +8,11 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{Backend, Cluster, RedisCluster};
-use tower_lock::{LockStore, Token, key::LockKey, store::Acquire};
+use support::{Backend, Cluster, RedisCluster, RedisServer, proxy::Proxy};
+use tower_lock::{
+    ClusterStore, LockConfig, LockError, LockStore, Locker, Token, Wait, key::LockKey,
+    store::Acquire,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusion() {
@@ -215,4 +218,90 @@ async fn master_killed_replica_promoted() {
         "fencing went back after failover: {first} then {second}"
     );
     assert!(contender.release(&k, &other).await.unwrap());
+}
+
+/// A cluster of one node, owning every slot, that the cluster client reaches only through a
+/// fault proxy: the node announces the proxy's port (`cluster-announce-port`), so every
+/// connection the client opens to it, after the seed too, goes through the proxy.
+struct Proxied {
+    cluster: RedisCluster,
+    proxy: Proxy,
+}
+
+impl Proxied {
+    fn start() -> Self {
+        let cluster = RedisCluster::one_node(&[]);
+        let proxy = Proxy::start(cluster.nodes[0].port());
+        let port = proxy.port().to_string();
+        cluster.nodes[0].cli(&["CONFIG", "SET", "cluster-announce-ip", "127.0.0.1"]);
+        cluster.nodes[0].cli(&["CONFIG", "SET", "cluster-announce-port", &port]);
+        Self { cluster, proxy }
+    }
+
+    fn node(&self) -> &RedisServer {
+        &self.cluster.nodes[0]
+    }
+}
+
+impl Backend for Proxied {
+    type Store = ClusterStore;
+    const NAME: &'static str = "cluster";
+    async fn store(&self) -> ClusterStore {
+        ClusterStore::connect([self.proxy.url()])
+            .await
+            .expect("connect to the test cluster through its proxy")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_token_acquires_again() {
+    let cluster = tokio::task::block_in_place(Proxied::start);
+    suite::own_token_acquires_again(cluster).await;
+}
+
+/// The cluster client re-sends a request whose connection dropped (it reconnects and sends it
+/// again): here an acquire that Redis ran, whose reply the proxy dropped. The re-sent acquire
+/// finds the key held with the caller's own token and answers `Acquired`, so the caller holds
+/// it and releases it; another client gets the key as soon as it is released, not a TTL later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_resent_after_its_reply_was_lost_holds_the_key() {
+    let cluster = tokio::task::block_in_place(Proxied::start);
+    let ttl = Duration::from_secs(20);
+    let once = LockConfig::default().ttl(ttl).wait(Wait::none());
+    let a = Locker::with_config(cluster.store().await, once).unwrap();
+    let patient = LockConfig::default()
+        .ttl(ttl)
+        .wait(Wait::constant(Duration::from_millis(50)).deadline(Duration::from_secs(5)));
+    let b = Locker::with_config(cluster.store().await, patient).unwrap();
+    // Loads the script first, so that the dropped call is one Redis runs (not a NOSCRIPT).
+    a.acquire(a.key("t", "warm").unwrap())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    let before = support::calls_of(cluster.node(), "evalsha").await;
+    cluster.proxy.drop_reply_to(b"EVALSHA");
+    let key = a.key("t", "resent").unwrap();
+    let answer = a.acquire(key.clone()).await;
+    assert_eq!(cluster.proxy.replies_dropped(), 1, "no reply was dropped");
+    assert_eq!(
+        support::calls_of(cluster.node(), "evalsha").await - before,
+        2,
+        "the cluster client did not run the acquire twice"
+    );
+    let guard = match answer {
+        Ok(guard) => guard,
+        Err(LockError::Contended { .. }) => {
+            panic!("the re-sent acquire took the caller's own lease for another holder's")
+        }
+        Err(error) => panic!("{error}"),
+    };
+    assert!(guard.release().await.unwrap());
+    let started = Instant::now();
+    let next = b.acquire(key).await.expect("the key stayed locked");
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(1), "waited {waited:?}");
+    assert!(next.release().await.unwrap());
 }

@@ -346,6 +346,69 @@ async fn dropped_connections_keep_the_lease_refused_ones_answer_503() {
     println!("refused: slowest 503 {slowest:?}; recovered {took:?} after healing");
 }
 
+/// An acquire that Redis ran, whose reply was lost with its connection, on the default
+/// transport (a `ConnectionManager`, which reconnects but does not send a request again): the
+/// attempt fails (503), and the release its armed guard sends once the connection is back
+/// deletes the key it took after all, so the next client gets the key at once, not a TTL (20 s)
+/// later. With and without hand-off (their release scripts differ).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_whose_reply_is_lost_is_released_not_left_for_the_ttl() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(redis.port());
+    let mut conn = redis.client().await;
+    let ttl = Duration::from_secs(20);
+    for handoff in [true, false] {
+        let config = LockConfig::default().ttl(ttl).wait(Wait::none());
+        let lossy = books_app(
+            Arc::default(),
+            layer(connect(&proxy.url()).await.handoff(handoff), config),
+        );
+        let patient = LockConfig::default()
+            .ttl(ttl)
+            .wait(Wait::constant(Duration::from_millis(20)).deadline(Duration::from_secs(5)));
+        let direct = books_app(
+            Arc::default(),
+            layer(connect(&redis.url()).await.handoff(handoff), patient),
+        );
+        // Loads the scripts, so that the dropped call is one Redis runs (not a NOSCRIPT).
+        assert_eq!(
+            send(&lossy, purchase("warm", 0)).await.status(),
+            StatusCode::OK
+        );
+        let (before, dropped) = (
+            support::calls_of(&redis, "evalsha").await,
+            proxy.replies_dropped(),
+        );
+        proxy.drop_reply_to(b"EVALSHA");
+        let status = send(&lossy, purchase("k", 0)).await.status();
+        assert_eq!(proxy.replies_dropped(), dropped + 1, "no reply was dropped");
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "handoff {handoff}");
+        let freed = wait_for("the key freed", Duration::from_secs(5), async || {
+            held(&mut conn).await == 0
+        })
+        .await;
+        // The acquire, and its release sent after the reconnect: nothing was sent twice.
+        assert_eq!(
+            support::calls_of(&redis, "evalsha").await - before,
+            2,
+            "handoff {handoff}"
+        );
+        let started = Instant::now();
+        let status = send(&direct, purchase("k", 0)).await.status();
+        let waited = started.elapsed();
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "handoff {handoff}: the key stayed locked"
+        );
+        assert!(
+            waited < Duration::from_secs(1),
+            "handoff {handoff}: waited {waited:?}"
+        );
+        println!("handoff {handoff}: acquire reply lost, key freed after {freed:?}");
+    }
+}
+
 // -------------------------------------------------------------------------------------------
 // Latency
 

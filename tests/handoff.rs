@@ -493,6 +493,39 @@ async fn a_queued_caller_that_finds_the_key_free_keeps_its_place() {
     drop(behind);
 }
 
+/// The same enqueue sent twice (a request re-sent after its reply was lost) while the key is
+/// held: both answer `Queued`; the release hands the key to the waiter, its claim answers
+/// `Acquired` and takes its token out of the queue entirely, so after its own release the key
+/// is free for others (not handed to the waiter's token a second time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_enqueue_is_handed_the_key_once() {
+    let server = RedisServer::start();
+    let all = stores(&server, 3).await;
+    let (holder, waiter, other) = (&all[0], &all[1], &all[2]);
+    let k = key(&locker(holder.clone(), slow_timer()));
+    let ttl = Duration::from_secs(10);
+    let (h, w, o) = (
+        Token::generate().unwrap(),
+        Token::generate().unwrap(),
+        Token::generate().unwrap(),
+    );
+    assert!(matches!(
+        holder.acquire(&k, &h, ttl).await.unwrap(),
+        Acquire::Acquired { .. }
+    ));
+    for _ in 0..2 {
+        let answer = waiter.enqueue(&k, &w, ttl).await.unwrap();
+        assert!(matches!(answer, Acquire::Queued { .. }), "{answer:?}");
+    }
+    assert!(holder.release(&k, &h).await.unwrap());
+    let answer = waiter.enqueue(&k, &w, ttl).await.unwrap();
+    assert!(matches!(answer, Acquire::Acquired { .. }), "{answer:?}");
+    assert_eq!(queue_len(&server, &k).await, 0);
+    assert!(waiter.release(&k, &w).await.unwrap());
+    let answer = other.acquire(&k, &o, ttl).await.unwrap();
+    assert!(matches!(answer, Acquire::Acquired { .. }), "{answer:?}");
+}
+
 /// A lost hand-off message (here: the queue deleted, so the release frees the key instead)
 /// costs the waiter at most the holder's remaining TTL, not its whole wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,6 +17,7 @@ suite::tests!(
     contended_is_409_problem,
     max_hold_bounds_a_request,
     singleton_guard,
+    own_token_acquires_again,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -21,7 +21,27 @@ suite::tests!(
     contended_is_409_problem,
     max_hold_bounds_a_request,
     singleton_guard,
+    own_token_acquires_again,
 );
+
+/// `RedisStore` without hand-off (its acquire script takes another path for a held key).
+struct NoHandoff(RedisServer);
+
+impl Backend for NoHandoff {
+    type Store = RedisStore;
+    const NAME: &'static str = "redis without hand-off";
+    async fn store(&self) -> RedisStore {
+        RedisStore::connect(self.0.url())
+            .await
+            .expect("connect to the test redis-server")
+            .handoff(false)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_token_acquires_again_without_handoff() {
+    suite::own_token_acquires_again(NoHandoff(RedisServer::start())).await;
+}
 
 async fn delete_lock_keys(backend: Redis) -> Redis {
     let keys = backend.0.lock_keys().await;

@@ -23,6 +23,7 @@ suite::tests!(
     release_on_drop,
     contended_is_409_problem,
     singleton_guard,
+    own_token_acquires_again,
 );
 
 /// The negative control for the exclusion tests: the same load without the layer loses updates.

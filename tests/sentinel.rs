@@ -34,7 +34,8 @@ impl Backend for Sentinel {
 // Down after 5 s: no failover from a slow answer on a loaded machine during the suite.
 suite::tests!(
     Sentinel(tokio::task::block_in_place(|| SentinelSetup::start(Duration::from_secs(5))));
-    exclusion
+    exclusion,
+    own_token_acquires_again,
 );
 
 /// The negative control for `exclusion`.

@@ -4,7 +4,7 @@ use std::{fmt, time::Duration};
 
 use redis::{IntoConnectionInfo, cluster::ClusterClient, cluster_async::ClusterConnection};
 
-use super::{Acquire, LockStore, RedisStore, StoreError, redis::redis_error};
+use super::{Acquire, Eviction, LockStore, RedisStore, StoreError, redis::redis_error};
 use crate::{key::LockKey, token::Token};
 
 /// Leases in a Redis Cluster (the `cluster` feature).
@@ -44,6 +44,9 @@ pub struct ClusterStore {
 impl ClusterStore {
     /// Connects to the cluster through `seeds` (any of its nodes), with a 1 s connection timeout
     /// and a 2 s response timeout per command. Fails if no seed can be reached now.
+    ///
+    /// Once connected, it asks every master for its eviction policy and logs a warning for each
+    /// that may evict lock keys (see [`eviction`](Self::eviction)).
     pub async fn connect<T: IntoConnectionInfo>(
         seeds: impl IntoIterator<Item = T>,
     ) -> Result<Self, StoreError> {
@@ -53,7 +56,21 @@ impl ClusterStore {
             .build()
             .map_err(redis_error)?;
         let connection = client.get_async_connection().await.map_err(redis_error)?;
-        Ok(Self::from_connection(connection))
+        let store = Self::from_connection(connection);
+        store.inner.check_eviction().await;
+        Ok(store)
+    }
+
+    /// Asks every master now for its eviction policy (`INFO memory`): each master's address
+    /// (as the cluster announces it) and whether it may evict held leases and idempotency
+    /// records; see [`RedisStore::eviction`]. A master that refuses `INFO` answers
+    /// [`Eviction::Unknown`].
+    pub async fn eviction(&self) -> Result<Vec<(String, Eviction)>, StoreError> {
+        let servers = self.inner.evictions().await?;
+        Ok(servers
+            .into_iter()
+            .map(|s| (s.addr.unwrap_or_default(), s.eviction))
+            .collect())
     }
 
     /// Uses an existing cluster connection (clones share it).

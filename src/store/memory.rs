@@ -110,7 +110,12 @@ impl LockStore for MemoryStore {
             leases.retain(|_, e| e.expires > now);
         }
         let k = Self::key(key);
-        if let Some(entry) = leases.get(&k).filter(|e| e.expires > now) {
+        // Held with the caller's own token (the same acquire sent twice): acquired again, with
+        // the new TTL and a new fencing token, as in Redis.
+        if let Some(entry) = leases
+            .get(&k)
+            .filter(|e| e.expires > now && e.token != *token)
+        {
             return Ok(Acquire::Held {
                 expires_in: Some(entry.expires - now),
             });

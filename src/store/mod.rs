@@ -9,6 +9,7 @@
 
 #[cfg(feature = "cluster")]
 mod cluster;
+mod eviction;
 mod handoff;
 mod memory;
 mod redis;
@@ -24,6 +25,7 @@ use tokio::time::Instant;
 
 #[cfg(feature = "cluster")]
 pub use self::cluster::ClusterStore;
+pub use self::eviction::Eviction;
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
 pub(crate) use self::redis::lock_script;
@@ -38,7 +40,8 @@ use crate::{key::LockKey, token::Token};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Acquire {
-    /// The key was free and is now held with the caller's token.
+    /// The key was free (or already held with the caller's token) and is now held with the
+    /// caller's token.
     Acquired {
         /// Strictly greater than every fencing token handed out before for the same key.
         fencing_token: u64,
@@ -119,7 +122,10 @@ impl fmt::Debug for QueueWatch {
 /// Each operation must be atomic in the store:
 ///
 /// - `acquire`: if `key` is free, set it to `token` with a time to live of `ttl` and return a new
-///   fencing token; otherwise report that it is held.
+///   fencing token; if it already holds `token` (the same acquire sent again: a client that
+///   re-sends a request whose reply was lost, or a store that runs it again on a new master),
+///   reset its time to live to `ttl` and return a new fencing token, since the caller never saw
+///   the first; otherwise report that it is held.
 /// - `renew`: if `key` holds `token`, reset its time to live to `ttl` and return `true`;
 ///   otherwise return `false` and change nothing.
 /// - `release`: if `key` holds `token`, delete it (or, in a store that hands off, give it to the

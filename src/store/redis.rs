@@ -21,6 +21,7 @@ use tokio::{
 
 use super::{
     Acquire, LockStore, QueueWatch, StoreError, StoreErrorKind,
+    eviction::{Eviction, ServerEviction},
     handoff::{self, Handoff},
 };
 use crate::{concat::Concat, key::LockKey, token::Token};
@@ -36,6 +37,9 @@ const FENCE_SUFFIX: &[u8] = b":fence";
 
 /// Suffix of the hand-off queue's key, next to the lock key (same hash slot).
 const QUEUE_SUFFIX: &[u8] = b":queue";
+
+/// How long connecting waits for the server's eviction policy before it goes on without it.
+const EVICTION_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long a key handed to a waiter stays reserved for it unless it confirms (default).
 const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_secs(1);
@@ -313,6 +317,10 @@ impl RedisStore {
     /// The connection times out connecting after 1 s and waiting for a reply after 2 s; the
     /// layer bounds each operation more tightly still (its wait deadline and store timeout).
     /// Fails if the server cannot be reached now.
+    ///
+    /// Once connected, it asks the server for its eviction policy (`INFO memory`) and logs a
+    /// warning if the server may evict lock keys (any `maxmemory-policy` but `noeviction`; see
+    /// [`eviction`](Self::eviction)). A server that refuses `INFO` connects all the same.
     pub async fn connect<T: IntoConnectionInfo>(url: T) -> Result<Self, StoreError> {
         Ok(Self::connect_plain(url).await?.handoff(true))
     }
@@ -324,7 +332,9 @@ impl RedisStore {
         let manager = ConnectionManager::new_with_config(client.clone(), manager_config())
             .await
             .map_err(redis_error)?;
-        Ok(Self::from_connection_manager(manager).knowing(client))
+        let store = Self::from_connection_manager(manager).knowing(client);
+        store.check_eviction().await;
+        Ok(store)
     }
 
     /// Like [`connect`](Self::connect), but connects at the first command instead of now, and
@@ -472,6 +482,87 @@ impl RedisStore {
     pub fn claim_window(mut self, window: Duration) -> Self {
         self.claim_window = window.max(Duration::from_millis(10));
         self
+    }
+
+    /// Asks the server now for its eviction policy (`maxmemory-policy`, from `INFO memory`):
+    /// whether Redis may delete held leases and idempotency records before they expire when it
+    /// runs short of memory. Anything but [`Eviction::Never`] risks two holders at once (an
+    /// evicted lease) and handlers run twice (an evicted record); see [`Eviction`].
+    ///
+    /// [`connect`](Self::connect) asks once and logs a warning; stores built from your own
+    /// connection, manager or pool are not asked unless you call this. A server that refuses
+    /// `INFO` answers [`Eviction::Unknown`]; the error is for a server that cannot be reached.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_lock::{RedisStore, store::Eviction};
+    ///
+    /// let store = RedisStore::connect("redis://127.0.0.1/").await?;
+    /// if let Eviction::Possible { policy, .. } = store.eviction().await? {
+    ///     return Err(format!("Redis may evict held locks (maxmemory-policy {policy})").into());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn eviction(&self) -> Result<Eviction, StoreError> {
+        let servers = self.evictions().await?;
+        Ok(Eviction::riskiest(servers.into_iter().map(|s| s.eviction)))
+    }
+
+    /// `INFO memory`, read: one answer for the server of a plain connection, one per master
+    /// (with its address) on a cluster.
+    pub(crate) async fn evictions(&self) -> Result<Vec<ServerEviction>, StoreError> {
+        let mut info = redis::cmd("INFO");
+        info.arg("memory");
+        Ok(match self.query(Request::Cmd(&info)).await? {
+            // A cluster: each master's answer (or refusal) under its address.
+            Ok(Value::Map(servers)) => servers
+                .into_iter()
+                .map(|(addr, answer)| {
+                    let addr = redis::from_redis_value::<String>(addr).ok();
+                    match answer {
+                        Value::ServerError(_) => ServerEviction {
+                            addr,
+                            eviction: Eviction::Unknown,
+                            maxmemory: None,
+                        },
+                        answer => ServerEviction::from_info(addr, &info_text(answer)),
+                    }
+                })
+                .collect(),
+            Ok(answer) => vec![ServerEviction::from_info(None, &info_text(answer))],
+            // Refused (an ACL without `+info`, a proxy that filters it): unknown.
+            Err(e) if e.kind() != ErrorKind::Io && !e.is_timeout() => vec![ServerEviction {
+                addr: None,
+                eviction: Eviction::Unknown,
+                maxmemory: None,
+            }],
+            Err(e) => return Err(redis_error(e)),
+        })
+    }
+
+    /// Reads the eviction policy of the server(s) and logs a warning for each that may evict;
+    /// never fails, and gives up after a second (a server that does not answer is logged at
+    /// debug), so that connecting takes at most that much longer.
+    pub(crate) async fn check_eviction(&self) {
+        let addr = self
+            .client
+            .as_ref()
+            .map(|c| c.get_connection_info().addr().to_string());
+        let asked = tokio::time::timeout(EVICTION_CHECK_TIMEOUT, self.evictions())
+            .await
+            .unwrap_or_else(|_| Err(StoreError::timeout(EVICTION_CHECK_TIMEOUT)));
+        match asked {
+            Ok(servers) => {
+                for server in servers {
+                    server.log(addr.as_deref());
+                }
+            }
+            Err(error) => tracing::debug!(
+                server = addr.as_deref().unwrap_or("?"),
+                error = &error as &dyn std::error::Error,
+                "could not ask the Redis server for its maxmemory-policy"
+            ),
+        }
     }
 
     fn knowing(mut self, client: Client) -> Self {

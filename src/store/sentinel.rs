@@ -16,7 +16,9 @@ use redis::{
     sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType},
 };
 
-use super::{Acquire, LockStore, RedisStore, StoreError, StoreErrorKind, redis::redis_error};
+use super::{
+    Acquire, Eviction, LockStore, RedisStore, StoreError, StoreErrorKind, redis::redis_error,
+};
 use crate::{idempotency::IdempotencyStore, key::LockKey, token::Token};
 
 /// The sentinels are asked again at most this often, however many calls fail at once.
@@ -249,6 +251,15 @@ impl SentinelStore {
     #[must_use]
     pub fn wait_for_replicas(self, replicas: usize, timeout: Duration) -> Self {
         self.configure(|s| s.replicas = (replicas > 0).then_some((replicas, timeout)))
+    }
+
+    /// Asks the current master now for its eviction policy (`INFO memory`); see
+    /// [`RedisStore::eviction`]. The store also reads it from every master it connects to, the
+    /// first and each one after a failover, and logs a warning for one that may evict lock
+    /// keys: replicas are promoted with their own configuration, so give them all
+    /// `maxmemory-policy noeviction`.
+    pub async fn eviction(&self) -> Result<Eviction, StoreError> {
+        self.run(|m| async move { m.store.eviction().await }).await
     }
 
     /// The address of the master calls go to now (`host:port`).

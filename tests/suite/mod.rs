@@ -401,6 +401,61 @@ pub async fn singleton_guard<B: Backend>(backend: B) {
     assert!(guard.release().await.unwrap());
 }
 
+/// The same acquire sent twice with one token, as a client re-sends a request whose reply was
+/// lost (the cluster client after a dropped connection, `SentinelStore` on the new master): the
+/// second answers `Acquired` too, with a larger fencing token and the TTL it asked for, so the
+/// caller holds the key and releases it, rather than taking its own lease for another holder's
+/// and leaving the key locked for a TTL. Another token is still refused (the negative control).
+pub async fn own_token_acquires_again<B: Backend>(backend: B) {
+    use tower_lock::{LockStore, Token, store::Acquire};
+    let store = backend.store().await;
+    let key = tower_lock::key::LockKey::new("tower-lock:", "resent", b"k", 64).unwrap();
+    let (mine, other) = (Token::generate().unwrap(), Token::generate().unwrap());
+    let fence = |answer: Acquire| match answer {
+        Acquire::Acquired { fencing_token } => fencing_token,
+        other => panic!(
+            "{}: the caller's own token not acquired: {other:?}",
+            B::NAME
+        ),
+    };
+    let first = fence(
+        store
+            .acquire(&key, &mine, Duration::from_secs(2))
+            .await
+            .unwrap(),
+    );
+    let again = fence(
+        store
+            .acquire(&key, &mine, Duration::from_secs(60))
+            .await
+            .unwrap(),
+    );
+    assert!(
+        again > first,
+        "{}: fencing token {again} after {first}",
+        B::NAME
+    );
+    // The second call set the TTL it asked for.
+    match store
+        .acquire(&key, &other, Duration::from_secs(2))
+        .await
+        .unwrap()
+    {
+        Acquire::Held {
+            expires_in: Some(left),
+        } => assert!(left > Duration::from_secs(30), "{}: {left:?} left", B::NAME),
+        answer => panic!("{}: another token got {answer:?}", B::NAME),
+    }
+    assert!(store.release(&key, &mine).await.unwrap(), "{}", B::NAME);
+    fence(
+        store
+            .acquire(&key, &other, Duration::from_secs(2))
+            .await
+            .unwrap(),
+    );
+    assert!(store.release(&key, &other).await.unwrap());
+}
+
 /// Polls `cond` until true, for at most 5 s.
 pub async fn wait_until(cond: impl Fn() -> bool) {
     let start = Instant::now();

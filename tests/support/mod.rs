@@ -508,6 +508,23 @@ impl RedisCluster {
         cluster
     }
 
+    /// A cluster of one master that owns every slot (`CLUSTER ADDSLOTSRANGE`), with extra
+    /// `redis-server` arguments.
+    pub fn one_node(extra_args: &[&str]) -> Self {
+        let mut args = vec![
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+        ];
+        args.extend_from_slice(extra_args);
+        let node = RedisServer::start_with(&args);
+        node.cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
+        let cluster = Self { nodes: vec![node] };
+        cluster.wait_until_ok();
+        cluster
+    }
+
     /// Waits until every running node reports `cluster_state:ok` and agrees on the masters.
     pub fn wait_until_ok(&self) {
         let start = Instant::now();

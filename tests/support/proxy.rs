@@ -12,6 +12,7 @@
 //! | [`Proxy::stall`] | accepted, never answered | bytes held (sent on after `heal`) |
 //! | [`Proxy::refuse`] | refused (`ECONNREFUSED`: nothing listens) | unchanged |
 //! | [`Proxy::drop_all`] | unchanged | closed, both sides, at once |
+//! | [`Proxy::drop_reply_to`] | unchanged | the next request containing `needle` is sent on; its connection is closed when the reply comes back, before the client sees it (once) |
 //!
 //! Latency delays each chunk from the moment the proxy read it, without capping throughput:
 //! pipelined commands all arrive `d` late, they do not queue behind each other's delays. A round
@@ -22,8 +23,8 @@ use std::{
     collections::VecDeque,
     net::SocketAddr,
     sync::{
-        Arc,
-        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -32,7 +33,7 @@ use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream, tcp::OwnedReadHalf, tcp::OwnedWriteHalf},
     runtime::Runtime,
-    sync::{mpsc, watch},
+    sync::{Notify, mpsc, watch},
     time::Instant,
 };
 
@@ -51,6 +52,10 @@ struct Shared {
     epoch: watch::Sender<u64>,
     open: AtomicUsize,
     accepted: AtomicUsize,
+    /// Set by `drop_reply_to`: the bytes a request must contain to have its reply dropped.
+    drop_reply: Mutex<Option<Vec<u8>>>,
+    /// Replies dropped so far.
+    replies_dropped: AtomicUsize,
 }
 
 /// A proxy from `127.0.0.1:<port>` to `127.0.0.1:<upstream>`; stopped on drop.
@@ -80,6 +85,8 @@ impl Proxy {
             epoch: watch::channel(0).0,
             open: AtomicUsize::new(0),
             accepted: AtomicUsize::new(0),
+            drop_reply: Mutex::new(None),
+            replies_dropped: AtomicUsize::new(0),
         });
         let upstream: SocketAddr = ([127, 0, 0, 1], upstream).into();
         let accept_shared = Arc::clone(&shared);
@@ -130,6 +137,18 @@ impl Proxy {
     /// Closes every open connection, both sides.
     pub fn drop_all(&self) {
         self.shared.epoch.send_modify(|e| *e += 1);
+    }
+
+    /// Once: the next chunk a client sends that contains `needle` is sent on to the server, and
+    /// when the server's reply comes back the proxy closes that connection, both sides, without
+    /// passing the reply on: the request ran, its caller only sees the connection drop.
+    pub fn drop_reply_to(&self, needle: &[u8]) {
+        *self.shared.drop_reply.lock().unwrap() = Some(needle.to_vec());
+    }
+
+    /// Replies dropped by [`drop_reply_to`](Self::drop_reply_to) so far.
+    pub fn replies_dropped(&self) -> usize {
+        self.shared.replies_dropped.load(Ordering::SeqCst)
     }
 
     /// Connections open through the proxy now.
@@ -220,16 +239,42 @@ async fn connection(client: TcpStream, upstream: SocketAddr, shared: Arc<Shared>
     let _ = server.set_nodelay(true);
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
+    let cut = Cut::default();
     tokio::select! {
-        _ = pump(client_read, server_write, &shared) => {}
-        _ = pump(server_read, client_write, &shared) => {}
+        _ = pump(client_read, server_write, &shared, &cut, Way::Request) => {}
+        _ = pump(server_read, client_write, &shared, &cut, Way::Reply) => {}
         _ = epoch.changed() => {}
+        () = cut.now.notified() => {}
     }
     // Both halves of both sockets drop here: each side sees the connection close.
 }
 
-/// Copies one direction, applying the mode to every chunk when it is sent on.
-async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: &Shared) {
+/// One connection's part in `drop_reply_to`.
+#[derive(Default)]
+struct Cut {
+    /// A request whose reply is to be dropped was sent on.
+    armed: AtomicBool,
+    /// Closes the connection.
+    now: Notify,
+}
+
+/// Which way a pump copies.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Way {
+    /// Client to server: a request may arm the connection's `Cut`.
+    Request,
+    /// Server to client: an armed `Cut` drops the reply and closes the connection.
+    Reply,
+}
+
+/// Copies one direction, applying the mode to every chunk when it is sent on, and `drop_reply_to`.
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    shared: &Shared,
+    cut: &Cut,
+    way: Way,
+) {
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let reader = async move {
         let mut buf = vec![0u8; 16 * 1024];
@@ -282,6 +327,24 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: &Shared) 
                     () = tokio::time::sleep_until(send_at) => break,
                     changed = mode.changed() => if changed.is_err() { return },
                 }
+            }
+            match way {
+                Way::Request => {
+                    let mut needle = shared.drop_reply.lock().unwrap();
+                    let hit = needle
+                        .as_deref()
+                        .is_some_and(|n| bytes.windows(n.len()).any(|w| w == n));
+                    if hit {
+                        *needle = None;
+                        cut.armed.store(true, Ordering::SeqCst);
+                    }
+                }
+                Way::Reply if cut.armed.load(Ordering::SeqCst) => {
+                    shared.replies_dropped.fetch_add(1, Ordering::SeqCst);
+                    cut.now.notify_one();
+                    return;
+                }
+                Way::Reply => {}
             }
             if to.write_all(&bytes).await.is_err() {
                 return;

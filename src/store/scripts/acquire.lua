@@ -5,7 +5,8 @@
 -- With hand-off: ARGV[4]: the claim window in ms. ARGV[5]: the caller's stamp. ARGV[6]: the
 -- caller's channel, or '' to not queue (a caller that will not wait, or cannot hear the
 -- hand-off). ARGV[7]: '1' if the caller may be queued already (a later attempt), else '0'.
--- Returns {1, fencing token} when acquired (or a hand-off to the caller claimed),
+-- Returns {1, fencing token} when acquired (or a hand-off to the caller claimed, or the key
+-- found held with the caller's own token: the same acquire sent again),
 -- {0, remaining ttl in ms} when held by someone else, {2, ms} when held and the caller is
 -- queued (check again within that many ms if told nothing).
 local lock, fence_key, queue = KEYS[1], KEYS[2], KEYS[3]
@@ -16,6 +17,14 @@ if took and (not queue or redis.call('LLEN', queue) == 0) then
   return {1, new_fence(fence_key, retention)}
 end
 if not queue then
+  if redis.call('GET', lock) == token then
+    -- Held with the caller's own token: this acquire was sent again (its reply was lost and
+    -- the client re-sent it, or `SentinelStore` ran it again on a new master that had it
+    -- replicated). The caller holds the key: renewed to the full time to live, with a fencing
+    -- token of its own (higher than the one whose answer was lost).
+    redis.call('PEXPIRE', lock, ttl)
+    return {1, new_fence(fence_key, retention)}
+  end
   return {0, redis.call('PTTL', lock)}
 end
 -- @handoff
@@ -40,9 +49,10 @@ if took then
     return {0, tonumber(claim)}
   end
 elseif redis.call('GET', lock) == token then
-  -- Handed to the caller by a release: claim it for the full time to live, with a fencing
-  -- token of its own (higher than the one the hand-off announced, which the caller only uses
-  -- when it did not send this).
+  -- Handed to the caller by a release, or taken by this same acquire sent before (a re-sent
+  -- request): claim it for the full time to live, with a fencing token of its own (higher than
+  -- the one the hand-off announced or the lost answer carried, which the caller only uses when
+  -- it did not send this).
   redis.call('PEXPIRE', lock, ttl)
   leave(queue, token)
   return {1, new_fence(fence_key, retention)}
