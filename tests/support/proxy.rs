@@ -12,6 +12,7 @@
 //! | [`Proxy::stall`] | accepted, never answered | bytes held (sent on after `heal`) |
 //! | [`Proxy::refuse`] | refused (`ECONNREFUSED`: nothing listens) | unchanged |
 //! | [`Proxy::drop_all`] | unchanged | closed, both sides, at once |
+//! | [`Proxy::redirect`] | forwarded to another server | unchanged |
 //!
 //! Latency delays each chunk from the moment the proxy read it, without capping throughput:
 //! pipelined commands all arrive `d` late, they do not queue behind each other's delays. A round
@@ -22,7 +23,7 @@ use std::{
     collections::VecDeque,
     net::SocketAddr,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
     },
     time::Duration,
@@ -51,6 +52,8 @@ struct Shared {
     epoch: watch::Sender<u64>,
     open: AtomicUsize,
     accepted: AtomicUsize,
+    /// Where new connections go.
+    upstream: Mutex<SocketAddr>,
 }
 
 /// A proxy from `127.0.0.1:<port>` to `127.0.0.1:<upstream>`; stopped on drop.
@@ -80,12 +83,12 @@ impl Proxy {
             epoch: watch::channel(0).0,
             open: AtomicUsize::new(0),
             accepted: AtomicUsize::new(0),
+            upstream: Mutex::new(([127, 0, 0, 1], upstream).into()),
         });
-        let upstream: SocketAddr = ([127, 0, 0, 1], upstream).into();
         let accept_shared = Arc::clone(&shared);
         runtime.spawn(async move {
             let listener = TcpListener::from_std(listener).expect("register the proxy listener");
-            accept_loop(listener, port, upstream, accept_shared).await
+            accept_loop(listener, port, accept_shared).await
         });
         Self {
             port,
@@ -132,6 +135,12 @@ impl Proxy {
         self.shared.epoch.send_modify(|e| *e += 1);
     }
 
+    /// Sends new connections to `127.0.0.1:upstream` (an address moving to another server, as
+    /// a virtual IP or a DNS name does after a failover). Open ones stay where they are.
+    pub fn redirect(&self, upstream: u16) {
+        *self.shared.upstream.lock().unwrap() = ([127, 0, 0, 1], upstream).into();
+    }
+
     /// Connections open through the proxy now.
     pub fn open_connections(&self) -> usize {
         self.shared.open.load(Ordering::SeqCst)
@@ -152,12 +161,7 @@ impl Drop for Proxy {
     }
 }
 
-async fn accept_loop(
-    mut listener: TcpListener,
-    port: u16,
-    upstream: SocketAddr,
-    shared: Arc<Shared>,
-) {
+async fn accept_loop(mut listener: TcpListener, port: u16, shared: Arc<Shared>) {
     let mut mode = shared.mode.subscribe();
     loop {
         if *mode.borrow_and_update() == Mode::Refuse {
@@ -175,6 +179,7 @@ async fn accept_loop(
             accepted = listener.accept() => {
                 let Ok((client, _)) = accepted else { continue };
                 shared.accepted.fetch_add(1, Ordering::SeqCst);
+                let upstream = *shared.upstream.lock().unwrap();
                 tokio::spawn(connection(client, upstream, Arc::clone(&shared)));
             }
             changed = mode.changed() => if changed.is_err() { return },
