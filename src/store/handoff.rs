@@ -199,6 +199,14 @@ impl Handoff {
         ));
     }
 
+    /// Moves the subscription to `client`'s server (the master a `SentinelStore` follows now):
+    /// from now on waiters do not queue until it is up there, and then every waiter checks
+    /// again (its queue entry may not have reached the new master).
+    #[cfg(feature = "sentinel")]
+    pub(crate) fn retarget(&self, client: Client) {
+        self.bump(Some(client));
+    }
+
     /// Subscribes again, to the same address, after an attempt found that the subscription is
     /// not on the server the store's calls reach (an address that moved to another server);
     /// at most once per [`RESUBSCRIBE_AFTER`]. Whether it did.

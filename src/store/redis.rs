@@ -471,6 +471,15 @@ impl RedisStore {
         self
     }
 
+    /// Uses `handoff` (or none) for this store's waiters: a [`SentinelStore`](super::SentinelStore)
+    /// gives the stores of every master it follows the same one (one channel, one subscription
+    /// that it moves to each new master, one registry of waiters).
+    #[cfg(feature = "sentinel")]
+    pub(crate) fn attach_handoff(mut self, handoff: Option<Arc<Handoff>>) -> Self {
+        self.handoff = handoff;
+        self
+    }
+
     /// How long a key handed to a waiter stays reserved for it before it must confirm
     /// (default 1 s). A waiter that was queued for longer than about half of this confirms
     /// before it runs (one more command); a waiter whose process hangs delays the queue by this
