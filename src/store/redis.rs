@@ -471,9 +471,10 @@ impl RedisStore {
         self
     }
 
-    /// Uses `handoff` (or none) for this store's waiters: a [`SentinelStore`](super::SentinelStore)
-    /// gives the stores of every master it follows the same one (one channel, one subscription
-    /// that it moves to each new master, one registry of waiters).
+    /// Uses `handoff` (or none) for this store's waiters: a
+    /// [`SentinelStore`](super::SentinelStore) gives the stores of every master it follows the
+    /// same one (one channel, one subscription that it moves to each new master, one registry
+    /// of waiters).
     #[cfg(feature = "sentinel")]
     pub(crate) fn attach_handoff(mut self, handoff: Option<Arc<Handoff>>) -> Self {
         self.handoff = handoff;
