@@ -155,16 +155,17 @@ async fn the_documented_acl_rule_is_enough() {
     );
 }
 
-/// The negative control: the same rule without `+pubsub|numsub`. Acquiring and queueing still
-/// work; the release that hands the key over is refused.
+/// The negative control: the same rule without `+pubsub|numsub`. Acquiring still works; the
+/// attempt that queues a waiter (it checks that the waiter's process listens on this server)
+/// and the release that hands the key over are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_pubsub_numsub_a_handing_over_release_is_refused() {
+async fn without_pubsub_numsub_hand_off_is_refused() {
     let server = RedisServer::start();
     create_user(&server, &RULE.replace(" +pubsub|numsub", "")).await;
     let (a, b) = stores(&server).await;
     let error = take_turns(&a, &b)
         .await
-        .expect_err("the release that hands over should have been refused");
+        .expect_err("queueing and handing over should have been refused");
     assert!(matches!(error, LockError::Store(_)), "{error:?}");
     let refused = refused(&server).await;
     assert!(

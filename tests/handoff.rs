@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use support::{RedisServer, calls_of, handoff_subscriptions};
+use support::{RedisServer, calls_of, handoff_subscriptions, proxy::Proxy};
 use tower_lock::{
     LockConfig, LockError, LockStore, Locker, RedisStore, Token, Wait, key::LockKey, store::Acquire,
 };
@@ -608,6 +608,152 @@ async fn a_broken_subscription_still_gets_the_handoff() {
         "waited for the holder's TTL instead of checking after resubscribing: {took:?}"
     );
     assert!(server.lock_keys().await.is_empty(), "keys left behind");
+}
+
+/// A store used from another runtime after the one it was connected in shut down (its
+/// subscription was a task there, and died with it) subscribes again from the runtime that uses
+/// it: waiters of three such processes still queue, in arrival order, and each is handed the key
+/// by the release before it, not woken by its 5 s timer.
+#[test]
+fn a_store_that_outlives_its_runtime_subscribes_again() {
+    let server = RedisServer::start();
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    let all = first.block_on(stores(&server, 4));
+    drop(first);
+    runtime().block_on(async {
+        // The subscriptions went with the first runtime.
+        let started = Instant::now();
+        while !handoff_channels(&server).await.is_empty() {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "subscriptions outlived their runtime"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // So did the data connections: each store's first call fails (its connection manager
+        // reconnects then). Not what this test is about.
+        for store in &all {
+            reconnect(store).await;
+        }
+        let mut all = all.into_iter();
+        let holder = locker(all.next().unwrap(), slow_timer());
+        let k = key(&holder);
+        let held = holder.acquire(k.clone()).await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for (i, store) in all.enumerate() {
+            let (waiter, order) = (locker(store, slow_timer()), Arc::clone(&order));
+            tasks.push(tokio::spawn(async move {
+                let guard = waiter.acquire(key(&waiter)).await.unwrap();
+                order.lock().unwrap().push(i);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                guard.release().await.unwrap();
+            }));
+            queued(&server, &k, i + 1).await;
+        }
+        let started = Instant::now();
+        held.release().await.unwrap();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "a waiter waited for its 5 s timer: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            *order.lock().unwrap(),
+            [0, 1, 2],
+            "not first come first served"
+        );
+        assert!(server.lock_keys().await.is_empty(), "keys left behind");
+    });
+}
+
+/// Calls `store` until a call succeeds, for at most 5 s.
+async fn reconnect(store: &RedisStore) {
+    let k = LockKey::new("tower-lock:", "warm", b"up", 64).unwrap();
+    let token = Token::generate().unwrap();
+    let started = Instant::now();
+    while let Err(error) = store.acquire(&k, &token, Duration::from_secs(1)).await {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the store never reconnected: {error}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    store.release(&k, &token).await.unwrap();
+}
+
+/// The hand-off channels subscribed on `server` now.
+async fn handoff_channels(server: &RedisServer) -> Vec<String> {
+    let mut conn = server.client().await;
+    redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg("tower-lock:handoff:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// The store's address moves to another server (a virtual IP or a DNS name after a failover):
+/// its data connection breaks and reconnects there, while its subscription, still open, stays
+/// on the old server. Its waiter is not queued where nobody would hear its hand-off (the release
+/// would skip it as a crashed waiter's, leaving it to its 5 s timer): the store subscribes
+/// again, through the moved address, and the waiter is queued and handed the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_subscription_follows_an_address_that_moved() {
+    let (old, new) = (RedisServer::start(), RedisServer::start());
+    let address = Proxy::start(old.port());
+    let moving = RedisStore::connect(address.url()).await.unwrap();
+    handoff_subscriptions(&old, 1).await;
+    let holder = locker(stores(&new, 1).await.remove(0), slow_timer());
+    address.redirect(new.port());
+    // The old server drops its clients but the subscriber (as a demoted master may).
+    support::redis_cli(&[
+        "-p",
+        &old.port().to_string(),
+        "CLIENT",
+        "KILL",
+        "TYPE",
+        "normal",
+    ]);
+    reconnect(&moving).await;
+    assert_eq!(
+        handoff_channels(&new).await.len(),
+        1,
+        "subscribed on the new server already"
+    );
+
+    let k = key(&holder);
+    let held = holder.acquire(k.clone()).await.unwrap();
+    let waiter = locker(moving, slow_timer());
+    let next = tokio::spawn(async move {
+        let guard = waiter.acquire(key(&waiter)).await.unwrap();
+        let fencing_token = guard.fencing_token();
+        guard.release().await.unwrap();
+        fencing_token
+    });
+    queued(&new, &k, 1).await;
+    // Its subscription is on the new server now, where its entry is.
+    assert_eq!(handoff_channels(&new).await.len(), 2);
+    let (started, first) = (Instant::now(), held.fencing_token());
+    held.release().await.unwrap();
+    let fencing_token = next.await.unwrap();
+    assert!(fencing_token > first);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the waiter was skipped and woken by its 5 s timer: {:?}",
+        started.elapsed()
+    );
+    assert!(new.lock_keys().await.is_empty(), "keys left behind");
 }
 
 /// Four processes taking one key 25 times each: never two holders at once, every acquisition

@@ -1,18 +1,25 @@
-//! Hand-off signals for [`RedisStore`](super::RedisStore), over pub/sub.
+//! Hand-off signals for [`RedisStore`](super::RedisStore) and
+//! [`SentinelStore`](super::SentinelStore), over pub/sub.
 //!
 //! With hand-off on, a waiter that finds its key held joins the key's queue in Redis (see
 //! `scripts/handoff.lua`), and a release gives the key straight to the head of the queue and
-//! publishes that on the head's channel. Every store has a channel of its own, subscribed once
-//! on a RESP3 connection of its own (started at `connect`), whose reader task passes each
-//! message straight to the one waiter it is for.
+//! publishes that on the head's channel. Every store has a channel of its own, subscribed on a
+//! RESP3 connection of its own, whose reader task passes each message straight to the one
+//! waiter it is for.
+//!
+//! The subscription follows the store: it is on the server the store's calls go to (its
+//! *target*), and a `SentinelStore` that follows a failover moves it to the new master
+//! ([`Handoff::retarget`]). It runs as a task on a Tokio runtime; when that runtime shuts down
+//! while the store lives on, the next call that queues a waiter starts it again on its own
+//! runtime ([`Handoff::ready`]).
 
 use std::{
     collections::HashMap,
     fmt,
     pin::Pin,
     sync::{
-        Arc, Mutex, Once, OnceLock,
-        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc, Mutex, OnceLock,
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     task::{Context, Poll},
     time::Duration,
@@ -21,15 +28,20 @@ use std::{
 use redis::{AsyncConnectionConfig, Client, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::{
     runtime::Handle,
-    sync::{Notify, mpsc, oneshot},
+    sync::{Notify, mpsc, watch},
     time::Instant,
 };
 
 use super::{QueueSignals, QueueWatch, Signal};
 use crate::{telemetry::Chain, token::Token};
 
-/// How long to wait before subscribing again after the connection broke.
+/// How long to wait before subscribing again after the connection broke; also the least time
+/// between two resubscriptions asked for by [`Handoff::resubscribe`].
 const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a waiter's attempt waits for a subscription that is being made (just started, or
+/// moved to a new master) before it goes on without queueing.
+const SUBSCRIBE_WAIT: Duration = Duration::from_millis(250);
 
 /// Hex digits of a queue entry's stamp.
 const STAMP_LEN: usize = 16;
@@ -85,24 +97,56 @@ impl Registry {
             }
         }
     }
+
+    /// Has every waiter check again now (hand-offs may have been missed, or their queue entries
+    /// may be on a server the store no longer uses).
+    fn retry_all(&self) {
+        for tx in self.waiters.values() {
+            let _ = tx.send(Signal::Retry);
+        }
+    }
+}
+
+/// Where the subscription goes: the server the store's calls go to now.
+#[derive(Clone)]
+struct Target {
+    client: Client,
+    /// Counts the subscriptions asked for: bumped by every start of the subscriber task and
+    /// every [`retarget`](Handoff::retarget) or [`resubscribe`](Handoff::resubscribe).
+    generation: u64,
+}
+
+/// What the stores and the subscriber task share about the subscription.
+#[derive(Default)]
+struct State {
+    /// The [`Target`]'s generation, readable without the channel's lock.
+    generation: AtomicU64,
+    /// The generation the subscription is up for (0: none). Only a subscription up for the
+    /// current generation counts: one to a server the store has left does not.
+    live: AtomicU64,
+    /// Whether a subscriber task runs (cleared when it ends, however: also when its runtime
+    /// shuts down).
+    running: AtomicBool,
+    /// When a resubscription was last asked for.
+    last_resubscribe: Mutex<Option<Instant>>,
 }
 
 pub(crate) struct Handoff {
-    client: Client,
+    /// The subscription's target. The subscriber task watches it, and stops when it is dropped
+    /// (with the last clone of the store).
+    target: watch::Sender<Target>,
+    /// The latest generation whose first subscription attempt has ended, up or not.
+    settled: watch::Sender<u64>,
     channel: Arc<str>,
     waiters: Waiters,
     /// How many waiters are registered (to skip the lock when none are).
     registered: Arc<AtomicUsize>,
-    /// Subscribed now: only then do waiters join queues (and rely on being told).
-    live: Arc<AtomicBool>,
-    started: Once,
-    /// Dropped with the last clone of the store, which stops the subscriber task.
-    stop: Mutex<Option<oneshot::Receiver<()>>>,
-    _stop: oneshot::Sender<()>,
+    state: Arc<State>,
 }
 
 impl Handoff {
-    /// A hand-off receiver on a fresh channel, `tower-lock:handoff:<random>`.
+    /// A hand-off receiver on a fresh channel, `tower-lock:handoff:<random>`, that will
+    /// subscribe on `client`'s server. Nothing runs until [`ensure_running`](Self::ensure_running).
     pub(crate) fn new(client: Client) -> Arc<Self> {
         let id = Token::generate().map_or_else(
             // Without randomness, still unique within the process (lock tokens would fail
@@ -110,46 +154,118 @@ impl Handoff {
             |_| format!("pid-{}", std::process::id()),
             |t| String::from_utf8_lossy(t.as_bytes()).into_owned(),
         );
-        let (tx, rx) = oneshot::channel();
         Arc::new(Self {
-            client,
+            target: watch::Sender::new(Target {
+                client,
+                generation: 0,
+            }),
+            settled: watch::Sender::new(0),
             channel: Arc::from(format!("tower-lock:handoff:{id}")),
             waiters: Arc::default(),
             registered: Arc::default(),
-            live: Arc::new(AtomicBool::new(false)),
-            started: Once::new(),
-            stop: Mutex::new(Some(rx)),
-            _stop: tx,
+            state: Arc::default(),
         })
     }
 
-    /// Starts the subscriber task, once, on the current Tokio runtime (a no-op outside one).
+    /// Starts the subscriber task on the current Tokio runtime, unless it runs already (a no-op
+    /// outside a runtime).
     ///
-    /// Called by [`RedisStore::handoff`](super::RedisStore::handoff), which `connect` calls
-    /// inside its runtime. The task lives as long as that runtime: if it shuts down while the
-    /// store lives on, the store stops queueing its waiters (they use their timers) and does
-    /// not subscribe again.
-    pub(crate) fn start(&self) {
-        let Ok(handle) = Handle::try_current() else {
+    /// The task lives as long as its runtime: if that shuts down while the store lives on, the
+    /// next call (from another runtime) starts it again there.
+    pub(crate) fn ensure_running(&self) {
+        if self.state.running.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(runtime) = Handle::try_current() else {
             return;
         };
-        self.started.call_once(|| {
-            let stop = self.stop.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(stop) = stop {
-                handle.spawn(subscribe(
-                    self.client.clone(),
-                    Arc::clone(&self.channel),
-                    Arc::clone(&self.waiters),
-                    Arc::clone(&self.live),
-                    stop,
-                ));
+        if self.state.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.bump(None);
+        // Made before the spawn, so that it runs even if the task is never polled (a runtime
+        // shutting down drops it at once).
+        let running = Running {
+            state: Arc::clone(&self.state),
+            waiters: Arc::clone(&self.waiters),
+        };
+        runtime.spawn(subscribe(
+            self.target.subscribe(),
+            self.settled.clone(),
+            Arc::clone(&self.channel),
+            Arc::clone(&self.waiters),
+            Arc::clone(&self.state),
+            running,
+        ));
+    }
+
+    /// Moves the subscription to `client`'s server (the master a `SentinelStore` follows now):
+    /// from now on waiters do not queue until it is up there, and then every waiter checks
+    /// again (its queue entry may not have reached the new master).
+    #[cfg(feature = "sentinel")]
+    pub(crate) fn retarget(&self, client: Client) {
+        self.bump(Some(client));
+    }
+
+    /// Subscribes again, to the same address, after an attempt found that the subscription is
+    /// not on the server the store's calls reach (an address that moved to another server);
+    /// at most once per [`RESUBSCRIBE_AFTER`]. Whether it did.
+    pub(crate) fn resubscribe(&self) -> bool {
+        {
+            let mut last = self
+                .state
+                .last_resubscribe
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            if last.is_some_and(|at| now.saturating_duration_since(at) < RESUBSCRIBE_AFTER) {
+                return false;
             }
+            *last = Some(now);
+        }
+        tracing::debug!(
+            "the hand-off subscription is not on the store's server; subscribing again"
+        );
+        self.bump(None);
+        true
+    }
+
+    /// A new generation of the target (with `client`, if given): the subscription up now no
+    /// longer counts, and the subscriber task (if any) makes a new one.
+    fn bump(&self, client: Option<Client>) {
+        self.target.send_modify(|target| {
+            if let Some(client) = client {
+                target.client = client;
+            }
+            target.generation += 1;
+            self.state
+                .generation
+                .store(target.generation, Ordering::Release);
         });
     }
 
-    /// Whether the subscription is up, so that hand-offs will reach this process.
+    /// Whether the subscription is up on the store's server, so that hand-offs will reach this
+    /// process.
     pub(crate) fn is_live(&self) -> bool {
-        self.live.load(Ordering::Acquire)
+        let live = self.state.live.load(Ordering::Acquire);
+        live != 0 && live == self.state.generation.load(Ordering::Acquire)
+    }
+
+    /// Whether waiters may queue now: starts the subscriber if it is not running (on the
+    /// caller's runtime), and when a subscription is being made (just started, or moved to a
+    /// new master), waits for it, at most [`SUBSCRIBE_WAIT`].
+    pub(crate) async fn ready(&self) -> bool {
+        self.ensure_running();
+        if self.is_live() {
+            return true;
+        }
+        if !self.state.running.load(Ordering::Acquire) {
+            return false;
+        }
+        let generation = self.state.generation.load(Ordering::Acquire);
+        let mut settled = self.settled.subscribe();
+        let _ = tokio::time::timeout(SUBSCRIBE_WAIT, settled.wait_for(|&g| g >= generation)).await;
+        self.is_live()
     }
 
     /// The channel this store's waiters are told on.
@@ -182,7 +298,10 @@ impl Handoff {
         Some(QueueWatch::new(signals))
     }
 
-    /// Whether `token`'s waiter is registered (so it may be queued already).
+    /// Whether `token`'s waiter is registered, so that it may be queued already: its attempts
+    /// then look for its entry before adding one. Registrations outlive a move to another
+    /// master (one `Handoff` serves every master a `SentinelStore` follows), so a waiter whose
+    /// entry did not reach the new master is queued there again, once.
     pub(crate) fn is_registered(&self, token: &Token) -> bool {
         if self.registered.load(Ordering::Relaxed) == 0 {
             return false;
@@ -192,6 +311,26 @@ impl Handoff {
         };
         let registry = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
         registry.waiters.contains_key(&id)
+    }
+}
+
+/// Held by the subscriber task: when the task ends (its runtime shut down, or the store went
+/// away), the subscription is down and the next caller may start another.
+struct Running {
+    state: Arc<State>,
+    waiters: Waiters,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.state.live.store(0, Ordering::Release);
+        self.state.running.store(false, Ordering::Release);
+        // Waiters on other runtimes would hear nothing more: they check again, and their
+        // attempt starts a new subscriber on their runtime.
+        self.waiters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retry_all();
     }
 }
 
@@ -285,33 +424,35 @@ fn parse(payload: &[u8], received: Instant) -> Option<([u8; TOKEN_LEN], Signal)>
     }
 }
 
+/// The subscriber task: subscribes on the target's server, again when the connection breaks
+/// (after [`RESUBSCRIBE_AFTER`]) and at once when the target changes; ends when the `Handoff`
+/// is dropped (with the last clone of its store).
 async fn subscribe(
-    client: Client,
+    mut target: watch::Receiver<Target>,
+    settled: watch::Sender<u64>,
     channel: Arc<str>,
     waiters: Waiters,
-    live: Arc<AtomicBool>,
-    mut stop: oneshot::Receiver<()>,
+    state: Arc<State>,
+    _running: Running,
 ) {
-    // Not live once this task is gone (its runtime shut down): waiters then stop queueing.
-    struct Live(Arc<AtomicBool>);
-    impl Drop for Live {
-        fn drop(&mut self) {
-            self.0.store(false, Ordering::Release);
-        }
-    }
-    let live = Live(live);
-    let live = &live.0;
     let retry_all = || {
-        for tx in waiters
+        waiters
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .waiters
-            .values()
-        {
-            let _ = tx.send(Signal::Retry);
-        }
+            .retry_all();
+    };
+    // The first attempt for `generation` has ended: callers waiting for it go on.
+    let settle = |generation: u64| {
+        settled.send_if_modified(|g| {
+            let newer = *g < generation;
+            if newer {
+                *g = generation;
+            }
+            newer
+        });
     };
     loop {
+        let Target { client, generation } = target.borrow_and_update().clone();
         let session = async {
             // RESP3, so that messages arrive as pushes, handled right in the connection's
             // reader task: one task wake-up fewer between the release and the waiter.
@@ -347,20 +488,25 @@ async fn subscribe(
                 .get_multiplexed_async_connection_with_config(&config)
                 .await?;
             conn.subscribe(&*channel).await?;
-            live.store(true, Ordering::Release);
-            // Hand-offs sent while the subscription was down were lost: check again now.
+            state.live.store(generation, Ordering::Release);
+            settle(generation);
+            // Hand-offs sent while the subscription was down were lost, and after a move to
+            // a new master the waiters' queue entries may not be there: check again now.
             retry_all();
             tracing::debug!("listening for lock hand-offs");
             closed.notified().await;
             drop(conn);
             Ok::<(), redis::RedisError>(())
         };
-        tokio::select! {
-            _ = &mut stop => return,
+        let moved = tokio::select! {
+            changed = target.changed() => {
+                if changed.is_err() {
+                    // The store is gone.
+                    return;
+                }
+                true
+            }
             result = session => {
-                live.store(false, Ordering::Release);
-                // Hand-offs may have been missed: every waiter checks again now.
-                retry_all();
                 match result {
                     Ok(()) => tracing::debug!("hand-off subscription closed; subscribing again"),
                     Err(error) => tracing::debug!(
@@ -368,10 +514,28 @@ async fn subscribe(
                         "hand-off subscription failed; waiters use their timers meanwhile"
                     ),
                 }
+                false
             }
+        };
+        // Down, unless a newer subscription counts already.
+        let _ = state
+            .live
+            .compare_exchange(generation, 0, Ordering::AcqRel, Ordering::Acquire);
+        settle(generation);
+        if moved {
+            // The new target's subscription has every waiter check again once it is up (or
+            // once it failed).
+            tracing::debug!("hand-off subscription moving to the store's new server");
+            continue;
         }
+        // Hand-offs may have been missed: every waiter checks again now.
+        retry_all();
         tokio::select! {
-            _ = &mut stop => return,
+            changed = target.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
             () = tokio::time::sleep(RESUBSCRIBE_AFTER) => {}
         }
     }
@@ -412,6 +576,52 @@ mod tests {
         drop(watch);
         assert!(!handoff.is_registered(&token));
         assert!(handoff.waiters.lock().unwrap().pending.is_empty());
+    }
+
+    /// A subscription up for a target the store has since left (a failover, a moved address)
+    /// does not count, even if it reports itself up late: waiters do not queue until the
+    /// subscription is up on the new one. Resubscriptions are at most one a second.
+    #[test]
+    fn a_subscription_to_a_server_the_store_left_does_not_count() {
+        let handoff = Handoff::new(Client::open("redis://127.0.0.1:1/").unwrap());
+        assert!(!handoff.is_live());
+        handoff.bump(None);
+        let first = handoff.state.generation.load(Ordering::Acquire);
+        handoff.state.live.store(first, Ordering::Release);
+        assert!(handoff.is_live());
+        handoff.bump(Some(Client::open("redis://127.0.0.1:2/").unwrap()));
+        assert!(!handoff.is_live());
+        handoff.state.live.store(first, Ordering::Release);
+        assert!(!handoff.is_live());
+        assert!(handoff.resubscribe());
+        assert!(!handoff.resubscribe(), "resubscribed twice within a second");
+    }
+
+    /// The subscriber task dies with its runtime; the next call that needs it, from another
+    /// runtime, starts it there.
+    #[test]
+    fn the_subscriber_starts_again_on_the_next_runtime() {
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        // Nothing listens on port 1: each subscription attempt fails at once.
+        let handoff = Handoff::new(Client::open("redis://127.0.0.1:1/").unwrap());
+        let first = runtime();
+        first.block_on(async {
+            assert!(!handoff.ready().await);
+            assert!(handoff.state.running.load(Ordering::Acquire));
+        });
+        drop(first);
+        assert!(!handoff.state.running.load(Ordering::Acquire));
+        let generation = handoff.state.generation.load(Ordering::Acquire);
+        runtime().block_on(async {
+            assert!(!handoff.ready().await);
+            assert!(handoff.state.running.load(Ordering::Acquire));
+        });
+        assert!(handoff.state.generation.load(Ordering::Acquire) > generation);
     }
 
     #[test]

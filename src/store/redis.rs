@@ -445,16 +445,24 @@ impl RedisStore {
     /// With hand-off, a waiter that finds its key held joins the key's queue in Redis
     /// (`<lock key>:queue`, in the same script as its attempt), and the holder's release gives
     /// the key to the head of the queue instead of freeing it, and tells that waiter on pub/sub
-    /// (each store subscribes once, to a channel of its own, on one extra RESP3 connection
-    /// opened by `connect`: Redis 6 or later; on older servers waiters use their timers). The
-    /// waiter runs at once: the key is reserved for it for the
-    /// [`claim_window`](Self::claim_window), and its first renewal, due within a third of that,
-    /// confirms it for the full TTL. So under contention every acquisition costs about two
-    /// commands (the attempt that queues, the release that hands over), waiters take turns
-    /// fairly, and nobody polls: a waiter's timer only backs up a lost message, firing when the
-    /// holder's lease would run out. A waiter that gives up leaves the queue with its release;
-    /// a waiter whose process died is skipped (nobody hears its message), and one whose
-    /// process hangs before claiming delays the next one by the claim window.
+    /// (each store subscribes to a channel of its own, on one extra RESP3 connection: Redis 6
+    /// or later; on older servers waiters use their timers). The waiter runs at once: the key
+    /// is reserved for it for the [`claim_window`](Self::claim_window), and its first renewal,
+    /// due within a third of that, confirms it for the full TTL. So under contention every
+    /// acquisition costs about two commands (the attempt that queues, the release that hands
+    /// over), waiters take turns fairly, and nobody polls: a waiter's timer only backs up a
+    /// lost message, firing when the holder's lease would run out. A waiter that gives up
+    /// leaves the queue with its release; a waiter whose process died is skipped (nobody hears
+    /// its message), and one whose process hangs before claiming delays the next one by the
+    /// claim window.
+    ///
+    /// The subscription is a task started here, on the current Tokio runtime; if that runtime
+    /// shuts down while the store lives on, the next waiter's call starts it again on its own.
+    /// A waiter is queued only on a server where its store's subscription is (the attempt
+    /// checks): if the address now reaches another server than the subscription does (a
+    /// virtual IP or DNS name that moved in a failover, while the subscription's connection
+    /// stayed open), the store subscribes again, through the address, and the waiter queues
+    /// once that is up.
     ///
     /// Every instance that shares the locks must agree on this setting: a store without
     /// hand-off takes a free key even when others queue for it, and frees keys on release
@@ -465,11 +473,21 @@ impl RedisStore {
         self.handoff = match (&self.client, enabled) {
             (Some(client), true) => {
                 let handoff = Handoff::new(client.clone());
-                handoff.start();
+                handoff.ensure_running();
                 Some(handoff)
             }
             _ => None,
         };
+        self
+    }
+
+    /// Uses `handoff` (or none) for this store's waiters: a
+    /// [`SentinelStore`](super::SentinelStore) gives the stores of every master it follows the
+    /// same one (one channel, one subscription that it moves to each new master, one registry
+    /// of waiters).
+    #[cfg(feature = "sentinel")]
+    pub(crate) fn attach_handoff(mut self, handoff: Option<Arc<Handoff>>) -> Self {
+        self.handoff = handoff;
         self
     }
 
@@ -899,7 +917,7 @@ impl RedisStore {
         token: &Token,
         ttl: Duration,
         place: Option<Place<'_>>,
-    ) -> Result<Acquire, StoreError> {
+    ) -> Result<Attempt, StoreError> {
         let next_to = NextTo::new(key);
         let handoff = self.handoff.is_some();
         let all_keys = [key.as_bytes(), next_to.fence(), next_to.queue()];
@@ -950,13 +968,32 @@ impl RedisStore {
         }
         // PTTL is -1 for a key without expiry and -2 for a key that just vanished.
         let expires_in = u64::try_from(n).ok().map(Duration::from_millis);
-        Ok(match answer {
+        Ok(Attempt::Answered(match answer {
             1 => Acquire::Acquired {
                 fencing_token: u64::try_from(n).unwrap_or(0),
             },
             2 => Acquire::Queued { expires_in },
+            3 => return Ok(Attempt::Unheard { expires_in }),
             _ => Acquire::Held { expires_in },
-        })
+        }))
+    }
+}
+
+/// What an acquire script answered.
+enum Attempt {
+    Answered(Acquire),
+    /// Held, and the caller not queued: nobody is subscribed to its channel on this server.
+    Unheard {
+        expires_in: Option<Duration>,
+    },
+}
+
+impl Attempt {
+    fn into_acquire(self) -> Acquire {
+        match self {
+            Self::Answered(answer) => answer,
+            Self::Unheard { expires_in } => Acquire::Held { expires_in },
+        }
     }
 }
 
@@ -975,7 +1012,7 @@ impl LockStore for RedisStore {
         token: &Token,
         ttl: Duration,
     ) -> Result<Acquire, StoreError> {
-        self.attempt(key, token, ttl, None).await
+        Ok(self.attempt(key, token, ttl, None).await?.into_acquire())
     }
 
     async fn enqueue(
@@ -984,17 +1021,31 @@ impl LockStore for RedisStore {
         token: &Token,
         ttl: Duration,
     ) -> Result<Acquire, StoreError> {
-        // Queued only while this store listens: otherwise nobody would hear the hand-off.
-        let place = self
-            .handoff
-            .as_ref()
-            .filter(|h| h.is_live())
-            .map(|h| Place {
+        let Some(handoff) = &self.handoff else {
+            return Ok(self.attempt(key, token, ttl, None).await?.into_acquire());
+        };
+        let mut resubscribed = false;
+        loop {
+            // Queued only while this store listens: otherwise nobody would hear the hand-off.
+            // (`ready` starts the subscriber again if its runtime shut down.)
+            let place = handoff.ready().await.then(|| Place {
                 stamp: handoff::stamp(),
-                channel: h.channel().as_bytes(),
-                rescan: h.is_registered(token),
+                channel: handoff.channel().as_bytes(),
+                rescan: handoff.is_registered(token),
             });
-        self.attempt(key, token, ttl, place).await
+            match self.attempt(key, token, ttl, place).await? {
+                Attempt::Answered(answer) => return Ok(answer),
+                // The subscription is up, but not on this server: on the one the store's
+                // address named before (a failover, a virtual IP or DNS name that moved).
+                // Subscribe again, and once that is up, try once more.
+                Attempt::Unheard { expires_in } => {
+                    if resubscribed || !handoff.resubscribe() {
+                        return Ok(Acquire::Held { expires_in });
+                    }
+                    resubscribed = true;
+                }
+            }
+        }
     }
 
     fn queue_watch(&self, _key: &LockKey, token: &Token) -> Option<QueueWatch> {

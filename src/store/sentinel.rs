@@ -17,7 +17,8 @@ use redis::{
 };
 
 use super::{
-    Acquire, Eviction, LockStore, RedisStore, StoreError, StoreErrorKind, redis::redis_error,
+    Acquire, Eviction, LockStore, QueueWatch, RedisStore, StoreError, StoreErrorKind,
+    handoff::Handoff, redis::redis_error,
 };
 use crate::{idempotency::IdempotencyStore, key::LockKey, token::Token};
 
@@ -70,8 +71,21 @@ const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 /// follows it (about a second, or the next failing call), leases granted by the old master, if
 /// it is still up, are lost with it; a process that reaches the old master but not the
 /// sentinels keeps using it until it is demoted (configure `min-replicas-to-write` on the
-/// servers to bound that). Hand-off ([`RedisStore::handoff`]) is not offered here: waiters
-/// retry by their wait policy. See `docs/TOPOLOGY.md`.
+/// servers to bound that). See `docs/TOPOLOGY.md`.
+///
+/// # Hand-off and batched renewals
+///
+/// As with [`RedisStore::connect`], a released key is handed straight to the next waiter
+/// ([`handoff`](Self::handoff), on by default), and a locker's renewals go to the master in one
+/// script per batch ([`LockStore::renew_many`]; a batch that fails the way a failover makes
+/// calls fail is sent once more to the new master, like every other call). The store has one
+/// hand-off channel and one subscription, on the current master: when the store follows a
+/// failover it moves the subscription to the new master; until that is up, waiters do not
+/// queue, and then every queued waiter checks again. Queue entries live on the master, so a
+/// waiter whose entry the promoted replica had not received is queued again there, at the
+/// back, when it checks; the others keep their places. With
+/// [`wait_for_replicas`](Self::wait_for_replicas), a waiter handed the key confirms it (with
+/// the replicas' acknowledgement) before it runs, as on [`RedisStore`].
 #[derive(Clone)]
 pub struct SentinelStore {
     shared: Arc<Shared>,
@@ -114,10 +128,13 @@ impl Lookup {
 struct Master {
     store: RedisStore,
     addr: String,
+    /// How to reach it: for the hand-off subscription.
+    client: Client,
 }
 
 impl Master {
-    async fn connect(client: &Client, settings: Settings) -> Result<Self, StoreError> {
+    /// Connects to the master `client` reaches; its store has the default settings.
+    async fn connect(client: &Client) -> Result<Self, StoreError> {
         let info = client.get_connection_info();
         let store = tokio::time::timeout(LOOKUP_TIMEOUT, RedisStore::connect_plain(info.clone()))
             .await
@@ -128,18 +145,32 @@ impl Master {
                 )
             })??;
         Ok(Self {
-            store: settings.apply(store),
+            store,
             addr: info.addr().to_string(),
+            client: client.clone(),
         })
+    }
+
+    /// This master with `settings` applied to its store.
+    fn with(&self, settings: &Settings) -> Self {
+        Self {
+            store: settings.apply(self.store.clone()),
+            addr: self.addr.clone(),
+            client: self.client.clone(),
+        }
     }
 }
 
 /// The [`RedisStore`] settings, applied again to the store of every new master.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Settings {
     fence_retention: Option<Duration>,
     native_commands: bool,
     replicas: Option<(usize, Duration)>,
+    claim_window: Option<Duration>,
+    /// The store's hand-off (one channel, one subscription, one registry of waiters), given to
+    /// the store of every master it follows; `None` when off.
+    handoff: Option<Arc<Handoff>>,
 }
 
 impl Default for Settings {
@@ -148,19 +179,25 @@ impl Default for Settings {
             fence_retention: None,
             native_commands: true,
             replicas: None,
+            claim_window: None,
+            handoff: None,
         }
     }
 }
 
 impl Settings {
-    fn apply(self, mut store: RedisStore) -> RedisStore {
+    fn apply(&self, mut store: RedisStore) -> RedisStore {
         if let Some(retention) = self.fence_retention {
             store = store.fence_retention(retention);
+        }
+        if let Some(window) = self.claim_window {
+            store = store.claim_window(window);
         }
         let (replicas, timeout) = self.replicas.unwrap_or((0, Duration::ZERO));
         store
             .native_commands(self.native_commands)
             .wait_for_replicas(replicas, timeout)
+            .attach_handoff(self.handoff.clone())
     }
 }
 
@@ -216,13 +253,22 @@ impl SentinelStore {
         )
         .map_err(redis_error)?;
         let mut lookup = Lookup { client, last: None };
-        let master = Master::connect(&lookup.master().await?, Settings::default()).await?;
+        let master = Master::connect(&lookup.master().await?).await?;
+        // Hand-off is on, as for `RedisStore::connect`: subscribed on this master now, and on
+        // each master the store follows later.
+        let handoff = Handoff::new(master.client.clone());
+        handoff.ensure_running();
+        let settings = Settings {
+            handoff: Some(handoff),
+            ..Settings::default()
+        };
+        let master = master.with(&settings);
         Ok(Self {
             shared: Arc::new(Shared {
                 master_name: Arc::from(master_name),
                 lookup: tokio::sync::Mutex::new(lookup),
                 current: RwLock::new(Arc::new(master)),
-                settings: Mutex::new(Settings::default()),
+                settings: Mutex::new(settings),
                 created: Instant::now(),
                 next_poll: AtomicU64::new(millis(POLL_INTERVAL)),
                 polling: AtomicBool::new(false),
@@ -234,14 +280,14 @@ impl SentinelStore {
     /// [`RedisStore::fence_retention`].
     #[must_use]
     pub fn fence_retention(self, retention: Duration) -> Self {
-        self.configure(|s| s.fence_retention = Some(retention))
+        self.configure(|s, _| s.fence_retention = Some(retention))
     }
 
     /// Whether to use native compare commands where the master has them (default `true`); see
     /// [`RedisStore::native_commands`]. A new master is asked again.
     #[must_use]
     pub fn native_commands(self, enabled: bool) -> Self {
-        self.configure(|s| s.native_commands = enabled)
+        self.configure(|s, _| s.native_commands = enabled)
     }
 
     /// Sends `WAIT replicas timeout` after each acquire and renewal, and treats fewer
@@ -250,7 +296,36 @@ impl SentinelStore {
     /// than `replicas` replicas, acquires fail (503) until enough replicas are back.
     #[must_use]
     pub fn wait_for_replicas(self, replicas: usize, timeout: Duration) -> Self {
-        self.configure(|s| s.replicas = (replicas > 0).then_some((replicas, timeout)))
+        self.configure(|s, _| s.replicas = (replicas > 0).then_some((replicas, timeout)))
+    }
+
+    /// Hands a released key straight to the next waiter, first come first served, on whichever
+    /// master is current (default `true`); see [`RedisStore::handoff`].
+    ///
+    /// The store subscribes once, to a channel of its own, on the current master, and moves
+    /// that subscription when it follows a failover: waiters queue on the new master once it
+    /// is up there, and every waiter checks again then (re-queueing if its place did not
+    /// reach the new master). Every instance that shares the locks must agree on this setting.
+    #[must_use]
+    pub fn handoff(self, enabled: bool) -> Self {
+        self.configure(|settings, master| {
+            settings.handoff = match settings.handoff.take() {
+                Some(handoff) if enabled => Some(handoff),
+                None if enabled => {
+                    let handoff = Handoff::new(master.client.clone());
+                    handoff.ensure_running();
+                    Some(handoff)
+                }
+                _ => None,
+            };
+        })
+    }
+
+    /// How long a key handed to a waiter stays reserved for it before it must confirm
+    /// (default 1 s); see [`RedisStore::claim_window`].
+    #[must_use]
+    pub fn claim_window(self, window: Duration) -> Self {
+        self.configure(|s, _| s.claim_window = Some(window))
     }
 
     /// Asks the current master now for its eviction policy (`INFO memory`); see
@@ -268,26 +343,24 @@ impl SentinelStore {
     }
 
     /// Changes the settings, for the current master and every later one (clones share them).
-    fn configure(self, change: impl FnOnce(&mut Settings)) -> Self {
-        let settings = {
-            let mut settings = self
-                .shared
-                .settings
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            change(&mut settings);
-            *settings
-        };
+    /// `change` also sees the current master.
+    fn configure(self, change: impl FnOnce(&mut Settings, &Master)) -> Self {
+        // The settings stay locked until the current master has them: a failover followed
+        // meanwhile applies them to its new master only after this (see `follow`).
+        let mut settings = self
+            .shared
+            .settings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let mut current = self
             .shared
             .current
             .write()
             .unwrap_or_else(PoisonError::into_inner);
-        *current = Arc::new(Master {
-            store: settings.apply(current.store.clone()),
-            addr: current.addr.clone(),
-        });
+        change(&mut settings, &current);
+        *current = Arc::new(current.with(&settings));
         drop(current);
+        drop(settings);
         self
     }
 
@@ -385,13 +458,8 @@ impl SentinelStore {
         if found.get_connection_info().addr().to_string() == current.addr {
             return None;
         }
-        let settings = *self
-            .shared
-            .settings
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let next = match Master::connect(&found, settings).await {
-            Ok(next) => Arc::new(next),
+        let next = match Master::connect(&found).await {
+            Ok(next) => next,
             Err(connect_error) => {
                 tracing::debug!(
                     master_name = %self.shared.master_name,
@@ -408,11 +476,25 @@ impl SentinelStore {
             error = error.map(|e| e as &(dyn StdError + 'static)),
             "Redis Sentinel failover: the lock store follows the new master"
         );
+        // The settings as they are now (locked until the new master is current, so that a
+        // change made meanwhile is not lost).
+        let settings = self
+            .shared
+            .settings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let next = Arc::new(next.with(&settings));
+        if let Some(handoff) = &settings.handoff {
+            // Before the new master is current: from now until the subscription is up there,
+            // waiters do not queue; then every waiter checks again on the new master.
+            handoff.retarget(next.client.clone());
+        }
         *self
             .shared
             .current
             .write()
             .unwrap_or_else(PoisonError::into_inner) = Arc::clone(&next);
+        drop(settings);
         Some(next)
     }
 }
@@ -462,8 +544,45 @@ impl LockStore for SentinelStore {
             .await
     }
 
+    /// One script for the whole batch on the current master, as [`RedisStore`] sends it; when
+    /// the batch failed the way a failover makes calls fail, it is sent once more to the new
+    /// master, if the sentinels name one.
+    async fn renew_many(
+        &self,
+        leases: &[(LockKey, Token)],
+        ttl: Duration,
+    ) -> Vec<Result<bool, StoreError>> {
+        let batch = self
+            .run(|m| async move {
+                let answers = m.store.renew_many(leases, ttl).await;
+                // The batch as a whole failed (one script, one error for every lease).
+                match answers.first() {
+                    Some(Err(error)) if answers.iter().all(Result::is_err) => Err(error.clone()),
+                    _ => Ok(answers),
+                }
+            })
+            .await;
+        batch.unwrap_or_else(|error| vec![Err(error); leases.len()])
+    }
+
     fn validity(&self, ttl: Duration) -> Duration {
         self.current().store.validity(ttl)
+    }
+
+    async fn enqueue(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Acquire, StoreError> {
+        self.run(|m| async move { m.store.enqueue(key, token, ttl).await })
+            .await
+    }
+
+    /// Registers with the store's one hand-off, which outlives failovers: a waiter registered
+    /// before one still hears its hand-off from the new master.
+    fn queue_watch(&self, key: &LockKey, token: &Token) -> Option<QueueWatch> {
+        self.current().store.queue_watch(key, token)
     }
 }
 

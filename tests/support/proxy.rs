@@ -13,6 +13,7 @@
 //! | [`Proxy::refuse`] | refused (`ECONNREFUSED`: nothing listens) | unchanged |
 //! | [`Proxy::drop_all`] | unchanged | closed, both sides, at once |
 //! | [`Proxy::drop_reply_to`] | unchanged | the next request containing `needle` is sent on; its connection is closed when the reply comes back, before the client sees it (once) |
+//! | [`Proxy::redirect`] | forwarded to another server | unchanged |
 //!
 //! Latency delays each chunk from the moment the proxy read it, without capping throughput:
 //! pipelined commands all arrive `d` late, they do not queue behind each other's delays. A round
@@ -56,6 +57,8 @@ struct Shared {
     drop_reply: Mutex<Option<Vec<u8>>>,
     /// Replies dropped so far.
     replies_dropped: AtomicUsize,
+    /// Where new connections go.
+    upstream: Mutex<SocketAddr>,
 }
 
 /// A proxy from `127.0.0.1:<port>` to `127.0.0.1:<upstream>`; stopped on drop.
@@ -87,12 +90,12 @@ impl Proxy {
             accepted: AtomicUsize::new(0),
             drop_reply: Mutex::new(None),
             replies_dropped: AtomicUsize::new(0),
+            upstream: Mutex::new(([127, 0, 0, 1], upstream).into()),
         });
-        let upstream: SocketAddr = ([127, 0, 0, 1], upstream).into();
         let accept_shared = Arc::clone(&shared);
         runtime.spawn(async move {
             let listener = TcpListener::from_std(listener).expect("register the proxy listener");
-            accept_loop(listener, port, upstream, accept_shared).await
+            accept_loop(listener, port, accept_shared).await
         });
         Self {
             port,
@@ -151,6 +154,12 @@ impl Proxy {
         self.shared.replies_dropped.load(Ordering::SeqCst)
     }
 
+    /// Sends new connections to `127.0.0.1:upstream` (an address moving to another server, as
+    /// a virtual IP or a DNS name does after a failover). Open ones stay where they are.
+    pub fn redirect(&self, upstream: u16) {
+        *self.shared.upstream.lock().unwrap() = ([127, 0, 0, 1], upstream).into();
+    }
+
     /// Connections open through the proxy now.
     pub fn open_connections(&self) -> usize {
         self.shared.open.load(Ordering::SeqCst)
@@ -171,12 +180,7 @@ impl Drop for Proxy {
     }
 }
 
-async fn accept_loop(
-    mut listener: TcpListener,
-    port: u16,
-    upstream: SocketAddr,
-    shared: Arc<Shared>,
-) {
+async fn accept_loop(mut listener: TcpListener, port: u16, shared: Arc<Shared>) {
     let mut mode = shared.mode.subscribe();
     loop {
         if *mode.borrow_and_update() == Mode::Refuse {
@@ -194,6 +198,7 @@ async fn accept_loop(
             accepted = listener.accept() => {
                 let Ok((client, _)) = accepted else { continue };
                 shared.accepted.fetch_add(1, Ordering::SeqCst);
+                let upstream = *shared.upstream.lock().unwrap();
                 tokio::spawn(connection(client, upstream, Arc::clone(&shared)));
             }
             changed = mode.changed() => if changed.is_err() { return },

@@ -8,7 +8,8 @@
 -- Returns {1, fencing token} when acquired (or a hand-off to the caller claimed, or the key
 -- found held with the caller's own token: the same acquire sent again),
 -- {0, remaining ttl in ms} when held by someone else, {2, ms} when held and the caller is
--- queued (check again within that many ms if told nothing).
+-- queued (check again within that many ms if told nothing), {3, ms} when held and the caller
+-- not queued because nobody is subscribed to its channel on this server.
 local lock, fence_key, queue = KEYS[1], KEYS[2], KEYS[3]
 local token, ttl, retention = ARGV[1], ARGV[2], ARGV[3]
 local took = redis.call('SET', lock, token, 'NX', 'PX', ttl)
@@ -59,6 +60,15 @@ elseif redis.call('GET', lock) == token then
 elseif channel == '' then
   return {0, redis.call('PTTL', lock)}
 end
+-- Queued only where the caller's process listens: until its store's subscription has followed a
+-- failover (or an address that moved to another server), it is subscribed elsewhere, and a
+-- release here would take its entry for a dead waiter's.
+if redis.call('PUBSUB', 'NUMSUB', channel)[2] == 0 then
+  return {3, redis.call('PTTL', lock)}
+end
+-- A later attempt looks for the caller's entry first: it keeps its place if it has one, and is
+-- queued (again) if not (a release skipped it, a hand-off to it went unclaimed, or its entry
+-- never reached this server: a master promoted by a failover has only what its replica had).
 local queued = false
 if ARGV[7] == '1' then
   for _, e in ipairs(redis.call('LRANGE', queue, 0, -1)) do
