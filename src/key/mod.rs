@@ -11,7 +11,7 @@
 //! | source | value | no key | bad key |
 //! |---|---|---|---|
 //! | [`Key::header`] | the header's bytes | header missing and [`HeaderKey::optional`] | missing (default), repeated, empty |
-//! | [`Key::path_param`] (feature `axum`) | a matched route's path parameter | never | parameter not in the route (500) |
+//! | [`Key::path_param`] (feature `axum`) | a matched route's path parameter, percent-decoded | the request matched no route; the route has no such parameter and [`PathParamKey::optional`] | not UTF-8 once decoded; parameter not in the route (500); layer outside the router (500) |
 //! | [`Key::path`] | the request path | never | never |
 //! | [`Key::from_fn`] / any closure | whatever the closure returns | `Ok(None)` | `Err(..)` |
 //!
@@ -113,12 +113,16 @@ impl Key {
         HeaderKey::new(name.as_ref())
     }
 
-    /// Locks on a path parameter of the matched axum route, e.g. `sku` in `/items/{sku}`.
+    /// Locks on a path parameter of the matched axum route, e.g. `sku` in `/items/{sku}`,
+    /// percent-decoded as axum decodes it.
     ///
     /// Path parameters exist only once axum has routed the request: add the layer with
-    /// `Router::route_layer` (or on a `MethodRouter`). A request without parameters (one that
-    /// matched no route under `Router::layer`, or a layer wrapping the whole router from outside)
-    /// fails with a 500 whose detail says so; so does a parameter name the route does not have.
+    /// `Router::route_layer`, `Router::layer` or on a `MethodRouter`. A request that matched no
+    /// route passes through unlocked, so the router's 404 stands. A route without the parameter
+    /// is a 500 whose detail says so (a typo in the name), unless the source is made
+    /// [`optional`](PathParamKey::optional): then its requests pass through unlocked. A layer
+    /// wrapping the whole router from outside sees no parameters at all: a 500 for every
+    /// request.
     #[cfg(feature = "axum")]
     pub fn path_param(name: impl Into<Arc<str>>) -> PathParamKey {
         PathParamKey::new(name.into())
