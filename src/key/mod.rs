@@ -12,8 +12,14 @@
 //! |---|---|---|---|
 //! | [`Key::header`] | the header's bytes | header missing and [`HeaderKey::optional`] | missing (default), repeated, empty |
 //! | [`Key::path_param`] (feature `axum`) | a matched route's path parameter, percent-decoded | the request matched no route; the route has no such parameter and [`PathParamKey::optional`] | not UTF-8 once decoded; parameter not in the route (500); layer outside the router (500) |
-//! | [`Key::path`] | the request path | never | never |
+//! | [`Key::path`] | the request path, each segment percent-decoded ([`PathKey`]) | never | a segment not UTF-8 once decoded |
 //! | [`Key::from_fn`] / any closure | whatever the closure returns | `Ok(None)` | `Err(..)` |
+//!
+//! One resource is one lock whatever its spelling: the sources that read the path key on what
+//! the router resolves (percent-decoded), not on the raw bytes, so `/accounts/%31` and
+//! `/accounts/1` take the same lock. A header's value is taken byte for byte, as the handler
+//! reads it; if the application treats two spellings as one resource (case-insensitive ids,
+//! leading zeros), canonicalize in a closure.
 //!
 //! # Scoping
 //!
@@ -22,7 +28,9 @@
 //! method and matched route template (`POST /items/{sku}/purchase`, axum only) unless a namespace
 //! is set with [`LockLayer::namespace`](crate::LockLayer::namespace). So the same SKU on two
 //! routes takes two different locks, and two routes that must exclude each other share one by
-//! sharing a namespace.
+//! sharing a namespace. The method is the client's to choose: a handler that several methods
+//! reach (an `any` route, `route_service`, a service outside axum) is locked per method, so
+//! give its layer a namespace if the methods must exclude each other.
 //!
 //! The encoding is length-prefixed, so no value, whatever its bytes, can produce a key that belongs
 //! to another scope or falls outside the prefix:
@@ -42,6 +50,7 @@
 //! [`LockConfig::max_key_len`](crate::LockConfig::max_key_len) bytes (default 512).
 
 mod header;
+mod path;
 #[cfg(feature = "axum")]
 mod path_param;
 
@@ -53,6 +62,7 @@ use http::request::Parts;
 use crate::concat::Concat;
 
 pub use header::HeaderKey;
+pub use path::PathKey;
 #[cfg(feature = "axum")]
 pub use path_param::PathParamKey;
 
@@ -128,9 +138,10 @@ impl Key {
         PathParamKey::new(name.into())
     }
 
-    /// Locks on the request path (without the query).
+    /// Locks on the request path (without the query) as the router resolves it: each segment
+    /// percent-decoded, so every spelling of one path takes one lock. See [`PathKey`].
     pub fn path() -> PathKey {
-        PathKey { _priv: () }
+        PathKey::new()
     }
 
     /// Locks on whatever the closure computes from the request head.
@@ -153,18 +164,6 @@ impl Key {
         F: Fn(&Parts) -> Result<Option<Bytes>, KeyRejection> + Send + Sync + 'static,
     {
         f
-    }
-}
-
-/// Locks on the request path. Created by [`Key::path`].
-#[derive(Debug, Clone)]
-pub struct PathKey {
-    _priv: (),
-}
-
-impl KeySource for PathKey {
-    fn key(&self, parts: &mut Parts) -> Result<Option<Bytes>, KeyRejection> {
-        Ok(Some(Bytes::copy_from_slice(parts.uri.path().as_bytes())))
     }
 }
 
@@ -317,6 +316,7 @@ impl LockKey {
     pub fn value(&self) -> &[u8] {
         &self.full[self.value.clone()]
     }
+
 }
 
 impl fmt::Debug for LockKey {
