@@ -223,11 +223,30 @@ impl std::error::Error for KeyRejection {}
 /// The full key of one lock, as sent to the store.
 ///
 /// Cheap to clone. See the [module docs](self#scoping) for its layout.
-#[derive(Clone, PartialEq, Eq, Hash)]
+///
+/// Two keys are equal when they name the same lock (the same bytes).
+#[derive(Clone)]
 pub struct LockKey {
     full: Arc<[u8]>,
     scope: Range<usize>,
     value: Range<usize>,
+    /// The length of a method outside the standard set at the start of the scope, which
+    /// telemetry shows as `_OTHER`; 0 for none. Presentation only: not part of the lock.
+    other_method: usize,
+}
+
+impl PartialEq for LockKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.full == other.full
+    }
+}
+
+impl Eq for LockKey {}
+
+impl std::hash::Hash for LockKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.full.hash(state);
+    }
 }
 
 impl LockKey {
@@ -286,6 +305,7 @@ impl LockKey {
             full: Arc::from(buf.as_bytes()),
             scope: scope_start..scope_end,
             value: value_start..value_end,
+            other_method: 0,
         }
     }
 
@@ -317,6 +337,32 @@ impl LockKey {
         &self.full[self.value.clone()]
     }
 
+    /// Marks the scope's first `len` bytes as a method outside the standard set (the layer
+    /// builds the scope from the request's method), for [`scope_label`](Self::scope_label).
+    pub(crate) fn with_other_method(mut self, len: usize) -> Self {
+        if self.scope().is_char_boundary(len) {
+            self.other_method = len;
+        }
+        self
+    }
+
+    /// The scope as metric labels and span fields show it: with a method outside the standard
+    /// set replaced by `_OTHER` (`_OTHER /items/{sku}`), so that clients cannot mint label
+    /// values. The lock itself keeps the method.
+    pub(crate) fn scope_label(&self) -> std::borrow::Cow<'_, str> {
+        let scope = self.scope();
+        match self.other_method {
+            0 => scope.into(),
+            len => format!("_OTHER{}", &scope[len..]).into(),
+        }
+    }
+
+    /// The method the label hides as `_OTHER`, if any.
+    pub(crate) fn other_method(&self) -> Option<&str> {
+        self.scope()
+            .get(..self.other_method)
+            .filter(|m| !m.is_empty())
+    }
 }
 
 impl fmt::Debug for LockKey {
@@ -400,6 +446,27 @@ mod tests {
         let key = LockKey::new("p:", "s", &[0, 0xff, b'\n', b'{'], 8).unwrap();
         assert_eq!(key.value(), &[0, 0xff, b'\n', b'{']);
         assert!(format!("{key:?}").contains("LockKey"));
+    }
+
+    #[test]
+    fn other_methods_are_labelled_but_keep_their_lock() {
+        let plain = LockKey::new("p:", "FOO /x/{id}", b"1", 64).unwrap();
+        let marked = plain.clone().with_other_method(3);
+        assert_eq!(marked.scope(), "FOO /x/{id}");
+        assert_eq!(marked.scope_label(), "_OTHER /x/{id}");
+        assert_eq!(marked.other_method(), Some("FOO"));
+        assert_eq!(plain.scope_label(), "FOO /x/{id}");
+        assert_eq!(plain.other_method(), None);
+        assert_eq!(marked, plain, "the label is not part of the lock");
+        let alone = LockKey::new("p:", "FOO", b"1", 64)
+            .unwrap()
+            .with_other_method(3);
+        assert_eq!(alone.scope_label(), "_OTHER");
+        // Never a cut through a character.
+        let wide = LockKey::new("p:", "é", b"1", 64)
+            .unwrap()
+            .with_other_method(1);
+        assert_eq!(wide.scope_label(), "é");
     }
 
     #[test]
