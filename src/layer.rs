@@ -105,13 +105,16 @@ impl Shared {
                 }
             }
         };
-        LockKey::from_parts(
+        let key = LockKey::from_parts(
             config.key_prefix_value(),
             &scope,
             &value,
             config.max_key_len_value(),
-        )
-        .map(Some)
+        )?;
+        Ok(Some(match self.namespace {
+            None if !is_known_method(scope[0]) => key.with_other_method(scope[0].len()),
+            _ => key,
+        }))
     }
 
     /// The response for a rejected request, with the error in its extensions.
@@ -132,6 +135,25 @@ impl Shared {
         response.extensions_mut().insert(error);
         response
     }
+}
+
+/// The methods that telemetry shows by name: RFC 9110's, `PATCH` (RFC 5789) and `QUERY`, the
+/// set OpenTelemetry's HTTP conventions call "known". Any other, client-chosen, shows as
+/// `_OTHER`, so that labels stay bounded. Case-sensitive, as methods are.
+fn is_known_method(method: &str) -> bool {
+    matches!(
+        method,
+        "GET"
+            | "HEAD"
+            | "POST"
+            | "PUT"
+            | "DELETE"
+            | "CONNECT"
+            | "OPTIONS"
+            | "TRACE"
+            | "PATCH"
+            | "QUERY"
+    )
 }
 
 /// `METHOD /route/{template}` under axum, `METHOD` alone elsewhere.

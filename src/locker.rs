@@ -206,7 +206,7 @@ impl Locker {
             Err(gave_up) => {
                 let waited = start.elapsed();
                 tracing::debug!(?waited, "lease contended in this process; giving up");
-                telemetry::contended(guard.key.scope(), waited);
+                telemetry::contended(&guard.key.scope_label(), waited);
                 // The holder's remaining lease, as the head of the local queue knows it: its own
                 // lease, or the TTL the store reported for another holder. The head may not
                 // have heard from the store yet: then the TTL, what it holds if it takes the key.
@@ -267,7 +267,7 @@ impl Locker {
                 Ok(Acquire::Acquired { fencing_token }) => {
                     let waited = sent_at - start;
                     tracing::debug!(attempts, ?waited, "lease acquired");
-                    telemetry::acquired(guard.key.scope(), waited);
+                    telemetry::acquired(&guard.key.scope_label(), waited);
                     guard.held_since = Some(sent_at);
                     let lease = Lease::new(
                         guard.key.clone(),
@@ -296,12 +296,12 @@ impl Locker {
                 // A bounded wait fails fast on a store error (503). The armed guard releases in
                 // case the command was executed after all (and leaves the queue).
                 Err(error) if deadline.is_some() => {
-                    telemetry::store_error(guard.key.scope(), Op::Acquire);
+                    telemetry::store_error(&guard.key.scope_label(), Op::Acquire);
                     return Err(error.into());
                 }
                 // An unbounded one (background work) waits through the outage.
                 Err(error) => {
-                    telemetry::store_error(guard.key.scope(), Op::Acquire);
+                    telemetry::store_error(&guard.key.scope_label(), Op::Acquire);
                     tracing::warn!(
                         attempts,
                         error = %Chain(&error),
@@ -339,7 +339,7 @@ impl Locker {
                 _ => {
                     let waited = now - start;
                     tracing::debug!(attempts, ?waited, "lease contended; giving up");
-                    telemetry::contended(guard.key.scope(), waited);
+                    telemetry::contended(&guard.key.scope_label(), waited);
                     return Err(LockError::Contended {
                         expires_in,
                         waited,
@@ -407,7 +407,7 @@ impl Locker {
         let left = valid_until.saturating_duration_since(now);
         let waited = now - requested_at;
         tracing::debug!(attempts, ?waited, "lease handed over");
-        telemetry::acquired(guard.key.scope(), waited);
+        telemetry::acquired(&guard.key.scope_label(), waited);
         guard.held_since = Some(now);
         let lease = Lease::new(guard.key.clone(), fencing_token, now, left);
         guard.publish(&lease);
@@ -473,7 +473,7 @@ impl ReleaseGuard {
     pub(crate) fn disarm(&mut self, released: bool) {
         self.armed = false;
         if let Some(since) = self.held_since.take() {
-            telemetry::released(self.key.scope(), Ok(released), since.elapsed());
+            telemetry::released(&self.key.scope_label(), Ok(released), since.elapsed());
         }
     }
 
@@ -530,9 +530,9 @@ impl Future for Release {
         match &result {
             Ok(released) => tracing::debug!(released, "lease released"),
             Err(error) => {
-                telemetry::store_error(key.scope(), Op::Release);
+                telemetry::store_error(&key.scope_label(), Op::Release);
                 tracing::warn!(
-                    scope = key.scope(),
+                    scope = %key.scope_label(),
                     error = %Chain(error),
                     "lease release failed; the key frees itself when its TTL runs out"
                 );
@@ -540,7 +540,7 @@ impl Future for Release {
         }
         if let Some(since) = this.held_since.take() {
             telemetry::released(
-                key.scope(),
+                &key.scope_label(),
                 result.as_ref().map(|r| *r).map_err(|_| ()),
                 since.elapsed(),
             );

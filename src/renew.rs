@@ -94,7 +94,7 @@ impl Renewer {
     }
 
     fn lose(&self, reason: LostReason) -> Poll<LostReason> {
-        telemetry::lost(self.lease.key().scope(), reason.as_str());
+        telemetry::lost(&self.lease.key().scope_label(), reason.as_str());
         tracing::warn!(reason = reason.as_str(), "lease lost: {reason}");
         Poll::Ready(self.lease.mark_lost(reason))
     }
@@ -118,9 +118,8 @@ impl Renewer {
                     return Poll::Pending;
                 }
                 let now = Instant::now();
-                let scope = self.lease.key().scope();
                 telemetry::round_trip(Op::Renew, now - sent_at);
-                telemetry::renewal(scope, matches!(result, Ok(true)));
+                telemetry::renewal(&self.lease.key().scope_label(), matches!(result, Ok(true)));
                 match result {
                     Ok(true) => {
                         self.lease.renewed(sent_at, self.store.validity(self.ttl));
@@ -132,7 +131,7 @@ impl Renewer {
                     }
                     Ok(false) => return self.lose(LostReason::NotHeld),
                     Err(error) => {
-                        telemetry::store_error(scope, Op::Renew);
+                        telemetry::store_error(&self.lease.key().scope_label(), Op::Renew);
                         let left = self.lease.valid_until().saturating_duration_since(now);
                         tracing::warn!(
                             error = %Chain(&error),

@@ -1,7 +1,8 @@
 //! Metrics (through the `metrics` facade, feature `metrics`) and log helpers.
 //!
-//! Every function is a no-op without the feature. Labels are bounded: the key's scope (method
-//! and route template, or namespace), an operation or outcome name; never the key's value.
+//! Every function is a no-op without the feature. Labels are bounded: the key's scope label
+//! (method and route template, or namespace; a method outside the standard set shows as
+//! `_OTHER`, see [`LockKey::scope_label`]), an operation or outcome name; never the key's value.
 
 use std::{
     error::Error,
@@ -17,12 +18,14 @@ use crate::{config::KeyDisplay, key::LockKey};
 
 /// The `lock` span of one locked request or background lease.
 ///
-/// Fields: `scope`, `key` (per [`KeyDisplay`]), and, recorded as they become known,
+/// Fields: `scope` (its label: a method outside the standard set shows as `_OTHER`, and then
+/// `method_original` holds it), `key` (per [`KeyDisplay`]), and, recorded as they become known,
 /// `fencing_token`, `attempts`, `wait_ms`, `renewals`, `hold_ms`, `outcome`. Never the token.
 pub(crate) fn span(key: &LockKey, display: KeyDisplay) -> Span {
     let span = tracing::info_span!(
         "lock",
-        scope = key.scope(),
+        scope = &*key.scope_label(),
+        method_original = key.other_method(),
         key = Empty,
         outcome = Empty,
         fencing_token = Empty,

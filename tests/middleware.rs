@@ -76,42 +76,216 @@ async fn works_with_layer_and_route_layer() {
 
 #[tokio::test]
 async fn path_param_outside_routing_is_a_500_that_says_why() {
-    // `Router::layer` wraps each route (params known) and the fallback (no params).
-    let app = Router::new()
-        .route("/items/{sku}", get(|| async { "x" }))
-        .layer(LockLayer::new(MemoryStore::new(), Key::path_param("sku")));
-    let r = send(&app, Request::get("/items/1").body(Body::empty()).unwrap()).await;
-    assert_eq!(r.status(), StatusCode::OK);
-    let r = send(&app, Request::get("/nowhere").body(Body::empty()).unwrap()).await;
-    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
-    let body = body_json(r).await;
-    assert!(
-        body["detail"].as_str().unwrap().contains("route_layer"),
-        "{body}"
-    );
-
     // Wrapping the whole router from outside: no request has params yet.
     let router = Router::new().route("/items/{sku}", get(|| async { "x" }));
     let outside = ServiceBuilder::new()
-        .layer(LockLayer::new(MemoryStore::new(), Key::path_param("sku")))
+        .layer(LockLayer::new(
+            MemoryStore::new(),
+            Key::path_param("sku").optional(),
+        ))
         .service(router);
     let r = outside
         .oneshot(Request::get("/items/1").body(Body::empty()).unwrap())
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let body = body_json(r.map(Body::new)).await;
+    assert!(
+        body["detail"].as_str().unwrap().contains("route_layer"),
+        "{body}"
+    );
 
+    // A parameter the route does not have: a typo, unless the source is optional.
     let app = Router::new()
         .route("/items/{sku}", get(|| async { "x" }))
         .route_layer(LockLayer::new(MemoryStore::new(), Key::path_param("id")));
     let r = send(&app, Request::get("/items/1").body(Body::empty()).unwrap()).await;
     assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let detail = body_json(r).await["detail"].as_str().unwrap().to_owned();
     assert!(
-        body_json(r).await["detail"]
-            .as_str()
-            .unwrap()
-            .contains("`id`")
+        detail.contains("`id`") && detail.contains("optional"),
+        "{detail}"
     );
+}
+
+/// `/items/{sku}` (POST, reports whether it ran locked), `/health` (GET), and whatever else the
+/// caller adds; `Router::layer`, `route_layer` or `MethodRouter::layer` with a `sku` key.
+fn sku_app(how: &str, key: tower_lock::key::PathParamKey, store: &MemoryStore) -> Router {
+    let layer = LockLayer::new(store.clone(), key);
+    let item = post(|lease: Option<Lease>| async move {
+        if lease.is_some() {
+            "locked"
+        } else {
+            "unlocked"
+        }
+    });
+    let health = get(|lease: Option<Lease>| async move {
+        if lease.is_some() { "locked" } else { "healthy" }
+    });
+    match how {
+        "Router::layer" => Router::new()
+            .route("/items/{sku}", item)
+            .route("/health", health)
+            .layer(layer),
+        "route_layer" => Router::new()
+            .route("/items/{sku}", item)
+            .route("/health", health)
+            .route_layer(layer),
+        "MethodRouter::layer" => Router::new()
+            .route("/items/{sku}", item.layer(layer.clone()))
+            .route("/health", health.layer(layer)),
+        other => unreachable!("{other}"),
+    }
+}
+
+async fn status_and_text(app: &Router, req: Request) -> (StatusCode, String) {
+    let r = send(app, req).await;
+    let status = r.status();
+    let body = axum::body::to_bytes(r.into_body(), 10_000).await.unwrap();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test]
+async fn unmatched_requests_keep_the_routers_404_and_405() {
+    for how in ["Router::layer", "route_layer", "MethodRouter::layer"] {
+        let store = MemoryStore::new();
+        for key in [Key::path_param("sku"), Key::path_param("sku").optional()] {
+            let app = sku_app(how, key, &store);
+            let req = |method: &str, path: &str| {
+                Request::builder()
+                    .method(method)
+                    .uri(path)
+                    .body(Body::empty())
+                    .unwrap()
+            };
+            let (status, text) = status_and_text(&app, req("POST", "/items/a")).await;
+            assert_eq!((status, &*text), (StatusCode::OK, "locked"), "{how}");
+            // No route: the router's 404, whatever the layer.
+            for path in ["/nowhere", "/items/a/b", "/items/"] {
+                let (status, _) = status_and_text(&app, req("POST", path)).await;
+                assert_eq!(status, StatusCode::NOT_FOUND, "{how} {path}");
+            }
+            // No path at all (`CONNECT host:port`): axum's catch-all fallback, no parameters.
+            if how == "Router::layer" {
+                let (status, _) = status_and_text(&app, req("CONNECT", "example.com:443")).await;
+                assert_eq!(status, StatusCode::NOT_FOUND, "{how} CONNECT");
+            }
+            // A route without that method: the router's 405 and its `Allow`.
+            let r = send(&app, req("DELETE", "/items/a")).await;
+            assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED, "{how}");
+            assert_eq!(r.headers()[header::ALLOW], "POST", "{how}");
+        }
+        assert_eq!(store.held(), 0, "{how}");
+    }
+}
+
+#[tokio::test]
+async fn a_route_without_the_parameter_is_a_500_unless_optional() {
+    for how in ["Router::layer", "route_layer", "MethodRouter::layer"] {
+        let store = MemoryStore::new();
+        let app = sku_app(how, Key::path_param("sku"), &store);
+        let r = send(&app, Request::get("/health").body(Body::empty()).unwrap()).await;
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "{how}");
+        assert_eq!(
+            r.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        let detail = body_json(r).await["detail"].as_str().unwrap().to_owned();
+        assert!(
+            detail.contains("`sku`") && detail.contains("optional"),
+            "{detail}"
+        );
+
+        let app = sku_app(how, Key::path_param("sku").optional(), &store);
+        let (status, text) =
+            status_and_text(&app, Request::get("/health").body(Body::empty()).unwrap()).await;
+        assert_eq!((status, &*text), (StatusCode::OK, "healthy"), "{how}");
+        // Routes with the parameter still lock.
+        let (status, text) =
+            status_and_text(&app, Request::post("/items/a").body(Body::empty()).unwrap()).await;
+        assert_eq!((status, &*text), (StatusCode::OK, "locked"), "{how}");
+    }
+}
+
+#[tokio::test]
+async fn router_layer_over_fallbacks_and_nested_routers() {
+    let store = MemoryStore::new();
+    let item = || post(|lease: Option<Lease>| async move { format!("{}", lease.is_some()) });
+    let app = Router::new()
+        .route("/items/{sku}", item())
+        .nest("/api", Router::new().route("/items/{sku}", item()))
+        .nest_service(
+            "/legacy",
+            service_fn(|req: Request| async move {
+                let locked = req.extensions().get::<Lease>().is_some();
+                Ok::<_, Infallible>(axum::response::IntoResponse::into_response(format!(
+                    "legacy {locked}"
+                )))
+            }),
+        )
+        .fallback(|| async { (StatusCode::IM_A_TEAPOT, "custom fallback") })
+        .layer(LockLayer::new(store.clone(), Key::path_param("sku")));
+    for (path, want) in [
+        ("/items/a", (StatusCode::OK, "true")),
+        ("/api/items/a", (StatusCode::OK, "true")),
+        ("/nowhere", (StatusCode::IM_A_TEAPOT, "custom fallback")),
+        ("/api/nowhere", (StatusCode::IM_A_TEAPOT, "custom fallback")),
+        // axum gives a nested service no route template either.
+        ("/legacy/items/a", (StatusCode::OK, "legacy false")),
+    ] {
+        let (status, text) =
+            status_and_text(&app, Request::post(path).body(Body::empty()).unwrap()).await;
+        assert_eq!((status, &*text), (want.0, want.1), "{path}");
+    }
+    assert_eq!(store.held(), 0);
+}
+
+/// axum gives a layer no sign that a request is headed for the 405 fallback: under
+/// `Router::layer`, `route_layer` and `MethodRouter::layer` it is keyed and locked like any
+/// other (in its own scope, `DELETE /items/{sku}`, so it never waits for the route's POSTs);
+/// `MethodRouter::route_layer` leaves the fallback out.
+#[tokio::test]
+async fn a_405_is_locked_in_its_own_scope_unless_the_method_routers_route_layer_is_used() {
+    let not_allowed = |lease: Option<Lease>| async move {
+        let scope = lease.map(|l| l.key().scope().to_owned());
+        (StatusCode::METHOD_NOT_ALLOWED, format!("{scope:?}"))
+    };
+    let item = || post(|| async { "ok" });
+    for (how, want) in [
+        ("Router::layer", "Some(\"DELETE /items/{sku}\")"),
+        ("route_layer", "Some(\"DELETE /items/{sku}\")"),
+        ("MethodRouter::layer", "Some(\"DELETE /items/{sku}\")"),
+        ("MethodRouter::route_layer", "None"),
+    ] {
+        let layer = LockLayer::new(MemoryStore::new(), Key::path_param("sku"));
+        let app = match how {
+            "Router::layer" => Router::new()
+                .route("/items/{sku}", item())
+                .method_not_allowed_fallback(not_allowed)
+                .layer(layer),
+            "route_layer" => Router::new()
+                .route("/items/{sku}", item())
+                .method_not_allowed_fallback(not_allowed)
+                .route_layer(layer),
+            "MethodRouter::layer" => {
+                Router::new().route("/items/{sku}", item().fallback(not_allowed).layer(layer))
+            }
+            _ => Router::new().route(
+                "/items/{sku}",
+                item().fallback(not_allowed).route_layer(layer),
+            ),
+        };
+        let (status, text) = status_and_text(
+            &app,
+            Request::delete("/items/a").body(Body::empty()).unwrap(),
+        )
+        .await;
+        assert_eq!(
+            (status, &*text),
+            (StatusCode::METHOD_NOT_ALLOWED, want),
+            "{how}"
+        );
+    }
 }
 
 fn header_app(store: MemoryStore, config: LockConfig, optional: bool) -> Router {

@@ -243,6 +243,102 @@ fn metrics_count_every_outcome_exactly() {
     }
 }
 
+/// Requests with extension methods (and a lower-case `get`, another method to HTTP), through
+/// an `any` route under `Router::layer` and through a layer outside axum: every lock is scoped
+/// by its real method, and every label shows `_OTHER` for them, so a client cannot mint series.
+async fn extension_methods_scenario() -> Vec<String> {
+    use axum::{
+        Router,
+        body::Body,
+        http::{Method, Request},
+        routing::any,
+    };
+    use tower::{ServiceBuilder, ServiceExt, service_fn};
+    use tower_lock::{Lease, MemoryStore};
+
+    let scope_of = |lease: Lease| async move { lease.key().scope().to_owned() };
+    let routed = Router::new()
+        .route("/x/{id}", any(scope_of))
+        .layer(LockLayer::new(MemoryStore::new(), Key::path_param("id")));
+    let outside = ServiceBuilder::new()
+        .layer(LockLayer::new(MemoryStore::new(), Key::path()))
+        .service(service_fn(|req: Request<Body>| async move {
+            let scope = req
+                .extensions()
+                .get::<Lease>()
+                .unwrap()
+                .key()
+                .scope()
+                .to_owned();
+            Ok::<_, std::convert::Infallible>(axum::http::Response::new(Body::from(scope)))
+        }));
+    let mut scopes = Vec::new();
+    for method in ["FOO", "BAR", "get", "POST", "QUERY"] {
+        let request = || {
+            Request::builder()
+                .method(Method::from_bytes(method.as_bytes()).unwrap())
+                .uri("/x/1")
+                .body(Body::empty())
+                .unwrap()
+        };
+        let response = routed.clone().oneshot(request()).await.unwrap();
+        let body = axum::body::to_bytes(response.into_body(), 1000)
+            .await
+            .unwrap();
+        scopes.push(String::from_utf8(body.to_vec()).unwrap());
+        let response = outside.clone().oneshot(request()).await.unwrap();
+        let body = axum::body::to_bytes(Body::new(response.into_body()), 1000)
+            .await
+            .unwrap();
+        scopes.push(String::from_utf8(body.to_vec()).unwrap());
+    }
+    scopes
+}
+
+#[test]
+fn extension_methods_share_one_label_and_keep_their_lock() {
+    let recorder = DebuggingRecorder::new();
+    let scopes = metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(extension_methods_scenario())
+    });
+    // The locks keep the method.
+    assert_eq!(
+        scopes,
+        [
+            "FOO /x/{id}",
+            "FOO",
+            "BAR /x/{id}",
+            "BAR",
+            "get /x/{id}",
+            "get",
+            "POST /x/{id}",
+            "POST",
+            "QUERY /x/{id}",
+            "QUERY"
+        ]
+    );
+    let m = collect(&recorder);
+    let acquired = |scope| counter(&m, "tower_lock_acquired_total", &[("scope", scope)]);
+    assert_eq!(acquired("_OTHER /x/{id}"), 3, "{m:#?}");
+    assert_eq!(acquired("_OTHER"), 3);
+    assert_eq!((acquired("POST /x/{id}"), acquired("POST")), (1, 1));
+    assert_eq!((acquired("QUERY /x/{id}"), acquired("QUERY")), (1, 1));
+    for (name, labels) in m.keys() {
+        for (k, v) in labels {
+            assert!(
+                !["FOO", "BAR", "get"]
+                    .iter()
+                    .any(|method| v.contains(method)),
+                "{name} has a client-chosen label {k}={v}"
+            );
+        }
+    }
+}
+
 /// A `MakeWriter` that keeps everything logged.
 #[derive(Clone, Default)]
 struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
@@ -303,6 +399,7 @@ fn spans_carry_outcomes_and_hashed_keys_never_tokens() {
             assert_eq!(held.await.unwrap(), StatusCode::OK);
             scenario(&mut server).await;
             idempotency_scenario().await;
+            extension_methods_scenario().await;
         });
     }
     let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
@@ -334,6 +431,18 @@ fn spans_carry_outcomes_and_hashed_keys_never_tokens() {
     assert!(
         logged.contains("lease lost"),
         "lost lease not logged at warn"
+    );
+    // Extension methods: `_OTHER` in the scope field, the method itself beside it.
+    let other = logged
+        .lines()
+        .find(|line| {
+            line.contains("method_original=\"FOO\"") || line.contains("method_original=FOO")
+        })
+        .unwrap_or_else(|| panic!("no span with method_original=FOO:\n{logged}"));
+    assert!(other.contains("_OTHER /x/{id}"), "{other}");
+    assert!(
+        !logged.contains("scope=\"FOO") && !logged.contains("scope=FOO"),
+        "an extension method in a scope field:\n{logged}"
     );
     assert!(
         !logged.contains("secret-sku"),

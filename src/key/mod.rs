@@ -11,9 +11,15 @@
 //! | source | value | no key | bad key |
 //! |---|---|---|---|
 //! | [`Key::header`] | the header's bytes | header missing and [`HeaderKey::optional`] | missing (default), repeated, empty |
-//! | [`Key::path_param`] (feature `axum`) | a matched route's path parameter | never | parameter not in the route (500) |
-//! | [`Key::path`] | the request path | never | never |
+//! | [`Key::path_param`] (feature `axum`) | a matched route's path parameter, percent-decoded | the request matched no route; the route has no such parameter and [`PathParamKey::optional`] | not UTF-8 once decoded; parameter not in the route (500); layer outside the router (500) |
+//! | [`Key::path`] | the request path, each segment percent-decoded ([`PathKey`]) | never | a segment not UTF-8 once decoded |
 //! | [`Key::from_fn`] / any closure | whatever the closure returns | `Ok(None)` | `Err(..)` |
+//!
+//! One resource is one lock whatever its spelling: the sources that read the path key on what
+//! the router resolves (percent-decoded), not on the raw bytes, so `/accounts/%31` and
+//! `/accounts/1` take the same lock. A header's value is taken byte for byte, as the handler
+//! reads it; if the application treats two spellings as one resource (case-insensitive ids,
+//! leading zeros), canonicalize in a closure.
 //!
 //! # Scoping
 //!
@@ -22,7 +28,9 @@
 //! method and matched route template (`POST /items/{sku}/purchase`, axum only) unless a namespace
 //! is set with [`LockLayer::namespace`](crate::LockLayer::namespace). So the same SKU on two
 //! routes takes two different locks, and two routes that must exclude each other share one by
-//! sharing a namespace.
+//! sharing a namespace. The method is the client's to choose: a handler that several methods
+//! reach (an `any` route, `route_service`, a service outside axum) is locked per method, so
+//! give its layer a namespace if the methods must exclude each other.
 //!
 //! The encoding is length-prefixed, so no value, whatever its bytes, can produce a key that belongs
 //! to another scope or falls outside the prefix:
@@ -42,6 +50,7 @@
 //! [`LockConfig::max_key_len`](crate::LockConfig::max_key_len) bytes (default 512).
 
 mod header;
+mod path;
 #[cfg(feature = "axum")]
 mod path_param;
 
@@ -53,6 +62,7 @@ use http::request::Parts;
 use crate::concat::Concat;
 
 pub use header::HeaderKey;
+pub use path::PathKey;
 #[cfg(feature = "axum")]
 pub use path_param::PathParamKey;
 
@@ -113,20 +123,25 @@ impl Key {
         HeaderKey::new(name.as_ref())
     }
 
-    /// Locks on a path parameter of the matched axum route, e.g. `sku` in `/items/{sku}`.
+    /// Locks on a path parameter of the matched axum route, e.g. `sku` in `/items/{sku}`,
+    /// percent-decoded as axum decodes it.
     ///
     /// Path parameters exist only once axum has routed the request: add the layer with
-    /// `Router::route_layer` (or on a `MethodRouter`). A request without parameters (one that
-    /// matched no route under `Router::layer`, or a layer wrapping the whole router from outside)
-    /// fails with a 500 whose detail says so; so does a parameter name the route does not have.
+    /// `Router::route_layer`, `Router::layer` or on a `MethodRouter`. A request that matched no
+    /// route passes through unlocked, so the router's 404 stands. A route without the parameter
+    /// is a 500 whose detail says so (a typo in the name), unless the source is made
+    /// [`optional`](PathParamKey::optional): then its requests pass through unlocked. A layer
+    /// wrapping the whole router from outside sees no parameters at all: a 500 for every
+    /// request.
     #[cfg(feature = "axum")]
     pub fn path_param(name: impl Into<Arc<str>>) -> PathParamKey {
         PathParamKey::new(name.into())
     }
 
-    /// Locks on the request path (without the query).
+    /// Locks on the request path (without the query) as the router resolves it: each segment
+    /// percent-decoded, so every spelling of one path takes one lock. See [`PathKey`].
     pub fn path() -> PathKey {
-        PathKey { _priv: () }
+        PathKey::new()
     }
 
     /// Locks on whatever the closure computes from the request head.
@@ -149,18 +164,6 @@ impl Key {
         F: Fn(&Parts) -> Result<Option<Bytes>, KeyRejection> + Send + Sync + 'static,
     {
         f
-    }
-}
-
-/// Locks on the request path. Created by [`Key::path`].
-#[derive(Debug, Clone)]
-pub struct PathKey {
-    _priv: (),
-}
-
-impl KeySource for PathKey {
-    fn key(&self, parts: &mut Parts) -> Result<Option<Bytes>, KeyRejection> {
-        Ok(Some(Bytes::copy_from_slice(parts.uri.path().as_bytes())))
     }
 }
 
@@ -220,11 +223,30 @@ impl std::error::Error for KeyRejection {}
 /// The full key of one lock, as sent to the store.
 ///
 /// Cheap to clone. See the [module docs](self#scoping) for its layout.
-#[derive(Clone, PartialEq, Eq, Hash)]
+///
+/// Two keys are equal when they name the same lock (the same bytes).
+#[derive(Clone)]
 pub struct LockKey {
     full: Arc<[u8]>,
     scope: Range<usize>,
     value: Range<usize>,
+    /// The length of a method outside the standard set at the start of the scope, which
+    /// telemetry shows as `_OTHER`; 0 for none. Presentation only: not part of the lock.
+    other_method: usize,
+}
+
+impl PartialEq for LockKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.full == other.full
+    }
+}
+
+impl Eq for LockKey {}
+
+impl std::hash::Hash for LockKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.full.hash(state);
+    }
 }
 
 impl LockKey {
@@ -283,6 +305,7 @@ impl LockKey {
             full: Arc::from(buf.as_bytes()),
             scope: scope_start..scope_end,
             value: value_start..value_end,
+            other_method: 0,
         }
     }
 
@@ -312,6 +335,33 @@ impl LockKey {
     /// The value the key source derived (a SKU, an idempotency key, ...).
     pub fn value(&self) -> &[u8] {
         &self.full[self.value.clone()]
+    }
+
+    /// Marks the scope's first `len` bytes as a method outside the standard set (the layer
+    /// builds the scope from the request's method), for [`scope_label`](Self::scope_label).
+    pub(crate) fn with_other_method(mut self, len: usize) -> Self {
+        if self.scope().is_char_boundary(len) {
+            self.other_method = len;
+        }
+        self
+    }
+
+    /// The scope as metric labels and span fields show it: with a method outside the standard
+    /// set replaced by `_OTHER` (`_OTHER /items/{sku}`), so that clients cannot mint label
+    /// values. The lock itself keeps the method.
+    pub(crate) fn scope_label(&self) -> std::borrow::Cow<'_, str> {
+        let scope = self.scope();
+        match self.other_method {
+            0 => scope.into(),
+            len => format!("_OTHER{}", &scope[len..]).into(),
+        }
+    }
+
+    /// The method the label hides as `_OTHER`, if any.
+    pub(crate) fn other_method(&self) -> Option<&str> {
+        self.scope()
+            .get(..self.other_method)
+            .filter(|m| !m.is_empty())
     }
 }
 
@@ -396,6 +446,27 @@ mod tests {
         let key = LockKey::new("p:", "s", &[0, 0xff, b'\n', b'{'], 8).unwrap();
         assert_eq!(key.value(), &[0, 0xff, b'\n', b'{']);
         assert!(format!("{key:?}").contains("LockKey"));
+    }
+
+    #[test]
+    fn other_methods_are_labelled_but_keep_their_lock() {
+        let plain = LockKey::new("p:", "FOO /x/{id}", b"1", 64).unwrap();
+        let marked = plain.clone().with_other_method(3);
+        assert_eq!(marked.scope(), "FOO /x/{id}");
+        assert_eq!(marked.scope_label(), "_OTHER /x/{id}");
+        assert_eq!(marked.other_method(), Some("FOO"));
+        assert_eq!(plain.scope_label(), "FOO /x/{id}");
+        assert_eq!(plain.other_method(), None);
+        assert_eq!(marked, plain, "the label is not part of the lock");
+        let alone = LockKey::new("p:", "FOO", b"1", 64)
+            .unwrap()
+            .with_other_method(3);
+        assert_eq!(alone.scope_label(), "_OTHER");
+        // Never a cut through a character.
+        let wide = LockKey::new("p:", "é", b"1", 64)
+            .unwrap()
+            .with_other_method(1);
+        assert_eq!(wide.scope_label(), "é");
     }
 
     #[test]

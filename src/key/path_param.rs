@@ -5,7 +5,9 @@ use std::{
     task::{Context, Poll, Waker},
 };
 
-use axum::extract::{FromRequestParts, RawPathParams, rejection::RawPathParamsRejection};
+use axum::extract::{
+    FromRequestParts, MatchedPath, RawPathParams, rejection::RawPathParamsRejection,
+};
 use bytes::Bytes;
 use http::request::Parts;
 
@@ -13,45 +15,80 @@ use super::{KeyRejection, KeySource};
 
 /// Locks on a path parameter of the matched axum route.
 /// Created by [`Key::path_param`](super::Key::path_param).
+///
+/// | the request | answer |
+/// |---|---|
+/// | matched a route with the parameter | lock on its percent-decoded value |
+/// | matched a route without it | 500 (a typo), or unlocked when [`optional`](Self::optional) |
+/// | matched no route (the router's fallback answers) | unlocked: the router's 404 stands |
+/// | the parameter is not UTF-8 once percent-decoded | 400 |
+/// | was never routed (the layer wraps the router from outside) | 500 |
 #[derive(Debug, Clone)]
 pub struct PathParamKey {
     name: Arc<str>,
+    optional: bool,
 }
 
 impl PathParamKey {
     pub(super) fn new(name: Arc<str>) -> Self {
-        Self { name }
+        Self {
+            name,
+            optional: false,
+        }
     }
 
-    fn no_params(&self) -> KeyRejection {
-        KeyRejection::misconfigured(format!(
-            "the lock key is the path parameter `{}`, but the request has no path parameters: \
-             it matched no route, or the LockLayer wraps the router from outside; add the \
-             LockLayer with `route_layer`",
-            self.name
-        ))
+    /// Passes requests of routes that have no such parameter through unlocked, instead of
+    /// answering 500.
+    ///
+    /// For a layer that wraps routes with and without the parameter (`Router::layer` over
+    /// `/items/{sku}` and `/health`). Without it, a route lacking the parameter is taken for a
+    /// typo in its name.
+    #[must_use]
+    pub fn optional(mut self) -> Self {
+        self.optional = true;
+        self
+    }
+}
+
+/// The request's path parameters, percent-decoded by axum's router: `None` if no axum router
+/// has routed the request, a 400 if a parameter is not UTF-8 once decoded.
+pub(super) fn path_params(parts: &mut Parts) -> Result<Option<RawPathParams>, KeyRejection> {
+    // `RawPathParams` reads an extension axum's router sets; its future is ready at once.
+    let mut fut = pin!(RawPathParams::from_request_parts(parts, &()));
+    match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(Ok(params)) => Ok(Some(params)),
+        Poll::Ready(Err(RawPathParamsRejection::InvalidUtf8InPathParam(e))) => {
+            Err(KeyRejection::invalid(e.body_text()))
+        }
+        Poll::Ready(Err(_)) | Poll::Pending => Ok(None),
     }
 }
 
 impl KeySource for PathParamKey {
     fn key(&self, parts: &mut Parts) -> Result<Option<Bytes>, KeyRejection> {
-        // `RawPathParams` reads an extension axum's router sets; its future is ready at once.
-        let mut fut = pin!(RawPathParams::from_request_parts(parts, &()));
-        let params = match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(Ok(params)) => params,
-            Poll::Ready(Err(RawPathParamsRejection::InvalidUtf8InPathParam(e))) => {
-                return Err(KeyRejection::invalid(e.body_text()));
+        let Some(params) = path_params(parts)? else {
+            // A request without a path (`CONNECT host:port`) cannot match any route.
+            if parts.uri.path().is_empty() {
+                return Ok(None);
             }
-            Poll::Ready(Err(_)) | Poll::Pending => return Err(self.no_params()),
+            return Err(KeyRejection::misconfigured(format!(
+                "the lock key is the path parameter `{}`, but no axum router has routed the \
+                 request: the LockLayer wraps the router from outside; add it with \
+                 `route_layer` or `layer` on the router",
+                self.name
+            )));
         };
         if let Some((_, value)) = params.iter().find(|(name, _)| *name == &*self.name) {
             return Ok(Some(Bytes::copy_from_slice(value.as_bytes())));
         }
-        if params.iter().next().is_none() {
-            return Err(self.no_params());
+        // Routed, but with no matched route: the router's fallback (a 404) is answering, or a
+        // service nested with `nest_service` (axum marks both alike). Nothing to lock.
+        if parts.extensions.get::<MatchedPath>().is_none() || self.optional {
+            return Ok(None);
         }
         Err(KeyRejection::misconfigured(format!(
-            "the route has no path parameter `{}` to use as the lock key",
+            "the route has no path parameter `{}` to use as the lock key (if some routes under \
+             this layer have none, make the key source `optional`)",
             self.name
         )))
     }
