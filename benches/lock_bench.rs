@@ -1085,10 +1085,13 @@ struct ContendedSample {
 }
 
 fn contended_config() -> LockConfig {
-    LockConfig::default().wait(
-        Wait::exponential(Duration::from_millis(1), Duration::from_millis(20))
-            .deadline(Duration::from_secs(30)),
-    )
+    LockConfig::builder()
+        .wait(
+            Wait::exponential(Duration::from_millis(1), Duration::from_millis(20))
+                .deadline(Duration::from_secs(30)),
+        )
+        .build()
+        .unwrap()
 }
 
 /// A waiter, connected and warmed up.
@@ -1111,7 +1114,7 @@ async fn connect_waiters(
         match peer {
             Peer::TowerLock => {
                 let store = RedisStore::connect(url).await.expect("connect");
-                let locker = Locker::with_config(store, contended_config()).expect("config");
+                let locker = Locker::with_config(store, contended_config());
                 let key = locker
                     .key("bench-warm", format!("{warm_prefix}-{i}"))
                     .expect("key");
@@ -1440,8 +1443,10 @@ async fn renewal(redis: &RedisServer, s: &Settings) -> RenewalSample {
     let url = redis.url();
     let tag = tag();
     let store = RedisStore::connect(url.as_str()).await.expect("connect");
-    let locker =
-        Locker::with_config(store, LockConfig::default().ttl(RENEWAL_TTL)).expect("config");
+    let locker = Locker::with_config(
+        store,
+        LockConfig::builder().ttl(RENEWAL_TTL).build().unwrap(),
+    );
     // Warm-up: one lease held until its first renewal, so the one-time work of the first
     // renewal (loading the renew script, asking the server for native commands) is not counted.
     let warm = locker

@@ -104,14 +104,15 @@ async fn main() -> ExitCode {
 async fn run() -> Result<(), Box<dyn Error>> {
     let settings = Settings::from_env()?;
 
-    let config = LockConfig::default().ttl(settings.ttl).wait(settings.wait);
-    // `with_config` checks the config too; checking it first reports a bad LOCK_TTL_MS before
-    // anything connects.
-    config.validate()?;
+    // Built (and so checked) before anything connects: a bad LOCK_TTL_MS is reported first.
+    let config = LockConfig::builder()
+        .ttl(settings.ttl)
+        .wait(settings.wait)
+        .build()?;
     // The lock layer and the stock are backed by the same kind of storage: in-process without
     // REDIS_URL, Redis with it (LOCK_STORE picks another topology: `examples/common/store.rs`).
     let chosen = store::from_env().await?;
-    let layer = chosen.lock_layer(Key::path_param("sku"), config)?;
+    let layer = chosen.lock_layer(Key::path_param("sku"), config);
     let stock = match chosen.data {
         Some(conn) => {
             println!("{}", chosen.description);

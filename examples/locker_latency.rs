@@ -49,14 +49,15 @@ async fn idle() {
 }
 
 async fn run(url: String) -> Result<(), Box<dyn Error + Send + Sync>> {
-    let config = || {
-        LockConfig::default().wait(
+    let config = LockConfig::builder()
+        .wait(
             Wait::exponential(Duration::from_millis(1), Duration::from_millis(20))
                 .deadline(Duration::from_secs(30)),
         )
-    };
-    let a = Locker::with_config(RedisStore::connect(url.as_str()).await?, config())?;
-    let b = Locker::with_config(RedisStore::connect(url.as_str()).await?, config())?;
+        .build()?;
+    let config = || config.clone();
+    let a = Locker::with_config(RedisStore::connect(url.as_str()).await?, config());
+    let b = Locker::with_config(RedisStore::connect(url.as_str()).await?, config());
     // Warm-up: scripts loaded, server detected.
     for locker in [&a, &b] {
         locker

@@ -114,9 +114,15 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), Box<dyn Error>> {
     let settings = Settings::from_env()?;
-    let config = IdempotencyConfig::default()
+    let config = IdempotencyConfig::builder()
         .retention(settings.retention)
-        .lock(LockConfig::default().ttl(settings.ttl).wait(settings.wait));
+        .lock(
+            LockConfig::builder()
+                .ttl(settings.ttl)
+                .wait(settings.wait)
+                .build()?,
+        )
+        .build()?;
 
     // LOCK_STORE picks the topology (`examples/common/store.rs`). Idempotency records are
     // written atomically with the release, on one server: memory, redis or cluster, not redlock.
@@ -128,11 +134,11 @@ async fn run() -> Result<(), Box<dyn Error>> {
     let chosen = store::from_env().await?;
     let layer = match chosen.store.clone() {
         store::Store::Memory => {
-            IdempotencyLayer::with_config(MemoryStore::new(), by_account, config)?
+            IdempotencyLayer::with_config(MemoryStore::new(), by_account, config)
         }
-        store::Store::Redis(store) => IdempotencyLayer::with_config(store, by_account, config)?,
+        store::Store::Redis(store) => IdempotencyLayer::with_config(store, by_account, config),
         #[cfg(feature = "cluster")]
-        store::Store::Cluster(store) => IdempotencyLayer::with_config(store, by_account, config)?,
+        store::Store::Cluster(store) => IdempotencyLayer::with_config(store, by_account, config),
         store::Store::Redlock(_) => {
             return Err(
                 "idempotency records need one store: use LOCK_STORE=redis or cluster".into(),

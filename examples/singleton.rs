@@ -69,10 +69,10 @@ async fn run() -> Result<(), BoxError> {
 
     // Waiting instances poll every fifth of the TTL (with jitter), forever: a holder that dies
     // is replaced within about TTL + TTL / 5.
-    let config = LockConfig::default()
+    let config = LockConfig::builder()
         .ttl(settings.ttl)
-        .wait(Wait::constant(settings.poll()).jitter(true).forever());
-    config.validate()?;
+        .wait(Wait::constant(settings.poll()).jitter(true).forever())
+        .build()?;
 
     // Flips to `true` on Ctrl-C or SIGTERM; every instance watches it.
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -89,7 +89,7 @@ async fn run() -> Result<(), BoxError> {
                  one process, so this demo runs {MEMORY_INSTANCES} instances as tasks; set \
                  REDIS_URL to coordinate processes"
             );
-            let locker = Locker::with_config(MemoryStore::new(), config)?;
+            let locker = Locker::with_config(MemoryStore::new(), config);
             let mut instances = JoinSet::new();
             for n in 1..=MEMORY_INSTANCES {
                 let id = format!("{}-{n}", settings.instance_id);
@@ -108,7 +108,7 @@ async fn run() -> Result<(), BoxError> {
             let store = RedisStore::connect(url.as_str())
                 .await
                 .map_err(|e| format!("cannot connect to REDIS_URL={url}: {e}"))?;
-            let locker = Locker::with_config(store, config)?;
+            let locker = Locker::with_config(store, config);
             println!(
                 "instance {} (pid {}) coordinates through Redis at {url}",
                 settings.instance_id,

@@ -54,7 +54,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let concurrency = env_or("BENCH_CONCURRENCY", 50);
     let per_task = env_or("BENCH_PER_TASK", 200);
     let chosen = store::from_env().await?;
-    let layer = chosen.lock_layer(Key::path_param("id"), LockConfig::default())?;
+    let layer = chosen.lock_layer(Key::path_param("id"), LockConfig::default());
     let app = Router::new()
         .route("/items/{id}", post(|| async { "ok" }))
         .route_layer(layer);

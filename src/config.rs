@@ -1,10 +1,10 @@
-//! The layer's settings, their defaults and their validation.
+//! The lock's settings: [`LockConfig`], its builder, their defaults and their validation.
 
-use std::{fmt, time::Duration};
+use std::time::Duration;
 
 use http::StatusCode;
 
-use crate::wait::Wait;
+use crate::{error::ConfigError, wait::Wait};
 
 /// What happens to a request whose lease is lost while its handler runs.
 ///
@@ -50,12 +50,12 @@ pub enum KeyDisplay {
     Hidden,
 }
 
-/// Settings shared by [`LockLayer`](crate::LockLayer) and [`Locker`](crate::Locker).
+/// Settings shared by [`LockLayer`](crate::LockLayer) and [`Locker`](crate::Locker): valid by
+/// construction.
 ///
-/// Setters take and return `self`; nothing is checked until the config is handed to
-/// [`LockLayer::with_config`](crate::LockLayer::with_config) or
-/// [`Locker::with_config`](crate::Locker::with_config), which return a [`ConfigError`] naming
-/// the first invalid setting. So a bad value fails at start-up, never at request time.
+/// Built with [`LockConfig::builder`], whose [`build`](LockConfigBuilder::build) checks every
+/// setting and returns a [`ConfigError`] naming the first invalid one, so a bad value fails at
+/// start-up, never at request time. The getters have the settings' plain names.
 ///
 /// | setting | default | meaning |
 /// |---|---|---|
@@ -72,8 +72,22 @@ pub enum KeyDisplay {
 /// | [`contended_status`](Self::contended_status) | 409 | status when the wait runs out |
 /// | [`unavailable_status`](Self::unavailable_status) | 503 | status when the store fails |
 ///
-/// With the `serde` feature the config deserializes from any serde format; durations are
-/// whole milliseconds in fields ending `_ms`, and every field is optional:
+/// ```
+/// use std::time::Duration;
+/// use tower_lock::{LockConfig, OnLeaseLost, Wait};
+///
+/// let config = LockConfig::builder()
+///     .ttl(Duration::from_secs(30))
+///     .wait(Wait::none())
+///     .on_lease_lost(OnLeaseLost::Continue)
+///     .build()?;
+/// assert_eq!(config.renew_interval(), Duration::from_secs(10));
+/// # Ok::<(), tower_lock::ConfigError>(())
+/// ```
+///
+/// With the `serde` feature both the config and its builder deserialize from any serde format
+/// (the config checks what it reads); durations are whole milliseconds in fields ending `_ms`,
+/// and every field is optional:
 ///
 /// ```toml
 /// ttl_ms = 30000
@@ -85,13 +99,37 @@ pub enum KeyDisplay {
 /// max_ms = 100
 /// deadline_ms = 1000
 /// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize, serde::Serialize),
+    serde(try_from = "LockConfigBuilder", into = "LockConfigBuilder")
+)]
+pub struct LockConfig {
+    settings: Settings,
+}
+
+/// Builds a [`LockConfig`]; see its docs for the settings and their defaults.
+///
+/// Setters take and return `self`; nothing is checked until [`build`](Self::build).
+#[derive(Debug, Clone, Default, PartialEq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize, serde::Serialize),
+    serde(transparent)
+)]
+#[must_use]
+pub struct LockConfigBuilder {
+    settings: Settings,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 #[cfg_attr(
     feature = "serde",
     derive(serde::Deserialize, serde::Serialize),
     serde(default, deny_unknown_fields)
 )]
-pub struct LockConfig {
+struct Settings {
     #[cfg_attr(feature = "serde", serde(rename = "ttl_ms", with = "ms"))]
     ttl: Duration,
     #[cfg_attr(
@@ -115,7 +153,7 @@ pub struct LockConfig {
     unavailable_status: StatusCode,
 }
 
-impl Default for LockConfig {
+impl Default for Settings {
     fn default() -> Self {
         Self {
             ttl: Duration::from_secs(10),
@@ -134,118 +172,108 @@ impl Default for LockConfig {
     }
 }
 
-macro_rules! setters {
-    ($($(#[$doc:meta])* $name:ident: $ty:ty => $conv:expr;)*) => {
+/// One line per setting: the builder's setter and the config's getter, with one doc.
+macro_rules! settings {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty => $conv:expr, get $get:ty => $read:expr;)*) => {
+        impl LockConfigBuilder {
+            $(
+                $(#[$doc])*
+                pub fn $name(mut self, $name: $ty) -> Self {
+                    self.settings.$name = $conv($name);
+                    self
+                }
+            )*
+        }
+
         impl LockConfig {
             $(
                 $(#[$doc])*
-                #[must_use]
-                pub fn $name(mut self, $name: $ty) -> Self {
-                    self.$name = $conv($name);
-                    self
+                pub fn $name(&self) -> $get {
+                    let read: fn(&Settings) -> $get = $read;
+                    read(&self.settings)
                 }
             )*
         }
     };
 }
 
-setters! {
-    /// Lease time to live (at least 10 ms).
-    ttl: Duration => |v| v;
-    /// How often to renew while a request runs; must be shorter than the TTL.
-    renew_interval: Duration => Some;
+settings! {
+    /// Lease time to live (at least 10 ms; default 10 s).
+    ttl: Duration => |v| v, get Duration => |s| s.ttl;
+    /// How often to renew while a request runs; shorter than the TTL (default TTL / 3).
+    renew_interval: Duration => Some, get Duration => |s| s.renew_interval.unwrap_or(s.ttl / 3);
     /// The retry policy for a held key.
-    wait: Wait => |v| v;
-    /// The longest any one request may hold its lease.
-    max_hold: Duration => |v| v;
+    wait: Wait => |v| v, get &Wait => |s| &s.wait;
+    /// The longest any one request may hold its lease (default 5 min).
+    max_hold: Duration => |v| v, get Duration => |s| s.max_hold;
     /// Bound on each renew and release round trip, and the least time an acquire attempt gets
-    /// even when the wait deadline is shorter (so `Wait::none()` still has time for one try).
-    store_timeout: Duration => |v| v;
-    /// Prepended to every key, to keep this service's locks apart in a shared Redis.
-    key_prefix: impl Into<String> => Into::into;
-    /// Longest accepted key value, in bytes.
-    max_key_len: usize => |v| v;
-    /// What to do when a lease is lost mid-request.
-    on_lease_lost: OnLeaseLost => |v| v;
+    /// even when the wait deadline is shorter, so `Wait::none()` still has time for one try
+    /// (default 1 s).
+    store_timeout: Duration => |v| v, get Duration => |s| s.store_timeout;
+    /// Prepended to every key, to keep this service's locks apart in a shared Redis (default
+    /// `tower-lock:`).
+    key_prefix: impl Into<String> => Into::into, get &str => |s| s.key_prefix.as_str();
+    /// Longest accepted key value, in bytes (default 512).
+    max_key_len: usize => |v| v, get usize => |s| s.max_key_len;
+    /// What to do when a lease is lost mid-request (default [`OnLeaseLost::Abort`]).
+    on_lease_lost: OnLeaseLost => |v| v, get OnLeaseLost => |s| s.on_lease_lost;
     /// Keep the lease, and renew it, until the response body has been streamed to its end,
-    /// not just until the handler returns. For handlers that stream.
-    hold_until_body_end: bool => |v| v;
-    /// How keys appear in tracing spans (hashed by default; keys may carry user data).
-    key_display: KeyDisplay => |v| v;
+    /// not just until the handler returns. For handlers that stream (default `false`).
+    hold_until_body_end: bool => |v| v, get bool => |s| s.hold_until_body_end;
+    /// How keys appear in tracing spans (default hashed: keys may carry user data).
+    key_display: KeyDisplay => |v| v, get KeyDisplay => |s| s.key_display;
     /// Status answered when the key stays held past the wait deadline (default 409).
-    contended_status: StatusCode => |v| v;
+    contended_status: StatusCode => |v| v, get StatusCode => |s| s.contended_status;
     /// Status answered when the store fails or does not answer (default 503).
-    unavailable_status: StatusCode => |v| v;
+    unavailable_status: StatusCode => |v| v, get StatusCode => |s| s.unavailable_status;
 }
 
-/// Getters, named `<setting>_value` because the setters have the plain names.
 impl LockConfig {
-    /// Lease time to live.
-    pub fn ttl_value(&self) -> Duration {
-        self.ttl
+    /// A builder starting from the defaults.
+    pub fn builder() -> LockConfigBuilder {
+        LockConfigBuilder::default()
     }
 
-    /// The effective renewal interval.
-    pub fn renew_interval_value(&self) -> Duration {
-        self.renew_interval.unwrap_or(self.ttl / 3)
+    /// A builder starting from these settings, to derive another config.
+    pub fn to_builder(&self) -> LockConfigBuilder {
+        LockConfigBuilder {
+            settings: self.settings.clone(),
+        }
     }
+}
 
-    /// The wait policy.
-    pub fn wait_value(&self) -> &Wait {
-        &self.wait
+impl LockConfigBuilder {
+    /// Checks every setting and returns the config, or the first invalid setting.
+    pub fn build(self) -> Result<LockConfig, ConfigError> {
+        self.settings.validate()?;
+        Ok(LockConfig {
+            settings: self.settings,
+        })
     }
+}
 
-    /// The longest any one request may hold its lease.
-    pub fn max_hold_value(&self) -> Duration {
-        self.max_hold
+impl TryFrom<LockConfigBuilder> for LockConfig {
+    type Error = ConfigError;
+
+    fn try_from(builder: LockConfigBuilder) -> Result<Self, ConfigError> {
+        builder.build()
     }
+}
 
-    /// Bound on each renew and release round trip.
-    pub fn store_timeout_value(&self) -> Duration {
-        self.store_timeout
+impl From<LockConfig> for LockConfigBuilder {
+    fn from(config: LockConfig) -> Self {
+        Self {
+            settings: config.settings,
+        }
     }
+}
 
-    /// The prefix of every key.
-    pub fn key_prefix_value(&self) -> &str {
-        &self.key_prefix
-    }
-
-    /// Longest accepted key value, in bytes.
-    pub fn max_key_len_value(&self) -> usize {
-        self.max_key_len
-    }
-
-    /// What happens when a lease is lost mid-request.
-    pub fn on_lease_lost_value(&self) -> OnLeaseLost {
-        self.on_lease_lost
-    }
-
-    /// Whether the lease lasts until the response body ends.
-    pub fn hold_until_body_end_value(&self) -> bool {
-        self.hold_until_body_end
-    }
-
-    /// How keys appear in spans.
-    pub fn key_display_value(&self) -> KeyDisplay {
-        self.key_display
-    }
-
-    /// Status answered on contention.
-    pub fn contended_status_value(&self) -> StatusCode {
-        self.contended_status
-    }
-
-    /// Status answered when the store fails.
-    pub fn unavailable_status_value(&self) -> StatusCode {
-        self.unavailable_status
-    }
-
-    /// Checks every setting; the layer and locker call this for you.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+impl Settings {
+    fn validate(&self) -> Result<(), ConfigError> {
         if self.ttl < Duration::from_millis(10) {
             return Err(ConfigError::new("ttl", "the TTL must be at least 10 ms"));
         }
-        let renew = self.renew_interval_value();
+        let renew = self.renew_interval.unwrap_or(self.ttl / 3);
         if renew.is_zero() || renew >= self.ttl {
             return Err(ConfigError::new(
                 "renew_interval",
@@ -288,32 +316,6 @@ impl LockConfig {
         self.wait.validate()
     }
 }
-
-/// A setting is invalid. Returned at start-up, never at request time.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    field: &'static str,
-    reason: &'static str,
-}
-
-impl ConfigError {
-    pub(crate) fn new(field: &'static str, reason: &'static str) -> Self {
-        Self { field, reason }
-    }
-
-    /// The setting at fault, e.g. `"ttl"` or `"wait.factor"`.
-    pub fn field(&self) -> &'static str {
-        self.field
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid lock setting `{}`: {}", self.field, self.reason)
-    }
-}
-
-impl std::error::Error for ConfigError {}
 
 #[cfg(feature = "serde")]
 pub(crate) mod ms {
@@ -390,40 +392,30 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         let config = LockConfig::default();
-        config.validate().unwrap();
-        assert_eq!(config.renew_interval_value(), Duration::from_secs(10) / 3);
+        assert_eq!(LockConfig::builder().build().unwrap(), config);
+        assert_eq!(config.renew_interval(), Duration::from_secs(10) / 3);
+        assert_eq!(config.to_builder().build().unwrap(), config);
     }
 
     #[test]
     fn invalid_settings_name_their_field() {
+        let b = LockConfig::builder;
         let cases = [
-            (LockConfig::default().ttl(Duration::ZERO), "ttl"),
+            (b().ttl(Duration::ZERO), "ttl"),
             (
-                LockConfig::default().renew_interval(Duration::from_secs(10)),
+                b().renew_interval(Duration::from_secs(10)),
                 "renew_interval",
             ),
-            (
-                LockConfig::default().renew_interval(Duration::ZERO),
-                "renew_interval",
-            ),
-            (LockConfig::default().max_hold(Duration::ZERO), "max_hold"),
-            (
-                LockConfig::default().store_timeout(Duration::ZERO),
-                "store_timeout",
-            ),
-            (LockConfig::default().key_prefix("a{b"), "key_prefix"),
-            (LockConfig::default().max_key_len(0), "max_key_len"),
-            (
-                LockConfig::default().contended_status(StatusCode::OK),
-                "contended_status",
-            ),
-            (
-                LockConfig::default().wait(Wait::constant(Duration::ZERO)),
-                "wait.delay",
-            ),
+            (b().renew_interval(Duration::ZERO), "renew_interval"),
+            (b().max_hold(Duration::ZERO), "max_hold"),
+            (b().store_timeout(Duration::ZERO), "store_timeout"),
+            (b().key_prefix("a{b"), "key_prefix"),
+            (b().max_key_len(0), "max_key_len"),
+            (b().contended_status(StatusCode::OK), "contended_status"),
+            (b().wait(Wait::constant(Duration::ZERO)), "wait.delay"),
         ];
-        for (config, field) in cases {
-            let err = config.validate().unwrap_err();
+        for (builder, field) in cases {
+            let err = builder.build().unwrap_err();
             assert_eq!(err.field(), field);
             assert!(err.to_string().contains(field), "{err}");
         }
@@ -437,20 +429,24 @@ mod tests {
                 "wait": {"policy": "fixed", "delays_ms": [5, 10], "deadline_ms": 100}}"#,
         )
         .unwrap();
-        assert_eq!(config.ttl_value(), Duration::from_secs(3));
-        assert_eq!(config.on_lease_lost_value(), OnLeaseLost::Continue);
+        assert_eq!(config.ttl(), Duration::from_secs(3));
+        assert_eq!(config.on_lease_lost(), OnLeaseLost::Continue);
         assert_eq!(
-            config.wait_value(),
+            config.wait(),
             &Wait::fixed([5, 10].map(Duration::from_millis)).deadline(Duration::from_millis(100))
         );
-        assert_eq!(config.key_prefix_value(), "tower-lock:");
+        assert_eq!(config.key_prefix(), "tower-lock:");
         assert!(serde_json::from_str::<LockConfig>(r#"{"tll_ms": 1}"#).is_err());
+        let invalid = serde_json::from_str::<LockConfig>(r#"{"ttl_ms": 1}"#).unwrap_err();
+        assert!(invalid.to_string().contains("`ttl`"), "{invalid}");
+        let builder: LockConfigBuilder = serde_json::from_str(r#"{"ttl_ms": 1}"#).unwrap();
+        assert_eq!(builder.build().unwrap_err().field(), "ttl");
         let round: LockConfig =
             serde_json::from_str(&serde_json::to_string(&config).unwrap()).unwrap();
         assert_eq!(round, config);
         let none: LockConfig = serde_json::from_str(r#"{"wait": {"policy": "none"}}"#).unwrap();
         assert_eq!(
-            none.wait_value(),
+            none.wait(),
             &Wait::none(),
             "deadline_ms omitted is the policy's default"
         );
@@ -458,6 +454,6 @@ mod tests {
             r#"{"wait": {"policy": "constant", "delay_ms": 5, "forever": true}}"#,
         )
         .unwrap();
-        assert_eq!(forever.wait_value().total(), None);
+        assert_eq!(forever.wait().total(), None);
     }
 }

@@ -1,4 +1,4 @@
-//! Why a lock was not granted or not kept.
+//! Errors: why a lock was not granted or not kept, and why a setting was refused.
 
 use std::{fmt, time::Duration};
 
@@ -80,3 +80,29 @@ impl From<KeyRejection> for LockError {
         Self::Key(e)
     }
 }
+
+/// A setting is invalid. Returned at start-up (when a config is built), never at request time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    field: &'static str,
+    reason: &'static str,
+}
+
+impl ConfigError {
+    pub(crate) fn new(field: &'static str, reason: &'static str) -> Self {
+        Self { field, reason }
+    }
+
+    /// The setting at fault, e.g. `"ttl"` or `"wait.factor"`.
+    pub fn field(&self) -> &'static str {
+        self.field
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid lock setting `{}`: {}", self.field, self.reason)
+    }
+}
+
+impl std::error::Error for ConfigError {}

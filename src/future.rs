@@ -107,7 +107,7 @@ where
         service: S,
         request: Request<ReqBody>,
     ) -> Self {
-        let span = telemetry::span(&key, shared.locker.config().key_display_value());
+        let span = telemetry::span(&key, shared.locker.config().key_display());
         let acquire = Box::pin(shared.locker.clone().acquire_held(key));
         Self {
             state: State::Acquiring {
@@ -162,7 +162,7 @@ where
                     telemetry::record_acquired(held.lease.fencing_token(), held.attempts, waited);
                     let mut request = request.take().expect(POLLED_AFTER_READY);
                     request.extensions_mut().insert(held.lease.clone());
-                    let max_hold = shared.locker.config().max_hold_value();
+                    let max_hold = shared.locker.config().max_hold();
                     let renewer = shared.locker.renewer(&held, Some(max_hold));
                     let running = Running {
                         shared: Arc::clone(shared),
@@ -190,7 +190,7 @@ where
                                 if let Poll::Ready(reason) = lost {
                                     held.renewer = None;
                                     let config = held.shared.locker.config();
-                                    if config.on_lease_lost_value() == OnLeaseLost::Abort {
+                                    if config.on_lease_lost() == OnLeaseLost::Abort {
                                         telemetry::record_end("lease_lost", Some(&held.lease));
                                         let response =
                                             held.shared.reject(LockError::LeaseLost(reason));
@@ -227,7 +227,7 @@ where
                     };
                     telemetry::record_end(end, Some(&held.lease));
                     match output {
-                        Ok(response) if held.shared.locker.config().hold_until_body_end_value() => {
+                        Ok(response) if held.shared.locker.config().hold_until_body_end() => {
                             let hold = BodyHold::new(held);
                             return Poll::Ready(Ok(
                                 response.map(|body| ResponseBody::holding(body, hold))

@@ -5,7 +5,7 @@ use http::{Response, StatusCode, request::Parts};
 use tower::Layer;
 
 use crate::{
-    config::{ConfigError, LockConfig},
+    config::LockConfig,
     error::LockError,
     key::{KeyRejection, KeySource, LockKey},
     locker::Locker,
@@ -44,14 +44,10 @@ impl LockLayer {
         Self::from_locker(Locker::new(store), key)
     }
 
-    /// A layer with `config`, checked now: an invalid setting is an error here, never at
-    /// request time.
-    pub fn with_config(
-        store: impl LockStore,
-        key: impl KeySource,
-        config: LockConfig,
-    ) -> Result<Self, ConfigError> {
-        Ok(Self::from_locker(Locker::with_config(store, config)?, key))
+    /// A layer with `config` (checked when it was built: an invalid setting is an error at
+    /// start-up, never at request time).
+    pub fn with_config(store: impl LockStore, key: impl KeySource, config: LockConfig) -> Self {
+        Self::from_locker(Locker::with_config(store, config), key)
     }
 
     /// A layer sharing a [`Locker`] (its store and config) with other layers or background work.
@@ -105,12 +101,7 @@ impl Shared {
                 }
             }
         };
-        let key = LockKey::from_parts(
-            config.key_prefix_value(),
-            &scope,
-            &value,
-            config.max_key_len_value(),
-        )?;
+        let key = LockKey::from_parts(config.key_prefix(), &scope, &value, config.max_key_len())?;
         Ok(Some(match self.namespace {
             None if !is_known_method(scope[0]) => key.with_other_method(scope[0].len()),
             _ => key,
@@ -122,8 +113,8 @@ impl Shared {
         let config = self.locker.config();
         let status: StatusCode = status_for(
             &error,
-            config.contended_status_value(),
-            config.unavailable_status_value(),
+            config.contended_status(),
+            config.unavailable_status(),
         );
         match &error {
             LockError::Key(rejection) => {

@@ -145,8 +145,8 @@ mod token;
 mod wait;
 
 pub use body::ResponseBody;
-pub use config::{ConfigError, KeyDisplay, LockConfig, OnLeaseLost};
-pub use error::{LockError, LostReason};
+pub use config::{KeyDisplay, LockConfig, LockConfigBuilder, OnLeaseLost};
+pub use error::{ConfigError, LockError, LostReason};
 #[cfg(feature = "axum")]
 pub use extract::MissingLease;
 pub use future::ResponseFuture;

@@ -18,7 +18,7 @@ use tracing::Instrument;
 
 use crate::{
     batch::Renewals,
-    config::{ConfigError, LockConfig},
+    config::LockConfig,
     error::LockError,
     key::{KeyRejection, LockKey},
     lease::Lease,
@@ -42,10 +42,11 @@ use crate::{
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let config = LockConfig::default()
+/// let config = LockConfig::builder()
 ///     .ttl(Duration::from_secs(5))
-///     .wait(Wait::constant(Duration::from_millis(500)).forever());
-/// let locker = Locker::with_config(MemoryStore::new(), config)?;
+///     .wait(Wait::constant(Duration::from_millis(500)).forever())
+///     .build()?;
+/// let locker = Locker::with_config(MemoryStore::new(), config);
 ///
 /// let key = locker.key("jobs", "nightly-report")?;
 /// let guard = locker.acquire(key).await?;
@@ -100,12 +101,11 @@ impl Locker {
         }
     }
 
-    /// A locker over `store` with `config`, checked now.
-    pub fn with_config(store: impl LockStore, config: LockConfig) -> Result<Self, ConfigError> {
-        config.validate()?;
-        Ok(Self {
+    /// A locker over `store` with `config`.
+    pub fn with_config(store: impl LockStore, config: LockConfig) -> Self {
+        Self {
             inner: Arc::new(Inner::new(Arc::new(store), config)),
-        })
+        }
     }
 
     /// The settings in force.
@@ -117,10 +117,10 @@ impl Locker {
     pub fn key(&self, namespace: &str, value: impl AsRef<[u8]>) -> Result<LockKey, KeyRejection> {
         let config = &self.inner.config;
         LockKey::new(
-            config.key_prefix_value(),
+            config.key_prefix(),
             namespace,
             value.as_ref(),
-            config.max_key_len_value(),
+            config.max_key_len(),
         )
     }
 
@@ -131,7 +131,7 @@ impl Locker {
     /// [`Wait::forever`](crate::Wait::forever) policy store errors are waited out (logged at warn)
     /// rather than returned. Needs a Tokio runtime.
     pub async fn acquire(&self, key: LockKey) -> Result<LeaseGuard, LockError> {
-        let span = telemetry::span(&key, self.inner.config.key_display_value());
+        let span = telemetry::span(&key, self.inner.config.key_display());
         let held = match self
             .clone()
             .acquire_held(key)
@@ -170,9 +170,9 @@ impl Locker {
             held.acquired_at,
             held.renew_by,
             RenewerSettings {
-                ttl: config.ttl_value(),
-                interval: config.renew_interval_value(),
-                store_timeout: config.store_timeout_value(),
+                ttl: config.ttl(),
+                interval: config.renew_interval(),
+                store_timeout: config.store_timeout(),
                 max_hold,
             },
         )
@@ -186,9 +186,9 @@ impl Locker {
         let config = &self.inner.config;
         let token = Token::generate().map_err(StoreError::entropy)?;
         let start = Instant::now();
-        let deadline = config.wait_value().total().map(|d| start + d);
-        let ttl = config.ttl_value();
-        let floor = config.store_timeout_value();
+        let deadline = config.wait().total().map(|d| start + d);
+        let ttl = config.ttl();
+        let floor = config.store_timeout();
         let mut guard = ReleaseGuard {
             store: Arc::clone(&self.inner.store),
             key,
@@ -219,8 +219,8 @@ impl Locker {
         }
         // With a store that hands off, a waiter joins the key's queue and is handed the key by
         // the release before it; it registers to hear that once its attempt says it is queued.
-        let waits = config.wait_value().waits();
-        let schedule_end = config.wait_value().schedule_len().map(|d| start + d);
+        let waits = config.wait().waits();
+        let schedule_end = config.wait().schedule_len().map(|d| start + d);
         let mut queue = None;
         let mut queued = false;
         let mut handed: Option<(u64, Instant)> = None;
@@ -330,7 +330,7 @@ impl Locker {
             guard.armed = queued;
             let now = Instant::now();
             let next = delays
-                .get_or_insert_with(|| config.wait_value().delays())
+                .get_or_insert_with(|| config.wait().delays())
                 .next()
                 .map(|delay| now + delay);
             let wake = match (next, deadline) {

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ConstantBuilder, ExponentialBuilder};
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 
 /// The wait policy: the delays between acquire attempts, and the total time to keep trying.
 ///

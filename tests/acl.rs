@@ -78,7 +78,10 @@ async fn stores(server: &RedisServer) -> (RedisStore, RedisStore) {
 }
 
 fn locker(store: RedisStore, ttl: Duration, wait: Wait) -> Locker {
-    Locker::with_config(store, LockConfig::default().ttl(ttl).wait(wait)).unwrap()
+    Locker::with_config(
+        store,
+        LockConfig::builder().ttl(ttl).wait(wait).build().unwrap(),
+    )
 }
 
 fn key(locker: &Locker) -> LockKey {

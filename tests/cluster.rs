@@ -267,12 +267,18 @@ async fn own_token_acquires_again() {
 async fn an_acquire_resent_after_its_reply_was_lost_holds_the_key() {
     let cluster = tokio::task::block_in_place(Proxied::start);
     let ttl = Duration::from_secs(20);
-    let once = LockConfig::default().ttl(ttl).wait(Wait::none());
-    let a = Locker::with_config(cluster.store().await, once).unwrap();
-    let patient = LockConfig::default()
+    let once = LockConfig::builder()
         .ttl(ttl)
-        .wait(Wait::constant(Duration::from_millis(50)).deadline(Duration::from_secs(5)));
-    let b = Locker::with_config(cluster.store().await, patient).unwrap();
+        .wait(Wait::none())
+        .build()
+        .unwrap();
+    let a = Locker::with_config(cluster.store().await, once);
+    let patient = LockConfig::builder()
+        .ttl(ttl)
+        .wait(Wait::constant(Duration::from_millis(50)).deadline(Duration::from_secs(5)))
+        .build()
+        .unwrap();
+    let b = Locker::with_config(cluster.store().await, patient);
     // Loads the script first, so that the dropped call is one Redis runs (not a NOSCRIPT).
     a.acquire(a.key("t", "warm").unwrap())
         .await

@@ -31,7 +31,11 @@ fn app(store: impl LockStore, config: LockConfig, order: Arc<Mutex<Vec<String>>>
                 }
             }),
         )
-        .route_layer(LockLayer::with_config(store, Key::path_param("sku"), config).unwrap())
+        .route_layer(LockLayer::with_config(
+            store,
+            Key::path_param("sku"),
+            config,
+        ))
 }
 
 fn req(who: usize) -> Request<Body> {
@@ -45,7 +49,7 @@ async fn fifo_without_timers(store: impl LockStore) {
     let order = Arc::new(Mutex::new(Vec::new()));
     let app = app(
         store,
-        LockConfig::default().wait(slow_timer()),
+        LockConfig::builder().wait(slow_timer()).build().unwrap(),
         Arc::clone(&order),
     );
     let started = Instant::now();
@@ -90,8 +94,10 @@ async fn redis_fifo_without_timers() {
 /// in the store. Returns how long the second request took.
 async fn second_locker_waits(store: impl LockStore + Clone) -> Duration {
     let order = Arc::new(Mutex::new(Vec::new()));
-    let config = LockConfig::default()
-        .wait(Wait::constant(Duration::from_millis(700)).deadline(Duration::from_secs(30)));
+    let config = LockConfig::builder()
+        .wait(Wait::constant(Duration::from_millis(700)).deadline(Duration::from_secs(30)))
+        .build()
+        .unwrap();
     let one = app(store.clone(), config.clone(), Arc::clone(&order));
     let two = app(store, config, Arc::clone(&order));
     let first = tokio::spawn(async move { send(&one, req(0)).await.status() });
@@ -126,10 +132,13 @@ async fn one_contender_per_process_in_redis() {
     let server = RedisServer::start();
     let store = RedisStore::connect(server.url()).await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
-    let config = LockConfig::default().wait(
-        Wait::exponential(Duration::from_millis(1), Duration::from_millis(5))
-            .deadline(Duration::from_secs(30)),
-    );
+    let config = LockConfig::builder()
+        .wait(
+            Wait::exponential(Duration::from_millis(1), Duration::from_millis(5))
+                .deadline(Duration::from_secs(30)),
+        )
+        .build()
+        .unwrap();
     let app = app(store, config, order);
     assert_eq!(send(&app, req(99)).await.status(), 200); // loads the scripts
     let before = support::calls_of(&server, "evalsha").await;
@@ -159,7 +168,7 @@ async fn departing_waiter_leaves_the_queue() {
     let order = Arc::new(Mutex::new(Vec::new()));
     let patient = app(
         store.clone(),
-        LockConfig::default().wait(slow_timer()),
+        LockConfig::builder().wait(slow_timer()).build().unwrap(),
         Arc::clone(&order),
     );
     let mut tasks = Vec::new();
@@ -217,7 +226,11 @@ fn holding_app(
                 },
             ),
         )
-        .route_layer(LockLayer::with_config(store, Key::path_param("sku"), config).unwrap())
+        .route_layer(LockLayer::with_config(
+            store,
+            Key::path_param("sku"),
+            config,
+        ))
 }
 
 fn hold(ms: u64) -> Request<Body> {
@@ -249,9 +262,11 @@ async fn gave_up_locally_answers_the_holders_lease(store: impl LockStore + Clone
         ),
         (4, Wait::none()),
     ] {
-        let config = LockConfig::default()
+        let config = LockConfig::builder()
             .ttl(Duration::from_secs(ttl))
-            .wait(wait);
+            .wait(wait)
+            .build()
+            .unwrap();
         let started = Arc::new(tokio::sync::Notify::new());
         let here = holding_app(store.clone(), config.clone(), Arc::clone(&started));
         // A separately built layer: another process, as far as the local queue knows.
@@ -293,9 +308,11 @@ async fn gave_up_behind_a_head_still_acquiring_answers_the_ttl() {
         announce: true,
         ..Default::default()
     };
-    let config = LockConfig::default()
+    let config = LockConfig::builder()
         .ttl(Duration::from_secs(7))
-        .wait(Wait::none());
+        .wait(Wait::none())
+        .build()
+        .unwrap();
     let app = holding_app(store, config, Arc::new(tokio::sync::Notify::new()));
     let head = tokio::spawn({
         let app = app.clone();

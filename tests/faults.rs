@@ -109,7 +109,7 @@ fn books_app(books: Arc<Books>, layer: LockLayer) -> Router {
 }
 
 fn layer(store: impl LockStore, config: LockConfig) -> LockLayer {
-    LockLayer::with_config(store, Key::path_param("sku"), config).unwrap()
+    LockLayer::with_config(store, Key::path_param("sku"), config)
 }
 
 async fn connect(url: &str) -> RedisStore {
@@ -188,7 +188,10 @@ const STORE_TIMEOUT: Duration = Duration::from_secs(1);
 const MARGIN: Duration = Duration::from_millis(700);
 
 fn bounded() -> LockConfig {
-    LockConfig::default().wait(Wait::default().deadline(DEADLINE))
+    LockConfig::builder()
+        .wait(Wait::default().deadline(DEADLINE))
+        .build()
+        .unwrap()
 }
 
 /// A stalled network (the proxy accepts and reads, never answers): every request is a 503
@@ -294,9 +297,11 @@ async fn dropped_connections_keep_the_lease_refused_ones_answer_503() {
     let redis = RedisServer::start();
     let proxy = Proxy::start(redis.port());
     let books = Arc::new(Books::default());
-    let config = LockConfig::default()
+    let config = LockConfig::builder()
         .ttl(Duration::from_millis(900))
-        .wait(Wait::none());
+        .wait(Wait::none())
+        .build()
+        .unwrap();
     let holder = books_app(
         Arc::clone(&books),
         layer(connect(&proxy.url()).await, config.clone()),
@@ -358,14 +363,20 @@ async fn an_acquire_whose_reply_is_lost_is_released_not_left_for_the_ttl() {
     let mut conn = redis.client().await;
     let ttl = Duration::from_secs(20);
     for handoff in [true, false] {
-        let config = LockConfig::default().ttl(ttl).wait(Wait::none());
+        let config = LockConfig::builder()
+            .ttl(ttl)
+            .wait(Wait::none())
+            .build()
+            .unwrap();
         let lossy = books_app(
             Arc::default(),
             layer(connect(&proxy.url()).await.handoff(handoff), config),
         );
-        let patient = LockConfig::default()
+        let patient = LockConfig::builder()
             .ttl(ttl)
-            .wait(Wait::constant(Duration::from_millis(20)).deadline(Duration::from_secs(5)));
+            .wait(Wait::constant(Duration::from_millis(20)).deadline(Duration::from_secs(5)))
+            .build()
+            .unwrap();
         let direct = books_app(
             Arc::default(),
             layer(connect(&redis.url()).await.handoff(handoff), patient),
@@ -427,10 +438,12 @@ async fn latency_run(policy: OnLeaseLost, one_way: Duration, work: u64) -> Laten
     let redis = RedisServer::start();
     let proxy = Proxy::start(redis.port());
     let books = Arc::new(Books::default());
-    let config = LockConfig::default()
+    let config = LockConfig::builder()
         .ttl(Duration::from_millis(900))
         .wait(Wait::none())
-        .on_lease_lost(policy);
+        .on_lease_lost(policy)
+        .build()
+        .unwrap();
     let store = connect(&proxy.url()).await;
     // Steady state: the scripts are loaded (a first EVALSHA on a fresh server costs three
     // round trips: NOSCRIPT, SCRIPT LOAD, EVALSHA), for each of acquire, renew and release.
@@ -588,9 +601,11 @@ async fn tasks_settle(baseline: usize) -> usize {
 async fn client_disconnect_frees_the_key_within_100ms() {
     let redis = RedisServer::start();
     let books = Arc::new(Books::default());
-    let config = LockConfig::default()
+    let config = LockConfig::builder()
         .ttl(Duration::from_secs(30))
-        .wait(Wait::none());
+        .wait(Wait::none())
+        .build()
+        .unwrap();
     let port = serve(books_app(
         Arc::clone(&books),
         layer(connect(&redis.url()).await, config),
@@ -655,9 +670,11 @@ async fn client_disconnect_frees_the_key_within_100ms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handler_panic_on_a_real_server_releases_and_keeps_serving() {
     let redis = RedisServer::start();
-    let config = LockConfig::default()
+    let config = LockConfig::builder()
         .ttl(Duration::from_secs(30))
-        .wait(Wait::none());
+        .wait(Wait::none())
+        .build()
+        .unwrap();
     let port = serve(books_app(
         Arc::default(),
         layer(connect(&redis.url()).await, config),

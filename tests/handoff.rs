@@ -23,7 +23,7 @@ fn slow_timer() -> Wait {
 }
 
 fn locker(store: RedisStore, wait: Wait) -> Locker {
-    Locker::with_config(store, LockConfig::default().wait(wait)).unwrap()
+    Locker::with_config(store, LockConfig::builder().wait(wait).build().unwrap())
 }
 
 fn key(locker: &Locker) -> LockKey {
@@ -532,11 +532,13 @@ async fn a_resent_enqueue_is_handed_the_key_once() {
 async fn a_lost_handoff_costs_at_most_the_ttl() {
     let server = RedisServer::start();
     let all = stores(&server, 2).await;
-    let config = LockConfig::default()
+    let config = LockConfig::builder()
         .ttl(Duration::from_millis(800))
-        .wait(Wait::constant(Duration::from_secs(20)).deadline(Duration::from_secs(30)));
-    let holder = Locker::with_config(all[0].clone(), config.clone()).unwrap();
-    let waiter = Locker::with_config(all[1].clone(), config).unwrap();
+        .wait(Wait::constant(Duration::from_secs(20)).deadline(Duration::from_secs(30)))
+        .build()
+        .unwrap();
+    let holder = Locker::with_config(all[0].clone(), config.clone());
+    let waiter = Locker::with_config(all[1].clone(), config);
     let k = key(&holder);
     let held = holder.acquire(k.clone()).await.unwrap();
     let started = Instant::now();
@@ -573,11 +575,13 @@ async fn a_lost_handoff_costs_at_most_the_ttl() {
 async fn a_broken_subscription_still_gets_the_handoff() {
     let server = RedisServer::start();
     let all = stores_claiming(&server, 2, Duration::from_millis(300)).await;
-    let config = LockConfig::default()
+    let config = LockConfig::builder()
         .ttl(Duration::from_secs(3))
-        .wait(Wait::constant(Duration::from_secs(20)).deadline(Duration::from_secs(30)));
-    let holder = Locker::with_config(all[0].clone(), config.clone()).unwrap();
-    let waiter = Locker::with_config(all[1].clone(), config).unwrap();
+        .wait(Wait::constant(Duration::from_secs(20)).deadline(Duration::from_secs(30)))
+        .build()
+        .unwrap();
+    let holder = Locker::with_config(all[0].clone(), config.clone());
+    let waiter = Locker::with_config(all[1].clone(), config);
     let k = key(&holder);
     let held = holder.acquire(k.clone()).await.unwrap();
     let next = tokio::spawn(async move {
@@ -1002,9 +1006,11 @@ async fn after_a_store_error_a_stale_handoff_is_not_taken() {
     let store = Scripted::default();
     let locker = Locker::with_config(
         store.clone(),
-        LockConfig::default().wait(Wait::constant(Duration::from_millis(10)).forever()),
-    )
-    .unwrap();
+        LockConfig::builder()
+            .wait(Wait::constant(Duration::from_millis(10)).forever())
+            .build()
+            .unwrap(),
+    );
     let guard = locker
         .acquire(locker.key("handoff", "scripted").unwrap())
         .await

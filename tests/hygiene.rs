@@ -128,11 +128,15 @@ async fn no_growth_after_many_requests() {
         .unwrap_or(5_000);
     let redis = RedisServer::start();
     let store = RedisStore::connect(redis.url()).await.unwrap();
-    let config = LockConfig::default().ttl(Duration::from_millis(240)).wait(
-        Wait::exponential(Duration::from_millis(1), Duration::from_millis(2))
-            .deadline(Duration::from_millis(5)),
-    );
-    let layer = LockLayer::with_config(store, Key::path_param("sku"), config).unwrap();
+    let config = LockConfig::builder()
+        .ttl(Duration::from_millis(240))
+        .wait(
+            Wait::exponential(Duration::from_millis(1), Duration::from_millis(2))
+                .deadline(Duration::from_millis(5)),
+        )
+        .build()
+        .unwrap();
+    let layer = LockLayer::with_config(store, Key::path_param("sku"), config);
     let counter = Counter::new();
     let app = counter_app(Arc::clone(&counter), Some(layer));
     let mut conn = redis.client().await;

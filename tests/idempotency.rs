@@ -130,7 +130,7 @@ async fn layer<B: Backend>(backend: &B, config: IdempotencyConfig) -> Idempotenc
 where
     B::Store: IdempotencyStore,
 {
-    IdempotencyLayer::with_config(backend.store().await, by_tenant, config).unwrap()
+    IdempotencyLayer::with_config(backend.store().await, by_tenant, config)
 }
 
 /// The principal: the `x-tenant` header (a stand-in for what authentication would set).
@@ -235,7 +235,10 @@ where
     .await;
     assert_eq!(runs.started.load(Ordering::SeqCst), 0);
 
-    let optional = IdempotencyConfig::default().required(false);
+    let optional = IdempotencyConfig::builder()
+        .required(false)
+        .build()
+        .unwrap();
     let app = make_app(Arc::clone(&runs), Some(layer(&backend, optional).await));
     let r = send(&app, post_to("/payments", None, Some("t1"), "{}")).await;
     assert_eq!(r.status(), StatusCode::CREATED);
@@ -289,9 +292,11 @@ where
 
     // A configured allow-list replays exactly its headers.
     let runs = Arc::new(Runs::default());
-    let config = IdempotencyConfig::default()
+    let config = IdempotencyConfig::builder()
         .replay_headers([axum::http::HeaderName::from_static("x-run")])
-        .namespace("other");
+        .namespace("other")
+        .build()
+        .unwrap();
     let app = make_app(Arc::clone(&runs), Some(layer(&backend, config).await));
     send(&app, pay("{}")).await;
     let retry = send(&app, pay("{}")).await;
@@ -341,10 +346,16 @@ where
 
     // Waiting instead of failing fast: the duplicate waits for the first, then replays it.
     let runs = Arc::new(Runs::default());
-    let patient = IdempotencyConfig::default().namespace("patient").lock(
-        LockConfig::default()
-            .wait(Wait::constant(Duration::from_millis(10)).deadline(Duration::from_secs(10))),
-    );
+    let patient = IdempotencyConfig::builder()
+        .namespace("patient")
+        .lock(
+            LockConfig::builder()
+                .wait(Wait::constant(Duration::from_millis(10)).deadline(Duration::from_secs(10)))
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
     let app = make_app(Arc::clone(&runs), Some(layer(&backend, patient).await));
     let first = tokio::spawn({
         let app = app.clone();
@@ -402,9 +413,11 @@ where
 
     // Without the body in the fingerprint, a changed body replays.
     let runs = Arc::new(Runs::default());
-    let config = IdempotencyConfig::default()
+    let config = IdempotencyConfig::builder()
         .namespace("no-body")
-        .fingerprint(Fingerprint::default().body(false));
+        .fingerprint(Fingerprint::default().body(false))
+        .build()
+        .unwrap();
     let app = make_app(Arc::clone(&runs), Some(layer(&backend, config).await));
     send(&app, pay(r#"{"amount":1250}"#)).await;
     assert!(replayed(&send(&app, pay(r#"{"amount":999}"#)).await));
@@ -430,9 +443,11 @@ where
     }
 
     let runs = Arc::new(Runs::default());
-    let config = IdempotencyConfig::default()
+    let config = IdempotencyConfig::builder()
         .namespace("store-5xx")
-        .store_when(Always);
+        .store_when(Always)
+        .build()
+        .unwrap();
     let app = make_app(Arc::clone(&runs), Some(layer(&backend, config).await));
     assert_eq!(send(&app, failing()).await.status(), 500);
     let retry = send(&app, failing()).await;
@@ -449,9 +464,11 @@ where
     B::Store: IdempotencyStore,
 {
     let runs = Arc::new(Runs::default());
-    let config = IdempotencyConfig::default()
+    let config = IdempotencyConfig::builder()
         .max_response_body(1000)
-        .max_request_body(64);
+        .max_request_body(64)
+        .build()
+        .unwrap();
     let app = make_app(Arc::clone(&runs), Some(layer(&backend, config).await));
     let big = || post_to("/payments?size=5000", Some(KEY), Some("t1"), "{}");
     for run in 1..=2 {
@@ -506,8 +523,15 @@ where
     B::Store: IdempotencyStore,
 {
     let runs = Arc::new(Runs::default());
-    let config =
-        IdempotencyConfig::default().lock(LockConfig::default().ttl(Duration::from_secs(30)));
+    let config = IdempotencyConfig::builder()
+        .lock(
+            LockConfig::builder()
+                .ttl(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
     let app = make_app(Arc::clone(&runs), Some(layer(&backend, config).await));
     let running = tokio::spawn({
         let app = app.clone();
@@ -569,7 +593,10 @@ where
     B::Store: IdempotencyStore,
 {
     let runs = Arc::new(Runs::default());
-    let config = IdempotencyConfig::default().retention(Duration::from_millis(300));
+    let config = IdempotencyConfig::builder()
+        .retention(Duration::from_millis(300))
+        .build()
+        .unwrap();
     let app = make_app(Arc::clone(&runs), Some(layer(&backend, config).await));
     send(&app, pay("{}")).await;
     assert!(replayed(&send(&app, pay("{}")).await));
@@ -643,9 +670,11 @@ where
     assert_eq!(runs.started.load(Ordering::SeqCst), 1);
 
     // `NotError`: the 402 is not stored; the retry runs and its 201 is what replays.
-    let not_error = IdempotencyConfig::default()
+    let not_error = IdempotencyConfig::builder()
         .namespace("not-error")
-        .store_when(NotError);
+        .store_when(NotError)
+        .build()
+        .unwrap();
     let corrected_retry_runs = |config: IdempotencyConfig| {
         let backend = &backend;
         async move {
@@ -665,11 +694,13 @@ where
     };
     corrected_retry_runs(not_error).await;
     // The same, decided by a closure on the response head.
-    let closure = IdempotencyConfig::default()
+    let closure = IdempotencyConfig::builder()
         .namespace("closure")
         .store_when(|head: &axum::http::response::Parts| {
             head.status != StatusCode::PAYMENT_REQUIRED && !head.status.is_server_error()
-        });
+        })
+        .build()
+        .unwrap();
     corrected_retry_runs(closure).await;
 }
 
@@ -845,7 +876,10 @@ async fn without_the_layer_duplicates_run_again() {
 async fn redis_keeps_the_record_next_to_a_released_lock() {
     let backend = Redis::new();
     let runs = Arc::new(Runs::default());
-    let config = IdempotencyConfig::default().retention(Duration::from_secs(3600));
+    let config = IdempotencyConfig::builder()
+        .retention(Duration::from_secs(3600))
+        .build()
+        .unwrap();
     let app = make_app(Arc::clone(&runs), Some(layer(&backend, config).await));
     assert_eq!(send(&app, pay("{}")).await.status(), StatusCode::CREATED);
     let mut conn = backend.0.client().await;

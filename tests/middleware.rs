@@ -306,7 +306,7 @@ fn header_app(store: MemoryStore, config: LockConfig, optional: bool) -> Router 
                 }
             }),
         )
-        .route_layer(LockLayer::with_config(store, key, config).unwrap())
+        .route_layer(LockLayer::with_config(store, key, config))
 }
 
 fn pay(key: Option<&[u8]>) -> Request {
@@ -339,7 +339,11 @@ async fn assert_400(app: &Router, req: Request, needle: &str) {
 #[tokio::test]
 async fn bad_keys_are_400_problems_and_leave_nothing_locked() {
     let store = MemoryStore::new();
-    let app = header_app(store.clone(), LockConfig::default().max_key_len(16), false);
+    let app = header_app(
+        store.clone(),
+        LockConfig::builder().max_key_len(16).build().unwrap(),
+        false,
+    );
     assert_400(&app, pay(None), "idempotency-key").await;
     assert_400(&app, pay(Some(b"")), "empty").await;
     assert_400(&app, pay(Some(&[b'a'; 17])), "limit is 16").await;
@@ -383,15 +387,14 @@ async fn optional_header_passes_through_unlocked() {
 #[tokio::test]
 async fn same_value_on_two_routes_does_not_collide_unless_namespaced() {
     let store = MemoryStore::new();
-    let config = LockConfig::default().wait(Wait::none());
+    let config = LockConfig::builder().wait(Wait::none()).build().unwrap();
     let slow = || async {
         tokio::time::sleep(Duration::from_millis(300)).await;
         "ok"
     };
     let app = |namespace: Option<&str>| {
         let layer = |ns: Option<&str>| {
-            let l = LockLayer::with_config(store.clone(), Key::path_param("id"), config.clone())
-                .unwrap();
+            let l = LockLayer::with_config(store.clone(), Key::path_param("id"), config.clone());
             match ns {
                 Some(ns) => l.namespace(ns.to_owned()),
                 None => l,
@@ -478,12 +481,13 @@ async fn lease_shows_key_token_and_time() {
 
 #[tokio::test]
 async fn custom_rejections_and_statuses() {
-    let config = LockConfig::default()
+    let config = LockConfig::builder()
         .wait(Wait::none())
-        .contended_status(StatusCode::LOCKED);
+        .contended_status(StatusCode::LOCKED)
+        .build()
+        .unwrap();
     let counter = Counter::new();
     let layer = LockLayer::with_config(MemoryStore::new(), Key::path_param("sku"), config)
-        .unwrap()
         .rejection_response(|error: &LockError, status: StatusCode| {
             let mut r = axum::http::Response::new(Bytes::from(format!("custom {status}")));
             *r.status_mut() = status;
@@ -537,14 +541,11 @@ async fn closure_key_sources_can_reject() {
 
 #[tokio::test]
 async fn invalid_config_fails_at_build_time() {
-    let err = LockLayer::with_config(
-        MemoryStore::new(),
-        Key::path(),
-        LockConfig::default()
-            .ttl(Duration::from_secs(1))
-            .renew_interval(Duration::from_secs(2)),
-    )
-    .unwrap_err();
+    let err = LockConfig::builder()
+        .ttl(Duration::from_secs(1))
+        .renew_interval(Duration::from_secs(2))
+        .build()
+        .unwrap_err();
     assert_eq!(err.field(), "renew_interval");
     assert!(err.to_string().contains("shorter than the TTL"));
 }
@@ -552,10 +553,12 @@ async fn invalid_config_fails_at_build_time() {
 #[tokio::test]
 async fn dropped_waiter_leaves_nothing_behind() {
     let store = MemoryStore::new();
-    let config = LockConfig::default()
-        .wait(Wait::constant(Duration::from_millis(5)).deadline(Duration::from_secs(10)));
+    let config = LockConfig::builder()
+        .wait(Wait::constant(Duration::from_millis(5)).deadline(Duration::from_secs(10)))
+        .build()
+        .unwrap();
     let counter = Counter::new();
-    let layer = LockLayer::with_config(store.clone(), Key::path_param("sku"), config).unwrap();
+    let layer = LockLayer::with_config(store.clone(), Key::path_param("sku"), config);
     let app = counter_app(Arc::clone(&counter), Some(layer));
     let holder = tokio::spawn({
         let app = app.clone();
@@ -584,9 +587,11 @@ async fn dropped_waiter_leaves_nothing_behind() {
 #[tokio::test]
 async fn lease_held_until_body_end() {
     let store = MemoryStore::new();
-    let config = LockConfig::default()
+    let config = LockConfig::builder()
         .wait(Wait::none())
-        .hold_until_body_end(true);
+        .hold_until_body_end(true)
+        .build()
+        .unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(1);
     let rx = Arc::new(tokio::sync::Mutex::new(Some(rx)));
     let app = Router::new()
@@ -602,7 +607,11 @@ async fn lease_held_until_body_end() {
                 }
             }),
         )
-        .route_layer(LockLayer::with_config(store.clone(), Key::path_param("id"), config).unwrap());
+        .route_layer(LockLayer::with_config(
+            store.clone(),
+            Key::path_param("id"),
+            config,
+        ));
     let first = send(&app, Request::get("/stream/1").body(Body::empty()).unwrap()).await;
     assert_eq!(first.status(), 200);
     assert_eq!(store.held(), 1, "released before the body was streamed");
@@ -650,10 +659,12 @@ async fn a_renewal_answered_during_the_release_is_not_a_loss() {
         release_answer_delay: Duration::from_millis(500),
         ..Default::default()
     };
-    let config = LockConfig::default()
+    let config = LockConfig::builder()
         .ttl(Duration::from_secs(3))
-        .renew_interval(Duration::from_secs(1));
-    let locker = tower_lock::Locker::with_config(store, config).unwrap();
+        .renew_interval(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let locker = tower_lock::Locker::with_config(store, config);
     let guard = locker.acquire(locker.key("n", "k").unwrap()).await.unwrap();
     let lease = guard.lease().clone();
     // The renewal goes out at 1 s and reaches the store at 1.3 s; the release reaches it at
@@ -673,7 +684,10 @@ async fn a_renewal_answered_during_the_release_is_not_a_loss() {
 #[tokio::test]
 async fn dropped_while_releasing_still_releases() {
     let memory = MemoryStore::new();
-    let config = LockConfig::default().ttl(Duration::from_secs(30));
+    let config = LockConfig::builder()
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
     let layer = LockLayer::with_config(
         support::Tweaked {
             inner: memory.clone(),
@@ -683,8 +697,7 @@ async fn dropped_while_releasing_still_releases() {
         },
         Key::path_param("sku"),
         config,
-    )
-    .unwrap();
+    );
     let counter = Counter::new();
     let app = counter_app(Arc::clone(&counter), Some(layer));
     let request = tokio::spawn({

@@ -47,13 +47,15 @@ async fn idempotency_scenario() {
 
 async fn scenario(server: &mut RedisServer) {
     // TTL 600 ms: renewals every 200 ms, so a 100 ms handler is never renewed.
-    let config = LockConfig::default()
+    let config = LockConfig::builder()
         .wait(Wait::none())
         .ttl(Duration::from_millis(600))
-        .store_timeout(Duration::from_millis(300));
+        .store_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
     let store = RedisStore::connect(server.url()).await.unwrap();
     let counter = Counter::new();
-    let layer = LockLayer::with_config(store, Key::path_param("sku"), config).unwrap();
+    let layer = LockLayer::with_config(store, Key::path_param("sku"), config);
     let app = counter_app(Arc::clone(&counter), Some(layer));
 
     // Contention: A holds "a" for 100 ms, B finds it held.

@@ -101,9 +101,11 @@ async fn redis_restarted_empty_under_a_holder_is_noticed() {
 async fn redis_killed_then_restarted() {
     let mut backend = Redis::new();
     let deadline = Duration::from_millis(500);
-    let config = LockConfig::default().wait(Wait::default().deadline(deadline));
-    let layer =
-        LockLayer::with_config(backend.store().await, Key::path_param("sku"), config).unwrap();
+    let config = LockConfig::builder()
+        .wait(Wait::default().deadline(deadline))
+        .build()
+        .unwrap();
+    let layer = LockLayer::with_config(backend.store().await, Key::path_param("sku"), config);
     let app = counter_app(Counter::new(), Some(layer));
     assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
 
@@ -145,11 +147,12 @@ async fn redis_killed_then_restarted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_redis_answers_503_in_bounded_time() {
     let backend = Redis::new();
-    let config = LockConfig::default()
+    let config = LockConfig::builder()
         .wait(Wait::default().deadline(Duration::from_millis(300)))
-        .store_timeout(Duration::from_millis(200));
-    let layer =
-        LockLayer::with_config(backend.store().await, Key::path_param("sku"), config).unwrap();
+        .store_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let layer = LockLayer::with_config(backend.store().await, Key::path_param("sku"), config);
     let app = counter_app(Counter::new(), Some(layer));
     assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
     let mut conn = backend.0.client().await;
@@ -286,9 +289,8 @@ async fn pool_transport() {
         .build(manager)
         .await
         .unwrap();
-    let config = LockConfig::default().wait(Wait::none());
-    let layer = LockLayer::with_config(RedisStore::from_pool(pool), Key::path_param("sku"), config)
-        .unwrap();
+    let config = LockConfig::builder().wait(Wait::none()).build().unwrap();
+    let layer = LockLayer::with_config(RedisStore::from_pool(pool), Key::path_param("sku"), config);
     let counter = Counter::new();
     let app = counter_app(std::sync::Arc::clone(&counter), Some(layer));
     let running = tokio::spawn({
@@ -430,24 +432,23 @@ async fn store_semantics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_exclude_each_other() {
     let backend = Redis::new();
-    let config = LockConfig::default().wait(Wait::none());
+    let config = LockConfig::builder().wait(Wait::none()).build().unwrap();
     let counter = Counter::new();
     let one = counter_app(
         std::sync::Arc::clone(&counter),
-        Some(
-            LockLayer::with_config(
-                backend.store().await,
-                Key::path_param("sku"),
-                config.clone(),
-            )
-            .unwrap(),
-        ),
+        Some(LockLayer::with_config(
+            backend.store().await,
+            Key::path_param("sku"),
+            config.clone(),
+        )),
     );
     let two = counter_app(
         Counter::new(),
-        Some(
-            LockLayer::with_config(backend.store().await, Key::path_param("sku"), config).unwrap(),
-        ),
+        Some(LockLayer::with_config(
+            backend.store().await,
+            Key::path_param("sku"),
+            config,
+        )),
     );
     let running = tokio::spawn({
         let one = one.clone();
@@ -510,11 +511,12 @@ async fn token_never_in_responses_or_logs() {
     tracing::subscriber::set_global_default(subscriber).unwrap();
 
     let backend = Redis::new();
-    let config = LockConfig::default()
+    let config = LockConfig::builder()
         .wait(Wait::none())
-        .ttl(Duration::from_millis(300));
-    let layer =
-        LockLayer::with_config(backend.store().await, Key::path_param("sku"), config).unwrap();
+        .ttl(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let layer = LockLayer::with_config(backend.store().await, Key::path_param("sku"), config);
     let counter = Counter::new();
     let app = counter_app(std::sync::Arc::clone(&counter), Some(layer));
     let running = tokio::spawn({
@@ -561,8 +563,11 @@ async fn token_never_in_responses_or_logs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewals_are_batched() {
     let backend = Redis::new();
-    let config = LockConfig::default().ttl(Duration::from_millis(300));
-    let locker = tower_lock::Locker::with_config(backend.store().await, config).unwrap();
+    let config = LockConfig::builder()
+        .ttl(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let locker = tower_lock::Locker::with_config(backend.store().await, config);
     let mut guards = Vec::new();
     for i in 0..300 {
         let key = locker.key("batch", i.to_string()).unwrap();

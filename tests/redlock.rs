@@ -71,11 +71,15 @@ async fn kill_masters(n: usize) {
     let mut backend = Redlock::new(n);
     let deadline = Duration::from_millis(500);
     let store = backend.store().await;
-    let config = LockConfig::default().wait(Wait::none());
+    let config = LockConfig::builder().wait(Wait::none()).build().unwrap();
     let counter = Counter::new();
     let app = counter_app(
         std::sync::Arc::clone(&counter),
-        Some(LockLayer::with_config(store.clone(), Key::path_param("sku"), config).unwrap()),
+        Some(LockLayer::with_config(
+            store.clone(),
+            Key::path_param("sku"),
+            config,
+        )),
     );
     let minority = n - (n / 2 + 1);
     for server in &mut backend.0[..minority] {
@@ -96,10 +100,17 @@ async fn kill_masters(n: usize) {
 
     // One more down: no quorum.
     backend.0[minority].kill();
-    let config = LockConfig::default().wait(Wait::default().deadline(deadline));
+    let config = LockConfig::builder()
+        .wait(Wait::default().deadline(deadline))
+        .build()
+        .unwrap();
     let app = counter_app(
         Counter::new(),
-        Some(LockLayer::with_config(store, Key::path_param("sku"), config).unwrap()),
+        Some(LockLayer::with_config(
+            store,
+            Key::path_param("sku"),
+            config,
+        )),
     );
     for i in 0..3 {
         let started = Instant::now();
@@ -153,15 +164,19 @@ async fn connect_needs_a_reachable_quorum() {
 async fn master_restarted_empty_under_a_held_lease() {
     let mut backend = Redlock::new(3);
     let ttl = Duration::from_millis(600);
-    let config = LockConfig::default().ttl(ttl).wait(Wait::none());
-    let holder = Locker::with_config(backend.store().await, config.clone()).unwrap();
+    let config = LockConfig::builder()
+        .ttl(ttl)
+        .wait(Wait::none())
+        .build()
+        .unwrap();
+    let holder = Locker::with_config(backend.store().await, config.clone());
     let guard = holder.acquire(holder.key("t", "k").unwrap()).await.unwrap();
 
     let first = &mut backend.0[0];
     tokio::task::block_in_place(|| first.restart());
     assert!(backend.0[0].lock_keys().await.is_empty(), "restarted empty");
     // A fresh contender, so that no stale connection of its own gets in the way.
-    let contender = Locker::with_config(backend.store().await, config.clone()).unwrap();
+    let contender = Locker::with_config(backend.store().await, config.clone());
     let refused = contender.acquire(contender.key("t", "k").unwrap()).await;
     assert!(
         matches!(refused, Err(tower_lock::LockError::Contended { .. })),
@@ -175,7 +190,7 @@ async fn master_restarted_empty_under_a_held_lease() {
     // Breaking the delayed-restart rule: a second member of the quorum restarts empty.
     let second = &mut backend.0[1];
     tokio::task::block_in_place(|| second.restart());
-    let contender = Locker::with_config(backend.store().await, config).unwrap();
+    let contender = Locker::with_config(backend.store().await, config);
     let stolen = contender
         .acquire(contender.key("t", "k").unwrap())
         .await
@@ -230,7 +245,7 @@ async fn validity_and_quorum_max_fencing_token() {
     let ttl = Duration::from_secs(10);
     let store = backend.store().await;
     assert_eq!(store.validity(ttl), Duration::from_millis(9898));
-    let locker = Locker::with_config(store, LockConfig::default().ttl(ttl)).unwrap();
+    let locker = Locker::with_config(store, LockConfig::builder().ttl(ttl).build().unwrap());
     let k = locker.key("t", "v").unwrap();
     let guard = locker.acquire(k.clone()).await.unwrap();
     let left = guard.time_left();

@@ -144,9 +144,8 @@ async fn too_few_acknowledgements_fail_the_acquire_and_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_down_answers_503() {
     let mut backend = Replicated::new(1);
-    let config = LockConfig::default().wait(Wait::none());
-    let layer =
-        LockLayer::with_config(backend.store().await, Key::path_param("sku"), config).unwrap();
+    let config = LockConfig::builder().wait(Wait::none()).build().unwrap();
+    let layer = LockLayer::with_config(backend.store().await, Key::path_param("sku"), config);
     let counter = Counter::new();
     let app = counter_app(std::sync::Arc::clone(&counter), Some(layer));
     assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
@@ -185,9 +184,12 @@ async fn a_handed_over_lease_is_acknowledged_before_it_runs() {
     let mut conn = servers.master.client().await;
     support::handoff_subscriptions(&servers.master, 2).await;
     let wait = Wait::constant(Duration::from_secs(5)).deadline(Duration::from_secs(30));
-    let holder =
-        tower_lock::Locker::with_config(one, LockConfig::default().wait(wait.clone())).unwrap();
-    let waiter = tower_lock::Locker::with_config(two, LockConfig::default().wait(wait)).unwrap();
+    let holder = tower_lock::Locker::with_config(
+        one,
+        LockConfig::builder().wait(wait.clone()).build().unwrap(),
+    );
+    let waiter =
+        tower_lock::Locker::with_config(two, LockConfig::builder().wait(wait).build().unwrap());
     let key = holder.key("replica", "handoff").unwrap();
     let held = holder.acquire(key.clone()).await.unwrap();
     let next = tokio::spawn({

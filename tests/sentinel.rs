@@ -327,7 +327,10 @@ async fn handoff_follows_a_killed_master() {
 
     let wait = Wait::constant(Duration::from_secs(5)).deadline(Duration::from_secs(30));
     let locker = |store: &SentinelStore| {
-        Locker::with_config(store.clone(), LockConfig::default().wait(wait.clone())).unwrap()
+        Locker::with_config(
+            store.clone(),
+            LockConfig::builder().wait(wait.clone()).build().unwrap(),
+        )
     };
     let holder = locker(&one);
     let k = holder.key("handoff", "failover").unwrap();

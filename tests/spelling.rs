@@ -240,8 +240,8 @@ async fn spellings_that_route_alike_lock_alike() {
 async fn two_spellings_of_one_resource_exclude_each_other() {
     let entered = Arc::new(Notify::new());
     let leave = Arc::new(Semaphore::new(0));
-    let config = LockConfig::default().wait(Wait::none());
-    let layer = LockLayer::with_config(MemoryStore::new(), Key::path(), config).unwrap();
+    let config = LockConfig::builder().wait(Wait::none()).build().unwrap();
+    let layer = LockLayer::with_config(MemoryStore::new(), Key::path(), config);
     let app = Router::new()
         .route(
             "/accounts/{id}/withdraw",

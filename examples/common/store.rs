@@ -84,11 +84,7 @@ pub struct Chosen {
 
 impl Chosen {
     /// A [`LockLayer`] for `key` on the chosen store.
-    pub fn lock_layer(
-        &self,
-        key: impl KeySource,
-        config: LockConfig,
-    ) -> Result<LockLayer, tower_lock::ConfigError> {
+    pub fn lock_layer(&self, key: impl KeySource, config: LockConfig) -> LockLayer {
         match &self.store {
             Store::Memory => LockLayer::with_config(MemoryStore::new(), key, config),
             Store::Redis(store) => LockLayer::with_config(store.clone(), key, config),

@@ -5,15 +5,13 @@ use std::time::Duration;
 use http::{HeaderName, header};
 
 use super::{fingerprint::Fingerprint, predicate::StoreWhen};
-use crate::{
-    config::{ConfigError, LockConfig},
-    wait::Wait,
-};
+use crate::{config::LockConfig, error::ConfigError, wait::Wait};
 
-/// Settings of an [`IdempotencyLayer`](super::IdempotencyLayer).
+/// Settings of an [`IdempotencyLayer`](super::IdempotencyLayer): valid by construction.
 ///
-/// Setters take and return `self`; [`IdempotencyLayer::with_config`](super::IdempotencyLayer::with_config)
-/// checks them and returns a [`ConfigError`] naming the first invalid one.
+/// Built with [`IdempotencyConfig::builder`], whose [`build`](IdempotencyConfigBuilder::build)
+/// checks every setting and returns a [`ConfigError`] naming the first invalid one. The getters
+/// have the settings' plain names.
 ///
 /// | setting | default | meaning |
 /// |---|---|---|
@@ -33,6 +31,18 @@ use crate::{
 /// The lock fails fast by default, so a concurrent duplicate gets 409 at once (as the draft
 /// describes); give [`lock`](Self::lock) a waiting policy to make it wait for the first request
 /// and then replay its response instead.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_lock::{LockConfig, Wait, idempotency::IdempotencyConfig};
+///
+/// let config = IdempotencyConfig::builder()
+///     .retention(Duration::from_secs(3600))
+///     .lock(LockConfig::builder().wait(Wait::constant(Duration::from_millis(50))).build()?)
+///     .build()?;
+/// assert_eq!(config.retention(), Duration::from_secs(3600));
+/// # Ok::<(), tower_lock::ConfigError>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct IdempotencyConfig {
     pub(super) header: HeaderName,
@@ -71,68 +81,111 @@ impl Default for IdempotencyConfig {
             ],
             namespace: "idempotency".to_owned(),
             fingerprint: Fingerprint::default(),
-            lock: LockConfig::default().wait(Wait::none()),
+            lock: LockConfig::builder()
+                .wait(Wait::none())
+                .build()
+                .expect("the default lock config with Wait::none() is valid"),
         }
     }
 }
 
-macro_rules! setters {
-    ($($(#[$doc:meta])* $name:ident: $ty:ty => $conv:expr;)*) => {
+/// Builds an [`IdempotencyConfig`]; see its docs for the settings and their defaults.
+///
+/// Setters take and return `self`; nothing is checked until [`build`](Self::build).
+#[derive(Debug, Clone, Default)]
+#[must_use]
+pub struct IdempotencyConfigBuilder {
+    config: IdempotencyConfig,
+}
+
+impl IdempotencyConfig {
+    /// A builder starting from the defaults.
+    pub fn builder() -> IdempotencyConfigBuilder {
+        IdempotencyConfigBuilder::default()
+    }
+
+    /// A builder starting from these settings, to derive another config.
+    pub fn to_builder(&self) -> IdempotencyConfigBuilder {
+        IdempotencyConfigBuilder {
+            config: self.clone(),
+        }
+    }
+}
+
+impl IdempotencyConfigBuilder {
+    /// Checks every setting and returns the config, or the first invalid setting.
+    pub fn build(self) -> Result<IdempotencyConfig, ConfigError> {
+        self.config.validate()?;
+        Ok(self.config)
+    }
+}
+
+/// One line per setting: the builder's setter and the config's getter, with one doc.
+macro_rules! settings {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty => $conv:expr, get $get:ty => $read:expr;)*) => {
+        impl IdempotencyConfigBuilder {
+            $(
+                $(#[$doc])*
+                pub fn $name(mut self, $name: $ty) -> Self {
+                    self.config.$name = $conv($name);
+                    self
+                }
+            )*
+        }
+
         impl IdempotencyConfig {
             $(
                 $(#[$doc])*
-                #[must_use]
-                pub fn $name(mut self, $name: $ty) -> Self {
-                    self.$name = $conv($name);
-                    self
+                pub fn $name(&self) -> $get {
+                    let read: fn(&Self) -> $get = $read;
+                    read(self)
                 }
             )*
         }
     };
 }
 
-setters! {
+settings! {
     /// The request header carrying the key (default `idempotency-key`).
-    header: HeaderName => |v| v;
+    header: HeaderName => |v| v, get &HeaderName => |c| &c.header;
     /// Whether a request without the header is a 400 (the default), or passes through
     /// untouched: no lock, no record, no buffering.
-    required: bool => |v| v;
+    required: bool => |v| v, get bool => |c| c.required;
     /// Shortest accepted key, in bytes (default 16).
-    min_key_len: usize => |v| v;
+    min_key_len: usize => |v| v, get usize => |c| c.min_key_len;
     /// Longest accepted key, in bytes (default 255).
-    max_key_len: usize => |v| v;
+    max_key_len: usize => |v| v, get usize => |c| c.max_key_len;
     /// How long a finished request's response is kept and replayed (default 24 h, at least
     /// 1 ms). After it, the key may be used again.
-    retention: Duration => |v| v;
+    retention: Duration => |v| v, get Duration => |c| c.retention;
     /// Largest request body buffered for the fingerprint, in bytes (default 1 MiB); larger
     /// bodies are answered 413 before the handler runs.
-    max_request_body: usize => |v| v;
+    max_request_body: usize => |v| v, get usize => |c| c.max_request_body;
     /// Largest response body stored for replay, in bytes (default 64 KiB). A larger response
     /// is sent as it is, but not stored: a retry runs the handler again.
-    max_response_body: usize => |v| v;
+    max_response_body: usize => |v| v, get usize => |c| c.max_response_body;
     /// Which of the handler's responses are stored and replayed, decided on the response head
     /// (default [`NotServerError`](super::NotServerError): all but 5xx). A response it refuses
     /// is sent as it is and not stored: a retry with the same key runs the handler again. See
     /// [`StorePredicate`](super::StorePredicate) for the built-ins ([`NotError`](super::NotError)
     /// leaves out 4xx too, [`Always`](super::Always) stores 5xx as well) and closures.
-    store_when: impl super::StorePredicate => StoreWhen::new;
+    store_when: impl super::StorePredicate => StoreWhen::new, get &dyn super::StorePredicate => |c| c.store_when.predicate();
     /// Response headers stored and replayed (matched case-insensitively); the others are not
     /// stored at all.
-    replay_headers: impl IntoIterator<Item = HeaderName> => |v: _| Vec::from_iter(v);
+    replay_headers: impl IntoIterator<Item = HeaderName> => |v: _| Vec::from_iter(v),
+        get &[HeaderName] => |c| &c.replay_headers;
     /// The key space (default `idempotency`). Keys are scoped by this and by the principal,
     /// not by route: the route is part of the fingerprint instead, so reusing a key on another
     /// route is a 422.
-    namespace: impl Into<String> => Into::into;
+    namespace: impl Into<String> => Into::into, get &str => |c| c.namespace.as_str();
     /// What a retry must repeat to be replayed.
-    fingerprint: Fingerprint => |v| v;
+    fingerprint: Fingerprint => |v| v, get &Fingerprint => |c| &c.fingerprint;
     /// The lock's settings: TTL, renewal, wait policy, key prefix, statuses.
-    lock: LockConfig => |v| v;
+    lock: LockConfig => |v| v, get &LockConfig => |c| &c.lock;
 }
 
 impl IdempotencyConfig {
-    /// Checks every setting; [`IdempotencyLayer::with_config`](super::IdempotencyLayer::with_config)
-    /// calls this for you.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    fn validate(&self) -> Result<(), ConfigError> {
         if self.min_key_len == 0 {
             return Err(ConfigError::new(
                 "min_key_len",
@@ -151,7 +204,7 @@ impl IdempotencyConfig {
                 "the retention must be at least 1 ms",
             ));
         }
-        self.lock.validate()
+        Ok(())
     }
 }
 
@@ -161,27 +214,18 @@ mod tests {
 
     #[test]
     fn defaults_are_valid_and_limits_checked() {
-        IdempotencyConfig::default().validate().unwrap();
-        let err = IdempotencyConfig::default()
-            .min_key_len(0)
-            .validate()
-            .unwrap_err();
-        assert_eq!(err.field(), "min_key_len");
-        let err = IdempotencyConfig::default()
-            .min_key_len(20)
-            .max_key_len(10)
-            .validate()
-            .unwrap_err();
+        let config = IdempotencyConfig::builder().build().unwrap();
+        assert_eq!(config.lock().wait(), &Wait::none());
+        let b = IdempotencyConfig::builder;
+        assert_eq!(
+            b().min_key_len(0).build().unwrap_err().field(),
+            "min_key_len"
+        );
+        let err = b().min_key_len(20).max_key_len(10).build().unwrap_err();
         assert_eq!(err.field(), "max_key_len");
-        let err = IdempotencyConfig::default()
-            .retention(Duration::ZERO)
-            .validate()
-            .unwrap_err();
+        let err = b().retention(Duration::ZERO).build().unwrap_err();
         assert_eq!(err.field(), "retention");
-        let err = IdempotencyConfig::default()
-            .lock(LockConfig::default().ttl(Duration::from_millis(1)))
-            .validate()
-            .unwrap_err();
-        assert_eq!(err.field(), "ttl");
+        let lock = LockConfig::builder().ttl(Duration::from_millis(1)).build();
+        assert_eq!(lock.unwrap_err().field(), "ttl");
     }
 }

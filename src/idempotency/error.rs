@@ -57,11 +57,9 @@ impl IdempotencyError {
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::MissingPrincipal => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::Lock(error) => status_for(
-                error,
-                lock.contended_status_value(),
-                lock.unavailable_status_value(),
-            ),
+            Self::Lock(error) => {
+                status_for(error, lock.contended_status(), lock.unavailable_status())
+            }
         }
     }
 }

@@ -170,7 +170,7 @@ where
     }
 
     pub(crate) fn reading(shared: Arc<Shared>, begun: Begun<S>, body: ReqBody) -> Self {
-        let span = telemetry::span(&begun.key, shared.config.lock.key_display_value());
+        let span = telemetry::span(&begun.key, shared.config.lock.key_display());
         Self {
             state: State::Reading {
                 body,
@@ -219,7 +219,7 @@ where
         let _entered = this.span.enter();
         let shared: &Arc<Shared> = this.shared;
         let config = &shared.config;
-        let store_timeout = config.lock.store_timeout_value();
+        let store_timeout = config.lock.store_timeout();
         loop {
             match this.state.as_mut().project() {
                 StateProj::Reading {
@@ -361,7 +361,7 @@ where
                         };
                         if let Poll::Ready(reason) = lost {
                             running.renewer = None;
-                            if config.lock.on_lease_lost_value() == OnLeaseLost::Abort {
+                            if config.lock.on_lease_lost() == OnLeaseLost::Abort {
                                 telemetry::record_end("lease_lost", Some(&running.lease));
                                 let response = shared.reject(LockError::LeaseLost(reason).into());
                                 let release = running.guard.release_now();
@@ -570,7 +570,7 @@ where
         fingerprint,
     } = pending;
     request.extensions_mut().insert(held.lease.clone());
-    let max_hold = shared.config.lock.max_hold_value();
+    let max_hold = shared.config.lock.max_hold();
     let renewer = shared.locker.renewer(&held, Some(max_hold));
     let fut = service.call(request);
     State::Running {

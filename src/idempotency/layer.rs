@@ -13,7 +13,7 @@ use super::{
     service::IdempotencyService,
     store::{DynRecords, IdempotencyStore},
 };
-use crate::{config::ConfigError, error::LockError, key::LockKey, locker::Locker};
+use crate::{error::LockError, key::LockKey, locker::Locker};
 
 /// Applies `Idempotency-Key` semantics to the wrapped service: one run per key, and the
 /// first response replayed to every retry.
@@ -72,19 +72,17 @@ impl IdempotencyLayer {
     /// [`IdempotencyConfig`]. See [above](Self#a-principal-or-a-shared-key-space-on-purpose).
     pub fn new<S: IdempotencyStore + Clone>(store: S, principal: impl Principal) -> Self {
         Self::with_config(store, principal, IdempotencyConfig::default())
-            .expect("the default idempotency config is valid")
     }
 
-    /// A layer whose keys are scoped by `principal`, with `config`, checked now: an invalid
-    /// setting is an error here, never at request time.
+    /// A layer whose keys are scoped by `principal`, with `config` (checked when it was built:
+    /// an invalid setting is an error at start-up, never at request time).
     pub fn with_config<S: IdempotencyStore + Clone>(
         store: S,
         principal: impl Principal,
         config: IdempotencyConfig,
-    ) -> Result<Self, ConfigError> {
-        config.validate()?;
-        let locker = Locker::with_config(store.clone(), config.lock.clone())?;
-        Ok(Self {
+    ) -> Self {
+        let locker = Locker::with_config(store.clone(), config.lock.clone());
+        Self {
             shared: Arc::new(Shared {
                 locker,
                 records: Arc::new(store),
@@ -92,7 +90,7 @@ impl IdempotencyLayer {
                 principal: Arc::new(principal),
                 respond: Arc::new(IdempotencyProblem),
             }),
-        })
+        }
     }
 
     /// Replaces the problem+json responses (see [`IdempotencyResponse`]).
@@ -139,7 +137,7 @@ impl Shared {
         let key = IdempotencyKey::new(key, principal);
         let value = key.scoped_value();
         let lock = LockKey::new(
-            config.lock.key_prefix_value(),
+            config.lock.key_prefix(),
             &config.namespace,
             &value,
             value.len(),

@@ -181,7 +181,7 @@ mod service;
 mod store;
 
 pub use body::ResponseBody;
-pub use config::IdempotencyConfig;
+pub use config::{IdempotencyConfig, IdempotencyConfigBuilder};
 pub use error::IdempotencyError;
 pub use fingerprint::Fingerprint;
 pub use future::ResponseFuture;

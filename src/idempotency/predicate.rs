@@ -31,12 +31,15 @@ use http::response::Parts;
 /// };
 ///
 /// // Neither a 4xx nor a 5xx is stored.
-/// let config = IdempotencyConfig::default().store_when(NotError);
+/// let config = IdempotencyConfig::builder().store_when(NotError).build()?;
 /// // Every outcome but a declined payment (and 5xx).
-/// let config = IdempotencyConfig::default().store_when(|head: &Parts| {
-///     head.status != StatusCode::PAYMENT_REQUIRED && NotServerError.should_store(head)
-/// });
+/// let config = IdempotencyConfig::builder()
+///     .store_when(|head: &Parts| {
+///         head.status != StatusCode::PAYMENT_REQUIRED && NotServerError.should_store(head)
+///     })
+///     .build()?;
 /// # let _ = config;
+/// # Ok::<(), tower_lock::ConfigError>(())
 /// ```
 pub trait StorePredicate: Send + Sync + 'static {
     /// Whether the response with this head is stored and replayed.
@@ -102,6 +105,10 @@ impl StoreWhen {
 
     pub(super) fn should_store(&self, response: &Parts) -> bool {
         self.predicate.should_store(response)
+    }
+
+    pub(super) fn predicate(&self) -> &dyn StorePredicate {
+        &*self.predicate
     }
 }
 

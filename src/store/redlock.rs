@@ -7,7 +7,7 @@ use redis::IntoConnectionInfo;
 use tokio::time::{Instant, timeout};
 
 use super::{Acquire, LockStore, RedisStore, StoreError, StoreErrorKind, redis::redis_error};
-use crate::{config::ConfigError, key::LockKey, token::Token};
+use crate::{error::ConfigError, key::LockKey, token::Token};
 
 /// Leases held on a majority of N independent Redis masters: the
 /// [Redlock](https://redis.io/docs/latest/develop/clients/patterns/distributed-locks/)

@@ -10,7 +10,7 @@ use std::{
 };
 
 use axum::http::{StatusCode, header};
-use tower_lock::{Key, LockConfig, LockLayer, OnLeaseLost, Wait};
+use tower_lock::{Key, LockConfig, LockConfigBuilder, LockLayer, OnLeaseLost, Wait};
 
 use crate::support::{Backend, Counter, Tally, body_json, counter_app, purchase, send};
 
@@ -32,11 +32,11 @@ pub(crate) use tests;
 pub const EXCLUSION_REQUESTS: usize = 240;
 
 async fn layer<B: Backend>(backend: &B, config: LockConfig) -> LockLayer {
-    LockLayer::with_config(backend.store().await, Key::path_param("sku"), config).unwrap()
+    LockLayer::with_config(backend.store().await, Key::path_param("sku"), config)
 }
 
-fn patient() -> LockConfig {
-    LockConfig::default().wait(
+fn patient() -> LockConfigBuilder {
+    LockConfig::builder().wait(
         Wait::exponential(Duration::from_millis(1), Duration::from_millis(20))
             .deadline(Duration::from_secs(60)),
     )
@@ -64,8 +64,14 @@ async fn load(apps: &[axum::Router], n: usize, sku: &str, work_ms: u64) -> Tally
 pub async fn exclusion<B: Backend>(backend: B) {
     let counter = Counter::new();
     let apps = [
-        counter_app(Arc::clone(&counter), Some(layer(&backend, patient()).await)),
-        counter_app(Arc::clone(&counter), Some(layer(&backend, patient()).await)),
+        counter_app(
+            Arc::clone(&counter),
+            Some(layer(&backend, patient().build().unwrap()).await),
+        ),
+        counter_app(
+            Arc::clone(&counter),
+            Some(layer(&backend, patient().build().unwrap()).await),
+        ),
     ];
     let tally = load(&apps, EXCLUSION_REQUESTS, "hot", 1).await;
     assert_eq!(tally.ok, EXCLUSION_REQUESTS, "{tally:?}");
@@ -102,7 +108,7 @@ pub async fn without_the_lock_updates_are_lost() {
 
 /// A handler running 5x the TTL keeps its lease: the second request waits until it is done.
 pub async fn renewal_keeps_long_handlers_exclusive<B: Backend>(backend: B) {
-    let config = patient().ttl(Duration::from_millis(200));
+    let config = patient().ttl(Duration::from_millis(200)).build().unwrap();
     let counter = Counter::new();
     let apps = [
         counter_app(
@@ -143,7 +149,7 @@ pub async fn without_renewal_the_lease_expires<B: Backend>(backend: B) {
 
 /// Release on completion: the next request acquires at once, even failing fast.
 pub async fn release_on_completion<B: Backend>(backend: B) {
-    let config = LockConfig::default().wait(Wait::none());
+    let config = LockConfig::builder().wait(Wait::none()).build().unwrap();
     let app = counter_app(Counter::new(), Some(layer(&backend, config).await));
     for _ in 0..20 {
         assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
@@ -152,9 +158,11 @@ pub async fn release_on_completion<B: Backend>(backend: B) {
 
 /// A dropped request (client gone) frees its key within milliseconds, not after the TTL.
 pub async fn release_on_drop<B: Backend>(backend: B) {
-    let config = LockConfig::default()
+    let config = LockConfig::builder()
         .wait(Wait::none())
-        .ttl(Duration::from_secs(30));
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
     let counter = Counter::new();
     let app = counter_app(Arc::clone(&counter), Some(layer(&backend, config).await));
     let running = tokio::spawn({
@@ -189,9 +197,11 @@ pub async fn release_on_drop<B: Backend>(backend: B) {
 
 /// A panicking handler releases its key, and the service keeps serving.
 pub async fn release_on_panic<B: Backend>(backend: B) {
-    let config = LockConfig::default()
+    let config = LockConfig::builder()
         .wait(Wait::none())
-        .ttl(Duration::from_secs(30));
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
     let layer = layer(&backend, config).await;
     let app = axum::Router::new()
         .route(
@@ -228,9 +238,11 @@ pub async fn release_on_panic<B: Backend>(backend: B) {
 
 /// Contention answers 409 problem+json with `Retry-After` from the holder's TTL.
 pub async fn contended_is_409_problem<B: Backend>(backend: B) {
-    let config = LockConfig::default()
+    let config = LockConfig::builder()
         .wait(Wait::none())
-        .ttl(Duration::from_secs(5));
+        .ttl(Duration::from_secs(5))
+        .build()
+        .unwrap();
     let counter = Counter::new();
     let app = counter_app(Arc::clone(&counter), Some(layer(&backend, config).await));
     let running = tokio::spawn({
@@ -269,7 +281,9 @@ where
     let config = patient()
         .ttl(Duration::from_millis(300))
         .on_lease_lost(policy)
-        .max_hold(Duration::from_secs(60));
+        .max_hold(Duration::from_secs(60))
+        .build()
+        .unwrap();
     let counter = Counter::new();
     let app = counter_app(Arc::clone(&counter), Some(layer(&backend, config).await));
     let running = tokio::spawn({
@@ -308,9 +322,11 @@ where
 
 /// Requests longer than `max_hold` lose their lease (abort: 503).
 pub async fn max_hold_bounds_a_request<B: Backend>(backend: B) {
-    let config = LockConfig::default()
+    let config = LockConfig::builder()
         .ttl(Duration::from_millis(300))
-        .max_hold(Duration::from_millis(400));
+        .max_hold(Duration::from_millis(400))
+        .build()
+        .unwrap();
     let counter = Counter::new();
     let app = counter_app(Arc::clone(&counter), Some(layer(&backend, config).await));
     let started = Instant::now();
@@ -323,7 +339,7 @@ pub async fn max_hold_bounds_a_request<B: Backend>(backend: B) {
     );
     assert_eq!(counter.finished.load(Ordering::SeqCst), 0);
     // The key was released on abort: the next request gets it at once.
-    let quick = LockConfig::default().wait(Wait::none());
+    let quick = LockConfig::builder().wait(Wait::none()).build().unwrap();
     let app2 = counter_app(Counter::new(), Some(layer(&backend, quick).await));
     assert_eq!(send(&app2, purchase("k", 0)).await.status(), StatusCode::OK);
 }
@@ -333,14 +349,16 @@ pub async fn max_hold_bounds_a_request<B: Backend>(backend: B) {
 pub async fn singleton_guard<B: Backend>(backend: B) {
     use tower_lock::Locker;
     let ttl = Duration::from_millis(400);
-    let config = LockConfig::default()
+    let config = LockConfig::builder()
         .ttl(ttl)
-        .wait(Wait::constant(Duration::from_millis(20)).forever());
+        .wait(Wait::constant(Duration::from_millis(20)).forever())
+        .build()
+        .unwrap();
     let holders = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let overlaps = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..4 {
-        let locker = Locker::with_config(backend.store().await, config.clone()).unwrap();
+        let locker = Locker::with_config(backend.store().await, config.clone());
         let (holders, overlaps) = (Arc::clone(&holders), Arc::clone(&overlaps));
         tasks.push(tokio::spawn(async move {
             let key = locker.key("jobs", "report").unwrap();
@@ -375,7 +393,7 @@ pub async fn singleton_guard<B: Backend>(backend: B) {
             .build()
             .unwrap();
         rt.block_on(async {
-            let locker = Locker::with_config(store, dead_config).unwrap();
+            let locker = Locker::with_config(store, dead_config);
             let guard = locker
                 .acquire(locker.key("jobs", "report").unwrap())
                 .await
@@ -387,7 +405,7 @@ pub async fn singleton_guard<B: Backend>(backend: B) {
     .join()
     .unwrap();
     let died = Instant::now();
-    let locker = Locker::with_config(backend.store().await, config).unwrap();
+    let locker = Locker::with_config(backend.store().await, config);
     let guard = locker
         .acquire(locker.key("jobs", "report").unwrap())
         .await
