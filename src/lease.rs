@@ -9,6 +9,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use futures_util::task::AtomicWaker;
 use tokio::{sync::Notify, time::Instant};
 
 use crate::{error::LostReason, key::LockKey};
@@ -53,6 +54,8 @@ struct Inner {
     /// already on its way is the release's doing, not a loss.
     releasing: AtomicBool,
     notify: Notify,
+    /// The background renewal of this lease, woken when its holder releases it.
+    on_release: AtomicWaker,
 }
 
 const REASONS: [LostReason; 3] = [
@@ -84,6 +87,7 @@ impl Lease {
                 renewals: AtomicU32::new(0),
                 releasing: AtomicBool::new(false),
                 notify: Notify::new(),
+                on_release: AtomicWaker::new(),
             }),
         }
     }
@@ -156,6 +160,11 @@ impl Lease {
         }
     }
 
+    /// When the lease was acquired (the process's clock).
+    pub(crate) fn acquired_instant(&self) -> Instant {
+        self.inner.acquired_at
+    }
+
     pub(crate) fn valid_until(&self) -> Instant {
         self.inner.acquired_at
             + Duration::from_nanos(self.inner.valid_until.load(Ordering::Relaxed))
@@ -168,9 +177,17 @@ impl Lease {
         self.inner.renewals.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Marks the lease as being released by its holder.
+    /// Marks the lease as being released by its holder: renewals stop (a background renewal
+    /// is woken to leave), and a "not held" answer to one already on its way is no loss.
     pub(crate) fn set_releasing(&self) {
         self.inner.releasing.store(true, Ordering::Release);
+        self.inner.on_release.wake();
+    }
+
+    /// Registers the waker of this lease's background renewal, woken by
+    /// [`set_releasing`](Self::set_releasing).
+    pub(crate) fn on_release(&self, waker: &std::task::Waker) {
+        self.inner.on_release.register(waker);
     }
 
     /// Whether its holder has sent the release.

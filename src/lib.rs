@@ -122,41 +122,30 @@
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod batch;
-mod body;
 mod concat;
 mod config;
+mod engine;
 mod error;
-#[cfg(feature = "axum")]
-mod extract;
-mod future;
 pub mod idempotency;
 pub mod key;
-mod layer;
 mod lease;
-mod local;
-mod locker;
-mod renew;
+pub mod lock;
 pub mod response;
-mod service;
 pub mod store;
 mod telemetry;
 mod token;
 mod wait;
 
-pub use body::ResponseBody;
 pub use config::{KeyDisplay, LockConfig, LockConfigBuilder, OnLeaseLost};
+pub use engine::{LeaseGuard, Locker};
 pub use error::{ConfigError, LockError, LostReason};
-#[cfg(feature = "axum")]
-pub use extract::MissingLease;
-pub use future::ResponseFuture;
 pub use idempotency::{IdempotencyConfig, IdempotencyLayer, IdempotencyStore};
 pub use key::{Key, KeySource};
-pub use layer::LockLayer;
 pub use lease::Lease;
-pub use locker::{LeaseGuard, Locker};
+#[cfg(feature = "axum")]
+pub use lock::MissingLease;
+pub use lock::{LockLayer, LockService};
 pub use response::{ProblemJson, RejectionResponse};
-pub use service::LockService;
 #[cfg(feature = "cluster")]
 pub use store::ClusterStore;
 #[cfg(feature = "sentinel")]

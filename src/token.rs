@@ -2,6 +2,8 @@
 
 use std::{cell::RefCell, fmt};
 
+use crate::store::StoreError;
+
 /// Random bytes fetched from the OS per refill: 32 tokens' worth, one system call.
 const POOL_LEN: usize = 512;
 
@@ -62,11 +64,12 @@ pub struct Token([u8; 32]);
 impl Token {
     /// Draws a new random token.
     ///
-    /// Fails only when the operating system cannot provide randomness; the caller reports that as
-    /// a store error (503) rather than falling back to a weaker source.
-    pub fn generate() -> Result<Self, getrandom::Error> {
+    /// Fails only when the operating system cannot provide randomness (a [`StoreError`] of kind
+    /// [`Entropy`](crate::store::StoreErrorKind::Entropy): the layer answers 503) rather than falling back to
+    /// a weaker source.
+    pub fn generate() -> Result<Self, StoreError> {
         let mut raw = [0u8; 16];
-        fill(&mut raw)?;
+        fill(&mut raw).map_err(StoreError::entropy)?;
         const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut out = [0u8; 32];
         for (i, byte) in raw.iter().enumerate() {

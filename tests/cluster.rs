@@ -99,7 +99,7 @@ async fn slot_migrates_under_a_held_lease() {
     // Mid-migration: the source answers ASK for the keys it no longer has.
     let other = Token::generate().unwrap();
     let held = contender.acquire(&k, &other, ttl).await.unwrap();
-    assert!(matches!(held, Acquire::Held { .. }), "{held:?}");
+    assert!(matches!(held, Acquire::Contended { .. }), "{held:?}");
     assert!(
         holder.renew(&k, &token, ttl).await.unwrap(),
         "renew via ASK"
@@ -113,7 +113,7 @@ async fn slot_migrates_under_a_held_lease() {
     }
     assert_eq!(cluster.master_of(slot).port(), target.port());
     let held = contender.acquire(&k, &other, ttl).await.unwrap();
-    assert!(matches!(held, Acquire::Held { .. }), "{held:?}");
+    assert!(matches!(held, Acquire::Contended { .. }), "{held:?}");
     assert!(
         holder.renew(&k, &token, ttl).await.unwrap(),
         "renew via MOVED"
@@ -207,7 +207,7 @@ async fn master_killed_replica_promoted() {
         }
     };
     assert!(
-        matches!(held, Acquire::Held { .. }),
+        matches!(held, Acquire::Contended { .. }),
         "lease lost in failover: {held:?}"
     );
     assert!(holder.renew(&k, &token, ttl).await.unwrap());

@@ -787,7 +787,7 @@ where
     assert!(
         matches!(
             store.acquire(&key, &other, ttl).await.unwrap(),
-            Acquire::Held { .. }
+            Acquire::Contended { .. }
         ),
         "a stranger released the lock"
     );

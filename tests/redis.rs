@@ -326,7 +326,7 @@ async fn store_semantics() {
     else {
         panic!("not acquired")
     };
-    let Acquire::Held {
+    let Acquire::Contended {
         expires_in: Some(left),
     } = store.acquire(&key, &b, ttl).await.unwrap()
     else {
@@ -359,7 +359,7 @@ async fn store_semantics() {
         f2 > f1,
         "fencing token went back after the counter expired: {f1} then {f2}"
     );
-    let Acquire::Held { .. } = store.acquire(&key, &a, ttl).await.unwrap() else {
+    let Acquire::Contended { .. } = store.acquire(&key, &a, ttl).await.unwrap() else {
         panic!()
     };
     assert!(store.release(&key, &b).await.unwrap());

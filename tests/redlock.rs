@@ -225,7 +225,7 @@ async fn failed_acquire_releases_on_every_node() {
     assert!(
         matches!(
             answer,
-            Acquire::Held {
+            Acquire::Contended {
                 expires_in: Some(_)
             }
         ),

@@ -139,7 +139,7 @@ async fn master_killed_replica_promoted() {
     // Exclusive: a store that was on the old master follows and is refused, so is a new one.
     let other = Token::generate().unwrap();
     let held = acquire_until_answered(&contender, &k, &other, Duration::from_secs(5)).await;
-    assert!(matches!(held, Acquire::Held { .. }), "{held:?}");
+    assert!(matches!(held, Acquire::Contended { .. }), "{held:?}");
     assert_eq!(contender.master_addr(), format!("127.0.0.1:{new}"));
     let late = connect().await.unwrap();
     assert_eq!(late.master_addr(), format!("127.0.0.1:{new}"));
@@ -147,7 +147,7 @@ async fn master_killed_replica_promoted() {
         .acquire(&k, &other, Duration::from_secs(30))
         .await
         .unwrap();
-    assert!(matches!(held, Acquire::Held { .. }), "{held:?}");
+    assert!(matches!(held, Acquire::Contended { .. }), "{held:?}");
 
     // The replicated lease survived the failover.
     let held = late
@@ -155,7 +155,7 @@ async fn master_killed_replica_promoted() {
         .await
         .unwrap();
     assert!(
-        matches!(held, Acquire::Held { .. }),
+        matches!(held, Acquire::Contended { .. }),
         "replicated lease lost: {held:?}"
     );
 

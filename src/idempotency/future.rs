@@ -8,7 +8,7 @@ use std::{
 };
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, Request, Response, request::Parts};
+use http::{HeaderMap, Request, Response, request::Parts, response};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use tokio::time::timeout;
@@ -16,27 +16,25 @@ use tower::{BoxError, Service};
 use tracing::Span;
 
 use super::{
-    body::ResponseBody, error::IdempotencyError, key::IdempotencyKey, layer::Shared, record::Record,
+    body::ResponseBody, error::IdempotencyError, key::IdempotencyKey, layer::IdempotencyState,
+    record::Record,
 };
 use crate::{
-    config::OnLeaseLost,
+    engine::{Guarded, Hold, Release, poll_guarded},
     error::LockError,
     key::LockKey,
-    lease::Lease,
-    locker::{Held, Release, ReleaseGuard},
-    renew::Renewer,
     store::{BoxFuture, StoreError, StoreErrorKind},
-    telemetry,
+    telemetry::{self, Outcome},
 };
 
 pin_project! {
     /// Response future of [`IdempotencyService`](super::IdempotencyService).
     ///
     /// A state machine: reading the request body → acquiring the key's lock → looking up its
-    /// record (replay, or 422) → running the inner service (renewing the lease) → reading the
-    /// response body → storing the record and releasing the lock in one step. Dropped before
-    /// the record is written, it leaves one spawned, token-checked release behind, and the key
-    /// is free for a retry.
+    /// record (replay, or 422) → running the inner service under the lease (the engine's one
+    /// lifecycle, as `LockLayer`'s) → reading the response body → storing the record and
+    /// releasing the lock in one step. Dropped before the record is written, it leaves one
+    /// spawned, token-checked release behind, and the key is free for a retry.
     pub struct ResponseFuture<S, ReqBody, ResBody>
     where
         S: Service<Request<ReqBody>>,
@@ -44,7 +42,7 @@ pin_project! {
     {
         #[pin]
         state: State<S, ReqBody, S::Future, ResBody, S::Error>,
-        shared: Arc<Shared>,
+        layer: Arc<IdempotencyState>,
         // The `lock` span, as `LockLayer`'s (disabled for requests without a key).
         span: Span,
     }
@@ -65,14 +63,14 @@ pin_project! {
             begun: Option<Begun<S>>,
         },
         Acquiring {
-            acquire: BoxFuture<Result<Held, LockError>>,
+            acquire: BoxFuture<Result<Hold, LockError>>,
             pending: Option<Pending<S, ReqBody>>,
         },
         LookingUp {
             lookup: BoxFuture<Result<Option<Bytes>, StoreError>>,
             pending: Option<Pending<S, ReqBody>>,
             // `None` when the lock was contended: then only a record can answer.
-            held: Option<Held>,
+            hold: Option<Hold>,
             contended: Option<LockError>,
         },
         Running {
@@ -81,11 +79,7 @@ pin_project! {
             run: Option<Run>,
         },
         Collecting {
-            body: Option<Pin<Box<ResBody>>>,
-            head: Option<http::response::Parts>,
-            chunks: VecDeque<Bytes>,
-            size: usize,
-            trailers: Option<HeaderMap>,
+            collect: Collect<ResBody>,
             run: Option<Run>,
         },
         Completing {
@@ -123,11 +117,9 @@ pub(crate) struct Pending<S, ReqBody> {
     fingerprint: [u8; 32],
 }
 
-/// A held lock while the inner service runs and its response is read.
+/// The held lock while the inner service runs and its response is read.
 pub(crate) struct Run {
-    renewer: Option<Renewer>,
-    lease: Lease,
-    guard: ReleaseGuard,
+    hold: Hold,
     key: LockKey,
     fingerprint: [u8; 32],
 }
@@ -151,58 +143,59 @@ where
     S: Service<Request<ReqBody>>,
     ResBody: Body,
 {
-    pub(crate) fn passthrough(shared: Arc<Shared>, fut: S::Future) -> Self {
+    pub(crate) fn passthrough(layer: Arc<IdempotencyState>, fut: S::Future) -> Self {
         Self {
             state: State::Passthrough { fut },
-            shared,
+            layer,
             span: Span::none(),
         }
     }
 
-    pub(crate) fn rejected(shared: Arc<Shared>, response: Response<Bytes>) -> Self {
+    pub(crate) fn rejected(layer: Arc<IdempotencyState>, response: Response<Bytes>) -> Self {
         Self {
             state: State::Done {
                 output: Some(Ok(response.map(ResponseBody::full))),
             },
-            shared,
+            layer,
             span: Span::none(),
         }
     }
 
-    pub(crate) fn reading(shared: Arc<Shared>, begun: Begun<S>, body: ReqBody) -> Self {
-        let span = telemetry::span(&begun.key, shared.config.lock.key_display());
+    pub(crate) fn reading(layer: Arc<IdempotencyState>, begun: Begun<S>, body: ReqBody) -> Self {
+        let span = telemetry::span(&begun.key, layer.config.lock().key_display());
         Self {
             state: State::Reading {
                 body,
                 buf: BytesMut::new(),
                 begun: Some(begun),
             },
-            shared,
+            layer,
             span,
         }
     }
 }
 
-/// Releases `held` (if the lock is ours) before answering `response`.
+/// Answers `response` with `outcome`: after releasing the lock, if the request holds it.
 fn answer<S, ReqBody, F, ResBody: Body, E>(
-    held: Option<Held>,
+    span: &Span,
+    hold: Option<Hold>,
+    outcome: Outcome,
     response: Response<Bytes>,
 ) -> State<S, ReqBody, F, ResBody, E> {
     let output = Some(Ok(response.map(ResponseBody::full)));
-    match held {
-        Some(mut held) => State::Releasing {
-            release: held.guard.release_now(),
-            output,
-        },
-        None => State::Done { output },
+    match hold {
+        Some(mut hold) => {
+            hold.finish(outcome);
+            State::Releasing {
+                release: hold.release(),
+                output,
+            }
+        }
+        None => {
+            telemetry::record_end(span, outcome, None);
+            State::Done { output }
+        }
     }
-}
-
-/// How reading a response body for the record ended.
-enum Collected<E> {
-    End,
-    TooLarge,
-    Failed(E),
 }
 
 impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody, ResBody>
@@ -217,39 +210,16 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         let _entered = this.span.enter();
-        let shared: &Arc<Shared> = this.shared;
-        let config = &shared.config;
-        let store_timeout = config.lock.store_timeout();
+        let layer: &Arc<IdempotencyState> = this.layer;
+        let config = &layer.config;
+        let store_timeout = config.lock().store_timeout();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Reading {
-                    mut body,
-                    buf,
-                    begun,
-                } => {
-                    let limit = config.max_request_body;
-                    let read: Result<(), IdempotencyError> = loop {
-                        match ready!(body.as_mut().poll_frame(cx)) {
-                            Some(Ok(frame)) => {
-                                // Request trailers are not part of the fingerprint; dropped.
-                                if let Ok(data) = frame.into_data() {
-                                    if buf.len() + bytes::Buf::remaining(&data) > limit {
-                                        break Err(IdempotencyError::BodyTooLarge { limit });
-                                    }
-                                    bytes::BufMut::put(&mut *buf, data);
-                                }
-                            }
-                            Some(Err(error)) => {
-                                let error: BoxError = error.into();
-                                break Err(IdempotencyError::BodyUnreadable(Arc::from(error)));
-                            }
-                            None => break Ok(()),
-                        }
-                    };
-                    if let Err(error) = read {
-                        telemetry::record_end("bad_request", None);
-                        let response = shared.reject(error);
-                        this.state.set(answer(None, response));
+                StateProj::Reading { body, buf, begun } => {
+                    if let Err(error) = ready!(read_body(body, buf, config.max_request_body, cx)) {
+                        let response = layer.reject(error);
+                        let state = answer(this.span, None, Outcome::BadRequest, response);
+                        this.state.set(state);
                         continue;
                     }
                     let Begun {
@@ -262,9 +232,10 @@ where
                     let fingerprint = config.fingerprint.digest(&parts, &bytes);
                     let mut request = Request::from_parts(parts, ReqBody::from(bytes));
                     request.extensions_mut().insert(idempotency_key);
-                    let acquire = Box::pin(shared.locker.clone().acquire_held(key.clone()));
+                    let max_hold = Some(config.lock().max_hold());
+                    let acquire = layer.locker.hold(key.clone(), this.span.clone(), max_hold);
                     this.state.set(State::Acquiring {
-                        acquire,
+                        acquire: Box::pin(acquire),
                         pending: Some(Pending {
                             service,
                             request,
@@ -274,114 +245,98 @@ where
                     });
                 }
                 StateProj::Acquiring { acquire, pending } => {
-                    let (held, contended) = match ready!(acquire.as_mut().poll(cx)) {
-                        Ok(held) => {
-                            let waited = held
-                                .acquired_at
-                                .saturating_duration_since(held.requested_at);
-                            telemetry::record_acquired(
-                                held.lease.fencing_token(),
-                                held.attempts,
-                                waited,
-                            );
-                            (Some(held), None)
-                        }
+                    let (hold, contended) = match ready!(acquire.as_mut().poll(cx)) {
+                        Ok(hold) => (Some(hold), None),
                         // Still held: by the first request, running, or by a retry that is
                         // replaying its record right now. The record tells which.
-                        Err(error) if matches!(error, LockError::Contended { .. }) => {
-                            (None, Some(error))
-                        }
+                        Err(error @ LockError::Contended { .. }) => (None, Some(error)),
                         Err(error) => {
-                            telemetry::record_end(telemetry::outcome(&error), None);
-                            let response = shared.reject(error.into());
-                            this.state.set(answer(None, response));
+                            telemetry::record_not_acquired(this.span, &error);
+                            let response = layer.reject(error.into());
+                            this.state.set(State::Done {
+                                output: Some(Ok(response.map(ResponseBody::full))),
+                            });
                             continue;
                         }
                     };
                     let pending = pending.take();
                     let key = pending.as_ref().expect(POLLED_AFTER_READY).key.clone();
-                    let lookup = bounded(store_timeout, Arc::clone(&shared.records).lookup(key));
+                    let lookup = bounded(store_timeout, Arc::clone(&layer.records).lookup(key));
                     this.state.set(State::LookingUp {
                         lookup,
                         pending,
-                        held,
+                        hold,
                         contended,
                     });
                 }
                 StateProj::LookingUp {
                     lookup,
                     pending,
-                    held,
+                    hold,
                     contended,
                 } => {
-                    let found = ready!(lookup.as_mut().poll(cx));
+                    let found = ready!(lookup.as_mut().poll(cx)).and_then(decode);
                     let pending = pending.take().expect(POLLED_AFTER_READY);
-                    let mut held = held.take();
-                    let found = found.and_then(|raw| {
-                        raw.map(|raw| {
-                            Record::decode(raw).ok_or_else(|| {
-                                StoreError::msg(
-                                    StoreErrorKind::Backend,
-                                    "an idempotency record in the store could not be decoded",
-                                )
-                            })
-                        })
-                        .transpose()
-                    });
+                    let hold = hold.take();
                     let (outcome, response) = match found {
-                        Err(error) => ("store_error", shared.reject(LockError::from(error).into())),
-                        Ok(Some(record)) if record.fingerprint != pending.fingerprint => {
-                            ("key_reused", shared.reject(IdempotencyError::KeyReused))
-                        }
+                        Err(error) => (
+                            Outcome::StoreError,
+                            layer.reject(LockError::from(error).into()),
+                        ),
+                        Ok(Some(record)) if record.fingerprint != pending.fingerprint => (
+                            Outcome::KeyReused,
+                            layer.reject(IdempotencyError::KeyReused),
+                        ),
                         Ok(Some(record)) => {
                             tracing::debug!(
                                 status = %record.status,
                                 "idempotency key finished before; replaying its response"
                             );
-                            ("replayed", record.replay())
+                            (Outcome::Replayed, record.replay())
                         }
-                        Ok(None) => {
-                            if let Some(held) = held.take() {
-                                this.state.set(start(shared, pending, held));
+                        Ok(None) => match hold {
+                            Some(hold) => {
+                                this.state.set(start(pending, hold));
                                 continue;
                             }
-                            let error = contended.take().expect(POLLED_AFTER_READY);
-                            (telemetry::outcome(&error), shared.reject(error.into()))
-                        }
-                    };
-                    telemetry::record_end(outcome, held.as_ref().map(|h| &h.lease));
-                    this.state.set(answer(held, response));
-                    continue;
-                }
-                StateProj::Running { fut, run } => {
-                    if let Some(running) = run.as_mut() {
-                        let lost = match running.renewer.as_mut() {
-                            Some(renewer) => renewer.poll_lost(cx),
-                            None => Poll::Pending,
-                        };
-                        if let Poll::Ready(reason) = lost {
-                            running.renewer = None;
-                            if config.lock.on_lease_lost() == OnLeaseLost::Abort {
-                                telemetry::record_end("lease_lost", Some(&running.lease));
-                                let response = shared.reject(LockError::LeaseLost(reason).into());
-                                let release = running.guard.release_now();
-                                // Dropping the running state drops the inner future: abort.
-                                this.state.set(State::Releasing {
-                                    release,
+                            None => {
+                                let error = contended.take().expect(POLLED_AFTER_READY);
+                                telemetry::record_not_acquired(this.span, &error);
+                                let response = layer.reject(error.into());
+                                this.state.set(State::Done {
                                     output: Some(Ok(response.map(ResponseBody::full))),
                                 });
                                 continue;
                             }
+                        },
+                    };
+                    this.state.set(answer(this.span, hold, outcome, response));
+                }
+                StateProj::Running { fut, run } => {
+                    let running = run.as_mut().expect(POLLED_AFTER_READY);
+                    let output = match ready!(poll_guarded(fut, &mut running.hold, cx)) {
+                        Guarded::Done(output) => output,
+                        Guarded::Aborted(reason) => {
+                            let response = layer.reject(LockError::LeaseLost(reason).into());
+                            let output = Some(Ok(response.map(ResponseBody::full)));
+                            // Dropping the running state drops the inner future (abort).
+                            let running = run.take().expect(POLLED_AFTER_READY);
+                            match running.hold.abort(reason) {
+                                Some(release) => {
+                                    this.state.set(State::Releasing { release, output })
+                                }
+                                None => this.state.set(State::Done { output }),
+                            }
+                            continue;
                         }
-                    }
-                    let output = ready!(fut.poll(cx));
+                    };
                     let mut running = run.take().expect(POLLED_AFTER_READY);
                     let response = match output {
                         Ok(response) => response,
                         Err(error) => {
-                            telemetry::record_end("failed", Some(&running.lease));
+                            running.hold.finish(Outcome::Failed);
                             this.state.set(State::Releasing {
-                                release: running.guard.release_now(),
+                                release: running.hold.release(),
                                 output: Some(Err(error)),
                             });
                             continue;
@@ -396,112 +351,65 @@ where
                             too_large,
                             "response not stored; a retry runs again"
                         );
-                        telemetry::record_end("not_stored", Some(&running.lease));
+                        running.hold.finish(Outcome::NotStored);
                         this.state.set(State::Releasing {
-                            release: running.guard.release_now(),
+                            release: running.hold.release(),
                             output: Some(Ok(Response::from_parts(head, ResponseBody::inner(body)))),
                         });
                         continue;
                     }
                     this.state.set(State::Collecting {
-                        body: Some(Box::pin(body)),
-                        head: Some(head),
-                        chunks: VecDeque::new(),
-                        size: 0,
-                        trailers: None,
+                        collect: Collect::new(head, body, config.max_response_body),
                         run: Some(running),
                     });
                 }
-                StateProj::Collecting {
-                    body,
-                    head,
-                    chunks,
-                    size,
-                    trailers,
-                    run,
-                } => {
-                    // Keep the lease renewed while the body is read. A loss now is found by
-                    // the record write, which then writes nothing.
-                    if let Some(running) = run.as_mut()
-                        && let Some(renewer) = running.renewer.as_mut()
-                        && renewer.poll_lost(cx).is_ready()
-                    {
-                        running.renewer = None;
-                    }
-                    let reading = body.as_mut().expect(POLLED_AFTER_READY);
-                    let limit = config.max_response_body;
-                    let collected = loop {
-                        match ready!(reading.as_mut().poll_frame(cx)) {
-                            None => break Collected::End,
-                            Some(Err(error)) => break Collected::Failed(error),
-                            Some(Ok(frame)) => match frame.into_data() {
-                                Ok(data) => {
-                                    *size += data.len();
-                                    chunks.push_back(data);
-                                    if *size > limit {
-                                        break Collected::TooLarge;
-                                    }
-                                }
-                                Err(frame) => {
-                                    if let Ok(more) = frame.into_trailers() {
-                                        trailers.get_or_insert_with(HeaderMap::new).extend(more);
-                                    }
-                                }
-                            },
-                        }
-                    };
+                StateProj::Collecting { collect, run } => {
+                    // Keep the lease renewed while the body is read. A loss now is found by the
+                    // record write, which then writes nothing.
+                    let running = run.as_mut().expect(POLLED_AFTER_READY);
+                    let _ = running.hold.poll_lost(cx);
+                    let collected = ready!(collect.poll(cx));
                     let mut running = run.take().expect(POLLED_AFTER_READY);
-                    let head = head.take().expect(POLLED_AFTER_READY);
-                    let rest = body.take().expect(POLLED_AFTER_READY);
-                    let chunks = std::mem::take(chunks);
-                    let error = match collected {
-                        Collected::End => {
-                            let data = concat(chunks);
-                            let record = Record {
-                                fingerprint: running.fingerprint,
-                                status: head.status,
-                                headers: head
-                                    .headers
-                                    .iter()
-                                    .filter(|(name, _)| config.replay_headers.contains(name))
-                                    .map(|(n, v)| (n.clone(), v.clone()))
-                                    .collect(),
-                                body: data.clone(),
-                            };
-                            let complete = bounded(
-                                store_timeout,
-                                Arc::clone(&shared.records).complete(
-                                    running.key.clone(),
-                                    running.guard.token().clone(),
-                                    record.encode(),
-                                    config.retention,
-                                ),
-                            );
-                            let body = ResponseBody::full_with_trailers(data, trailers.take());
-                            this.state.set(State::Completing {
-                                complete,
-                                run: Some(running),
-                                response: Some(Response::from_parts(head, body)),
+                    let (head, data, trailers) = match collected {
+                        Collected::Whole {
+                            head,
+                            data,
+                            trailers,
+                        } => (head, data, trailers),
+                        Collected::Partial(response) => {
+                            running.hold.finish(Outcome::NotStored);
+                            this.state.set(State::Releasing {
+                                release: running.hold.release(),
+                                output: Some(Ok(response)),
                             });
                             continue;
                         }
-                        Collected::TooLarge => {
-                            tracing::debug!(
-                                limit,
-                                "response larger than max_response_body: not stored; a retry runs again"
-                            );
-                            None
-                        }
-                        Collected::Failed(error) => {
-                            tracing::debug!("response body failed: not stored");
-                            Some(error)
-                        }
                     };
-                    telemetry::record_end("not_stored", Some(&running.lease));
-                    let body = ResponseBody::prefixed(chunks, error, rest);
-                    this.state.set(State::Releasing {
-                        release: running.guard.release_now(),
-                        output: Some(Ok(Response::from_parts(head, body))),
+                    let record = Record {
+                        fingerprint: running.fingerprint,
+                        status: head.status,
+                        headers: head
+                            .headers
+                            .iter()
+                            .filter(|(name, _)| config.replay_headers.contains(name))
+                            .map(|(n, v)| (n.clone(), v.clone()))
+                            .collect(),
+                        body: data.clone(),
+                    };
+                    let complete = bounded(
+                        store_timeout,
+                        Arc::clone(&layer.records).complete(
+                            running.key.clone(),
+                            running.hold.token().clone(),
+                            record.encode(),
+                            config.retention,
+                        ),
+                    );
+                    let body = ResponseBody::full_with_trailers(data, trailers);
+                    this.state.set(State::Completing {
+                        complete,
+                        run: Some(running),
+                        response: Some(Response::from_parts(head, body)),
                     });
                 }
                 StateProj::Completing {
@@ -510,34 +418,32 @@ where
                     response,
                 } => {
                     let result = ready!(complete.as_mut().poll(cx));
-                    let mut running = run.take().expect(POLLED_AFTER_READY);
-                    let outcome = if matches!(result, Ok(true)) {
-                        "stored"
-                    } else {
-                        "not_stored"
-                    };
-                    telemetry::record_end(outcome, Some(&running.lease));
-                    match result {
-                        Ok(true) => running.guard.disarm(true),
+                    let running = run.take().expect(POLLED_AFTER_READY);
+                    let outcome = match &result {
+                        Ok(true) => Outcome::Stored,
                         Ok(false) => {
-                            running.guard.disarm(false);
                             tracing::warn!(
                                 "the lease was lost before the response could be stored; a \
                                  retry runs the handler again"
                             );
+                            Outcome::NotStored
                         }
-                        // Maybe written, maybe not: the still-armed guard spawns a token-checked
-                        // release as `running` drops, which is a no-op if it was.
-                        Err(error) => tracing::warn!(
-                            error = &error as &dyn std::error::Error,
-                            "storing the idempotency record failed; a retry runs the handler again"
-                        ),
-                    }
-                    drop(running);
+                        // Maybe written, maybe not: the hold spawns a token-checked release,
+                        // which is a no-op if it was.
+                        Err(error) => {
+                            tracing::warn!(
+                                error = error as &dyn std::error::Error,
+                                "storing the idempotency record failed; a retry runs the handler \
+                                 again"
+                            );
+                            Outcome::NotStored
+                        }
+                    };
+                    running.hold.settle(outcome, result.as_ref().copied());
                     return Poll::Ready(Ok(response.take().expect(POLLED_AFTER_READY)));
                 }
                 StateProj::Releasing { release, output } => {
-                    // A failed release is logged by the guard; the TTL frees the key.
+                    // A failed release is logged by the release; the TTL frees the key.
                     let _ = ready!(Pin::new(release).poll(cx));
                     return Poll::Ready(output.take().expect(POLLED_AFTER_READY));
                 }
@@ -553,11 +459,54 @@ where
     }
 }
 
+/// Reads the request body into `buf`, up to `limit` bytes.
+fn read_body<B>(
+    mut body: Pin<&mut B>,
+    buf: &mut BytesMut,
+    limit: usize,
+    cx: &mut Context<'_>,
+) -> Poll<Result<(), IdempotencyError>>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    loop {
+        match ready!(body.as_mut().poll_frame(cx)) {
+            Some(Ok(frame)) => {
+                // Request trailers are not part of the fingerprint; dropped.
+                if let Ok(data) = frame.into_data() {
+                    if buf.len() + bytes::Buf::remaining(&data) > limit {
+                        return Poll::Ready(Err(IdempotencyError::BodyTooLarge { limit }));
+                    }
+                    bytes::BufMut::put(buf, data);
+                }
+            }
+            Some(Err(error)) => {
+                let error: BoxError = error.into();
+                return Poll::Ready(Err(IdempotencyError::BodyUnreadable(Arc::from(error))));
+            }
+            None => return Poll::Ready(Ok(())),
+        }
+    }
+}
+
+/// A record read from the store, decoded.
+fn decode(raw: Option<Bytes>) -> Result<Option<Record>, StoreError> {
+    raw.map(|raw| {
+        Record::decode(raw).ok_or_else(|| {
+            StoreError::msg(
+                StoreErrorKind::Backend,
+                "an idempotency record in the store could not be decoded",
+            )
+        })
+    })
+    .transpose()
+}
+
 /// Starts the inner service under the lock.
 fn start<S, ReqBody, ResBody>(
-    shared: &Shared,
     pending: Pending<S, ReqBody>,
-    held: Held,
+    hold: Hold,
 ) -> State<S, ReqBody, S::Future, ResBody, S::Error>
 where
     S: Service<Request<ReqBody>>,
@@ -569,19 +518,99 @@ where
         key,
         fingerprint,
     } = pending;
-    request.extensions_mut().insert(held.lease.clone());
-    let max_hold = shared.config.lock.max_hold();
-    let renewer = shared.locker.renewer(&held, Some(max_hold));
+    request.extensions_mut().insert(hold.lease().clone());
     let fut = service.call(request);
     State::Running {
         fut,
         run: Some(Run {
-            renewer: Some(renewer),
-            lease: held.lease,
-            guard: held.guard,
+            hold,
             key,
             fingerprint,
         }),
+    }
+}
+
+/// Reads a response body for its record, up to a limit.
+pub(crate) struct Collect<B: Body> {
+    body: Option<Pin<Box<B>>>,
+    head: Option<response::Parts>,
+    chunks: VecDeque<Bytes>,
+    size: usize,
+    limit: usize,
+    trailers: Option<HeaderMap>,
+}
+
+/// What reading a response body came to.
+enum Collected<B: Body> {
+    /// The whole body, within the limit: stored.
+    Whole {
+        head: response::Parts,
+        data: Bytes,
+        trailers: Option<HeaderMap>,
+    },
+    /// Too large, or failed mid-way: not stored; the response goes on with what was read.
+    Partial(Response<ResponseBody<B>>),
+}
+
+impl<B> Collect<B>
+where
+    B: Body<Data = Bytes>,
+{
+    fn new(head: response::Parts, body: B, limit: usize) -> Self {
+        Self {
+            body: Some(Box::pin(body)),
+            head: Some(head),
+            chunks: VecDeque::new(),
+            size: 0,
+            limit,
+            trailers: None,
+        }
+    }
+
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Collected<B>> {
+        let reading = self.body.as_mut().expect(POLLED_AFTER_READY);
+        let error = loop {
+            match ready!(reading.as_mut().poll_frame(cx)) {
+                None => {
+                    let head = self.head.take().expect(POLLED_AFTER_READY);
+                    return Poll::Ready(Collected::Whole {
+                        head,
+                        data: concat(std::mem::take(&mut self.chunks)),
+                        trailers: self.trailers.take(),
+                    });
+                }
+                Some(Err(error)) => {
+                    tracing::debug!("response body failed: not stored");
+                    break Some(error);
+                }
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        self.size += data.len();
+                        self.chunks.push_back(data);
+                        if self.size > self.limit {
+                            tracing::debug!(
+                                limit = self.limit,
+                                "response larger than max_response_body: not stored; a retry \
+                                 runs again"
+                            );
+                            break None;
+                        }
+                    }
+                    Err(frame) => {
+                        if let Ok(more) = frame.into_trailers() {
+                            self.trailers
+                                .get_or_insert_with(HeaderMap::new)
+                                .extend(more);
+                        }
+                    }
+                },
+            }
+        };
+        let head = self.head.take().expect(POLLED_AFTER_READY);
+        let rest = self.body.take().expect(POLLED_AFTER_READY);
+        let chunks = std::mem::take(&mut self.chunks);
+        let body = ResponseBody::prefixed(chunks, error, rest);
+        Poll::Ready(Collected::Partial(Response::from_parts(head, body)))
     }
 }
 

@@ -13,7 +13,7 @@ use super::{
     service::IdempotencyService,
     store::{DynRecords, IdempotencyStore},
 };
-use crate::{error::LockError, key::LockKey, locker::Locker};
+use crate::{engine::Locker, error::LockError, key::LockKey};
 
 /// Applies `Idempotency-Key` semantics to the wrapped service: one run per key, and the
 /// first response replayed to every retry.
@@ -54,12 +54,12 @@ use crate::{error::LockError, key::LockKey, locker::Locker};
 #[derive(Clone)]
 #[must_use]
 pub struct IdempotencyLayer {
-    shared: Arc<Shared>,
+    state: Arc<IdempotencyState>,
 }
 
 /// What every clone of the service needs, behind one `Arc`.
 #[derive(Clone)]
-pub(crate) struct Shared {
+pub(crate) struct IdempotencyState {
     pub(crate) locker: Locker,
     pub(crate) records: Arc<dyn DynRecords>,
     pub(crate) config: IdempotencyConfig,
@@ -83,7 +83,7 @@ impl IdempotencyLayer {
     ) -> Self {
         let locker = Locker::with_config(store.clone(), config.lock.clone());
         Self {
-            shared: Arc::new(Shared {
+            state: Arc::new(IdempotencyState {
                 locker,
                 records: Arc::new(store),
                 config,
@@ -95,22 +95,22 @@ impl IdempotencyLayer {
 
     /// Replaces the problem+json responses (see [`IdempotencyResponse`]).
     pub fn rejection_response(mut self, respond: impl IdempotencyResponse) -> Self {
-        Arc::make_mut(&mut self.shared).respond = Arc::new(respond);
+        Arc::make_mut(&mut self.state).respond = Arc::new(respond);
         self
     }
 
     /// The settings in force.
     pub fn config(&self) -> &IdempotencyConfig {
-        &self.shared.config
+        &self.state.config
     }
 
     /// The locker this layer takes its locks with.
     pub fn locker(&self) -> &Locker {
-        &self.shared.locker
+        &self.state.locker
     }
 }
 
-impl Shared {
+impl IdempotencyState {
     /// The request's lock key and idempotency key: `Ok(None)` to pass it through.
     pub(crate) fn begin(
         &self,
@@ -164,15 +164,15 @@ impl<S> Layer<S> for IdempotencyLayer {
     type Service = IdempotencyService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        IdempotencyService::from_shared(inner, Arc::clone(&self.shared))
+        IdempotencyService::from_state(inner, Arc::clone(&self.state))
     }
 }
 
 impl fmt::Debug for IdempotencyLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayer")
-            .field("config", &self.shared.config)
-            .field("locker", &self.shared.locker)
+            .field("config", &self.state.config)
+            .field("locker", &self.state.locker)
             .finish_non_exhaustive()
     }
 }

@@ -13,7 +13,7 @@ use super::{
     body::ResponseBody,
     error::IdempotencyError,
     future::{Begun, ResponseFuture},
-    layer::{IdempotencyLayer, Shared},
+    layer::{IdempotencyLayer, IdempotencyState},
     principal::Principal,
     store::IdempotencyStore,
 };
@@ -27,7 +27,7 @@ use super::{
 #[derive(Clone)]
 pub struct IdempotencyService<S> {
     inner: S,
-    shared: Arc<Shared>,
+    state: Arc<IdempotencyState>,
 }
 
 impl<S> IdempotencyService<S> {
@@ -41,8 +41,8 @@ impl<S> IdempotencyService<S> {
         tower::Layer::layer(&IdempotencyLayer::new(store, principal), inner)
     }
 
-    pub(crate) fn from_shared(inner: S, shared: Arc<Shared>) -> Self {
-        Self { inner, shared }
+    pub(crate) fn from_state(inner: S, state: Arc<IdempotencyState>) -> Self {
+        Self { inner, state }
     }
 
     /// An [`IdempotencyLayer`] with the default config, the usual way to build this service.
@@ -86,35 +86,35 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let (parts, body) = req.into_parts();
-        let shared = Arc::clone(&self.shared);
-        let (key, idempotency_key) = match shared.begin(&parts) {
+        let state = Arc::clone(&self.state);
+        let (key, idempotency_key) = match state.begin(&parts) {
             Ok(Some(keys)) => keys,
             Ok(None) => {
                 return ResponseFuture::passthrough(
-                    shared,
+                    state,
                     self.inner.call(Request::from_parts(parts, body)),
                 );
             }
             Err(error) => {
-                let response = shared.reject(error);
-                return ResponseFuture::rejected(shared, response);
+                let response = state.reject(error);
+                return ResponseFuture::rejected(state, response);
             }
         };
-        let limit = shared.config.max_request_body;
+        let limit = state.config.max_request_body;
         let declared = parts
             .headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         if declared.is_some_and(|len| len > limit as u64) || body.size_hint().lower() > limit as u64
         {
-            let response = shared.reject(IdempotencyError::BodyTooLarge { limit });
-            return ResponseFuture::rejected(shared, response);
+            let response = state.reject(IdempotencyError::BodyTooLarge { limit });
+            return ResponseFuture::rejected(state, response);
         }
         // Hand the future the instance that was polled ready.
         let clone = self.inner.clone();
         let service = std::mem::replace(&mut self.inner, clone);
         ResponseFuture::reading(
-            shared,
+            state,
             Begun {
                 service,
                 parts,
@@ -130,7 +130,7 @@ impl<S: fmt::Debug> fmt::Debug for IdempotencyService<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyService")
             .field("inner", &self.inner)
-            .field("config", &self.shared.config)
+            .field("config", &self.state.config)
             .finish_non_exhaustive()
     }
 }

@@ -116,7 +116,7 @@ impl LockStore for MemoryStore {
             .get(&k)
             .filter(|e| e.expires > now && e.token != *token)
         {
-            return Ok(Acquire::Held {
+            return Ok(Acquire::Contended {
                 expires_in: Some(entry.expires - now),
             });
         }
@@ -184,7 +184,7 @@ mod tests {
         };
         assert!(matches!(
             store.acquire(&key("k"), &b, ttl).await.unwrap(),
-            Acquire::Held { expires_in: Some(d) } if d <= ttl
+            Acquire::Contended { expires_in: Some(d) } if d <= ttl
         ));
         assert!(
             !store.renew(&key("k"), &b, ttl).await.unwrap(),

@@ -47,7 +47,7 @@ pub enum Acquire {
         fencing_token: u64,
     },
     /// Another holder has the key.
-    Held {
+    Contended {
         /// How long the current holder's lease has left, when the store knows.
         expires_in: Option<Duration>,
     },

@@ -974,7 +974,7 @@ impl RedisStore {
             },
             2 => Acquire::Queued { expires_in },
             3 => return Ok(Attempt::Unheard { expires_in }),
-            _ => Acquire::Held { expires_in },
+            _ => Acquire::Contended { expires_in },
         }))
     }
 }
@@ -992,7 +992,7 @@ impl Attempt {
     fn into_acquire(self) -> Acquire {
         match self {
             Self::Answered(answer) => answer,
-            Self::Unheard { expires_in } => Acquire::Held { expires_in },
+            Self::Unheard { expires_in } => Acquire::Contended { expires_in },
         }
     }
 }
@@ -1040,7 +1040,7 @@ impl LockStore for RedisStore {
                 // Subscribe again, and once that is up, try once more.
                 Attempt::Unheard { expires_in } => {
                     if resubscribed || !handoff.resubscribe() {
-                        return Ok(Acquire::Held { expires_in });
+                        return Ok(Acquire::Contended { expires_in });
                     }
                     resubscribed = true;
                 }

@@ -265,7 +265,7 @@ impl LockStore for RedlockStore {
                     fences.push(fencing_token);
                     undo.push(i);
                 }
-                Ok(Acquire::Held { expires_in } | Acquire::Queued { expires_in }) => {
+                Ok(Acquire::Contended { expires_in } | Acquire::Queued { expires_in }) => {
                     held.push(expires_in);
                 }
                 // A timed-out or failed call may still have set the key.
@@ -287,7 +287,7 @@ impl LockStore for RedlockStore {
         if !held.is_empty() && fences.len() + held.len() >= quorum {
             // Enough nodes answered, and some of them for another holder: contention.
             let expires_in = held.into_iter().flatten().max();
-            return Ok(Acquire::Held { expires_in });
+            return Ok(Acquire::Contended { expires_in });
         }
         let answered = fences.len() + held.len();
         Err(no_quorum(errors, answered, self.nodes.len(), quorum))

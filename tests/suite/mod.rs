@@ -459,7 +459,7 @@ pub async fn own_token_acquires_again<B: Backend>(backend: B) {
         .await
         .unwrap()
     {
-        Acquire::Held {
+        Acquire::Contended {
             expires_in: Some(left),
         } => assert!(left > Duration::from_secs(30), "{}: {left:?} left", B::NAME),
         answer => panic!("{}: another token got {answer:?}", B::NAME),

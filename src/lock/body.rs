@@ -7,16 +7,11 @@ use std::{
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tokio::runtime::Handle;
 
-use crate::{
-    future::Running,
-    locker::{Release, ReleaseGuard},
-    renew::Watchdog,
-};
+use crate::engine::{Hold, Release};
 
 pin_project! {
-    /// Response body of [`LockService`](crate::LockService).
+    /// Response body of [`LockService`](super::LockService).
     ///
     /// The inner service's body, or the body of a rejection. With
     /// [`hold_until_body_end`](crate::LockConfig::hold_until_body_end) it also holds the lease:
@@ -42,24 +37,17 @@ pin_project! {
     }
 }
 
-/// The lease, carried from the response future into the body.
+/// The lease, carried from the response future into the body (renewed in the background):
+/// released when the body ends, or when it is dropped.
 pub(crate) struct BodyHold {
-    guard: ReleaseGuard,
-    watchdog: Option<Watchdog>,
+    hold: Option<Hold>,
     releasing: Option<Release>,
 }
 
 impl BodyHold {
-    pub(crate) fn new(running: Running) -> Self {
-        let watchdog = match (running.renewer, Handle::try_current()) {
-            (Some(renewer), Ok(handle)) => {
-                Some(Watchdog::spawn(&handle, renewer, tracing::Span::current()))
-            }
-            _ => None,
-        };
+    pub(crate) fn new(hold: Hold) -> Self {
         Self {
-            guard: running.guard,
-            watchdog,
+            hold: Some(hold),
             releasing: None,
         }
     }
@@ -115,14 +103,13 @@ where
             };
             match frame {
                 None => match this.hold.as_mut() {
-                    Some(hold) => {
-                        // The watchdog stops with the hold, once the release is answered.
-                        if let Some(watchdog) = &hold.watchdog {
-                            watchdog.releasing();
-                        }
-                        hold.releasing = Some(hold.guard.release_now());
+                    Some(BodyHold {
+                        hold: held @ Some(_),
+                        releasing,
+                    }) => {
+                        *releasing = held.take().map(Hold::release);
                     }
-                    None => return Poll::Ready(None),
+                    _ => return Poll::Ready(None),
                 },
                 Some(Err(error)) => {
                     // Dropping the hold releases in a spawned task.

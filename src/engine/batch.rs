@@ -36,12 +36,12 @@ struct Job {
 
 /// Collects renewals for one store; a task started at the first renewal sends them in batches,
 /// and ends when the last handle is dropped.
-pub(crate) struct Renewals {
+pub(crate) struct RenewalBatcher {
     store: Arc<dyn DynStore>,
     jobs: OnceLock<mpsc::UnboundedSender<Job>>,
 }
 
-impl Renewals {
+impl RenewalBatcher {
     pub(crate) fn new(store: Arc<dyn DynStore>) -> Self {
         Self {
             store,
@@ -89,9 +89,9 @@ impl Renewals {
     }
 }
 
-impl fmt::Debug for Renewals {
+impl fmt::Debug for RenewalBatcher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Renewals")
+        f.debug_struct("RenewalBatcher")
             .field("started", &self.jobs.get().is_some())
             .finish()
     }

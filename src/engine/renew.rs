@@ -1,21 +1,25 @@
-//! The renewal tick: keeps a lease alive while its holder runs.
+//! Renewal: the tick that keeps one lease alive ([`Renewer`]), driven either by its holder's
+//! own future or by the locker's one background task ([`Background`]).
 
 use std::{
+    fmt,
+    future::Future,
     pin::Pin,
-    sync::Arc,
+    sync::{Arc, Mutex, PoisonError},
     task::{Context, Poll, ready},
     time::Duration,
 };
 
+use futures_util::{StreamExt, stream::FuturesUnordered};
 use tokio::{
     runtime::Handle,
-    task::AbortHandle,
+    sync::mpsc,
     time::{Instant, Sleep, sleep_until, timeout},
 };
-use tracing::Instrument;
+use tracing::Span;
 
+use super::batch::RenewalBatcher;
 use crate::{
-    batch::Renewals,
     error::LostReason,
     lease::Lease,
     store::{BoxFuture, DynStore, StoreError},
@@ -26,16 +30,15 @@ use crate::{
 /// Shortest pause before retrying a renewal that failed with a store error.
 const MIN_RETRY: Duration = Duration::from_millis(10);
 
-/// Renews a lease every `interval` until it is lost, or until its holder releases it (a
-/// [`Watchdog`]'s lease). Polled inline by the response future, or driven by a spawned watchdog
-/// task for background leases and streamed bodies.
+/// Renews a lease every `interval` until it is lost, or until its holder releases it.
 ///
-/// One `Sleep` is reset in place for every tick. A renewal that fails with a store error is
-/// retried (every quarter interval) while the lease is still valid; only a "not ours" answer, the
-/// lease running out, or the max-hold cap make it lost.
+/// One `Sleep` is reset in place for every tick, created at the first poll: a request that
+/// finishes before it ever waits registers no timer. A renewal that fails with a store error is
+/// retried (every quarter interval) while the lease is still valid; only a "not ours" answer,
+/// the lease running out, or the max-hold cap make it lost.
 pub(crate) struct Renewer {
     store: Arc<dyn DynStore>,
-    renewals: Arc<Renewals>,
+    batcher: Arc<RenewalBatcher>,
     lease: Lease,
     token: Token,
     ttl: Duration,
@@ -44,35 +47,37 @@ pub(crate) struct Renewer {
     hold_until: Option<Instant>,
     /// When the next renewal is due.
     next_at: Instant,
-    /// Created at the first poll: a request that finishes before it ever waits registers no timer.
     sleep: Option<Pin<Box<Sleep>>>,
     in_flight: Option<(Instant, BoxFuture<Result<bool, StoreError>>)>,
 }
 
-pub(crate) struct RenewerSettings {
+/// How a [`Renewer`] renews.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RenewalSettings {
     pub(crate) ttl: Duration,
     pub(crate) interval: Duration,
     pub(crate) store_timeout: Duration,
+    /// The longest the lease may be held, renewals or not.
     pub(crate) max_hold: Option<Duration>,
 }
 
 impl Renewer {
     pub(crate) fn new(
         store: Arc<dyn DynStore>,
-        renewals: Arc<Renewals>,
+        batcher: Arc<RenewalBatcher>,
         lease: Lease,
         token: Token,
-        acquired_at: Instant,
         renew_by: Option<Instant>,
-        settings: RenewerSettings,
+        settings: RenewalSettings,
     ) -> Self {
+        let acquired_at = lease.acquired_instant();
         let hold_until = settings.max_hold.map(|d| acquired_at + d);
         let first = acquired_at + settings.interval;
         let first = renew_by.map_or(first, |by| first.min(by));
         let first = hold_until.map_or(first, |h| first.min(h));
         Self {
             store,
-            renewals,
+            batcher,
             lease,
             token,
             ttl: settings.ttl,
@@ -100,7 +105,7 @@ impl Renewer {
     }
 
     /// Pending while the lease is held; ready with the reason once it is lost. Pending for good
-    /// once the holder is releasing it (see [`Watchdog::releasing`]).
+    /// once the holder is releasing it.
     pub(crate) fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<LostReason> {
         loop {
             if let Some(reason) = self.lease.lost_reason() {
@@ -118,8 +123,9 @@ impl Renewer {
                     return Poll::Pending;
                 }
                 let now = Instant::now();
+                let scope = self.lease.key().scope_label();
                 telemetry::round_trip(Op::Renew, now - sent_at);
-                telemetry::renewal(&self.lease.key().scope_label(), matches!(result, Ok(true)));
+                telemetry::renewal(&scope, matches!(result, Ok(true)));
                 match result {
                     Ok(true) => {
                         self.lease.renewed(sent_at, self.store.validity(self.ttl));
@@ -131,7 +137,7 @@ impl Renewer {
                     }
                     Ok(false) => return self.lose(LostReason::NotHeld),
                     Err(error) => {
-                        telemetry::store_error(&self.lease.key().scope_label(), Op::Renew);
+                        telemetry::store_error(&scope, Op::Renew);
                         let left = self.lease.valid_until().saturating_duration_since(now);
                         tracing::warn!(
                             error = %Chain(&error),
@@ -161,7 +167,7 @@ impl Renewer {
             }
             let limit = self.store_timeout.min(left);
             let renew = self
-                .renewals
+                .batcher
                 .renew(self.lease.key().clone(), self.token.clone(), self.ttl);
             self.in_flight = Some((
                 now,
@@ -175,38 +181,100 @@ impl Renewer {
     }
 }
 
-/// A [`Renewer`] in a task of its own: for background leases and streamed bodies, whose holder
-/// is not polled while it works. Stopped when dropped.
-pub(crate) struct Watchdog {
-    task: AbortHandle,
-    lease: Lease,
+/// The renewals of a locker's leases that nobody polls while they are held: background leases
+/// ([`LeaseGuard`](crate::LeaseGuard)) and leases kept while a response body streams. One task
+/// per locker drives them all (no task per lease), started at the first such lease on the
+/// runtime in use, and again on another runtime if that one shut down.
+#[derive(Default)]
+pub(crate) struct Background {
+    renewers: Mutex<Option<mpsc::UnboundedSender<Driven>>>,
 }
 
-impl Watchdog {
-    /// Runs `renewer` on `handle`, in `span`.
-    pub(crate) fn spawn(handle: &Handle, mut renewer: Renewer, span: tracing::Span) -> Self {
-        let lease = renewer.lease.clone();
-        let task = handle
-            .spawn(std::future::poll_fn(move |cx| renewer.poll_lost(cx).map(drop)).instrument(span))
-            .abort_handle();
-        Self { task, lease }
-    }
+/// A renewer in the background task, with the span its events belong to.
+struct Driven {
+    renewer: Renewer,
+    span: Span,
+}
 
-    /// The holder is sending its release: renew no more, and take no "not held" for a loss.
-    ///
-    /// The task itself stops when the watchdog is dropped, which the holder does once the
-    /// release is answered: stopping it now would schedule its cancellation next to the
-    /// release's write, and can make the write wait for another worker to wake up (docs/
-    /// DECISIONS.md, "The renewal task stops after the release is answered").
-    pub(crate) fn releasing(&self) {
-        self.lease.set_releasing();
+impl Background {
+    /// Renews `renewer`'s lease in the background until it is lost, or released (see
+    /// [`Lease::set_releasing`]). Without a Tokio runtime the lease is not renewed.
+    pub(crate) fn drive(&self, renewer: Renewer, span: Span) {
+        let mut driven = Driven { renewer, span };
+        let mut tx = self.renewers.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(sender) = &*tx {
+            match sender.send(driven) {
+                Ok(()) => return,
+                // The task ended with its runtime: start another on this one.
+                Err(mpsc::error::SendError(back)) => driven = back,
+            }
+        }
+        let Ok(handle) = Handle::try_current() else {
+            tracing::warn!(
+                "no Tokio runtime to renew a background lease on; it expires with its TTL"
+            );
+            return;
+        };
+        let (sender, rx) = mpsc::unbounded_channel();
+        let _ = sender.send(driven);
+        handle.spawn(run(rx));
+        *tx = Some(sender);
     }
 }
 
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        // A poll already running on another worker must not take the release for a loss.
-        self.lease.set_releasing();
-        self.task.abort();
+impl fmt::Debug for Background {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let running = self
+            .renewers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|tx| !tx.is_closed());
+        f.debug_struct("Background")
+            .field("running", &running)
+            .finish()
+    }
+}
+
+/// The background task: polls each renewer as its timer or its renewal wakes it, and drops it
+/// when its lease is lost or released. Ends when the locker is gone and no lease is left.
+async fn run(mut rx: mpsc::UnboundedReceiver<Driven>) {
+    let mut leases = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            driven = rx.recv() => match driven {
+                Some(driven) => leases.push(Renewing(Some(driven))),
+                None if leases.is_empty() => return,
+                None => {
+                    while leases.next().await.is_some() {}
+                    return;
+                }
+            },
+            Some(()) = leases.next(), if !leases.is_empty() => {}
+        }
+    }
+}
+
+/// One lease in the background task: done once lost or released.
+struct Renewing(Option<Driven>);
+
+impl Future for Renewing {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(driven) = self.0.as_mut() else {
+            return Poll::Ready(());
+        };
+        let lease = driven.renewer.lease.clone();
+        // Woken when the holder releases, so that a released lease leaves the task at once.
+        lease.on_release(cx.waker());
+        let _entered = driven.span.enter();
+        let done = driven.renewer.poll_lost(cx).is_ready() || lease.is_releasing();
+        drop(_entered);
+        if done {
+            self.0 = None;
+            return Poll::Ready(());
+        }
+        Poll::Pending
     }
 }

@@ -7,13 +7,12 @@ use std::{
 use http::{Request, Response};
 use tower::Service;
 
-use crate::{
+use super::{
     body::ResponseBody,
     future::ResponseFuture,
-    key::KeySource,
-    layer::{LockLayer, Shared},
-    store::LockStore,
+    layer::{LockLayer, LockState},
 };
+use crate::{key::KeySource, store::LockStore};
 
 /// Middleware that locks each request's key around the inner service.
 ///
@@ -21,7 +20,7 @@ use crate::{
 #[derive(Clone)]
 pub struct LockService<S> {
     inner: S,
-    shared: Arc<Shared>,
+    state: Arc<LockState>,
 }
 
 impl<S> LockService<S> {
@@ -30,8 +29,8 @@ impl<S> LockService<S> {
         tower::Layer::layer(&LockLayer::new(store, key), inner)
     }
 
-    pub(crate) fn from_shared(inner: S, shared: Arc<Shared>) -> Self {
-        Self { inner, shared }
+    pub(crate) fn from_state(inner: S, state: Arc<LockState>) -> Self {
+        Self { inner, state }
     }
 
     /// A [`LockLayer`] with the default config, the usual way to build this service.
@@ -69,17 +68,17 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let (mut parts, body) = req.into_parts();
-        let key = self.shared.key(&mut parts);
+        let key = self.state.key(&mut parts);
         let req = Request::from_parts(parts, body);
         match key {
             Ok(None) => ResponseFuture::unlocked(self.inner.call(req)),
-            Err(rejection) => ResponseFuture::rejected(self.shared.reject(rejection.into())),
+            Err(rejection) => ResponseFuture::rejected(self.state.reject(rejection.into())),
             Ok(Some(key)) => {
                 // Hand the future the instance that was polled ready (see tower's docs on
                 // cloning inner services).
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::acquiring(Arc::clone(&self.shared), key, inner, req)
+                ResponseFuture::acquiring(Arc::clone(&self.state), key, inner, req)
             }
         }
     }
@@ -89,7 +88,7 @@ impl<S: fmt::Debug> fmt::Debug for LockService<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockService")
             .field("inner", &self.inner)
-            .field("locker", &self.shared.locker)
+            .field("locker", &self.state.locker)
             .finish_non_exhaustive()
     }
 }

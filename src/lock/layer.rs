@@ -4,13 +4,13 @@ use bytes::Bytes;
 use http::{Response, StatusCode, request::Parts};
 use tower::Layer;
 
+use super::service::LockService;
 use crate::{
     config::LockConfig,
+    engine::Locker,
     error::LockError,
     key::{KeyRejection, KeySource, LockKey},
-    locker::Locker,
     response::{ProblemJson, RejectionResponse, status_for},
-    service::LockService,
     store::LockStore,
     telemetry::Chain,
 };
@@ -26,12 +26,12 @@ use crate::{
 #[derive(Clone)]
 #[must_use]
 pub struct LockLayer {
-    shared: Arc<Shared>,
+    state: Arc<LockState>,
 }
 
 /// What every clone of the service needs, behind one `Arc` (axum clones the service per request).
 #[derive(Clone)]
-pub(crate) struct Shared {
+pub(crate) struct LockState {
     pub(crate) locker: Locker,
     key: Arc<dyn KeySource>,
     namespace: Option<Arc<str>>,
@@ -53,7 +53,7 @@ impl LockLayer {
     /// A layer sharing a [`Locker`] (its store and config) with other layers or background work.
     pub fn from_locker(locker: Locker, key: impl KeySource) -> Self {
         Self {
-            shared: Arc::new(Shared {
+            state: Arc::new(LockState {
                 locker,
                 key: Arc::new(key),
                 namespace: None,
@@ -67,23 +67,23 @@ impl LockLayer {
     /// Layers (or routes) with the same namespace and key value exclude each other; use it when
     /// two routes touch the same resource.
     pub fn namespace(mut self, namespace: impl Into<Arc<str>>) -> Self {
-        Arc::make_mut(&mut self.shared).namespace = Some(namespace.into());
+        Arc::make_mut(&mut self.state).namespace = Some(namespace.into());
         self
     }
 
     /// Replaces the problem+json rejection responses (see [`response`](crate::response)).
     pub fn rejection_response(mut self, respond: impl RejectionResponse) -> Self {
-        Arc::make_mut(&mut self.shared).respond = Arc::new(respond);
+        Arc::make_mut(&mut self.state).respond = Arc::new(respond);
         self
     }
 
     /// The locker this layer acquires with.
     pub fn locker(&self) -> &Locker {
-        &self.shared.locker
+        &self.state.locker
     }
 }
 
-impl Shared {
+impl LockState {
     /// The request's lock key: `Ok(None)` to pass it through unlocked.
     pub(crate) fn key(&self, parts: &mut Parts) -> Result<Option<LockKey>, KeyRejection> {
         let Some(value) = self.key.key(parts)? else {
@@ -162,15 +162,15 @@ impl<S> Layer<S> for LockLayer {
     type Service = LockService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        LockService::from_shared(inner, Arc::clone(&self.shared))
+        LockService::from_state(inner, Arc::clone(&self.state))
     }
 }
 
 impl fmt::Debug for LockLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockLayer")
-            .field("locker", &self.shared.locker)
-            .field("namespace", &self.shared.namespace)
+            .field("locker", &self.state.locker)
+            .field("namespace", &self.state.namespace)
             .finish_non_exhaustive()
     }
 }

@@ -1,0 +1,269 @@
+//! The acquire loop: the process-local queue, attempts paced by the wait policy, and the
+//! store's hand-off queue.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::time::{Instant, sleep_until, timeout};
+
+use super::{locker::Engine, release::ReleaseOnDrop};
+use crate::{
+    error::LockError,
+    key::LockKey,
+    lease::Lease,
+    store::{Acquire, Signal, StoreError},
+    telemetry::{self, Chain, Op},
+    token::Token,
+};
+
+/// A key handed over by a release is run at once only with at least this much of its claim
+/// window left; with less, the waiter confirms it (one more round trip) first.
+const MIN_HANDED_OVER: Duration = Duration::from_millis(100);
+
+/// Added to a claim window before the next waiter checks again, so that a claim in flight
+/// lands first.
+const NEXT_SLACK: Duration = Duration::from_millis(50);
+
+/// A lease just acquired: what becomes a [`Hold`](super::hold::Hold).
+pub(crate) struct Acquired {
+    pub(crate) lease: Lease,
+    pub(crate) release: ReleaseOnDrop,
+    pub(crate) acquired_at: Instant,
+    /// When the first attempt was made.
+    pub(crate) requested_at: Instant,
+    pub(crate) attempts: u32,
+    /// When the first renewal is due, if sooner than usual: a key handed over by a release is
+    /// only reserved for the claim window until that renewal confirms it.
+    pub(crate) renew_by: Option<Instant>,
+}
+
+impl Acquired {
+    /// How long the request waited for its lease.
+    pub(crate) fn waited(&self) -> Duration {
+        self.acquired_at
+            .saturating_duration_since(self.requested_at)
+    }
+}
+
+/// Tries until acquired, the wait policy gives up (409), or the store fails (503).
+///
+/// The release guard is armed whenever an attempt may have taken the key, so dropping this
+/// future (or giving up on a timed-out attempt) schedules a token-checked release.
+pub(crate) async fn acquire(engine: Arc<Engine>, key: LockKey) -> Result<Acquired, LockError> {
+    let config = &engine.config;
+    let token = Token::generate()?;
+    let start = Instant::now();
+    let deadline = config.wait().total().map(|d| start + d);
+    let ttl = config.ttl();
+    let floor = config.store_timeout();
+    let mut guard = ReleaseOnDrop::new(Arc::clone(&engine.store), key, token, floor);
+    // Requests of this process that want the same key wait here, in order, and only the first
+    // contends in the store; a holder's release wakes the next at once.
+    match engine.local.turn(guard.key(), deadline).await {
+        Ok(turn) => guard.set_turn(turn),
+        Err(gave_up) => {
+            let waited = start.elapsed();
+            tracing::debug!(?waited, "lease contended in this process; giving up");
+            telemetry::contended(&guard.key().scope_label(), waited);
+            // The holder's remaining lease, as the head of the local queue knows it: its own
+            // lease, or the TTL the store reported for another holder. The head may not have
+            // heard from the store yet: then the TTL, what it holds if it takes the key.
+            return Err(LockError::Contended {
+                expires_in: Some(gave_up.holder_left.unwrap_or(ttl)),
+                waited,
+                attempts: 0,
+            });
+        }
+    }
+    // With a store that hands off, a waiter joins the key's queue and is handed the key by the
+    // release before it; it registers to hear that once its attempt says it is queued.
+    let waits = config.wait().waits();
+    let schedule_end = config.wait().schedule_len().map(|d| start + d);
+    let mut queue = None;
+    let mut queued = false;
+    let mut handed: Option<(u64, Instant)> = None;
+    let mut delays = None;
+    let mut attempts = 0u32;
+    loop {
+        if let Some((fencing_token, valid_until)) = handed.take() {
+            // Handed over: reserved for us until at least `valid_until`. With enough of it
+            // left, run now and let the first renewal confirm; otherwise confirm first.
+            if valid_until.saturating_duration_since(Instant::now()) >= MIN_HANDED_OVER {
+                return Ok(handed_over(
+                    guard,
+                    fencing_token,
+                    valid_until,
+                    start,
+                    attempts,
+                ));
+            }
+        }
+        attempts += 1;
+        let sent_at = Instant::now();
+        let limit = deadline.map_or(floor, |d| d.saturating_duration_since(sent_at).max(floor));
+        // Registered before the attempt, so a release right after it is not missed.
+        let released = match queue {
+            Some(_) => None,
+            None => guard.store().watch(guard.key()),
+        };
+        guard.arm(true);
+        let (store, key, token) = (
+            Arc::clone(guard.store()),
+            guard.key().clone(),
+            guard.token().clone(),
+        );
+        let attempt = if waits {
+            store.enqueue(key, token, ttl)
+        } else {
+            store.acquire(key, token, ttl)
+        };
+        let answer = timeout(limit, attempt)
+            .await
+            .unwrap_or_else(|_| Err(StoreError::timeout(limit)));
+        telemetry::round_trip(Op::Acquire, sent_at.elapsed());
+        let expires_in = match answer {
+            Ok(Acquire::Acquired { fencing_token }) => {
+                let waited = sent_at - start;
+                tracing::debug!(attempts, ?waited, "lease acquired");
+                telemetry::acquired(&guard.key().scope_label(), waited);
+                let lease = Lease::new(
+                    guard.key().clone(),
+                    fencing_token,
+                    sent_at,
+                    guard.store().validity(ttl),
+                );
+                guard.held(sent_at, &lease);
+                return Ok(Acquired {
+                    lease,
+                    release: guard,
+                    acquired_at: sent_at,
+                    requested_at: start,
+                    attempts,
+                    renew_by: None,
+                });
+            }
+            Ok(Acquire::Contended { expires_in }) => expires_in,
+            Ok(Acquire::Queued { expires_in }) => {
+                queued = true;
+                if queue.is_none() {
+                    queue = guard.store().queue_watch(guard.key(), guard.token());
+                }
+                expires_in
+            }
+            // A bounded wait fails fast on a store error (503). The armed guard releases in
+            // case the command was executed after all (and leaves the queue).
+            Err(error) if deadline.is_some() => {
+                telemetry::store_error(&guard.key().scope_label(), Op::Acquire);
+                return Err(error.into());
+            }
+            // An unbounded one (background work) waits through the outage.
+            Err(error) => {
+                telemetry::store_error(&guard.key().scope_label(), Op::Acquire);
+                tracing::warn!(
+                    attempts,
+                    error = %Chain(&error),
+                    "lock store failed while waiting forever; retrying"
+                );
+                // That release leaves the store's queue, or hands on a key handed to this
+                // token meanwhile: go on with a fresh token, so that no message for the old one
+                // (a hand-off given away already) can be taken for ours.
+                guard.release_and_renew_token(Token::generate()?);
+                queue = None;
+                queued = false;
+                handed = None;
+                None
+            }
+        };
+        guard.held_elsewhere(expires_in);
+        // While queued, the key may be handed to us at any moment: stay armed, so that giving
+        // up (or being dropped) leaves the queue or passes the key on.
+        guard.arm(queued);
+        let now = Instant::now();
+        let next = delays
+            .get_or_insert_with(|| config.wait().delays())
+            .next()
+            .map(|delay| now + delay);
+        let wake = match (next, deadline) {
+            (Some(next), Some(deadline)) if now < deadline => next.min(deadline),
+            (Some(next), None) => next,
+            _ => {
+                let waited = now - start;
+                tracing::debug!(attempts, ?waited, "lease contended; giving up");
+                telemetry::contended(&guard.key().scope_label(), waited);
+                return Err(LockError::Contended {
+                    expires_in,
+                    waited,
+                    attempts,
+                });
+            }
+        };
+        // The timer is only the fallback, for a lost message: when the holder's lease would
+        // run out, or at the deadline.
+        let fallback = now + expires_in.unwrap_or(ttl);
+        let mut fallback = deadline.map_or(fallback, |d| fallback.min(d));
+        if let Some(end) = schedule_end {
+            // A finite schedule (a fixed list) bounds a queued wait too.
+            fallback = fallback.min(end);
+        }
+        match (&mut queue, released) {
+            (Some(watch), _) if queued => {
+                tracing::debug!(attempts, "lease contended; queued for its hand-off");
+                loop {
+                    tokio::select! {
+                        signal = watch.signal() => match signal {
+                            Signal::Granted { fencing_token, valid_until } => {
+                                handed = Some((fencing_token, valid_until));
+                                break;
+                            }
+                            // The waiter before us was just handed the key: if it never claims
+                            // it (its process died), check again after the window.
+                            Signal::Next { within } => {
+                                let by = Instant::now() + within + NEXT_SLACK;
+                                fallback = fallback.min(by);
+                            }
+                            _ => break,
+                        },
+                        () = sleep_until(fallback) => break,
+                    }
+                }
+            }
+            // Woken by the release (a store that announces them).
+            (_, Some(released)) => {
+                tracing::debug!(attempts, "lease contended; waiting for its release");
+                tokio::select! {
+                    () = released => {}
+                    () = sleep_until(fallback) => {}
+                }
+            }
+            _ => {
+                tracing::debug!(attempts, "lease contended; waiting");
+                sleep_until(wake).await;
+            }
+        }
+    }
+}
+
+/// The lease a release handed to this waiter: held from now, reserved until `valid_until`, with
+/// the first renewal (the claim) due within a third of that.
+fn handed_over(
+    mut guard: ReleaseOnDrop,
+    fencing_token: u64,
+    valid_until: Instant,
+    requested_at: Instant,
+    attempts: u32,
+) -> Acquired {
+    let now = Instant::now();
+    let left = valid_until.saturating_duration_since(now);
+    let waited = now - requested_at;
+    tracing::debug!(attempts, ?waited, "lease handed over");
+    telemetry::acquired(&guard.key().scope_label(), waited);
+    let lease = Lease::new(guard.key().clone(), fencing_token, now, left);
+    guard.held(now, &lease);
+    Acquired {
+        lease,
+        release: guard,
+        acquired_at: now,
+        requested_at,
+        attempts,
+        renew_by: Some(now + left / 3),
+    }
+}

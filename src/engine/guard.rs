@@ -1,0 +1,73 @@
+//! [`LeaseGuard`]: a lease held by background work.
+
+use std::{fmt, ops::Deref, sync::Arc};
+
+use tracing::Instrument;
+
+use super::{hold::Hold, locker::Engine};
+use crate::{lease::Lease, store::StoreError, telemetry::Outcome};
+
+/// A lease held by background work: renewed by the locker's background task, released on drop.
+///
+/// Derefs to [`Lease`] for the fencing token and loss status. Loss is noticed at the next
+/// renewal (every `ttl / 3`), so work may run up to that long after the key was taken away:
+/// fence the writes that matter with [`Lease::fencing_token`]. Prefer
+/// [`release`](Self::release) at the end of the work, which waits for the store to confirm;
+/// dropping the guard releases too, in a spawned task. (`let _ = locker.acquire(key).await?`
+/// releases at once: bind the guard to a name for as long as the work runs.)
+#[must_use = "the lease is released when the guard is dropped: bind it to a name for as long as the work runs"]
+pub struct LeaseGuard {
+    // `None` only once released.
+    hold: Option<Hold>,
+    // Keeps the locker (its background task, its batcher) alive as long as the lease.
+    _engine: Arc<Engine>,
+}
+
+impl LeaseGuard {
+    pub(crate) fn new(hold: Hold, engine: Arc<Engine>) -> Self {
+        Self {
+            hold: Some(hold.into_background(&engine)),
+            _engine: engine,
+        }
+    }
+
+    fn hold(&self) -> &Hold {
+        self.hold
+            .as_ref()
+            .expect("a guard holds its lease until released")
+    }
+
+    /// The lease this guard holds.
+    pub fn lease(&self) -> &Lease {
+        self.hold().lease()
+    }
+
+    /// Stops renewing and releases the lease now. `Ok(false)`: it was no longer ours.
+    pub async fn release(mut self) -> Result<bool, StoreError> {
+        let mut hold = self
+            .hold
+            .take()
+            .expect("a guard holds its lease until released");
+        // Recorded now, so that a release dropped on its way still ends the span (and
+        // `hold_ms` leaves out the release's round trip).
+        hold.finish(Outcome::Released);
+        let span = hold.span().clone();
+        hold.release().instrument(span).await
+    }
+}
+
+impl Deref for LeaseGuard {
+    type Target = Lease;
+
+    fn deref(&self) -> &Lease {
+        self.lease()
+    }
+}
+
+impl fmt::Debug for LeaseGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseGuard")
+            .field("lease", &self.hold.as_ref().map(Hold::lease))
+            .finish()
+    }
+}

@@ -1,0 +1,26 @@
+//! The engine: everything between a lock key and the end of its lease, shared by both layers and
+//! by background work.
+//!
+//! - [`Locker`] (public) holds the store, the settings and what the leases share.
+//! - `acquire`: the acquire loop (process-local queue, wait policy, the store's hand-off queue).
+//! - `hold`: the one lifecycle of a held lease (renewal, max hold, loss policy, release on
+//!   completion or drop, the outcome).
+//! - `renew` and `batch`: the renewal tick, driven inline or by one background task per
+//!   locker, and the batcher that sends renewals falling due together in one call.
+//! - `release`: releasing now or on drop. `local`: the process-local queues.
+//! - [`LeaseGuard`] (public): a lease held by background work.
+
+mod acquire;
+mod batch;
+mod guard;
+mod hold;
+mod local;
+mod locker;
+mod release;
+mod renew;
+
+pub use self::{guard::LeaseGuard, locker::Locker};
+pub(crate) use self::{
+    hold::{Guarded, Hold, poll_guarded},
+    release::Release,
+};

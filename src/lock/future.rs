@@ -1,0 +1,226 @@
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, ready},
+};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower::Service;
+use tracing::Span;
+
+use super::{
+    body::{BodyHold, ResponseBody},
+    layer::LockState,
+};
+use crate::{
+    engine::{Guarded, Hold, Release, poll_guarded},
+    error::LockError,
+    key::LockKey,
+    store::BoxFuture,
+    telemetry::{self, Outcome},
+};
+
+pin_project! {
+    /// Response future of [`LockService`](super::LockService).
+    ///
+    /// A state machine: acquiring (with the wait policy) → running the inner service (renewing
+    /// the lease on a timer) → releasing → done. Dropped in any state, it leaves nothing behind
+    /// but one spawned, token-checked release.
+    pub struct ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        #[pin]
+        state: State<S, ReqBody, S::Future, S::Response, S::Error>,
+        // The `lock` span (disabled for requests that are not locked).
+        span: Span,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, ReqBody, F, R, E> {
+        Acquiring {
+            state: Arc<LockState>,
+            acquire: BoxFuture<Result<Hold, LockError>>,
+            service: Option<S>,
+            request: Option<Request<ReqBody>>,
+        },
+        Running {
+            #[pin]
+            fut: F,
+            state: Option<Arc<LockState>>,
+            // `None` for a request passed through unlocked.
+            hold: Option<Hold>,
+        },
+        Releasing {
+            release: Release,
+            output: Option<Result<R, E>>,
+        },
+        // A rejection sent once the lease is released (the request outlived `max_hold`).
+        ReleasingRejected {
+            release: Release,
+            response: Option<Response<Bytes>>,
+        },
+        Rejected {
+            response: Option<Response<Bytes>>,
+        },
+    }
+}
+
+const POLLED_AFTER_READY: &str = "ResponseFuture polled after completion";
+
+impl<S, ReqBody> ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    pub(crate) fn unlocked(fut: S::Future) -> Self {
+        Self {
+            state: State::Running {
+                fut,
+                state: None,
+                hold: None,
+            },
+            span: Span::none(),
+        }
+    }
+
+    pub(crate) fn rejected(response: Response<Bytes>) -> Self {
+        Self {
+            state: State::Rejected {
+                response: Some(response),
+            },
+            span: Span::none(),
+        }
+    }
+
+    pub(crate) fn acquiring(
+        state: Arc<LockState>,
+        key: LockKey,
+        service: S,
+        request: Request<ReqBody>,
+    ) -> Self {
+        let locker = &state.locker;
+        let span = telemetry::span(&key, locker.config().key_display());
+        let max_hold = Some(locker.config().max_hold());
+        let acquire = Box::pin(locker.hold(key, span.clone(), max_hold));
+        Self {
+            state: State::Acquiring {
+                state,
+                acquire,
+                service: Some(service),
+                request: Some(request),
+            },
+            span,
+        }
+    }
+}
+
+impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let _entered = this.span.enter();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Acquiring {
+                    state,
+                    acquire,
+                    service,
+                    request,
+                } => {
+                    let hold = match ready!(acquire.as_mut().poll(cx)) {
+                        Ok(hold) => hold,
+                        Err(error) => {
+                            telemetry::record_not_acquired(this.span, &error);
+                            let response = state.reject(error);
+                            this.state.set(State::Rejected {
+                                response: Some(response),
+                            });
+                            continue;
+                        }
+                    };
+                    let mut request = request.take().expect(POLLED_AFTER_READY);
+                    request.extensions_mut().insert(hold.lease().clone());
+                    let fut = service.take().expect(POLLED_AFTER_READY).call(request);
+                    let state = Some(Arc::clone(state));
+                    this.state.set(State::Running {
+                        fut,
+                        state,
+                        hold: Some(hold),
+                    });
+                }
+                StateProj::Running { fut, state, hold } => {
+                    let Some(held) = hold.as_mut() else {
+                        let output = ready!(fut.poll(cx));
+                        return Poll::Ready(output.map(|r| r.map(ResponseBody::new)));
+                    };
+                    let output = match ready!(poll_guarded(fut, held, cx)) {
+                        Guarded::Done(output) => output,
+                        Guarded::Aborted(reason) => {
+                            let state = state.take().expect(POLLED_AFTER_READY);
+                            let response = state.reject(LockError::LeaseLost(reason));
+                            // Dropping the running state drops the inner future (abort).
+                            let hold = hold.take().expect(POLLED_AFTER_READY);
+                            match hold.abort(reason) {
+                                Some(release) => this.state.set(State::ReleasingRejected {
+                                    release,
+                                    response: Some(response),
+                                }),
+                                None => this.state.set(State::Rejected {
+                                    response: Some(response),
+                                }),
+                            }
+                            continue;
+                        }
+                    };
+                    let state = state.take().expect(POLLED_AFTER_READY);
+                    let mut hold = hold.take().expect(POLLED_AFTER_READY);
+                    hold.finish(match &output {
+                        Err(_) => Outcome::Failed,
+                        Ok(_) if hold.lease().is_lost() => Outcome::CompletedLeaseLost,
+                        Ok(_) => Outcome::Completed,
+                    });
+                    match output {
+                        Ok(response) if state.locker.config().hold_until_body_end() => {
+                            let hold = BodyHold::new(hold.into_background(state.locker.engine()));
+                            return Poll::Ready(Ok(
+                                response.map(|body| ResponseBody::holding(body, hold))
+                            ));
+                        }
+                        output => {
+                            // Release before handing the response on, so a client that retries
+                            // at once never meets its own lock.
+                            this.state.set(State::Releasing {
+                                release: hold.release(),
+                                output: Some(output),
+                            });
+                        }
+                    }
+                }
+                StateProj::Releasing { release, output } => {
+                    // A failed release is logged by the release; the TTL frees the key.
+                    let _ = ready!(Pin::new(release).poll(cx));
+                    let output = output.take().expect(POLLED_AFTER_READY);
+                    return Poll::Ready(output.map(|r| r.map(ResponseBody::new)));
+                }
+                StateProj::ReleasingRejected { release, response } => {
+                    let _ = ready!(Pin::new(release).poll(cx));
+                    let response = response.take().expect(POLLED_AFTER_READY);
+                    return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                }
+                StateProj::Rejected { response } => {
+                    let response = response.take().expect(POLLED_AFTER_READY);
+                    return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                }
+            }
+        }
+    }
+}
