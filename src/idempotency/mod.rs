@@ -165,6 +165,7 @@
 //! principal (authentication) outside it.
 
 mod body;
+mod collect;
 mod config;
 mod error;
 mod fingerprint;
