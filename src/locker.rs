@@ -70,6 +70,8 @@ struct Inner {
 
 impl Inner {
     fn new(store: Arc<dyn DynStore>, config: LockConfig) -> Self {
+        // The key layout's table of hash tags, built now rather than by the first request.
+        crate::slot::warm();
         Self {
             renewals: Arc::new(Renewals::new(Arc::clone(&store))),
             store,

@@ -1,6 +1,7 @@
 //! `ClusterStore` on a real Redis Cluster on loopback (`redis-server --cluster-enabled yes`,
-//! `redis-cli --cluster create`): the exclusion suite, a lease whose slot migrates to another
-//! master (ASK, then MOVED), and a master killed with its replica promoted.
+//! `redis-cli --cluster create`): the exclusion suite, the keys of one route spread over every
+//! master, a lease whose slot migrates to another master (ASK, then MOVED), and a master killed
+//! with its replica promoted.
 #![cfg(feature = "cluster")]
 
 mod suite;
@@ -8,8 +9,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{Backend, Cluster, RedisCluster};
-use tower_lock::{LockStore, Token, key::LockKey, store::Acquire};
+use axum::{Router, http::StatusCode, routing::post};
+use support::{Backend, Cluster, RedisCluster, purchase, send};
+use tower_lock::{Key, LockConfig, LockLayer, LockStore, Token, key::LockKey, store::Acquire};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusion() {
@@ -215,4 +217,83 @@ async fn master_killed_replica_promoted() {
         "fencing went back after failover: {first} then {second}"
     );
     assert!(contender.release(&k, &other).await.unwrap());
+}
+
+/// `POST /items/{sku}/purchase`, locked on the SKU, answering after `work`.
+fn route_app(store: tower_lock::ClusterStore, config: LockConfig, work: Duration) -> Router {
+    let layer = LockLayer::with_config(store, Key::path_param("sku"), config).unwrap();
+    Router::new()
+        .route(
+            "/items/{sku}/purchase",
+            post(move || async move {
+                tokio::time::sleep(work).await;
+                "ok"
+            }),
+        )
+        .route_layer(layer)
+}
+
+/// The lock keys (fencing counters left out) that `node` holds.
+fn lock_keys_on(node: &support::RedisServer) -> Vec<String> {
+    node.cli(&["KEYS", "tower-lock:*"])
+        .lines()
+        .filter(|k| !k.is_empty() && !support::is_fence_counter(k.as_bytes()))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The keys of one route, held at once, sit on every master: the route template's braces no
+/// longer end the keys' hash tag early (which put every key of a route, and its fencing
+/// counter, in one slot), and each key's fencing counter sits on its key's master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_of_one_route_spread_over_every_master() {
+    let backend = Cluster(RedisCluster::start(3, 0));
+    let app = route_app(
+        backend.store().await,
+        LockConfig::default(),
+        Duration::from_millis(1500),
+    );
+    let skus: Vec<String> = (0..12).map(|i| format!("sku-{i}")).collect();
+    let requests: Vec<_> = skus
+        .iter()
+        .map(|sku| {
+            let (app, request) = (app.clone(), purchase(sku, 0));
+            tokio::spawn(async move { send(&app, request).await.status() })
+        })
+        .collect();
+    let masters = backend.0.masters();
+    assert_eq!(masters.len(), 3);
+    let started = Instant::now();
+    let held = loop {
+        let held: Vec<Vec<String>> = masters.iter().map(|m| lock_keys_on(m)).collect();
+        if held.iter().map(Vec::len).sum::<usize>() == skus.len() {
+            break held;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the keys were never all held: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    for (master, keys) in masters.iter().zip(&held) {
+        assert!(
+            !keys.is_empty(),
+            "master {} holds none of the route's keys: {held:?}",
+            master.port()
+        );
+    }
+    for (master, keys) in masters.iter().zip(&held) {
+        for key in keys {
+            let tag = &key[key.find('{').unwrap()..=key.find('}').unwrap()];
+            let fence = format!("tower-lock:fence:{tag}");
+            assert_eq!(
+                master.cli(&["EXISTS", &fence]).trim(),
+                "1",
+                "{fence} is not on the master of {key}"
+            );
+        }
+    }
+    for request in requests {
+        assert_eq!(request.await.unwrap(), StatusCode::OK);
+    }
 }

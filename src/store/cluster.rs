@@ -12,10 +12,12 @@ use crate::{key::LockKey, token::Token};
 /// The same scripts as [`RedisStore`], sent over the redis crate's
 /// [`ClusterConnection`], which routes each command to the master of its key's hash slot and
 /// follows `MOVED` and `ASK` redirections by itself (slot migrations, failovers). A lock key
-/// wraps its scope and value in a hash tag (`tower-lock:{...}`, see [`crate::key`]), so the key
-/// and its hand-off queue `<key>:queue` live in one slot; fencing counters are kept per slot
-/// (`tower-lock:fence:{<n>}`, with `<n>` chosen to hash to that slot), so every script stays
-/// single-slot.
+/// starts with a hash tag naming the slot of its whole scoped value
+/// (`tower-lock:{<tag>}<scope length>:<scope>:<value>`, see [`crate::key`]), so the keys of one
+/// route spread over every slot and master, and the key, its idempotency record
+/// `<key>:record` and its slot's fencing counter `tower-lock:fence:{<tag>}` share a slot:
+/// every script stays single-slot.
+///
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {

@@ -15,7 +15,6 @@ mod redis;
 mod redlock;
 #[cfg(feature = "sentinel")]
 mod sentinel;
-mod slot;
 mod watch;
 
 use std::{error::Error as StdError, fmt, future::Future, pin::Pin, sync::Arc, time::Duration};

@@ -26,13 +26,8 @@ use super::{
 use crate::{concat::Concat, key::LockKey, token::Token};
 
 /// Name of the fencing counters' keys, after the lock keys' prefix: one counter per hash slot,
-/// `<prefix>fence:{<n>}`, in the slot of the lock keys it counts for.
+/// `<prefix>fence:{<tag>}`, with the hash tag of the lock keys it counts for.
 const FENCE_COUNTER: &[u8] = b"fence:";
-
-/// Suffix of a lock key's own counter (`<lock key>:fence`), used instead when the key prefix
-/// holds braces (only possible through `LockKey::new`; the config refuses them), which would
-/// move `<prefix>fence:{<n>}` to another slot.
-const FENCE_SUFFIX: &[u8] = b":fence";
 
 /// Suffix of the hand-off queue's key, next to the lock key (same hash slot).
 const QUEUE_SUFFIX: &[u8] = b":queue";
@@ -65,8 +60,8 @@ const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_secs(1);
 /// A lease is the key [`LockKey::as_bytes`] set to the holder's token with `SET NX PX`; renew and
 /// release are Lua compare-and-`PEXPIRE` and compare-and-`DEL`, sent as `EVALSHA` and reloaded
 /// by `redis::Script` if the server answers `NOSCRIPT` (after `SCRIPT FLUSH` or a restart).
-/// Fencing tokens come from one counter per hash slot, `<prefix>fence:{<n>}` (with `<n>` chosen
-/// to hash to the slot: at most 16,384 such keys), kept for
+/// Fencing tokens come from one counter per hash slot, `<prefix>fence:{<tag>}` (with the hash
+/// tag of the lock keys of that slot, see [`crate::key`]: at most 16,384 such keys), kept for
 /// [`fence_retention`](Self::fence_retention) (default 24 h) after their last use: a released
 /// lock leaves no key behind, however many distinct keys are locked, and every script touches
 /// one slot only. Tokens are `max(last + 1, server time in µs)`, so they keep increasing after
@@ -753,8 +748,8 @@ fn ms(d: Duration) -> Ms {
 }
 
 /// The keys a lock script touches next to a lock key, in one buffer (on the stack for keys of
-/// usual length): the fencing counter of the key's hash slot (so that every script stays
-/// single-slot, whatever the transport) and the key's hand-off queue.
+/// usual length): the fencing counter of the key's hash slot, `<prefix>fence:{<tag>}` (so that
+/// every script stays single-slot, whatever the transport), and the key's hand-off queue.
 pub(crate) struct NextTo {
     buf: Concat<NEXT_TO_INLINE>,
     split: usize,
@@ -765,27 +760,12 @@ const NEXT_TO_INLINE: usize = 224;
 
 impl NextTo {
     fn new(key: &LockKey) -> Self {
-        use super::slot;
-        let (prefix, key) = (key.prefix(), key.as_bytes());
-        let braced = prefix.iter().any(|&b| b == b'{' || b == b'}');
-        let fence_len = if braced {
-            key.len() + FENCE_SUFFIX.len()
-        } else {
-            prefix.len() + FENCE_COUNTER.len() + "{16383}".len()
-        };
+        let (prefix, tag, key) = (key.prefix(), key.hash_tag(), key.as_bytes());
+        let fence_len = prefix.len() + FENCE_COUNTER.len() + tag.len();
         let mut buf = Concat::with_capacity(fence_len + key.len() + QUEUE_SUFFIX.len());
-        let split = if braced {
-            buf.push(key);
-            buf.push(FENCE_SUFFIX)
-        } else {
-            let mut digits = [0; 20];
-            let tag = u64::from(slot::tag(slot::of(key)));
-            buf.push(prefix);
-            buf.push(FENCE_COUNTER);
-            buf.push(b"{");
-            buf.push(crate::key::decimal(tag, &mut digits));
-            buf.push(b"}")
-        };
+        buf.push(prefix);
+        buf.push(FENCE_COUNTER);
+        let split = buf.push(tag);
         buf.push(key);
         buf.push(QUEUE_SUFFIX);
         Self { buf, split }
@@ -1061,7 +1041,7 @@ impl fmt::Debug for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::{NEXT_TO_INLINE, Native, NativeRelease, NextTo};
-    use crate::{key::LockKey, store::slot};
+    use crate::{key::LockKey, slot};
 
     #[test]
     fn the_fencing_counter_shares_the_lock_keys_slot() {
@@ -1076,17 +1056,13 @@ mod tests {
             let key = LockKey::new(prefix, scope, value, 512).unwrap();
             let next = NextTo::new(&key);
             assert_eq!(slot::of(next.fence()), slot::of(key.as_bytes()));
-            assert!(
-                next.fence()
-                    .starts_with(format!("{prefix}fence:{{").as_bytes())
-            );
+            assert_eq!(slot::of(next.queue()), slot::of(key.as_bytes()));
+            let record = crate::idempotency::record_key(&key);
+            assert_eq!(slot::of(&record), slot::of(key.as_bytes()));
+            let tag = std::str::from_utf8(key.hash_tag()).unwrap();
+            assert_eq!(next.fence(), format!("{prefix}fence:{tag}").as_bytes());
             assert_eq!(next.queue(), [key.as_bytes(), b":queue"].concat());
         }
-        // A prefix with braces (only through `LockKey::new`) falls back to the key's own counter.
-        let key = LockKey::new("a{", "s", b"v", 64).unwrap();
-        let next = NextTo::new(&key);
-        assert_eq!(next.fence(), [key.as_bytes(), b":fence"].concat());
-        assert_eq!(slot::of(next.fence()), slot::of(key.as_bytes()));
     }
 
     #[test]

@@ -563,6 +563,14 @@ impl RedisCluster {
         None
     }
 
+    /// The running masters.
+    pub fn masters(&self) -> Vec<&RedisServer> {
+        self.nodes
+            .iter()
+            .filter(|n| n.child.is_some() && n.cli(&["ROLE"]).starts_with("master"))
+            .collect()
+    }
+
     /// The key's hash slot.
     pub fn slot(&self, key: &[u8]) -> u16 {
         let asker = self.nodes.iter().find(|n| n.child.is_some()).unwrap();
