@@ -1,7 +1,7 @@
 //! `ClusterStore` on a real Redis Cluster on loopback (`redis-server --cluster-enabled yes`,
 //! `redis-cli --cluster create`): the exclusion suite, the keys of one route spread over every
-//! master, a lease whose slot migrates to another master (ASK, then MOVED), and a master killed
-//! with its replica promoted.
+//! master, batched renewals one script per slot, a lease whose slot migrates to another master
+//! (ASK, then MOVED), and a master killed with its replica promoted.
 #![cfg(feature = "cluster")]
 
 mod suite;
@@ -10,7 +10,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use axum::{Router, http::StatusCode, routing::post};
-use support::{Backend, Cluster, RedisCluster, purchase, send};
+use support::{Backend, Cluster, RedisCluster, calls_of, key_slot, purchase, send};
 use tower_lock::{Key, LockConfig, LockLayer, LockStore, Token, key::LockKey, store::Acquire};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -219,6 +219,14 @@ async fn master_killed_replica_promoted() {
     assert!(contender.release(&k, &other).await.unwrap());
 }
 
+/// The scope the layer gives `POST /items/{sku}/purchase`.
+const ROUTE: &str = "POST /items/{sku}/purchase";
+
+/// The lock key the layer builds for `sku` on [`ROUTE`].
+fn route_key(sku: &str) -> LockKey {
+    LockKey::new("tower-lock:", ROUTE, sku.as_bytes(), 64).unwrap()
+}
+
 /// `POST /items/{sku}/purchase`, locked on the SKU, answering after `work`.
 fn route_app(store: tower_lock::ClusterStore, config: LockConfig, work: Duration) -> Router {
     let layer = LockLayer::with_config(store, Key::path_param("sku"), config).unwrap();
@@ -296,4 +304,85 @@ async fn keys_of_one_route_spread_over_every_master() {
     for request in requests {
         assert_eq!(request.await.unwrap(), StatusCode::OK);
     }
+}
+
+/// Values on [`ROUTE`] whose keys share a hash slot with `first`'s: `n` of them, `first` included.
+fn skus_in_one_slot(first: &str, n: usize) -> (u16, Vec<String>) {
+    let slot = key_slot(route_key(first).as_bytes());
+    let mut skus = vec![first.to_owned()];
+    let mut i = 0u64;
+    while skus.len() < n {
+        let sku = format!("{first}-{i}");
+        if key_slot(route_key(&sku).as_bytes()) == slot {
+            skus.push(sku);
+        }
+        i += 1;
+    }
+    (slot, skus)
+}
+
+/// Scripts the cluster's masters ran so far (`EVALSHA` calls).
+async fn scripts_run(cluster: &RedisCluster) -> u64 {
+    let mut n = 0;
+    for master in cluster.masters() {
+        n += calls_of(master, "evalsha").await;
+    }
+    n
+}
+
+/// A cluster renews a batch one script per hash slot, each on its slot's master: leases that
+/// share a slot share a script, and every lease gets its own answer, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_renewals_go_one_script_per_slot() {
+    let backend = Cluster(RedisCluster::start(3, 0));
+    let store = backend.store().await.native_commands(false);
+    let ttl = Duration::from_secs(30);
+    // Three slots with four leases each, and ten leases of slots of their own.
+    let mut skus = Vec::new();
+    for first in ["a", "b", "c"] {
+        skus.extend(skus_in_one_slot(first, 4).1);
+    }
+    skus.extend((0..10).map(|i| format!("single-{i}")));
+    let slots: std::collections::HashSet<u16> = skus
+        .iter()
+        .map(|s| key_slot(route_key(s).as_bytes()))
+        .collect();
+    let mut leases = Vec::new();
+    for sku in &skus {
+        let (key, token) = (route_key(sku), Token::generate().unwrap());
+        acquired(store.acquire(&key, &token, ttl).await.unwrap());
+        leases.push((key, token));
+    }
+    // Once, so that every master has the scripts loaded (a first EVALSHA meets NOSCRIPT).
+    for answer in store.renew_many(&leases, ttl).await {
+        assert!(answer.unwrap());
+    }
+    // One lease is not ours (any more): its own answer says so.
+    leases[5].1 = Token::generate().unwrap();
+    let before = scripts_run(&backend.0).await;
+    let renewed = store.renew_many(&leases, Duration::from_secs(60)).await;
+    let after = scripts_run(&backend.0).await;
+    for (i, answer) in renewed.iter().enumerate() {
+        assert_eq!(
+            answer.as_ref().ok(),
+            Some(&(i != 5)),
+            "lease {i}: {answer:?}"
+        );
+    }
+    assert_eq!(
+        after - before,
+        slots.len() as u64,
+        "one script per slot: {} leases in {} slots",
+        leases.len(),
+        slots.len()
+    );
+    let pttl = |key: &LockKey| {
+        let node = backend.0.master_of(key_slot(key.as_bytes()));
+        node.cli(&["PTTL", std::str::from_utf8(key.as_bytes()).unwrap()])
+            .trim()
+            .parse::<i64>()
+            .unwrap()
+    };
+    assert!(pttl(&leases[0].0) > 40_000, "not renewed");
+    assert!(pttl(&leases[5].0) <= 30_000, "renewed with another's token");
 }

@@ -230,6 +230,8 @@ pub struct LockKey {
     tag: Range<usize>,
     scope: Range<usize>,
     value: Range<usize>,
+    /// The Redis Cluster hash slot the tag names.
+    slot: u16,
 }
 
 impl LockKey {
@@ -313,6 +315,7 @@ impl LockKey {
             tag: tag_start..tag_end,
             scope: scope_start..scope_end,
             value: value_start..value_end,
+            slot,
         }
     }
 
@@ -330,6 +333,11 @@ impl LockKey {
     /// before it, lives in the same Redis Cluster hash slot.
     pub(crate) fn hash_tag(&self) -> &[u8] {
         &self.full[self.tag.clone()]
+    }
+
+    /// The key's Redis Cluster hash slot.
+    pub(crate) fn slot(&self) -> u16 {
+        self.slot
     }
 
     /// The whole key, shared (no copy).
@@ -392,6 +400,7 @@ mod tests {
         );
         assert_eq!(key.prefix(), prefix.as_bytes());
         assert_eq!(key.hash_tag(), tag.as_bytes());
+        assert_eq!(key.slot(), whole);
         assert_eq!(
             slot::of(key.as_bytes()),
             whole,

@@ -16,7 +16,7 @@ use crate::{key::LockKey, token::Token};
 /// (`tower-lock:{<tag>}<scope length>:<scope>:<value>`, see [`crate::key`]), so the keys of one
 /// route spread over every slot and master, and the key, its idempotency record
 /// `<key>:record` and its slot's fencing counter `tower-lock:fence:{<tag>}` share a slot:
-/// every script stays single-slot.
+/// every script stays single-slot. A batch of renewals goes one script per slot.
 ///
 ///
 /// ```no_run
@@ -96,6 +96,15 @@ impl LockStore for ClusterStore {
 
     async fn renew(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<bool, StoreError> {
         self.inner.renew(key, token, ttl).await
+    }
+
+    /// One script per hash slot of the batch, each sent to its slot's master, all at once.
+    async fn renew_many(
+        &self,
+        leases: &[(LockKey, Token)],
+        ttl: Duration,
+    ) -> Vec<Result<bool, StoreError>> {
+        self.inner.renew_many(leases, ttl).await
     }
 
     async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, StoreError> {
