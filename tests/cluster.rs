@@ -1,17 +1,26 @@
 //! `ClusterStore` on a real Redis Cluster on loopback (`redis-server --cluster-enabled yes`,
 //! `redis-cli --cluster create`): the exclusion suite, the keys of one route spread over every
 //! master, batched renewals one script per slot, a lease whose slot migrates to another master
-//! (ASK, then MOVED), and a master killed with its replica promoted.
+//! (ASK, then MOVED), acquires in a slot that migrates under load (TRYAGAIN), and a master
+//! killed with its replica promoted.
 #![cfg(feature = "cluster")]
 
 mod suite;
 mod support;
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
 use axum::{Router, http::StatusCode, routing::post};
-use support::{Backend, Cluster, RedisCluster, calls_of, key_slot, purchase, send};
-use tower_lock::{Key, LockConfig, LockLayer, LockStore, Token, key::LockKey, store::Acquire};
+use support::{Backend, Cluster, RedisCluster, calls_of, errors_of, key_slot, purchase, send};
+use tower_lock::{
+    Key, LockConfig, LockLayer, LockStore, Token, Wait, key::LockKey, store::Acquire,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusion() {
@@ -385,4 +394,156 @@ async fn batched_renewals_go_one_script_per_slot() {
     };
     assert!(pttl(&leases[0].0) > 40_000, "not renewed");
     assert!(pttl(&leases[5].0) <= 30_000, "renewed with another's token");
+}
+
+/// Acquires in a slot that migrates under load: while the slot is migrating, every acquire of a
+/// free key in it is refused with TRYAGAIN (its script's keys, the missing lock key and the
+/// slot's fencing counter, are not all on one side); the locker waits that out within its wait
+/// deadline instead of answering 503, and the refused scripts leave nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_migrating_under_load_delays_acquires_without_failing_them() {
+    let cluster = RedisCluster::start(3, 0);
+    let backend = Cluster(cluster);
+    let config = LockConfig::default().wait(
+        Wait::exponential(Duration::from_millis(10), Duration::from_millis(200))
+            .deadline(Duration::from_secs(10)),
+    );
+    let app = route_app(backend.store().await, config, Duration::from_millis(10));
+    let (slot, skus) = skus_in_one_slot("moving", 8);
+
+    // Load: four clients, two SKUs each (so they do not contend with one another), until told
+    // to stop; each request's status and when it was sent and answered.
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = skus
+        .chunks(2)
+        .map(|mine| {
+            let (app, stop, mine) = (app.clone(), Arc::clone(&stop), mine.to_vec());
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    for sku in &mine {
+                        let sent = Instant::now();
+                        let response = send(&app, purchase(sku, 0)).await;
+                        let error = response
+                            .extensions()
+                            .get::<tower_lock::LockError>()
+                            .map(|e| format!("{e:?}"));
+                        answers.push((response.status(), error, sent, Instant::now()));
+                    }
+                }
+                answers
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Migrate the slot by hand, as `redis-cli --cluster reshard` does, slowly: 2.5 s between
+    // marking it and moving its keys (longer than the cluster client's own retries).
+    let cluster = &backend.0;
+    let source = cluster.master_of(slot);
+    let target = *cluster
+        .masters()
+        .iter()
+        .find(|n| n.port() != source.port())
+        .unwrap();
+    let id = |n: &support::RedisServer| n.cli(&["CLUSTER", "MYID"]).trim().to_owned();
+    let (source_id, target_id) = (id(source), id(target));
+    let slot_arg = slot.to_string();
+    let tries_before: u64 = cluster
+        .masters()
+        .iter()
+        .map(|m| errors_of(m, "TRYAGAIN"))
+        .sum();
+    let migration_started = Instant::now();
+    target.cli(&["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &source_id]);
+    source.cli(&["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &target_id]);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let keys: Vec<String> = source
+        .cli(&["CLUSTER", "GETKEYSINSLOT", &slot_arg, "1000"])
+        .lines()
+        .filter(|k| !k.is_empty())
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        keys.iter().any(|k| support::is_fence_counter(k.as_bytes())),
+        "the slot's fencing counter is in use: {keys:?}"
+    );
+    let target_port = target.port().to_string();
+    let mut migrate = vec![
+        "MIGRATE",
+        "127.0.0.1",
+        &target_port,
+        "",
+        "0",
+        "5000",
+        "KEYS",
+    ];
+    migrate.extend(keys.iter().map(String::as_str));
+    let migrated = source.cli(&migrate);
+    assert!(
+        migrated.contains("OK") || migrated.contains("NOKEY"),
+        "{migrated}"
+    );
+    // The target first, then the source, then the others, as the Redis documentation orders
+    // it: the other way round, the two would send clients back and forth with MOVED meanwhile.
+    let mut masters = cluster.masters();
+    masters.sort_by_key(|n| (n.port() != target.port(), n.port() != source.port()));
+    for node in masters {
+        node.cli(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", &target_id]);
+    }
+    let migration_ended = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut answers = Vec::new();
+    for client in clients {
+        answers.extend(client.await.unwrap());
+    }
+
+    let tries: u64 = cluster
+        .masters()
+        .iter()
+        .map(|m| errors_of(m, "TRYAGAIN"))
+        .sum();
+    assert!(
+        tries > tries_before,
+        "no acquire met TRYAGAIN: the migration was not exercised"
+    );
+    let failed: Vec<_> = answers
+        .iter()
+        .filter(|(status, ..)| *status != StatusCode::OK)
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "requests failed during the migration: {failed:?}"
+    );
+    // Requests sent while the slot was migrating waited for its end, and then ran.
+    let waited = answers
+        .iter()
+        .filter(|(_, _, sent, answered)| {
+            *sent > migration_started + Duration::from_millis(100) && *answered >= migration_ended
+        })
+        .count();
+    assert!(
+        waited >= 1,
+        "no request waited out the migration: {answers:?}"
+    );
+    eprintln!(
+        "{} requests, {waited} of them waited out the migration ({:?}); TRYAGAIN answered {} times",
+        answers.len(),
+        migration_ended - migration_started,
+        tries - tries_before
+    );
+    // Nothing left behind: the slot holds only its fencing counter, on its new master.
+    let left = target.cli(&["CLUSTER", "GETKEYSINSLOT", &slot_arg, "1000"]);
+    let left: Vec<&str> = left.lines().filter(|k| !k.is_empty()).collect();
+    assert!(
+        left.len() == 1 && support::is_fence_counter(left[0].as_bytes()),
+        "keys left in the slot: {left:?}"
+    );
+    assert_eq!(
+        source
+            .cli(&["CLUSTER", "COUNTKEYSINSLOT", &slot_arg])
+            .trim(),
+        "0"
+    );
 }

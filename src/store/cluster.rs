@@ -7,6 +7,10 @@ use redis::{IntoConnectionInfo, cluster::ClusterClient, cluster_async::ClusterCo
 use super::{Acquire, LockStore, RedisStore, StoreError, redis::redis_error};
 use crate::{key::LockKey, token::Token};
 
+/// How long the cluster client waits between retries of a command refused for now (`TRYAGAIN`,
+/// `CLUSTERDOWN`, ...), in ms: at least the start, at most the end.
+const RETRY_WAIT_MS: std::ops::Range<u64> = 10..50;
+
 /// Leases in a Redis Cluster (the `cluster` feature).
 ///
 /// The same scripts as [`RedisStore`], sent over the redis crate's
@@ -18,6 +22,9 @@ use crate::{key::LockKey, token::Token};
 /// `<key>:record` and its slot's fencing counter `tower-lock:fence:{<tag>}` share a slot:
 /// every script stays single-slot. A batch of renewals goes one script per slot.
 ///
+/// While a slot migrates, an acquire of a free key in it is refused with `TRYAGAIN` until the
+/// migration ends; the client retries it briefly (see [`connect`](Self::connect)), then the
+/// acquire retries it within its wait deadline (a [`StoreErrorKind::TryAgain`](super::StoreErrorKind::TryAgain)).
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -46,19 +53,31 @@ pub struct ClusterStore {
 impl ClusterStore {
     /// Connects to the cluster through `seeds` (any of its nodes), with a 1 s connection timeout
     /// and a 2 s response timeout per command. Fails if no seed can be reached now.
+    ///
+    /// The client retries a command that meets `TRYAGAIN` (its slot is being migrated),
+    /// `CLUSTERDOWN`, `MASTERDOWN` or `LOADING` by itself, waiting 10 to 50 ms between tries,
+    /// and follows `MOVED` and `ASK`, up to 16 times in all; the redis crate's default waits at
+    /// least 1.28 s, longer than most requests wait for a lock, so an acquire in a slot whose
+    /// migration took milliseconds would wait over a second. When the client gives up during
+    /// a migration (on `TRYAGAIN`, `MOVED` or `ASK`), the acquire retries on its own schedule
+    /// until its wait deadline (see `docs/TOPOLOGY.md`).
     pub async fn connect<T: IntoConnectionInfo>(
         seeds: impl IntoIterator<Item = T>,
     ) -> Result<Self, StoreError> {
         let client = ClusterClient::builder(seeds)
             .connection_timeout(Duration::from_secs(1))
             .response_timeout(Duration::from_secs(2))
+            .min_retry_wait(RETRY_WAIT_MS.start)
+            .max_retry_wait(RETRY_WAIT_MS.end)
             .build()
             .map_err(redis_error)?;
         let connection = client.get_async_connection().await.map_err(redis_error)?;
         Ok(Self::from_connection(connection))
     }
 
-    /// Uses an existing cluster connection (clones share it).
+    /// Uses an existing cluster connection (clones share it). Its client's retry settings
+    /// apply: consider [`connect`](Self::connect)'s (`min_retry_wait(10)`,
+    /// `max_retry_wait(50)` on the `ClusterClientBuilder`).
     pub fn from_connection(connection: ClusterConnection) -> Self {
         Self {
             inner: RedisStore::from_cluster(connection),

@@ -570,7 +570,7 @@ impl RedisStore {
                 answer = self.query(request()).await?;
             }
         }
-        let answer = answer.map_err(redis_error)?;
+        let answer = answer.map_err(|e| self.store_error(e))?;
         if pipe.is_some() {
             let (value, acks): (T, i64) =
                 redis::from_redis_value(answer).map_err(|e| redis_error(e.into()))?;
@@ -677,7 +677,11 @@ impl RedisStore {
     async fn native_query(&self, cmd: &Cmd) -> Result<Option<Value>, StoreError> {
         match self.query(Request::Cmd(cmd)).await? {
             Ok(value) => Ok(Some(value)),
-            Err(e) if matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension) => {
+            // A cluster's redirection or "try again" is about the slot, not the command.
+            Err(e)
+                if matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension)
+                    && !e.is_cluster_error() =>
+            {
                 tracing::warn!(
                     error = &e as &dyn std::error::Error,
                     "native compare command rejected; using Lua from now on"
@@ -685,8 +689,30 @@ impl RedisStore {
                 self.native.enabled.store(false, Ordering::Relaxed);
                 Ok(None)
             }
-            Err(e) => Err(redis_error(e)),
+            Err(e) => Err(self.store_error(e)),
         }
+    }
+
+    /// Redis's answer as a store error. Through a cluster client, a redirection that reaches
+    /// the caller (`MOVED`, `ASK`) means the client ran out of retries following a slot that
+    /// was moving: the command did not run, and a later one finds the slot's new master, so it
+    /// is a [`TryAgain`](StoreErrorKind::TryAgain), as `TRYAGAIN` is. Through a plain
+    /// connection, one is a misconfiguration (a cluster reached without the cluster client).
+    fn store_error(&self, e: RedisError) -> StoreError {
+        #[cfg(feature = "cluster")]
+        if matches!(self.transport, Transport::Cluster(_))
+            && matches!(
+                e.kind(),
+                ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+            )
+        {
+            return StoreError::new(
+                StoreErrorKind::TryAgain,
+                "the Redis Cluster slot is moving; try again",
+                e,
+            );
+        }
+        redis_error(e)
     }
 }
 
@@ -716,14 +742,22 @@ fn manager_config() -> ConnectionManagerConfig {
 }
 
 pub(crate) fn redis_error(e: RedisError) -> StoreError {
-    let kind = if e.is_timeout() {
+    let kind = if e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain) {
+        // Refused unrun, during a slot migration: see `StoreErrorKind::TryAgain`. Redis's other
+        // "not now" answers (`LOADING`, `CLUSTERDOWN`, `MASTERDOWN`) mean an outage: 503 at once.
+        StoreErrorKind::TryAgain
+    } else if e.is_timeout() {
         StoreErrorKind::Timeout
     } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
         StoreErrorKind::Unavailable
     } else {
         StoreErrorKind::Backend
     };
-    StoreError::new(kind, "the Redis lock store failed", e)
+    let message = match kind {
+        StoreErrorKind::TryAgain => "the Redis lock store asked to try again (a slot in migration)",
+        _ => "the Redis lock store failed",
+    };
+    StoreError::new(kind, message, e)
 }
 
 /// A duration in whole milliseconds, as decimal text on the stack (no allocation per command).
