@@ -139,6 +139,7 @@ mod locker;
 mod renew;
 pub mod response;
 mod service;
+mod slot;
 pub mod store;
 mod telemetry;
 mod token;
