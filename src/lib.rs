@@ -131,6 +131,7 @@ pub mod key;
 mod lease;
 pub mod lock;
 pub mod response;
+mod slot;
 pub mod store;
 mod telemetry;
 mod token;

@@ -26,15 +26,20 @@ use tower_lock::{Key, Lease, LockLayer, MemoryStore, key::LockKey};
 const PREFIX: &str = "tower-lock:";
 const MAX_KEY_LEN: usize = 512;
 
-/// Splits a key back into (prefix, scope, value); `None` if it does not have the layout.
+/// Splits a key, `<prefix>{<tag>}<scope length>:<scope>:<value>`, back into (scope, value);
+/// `None` if it does not have the layout. The tag must be digits.
 fn decode<'a>(key: &'a [u8], prefix: &str) -> Option<(&'a [u8], &'a [u8])> {
     let rest = key.strip_prefix(prefix.as_bytes())?.strip_prefix(b"{")?;
+    let close = rest.iter().position(|&b| b == b'}')?;
+    if close == 0 || !rest[..close].iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let rest = &rest[close + 1..];
     let colon = rest.iter().position(|&b| b == b':')?;
     let len: usize = std::str::from_utf8(&rest[..colon]).ok()?.parse().ok()?;
     let rest = &rest[colon + 1..];
     let scope = rest.get(..len)?;
-    let rest = rest.get(len..)?.strip_prefix(b":")?;
-    let value = rest.strip_suffix(b"}")?;
+    let value = rest.get(len..)?.strip_prefix(b":")?;
     Some((scope, value))
 }
 

@@ -875,7 +875,7 @@ async fn killed_instance_keys_pass_on_after_the_ttl() {
             .lock_keys()
             .await
             .into_iter()
-            .find(|k| k.ends_with(format!(":{sku}}}").as_bytes()))
+            .find(|k| k.ends_with(format!(":{sku}").as_bytes()))
             .expect("the key of a held SKU");
         let pttl: i64 = redis::cmd("PTTL")
             .arg(&key)

@@ -604,3 +604,109 @@ async fn renewals_are_batched() {
         assert!(guard.release().await.unwrap());
     }
 }
+
+/// A cluster-mode server reached through a plain connection (a managed "cluster mode, one
+/// shard" Redis, one node owning every slot) refuses a script over keys of several slots
+/// (CROSSSLOT): batched renewals of leases in different slots go one script per slot, each
+/// lease answered for itself, directly and through a locker whose leases expire without them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_renewals_on_a_cluster_mode_server() {
+    use tower_lock::{Locker, key::LockKey, store::Acquire};
+
+    let server = support::one_node_cluster();
+    let store = RedisStore::connect(server.url()).await.unwrap();
+    let ttl = Duration::from_secs(30);
+    let mut leases = Vec::new();
+    for i in 0..40 {
+        let key = LockKey::new("tower-lock:", "t", format!("k{i}").as_bytes(), 64).unwrap();
+        let token = Token::generate().unwrap();
+        let answer = store.acquire(&key, &token, ttl).await.unwrap();
+        assert!(matches!(answer, Acquire::Acquired { .. }), "{answer:?}");
+        leases.push((key, token));
+    }
+    let slots: std::collections::HashSet<u16> = leases
+        .iter()
+        .map(|(key, _)| support::key_slot(key.as_bytes()))
+        .collect();
+    assert!(slots.len() > 30, "the leases share slots: {}", slots.len());
+    // One lease is not ours (any more): its own answer says so.
+    leases[7].1 = Token::generate().unwrap();
+    let renewed = store.renew_many(&leases, Duration::from_secs(60)).await;
+    for (i, answer) in renewed.iter().enumerate() {
+        assert_eq!(
+            answer.as_ref().ok(),
+            Some(&(i != 7)),
+            "lease {i}: {answer:?}"
+        );
+    }
+    // The server did refuse the batch as one script.
+    assert!(support::errors_of(&server, "CROSSSLOT") >= 1);
+    let mut conn = server.client().await;
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(leases[0].0.as_bytes())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(pttl > 40_000, "not renewed: {pttl}");
+
+    // Leases of 300 ms, renewed every 100 ms in batches, for a second: none is lost.
+    let config = LockConfig::builder()
+        .ttl(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let store = RedisStore::connect(server.url()).await.unwrap();
+    let locker = Locker::with_config(store, config);
+    let guards = futures_util::future::join_all(
+        (0..40).map(|i| locker.acquire(locker.key("batch", i.to_string()).unwrap())),
+    )
+    .await;
+    let guards: Vec<_> = guards.into_iter().map(Result::unwrap).collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(guards.iter().all(|g| !g.is_lost()), "a lease was lost");
+    let renewals: u32 = guards.iter().map(|g| g.renewals()).sum();
+    assert!(renewals >= 40 * 5, "only {renewals} renewals in 1 s");
+    for guard in guards {
+        assert!(guard.release().await.unwrap());
+    }
+}
+
+/// Every script keeps to one hash slot, so a cluster-mode server behind a plain connection runs
+/// them all: a key of a route template with braces is taken, queued for, handed over on release,
+/// claimed, renewed, and released with its idempotency record; none is refused as CROSSSLOT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_script_stays_in_one_slot_on_a_cluster_mode_server() {
+    use tower_lock::{
+        idempotency::IdempotencyStore,
+        key::LockKey,
+        store::{Acquire, Signal},
+    };
+
+    let server = support::one_node_cluster();
+    let a = RedisStore::connect(server.url()).await.unwrap();
+    let b = RedisStore::connect(server.url()).await.unwrap();
+    support::handoff_subscriptions(&server, 2).await;
+    let key = LockKey::new("tower-lock:", "POST /items/{sku}/purchase", b"sku-1", 64).unwrap();
+    let ttl = Duration::from_secs(10);
+    let (holder, waiter) = (Token::generate().unwrap(), Token::generate().unwrap());
+    let answer = a.acquire(&key, &holder, ttl).await.unwrap();
+    assert!(matches!(answer, Acquire::Acquired { .. }), "{answer:?}");
+    let answer = b.enqueue(&key, &waiter, ttl).await.unwrap();
+    assert!(matches!(answer, Acquire::Queued { .. }), "{answer:?}");
+    let mut watch = b.queue_watch(&key, &waiter).expect("hand-off is on");
+    assert!(a.release(&key, &holder).await.unwrap());
+    let signal = tokio::time::timeout(Duration::from_secs(2), watch.signal())
+        .await
+        .expect("no hand-off");
+    assert!(matches!(signal, Signal::Granted { .. }), "{signal:?}");
+    let answer = b.enqueue(&key, &waiter, ttl).await.unwrap();
+    assert!(matches!(answer, Acquire::Acquired { .. }), "{answer:?}");
+    assert!(b.renew(&key, &waiter, ttl).await.unwrap());
+    let record = bytes::Bytes::from_static(b"the response");
+    assert!(
+        b.complete(&key, &waiter, record.clone(), Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+    assert_eq!(b.lookup(&key).await.unwrap(), Some(record));
+    assert_eq!(support::errors_of(&server, "CROSSSLOT"), 0);
+}

@@ -10,7 +10,7 @@ use crate::{
     error::LockError,
     key::LockKey,
     lease::Lease,
-    store::{Acquire, Signal, StoreError},
+    store::{Acquire, Signal, StoreError, StoreErrorKind},
     telemetry::{self, Chain, Op},
     token::Token,
 };
@@ -120,6 +120,8 @@ pub(crate) async fn acquire(engine: Arc<Engine>, key: LockKey) -> Result<Acquire
             .await
             .unwrap_or_else(|_| Err(StoreError::timeout(limit)));
         telemetry::round_trip(Op::Acquire, sent_at.elapsed());
+        // The store's refusal of this attempt, when it asked to be asked again.
+        let mut refused = None;
         let expires_in = match answer {
             Ok(Acquire::Acquired { fencing_token }) => {
                 let waited = sent_at - start;
@@ -149,8 +151,21 @@ pub(crate) async fn acquire(engine: Arc<Engine>, key: LockKey) -> Result<Acquire
                 }
                 expires_in
             }
-            // A bounded wait fails fast on a store error (503). The armed guard releases in
-            // case the command was executed after all (and leaves the queue).
+            // Refused unrun, to be sent again shortly (a Redis Cluster slot in migration):
+            // waited out like a held key, within the deadline. Nothing was written, so the
+            // token and any place in the store's queue stand.
+            Err(error) if error.kind() == StoreErrorKind::TryAgain => {
+                telemetry::store_error(&guard.key().scope_label(), Op::Acquire);
+                tracing::debug!(
+                    attempts,
+                    error = %Chain(&error),
+                    "lock store asked to try again; retrying"
+                );
+                refused = Some(error);
+                None
+            }
+            // A bounded wait fails fast on any other store error (503). The armed guard
+            // releases in case the command was executed after all (and leaves the queue).
             Err(error) if deadline.is_some() => {
                 telemetry::store_error(&guard.key().scope_label(), Op::Acquire);
                 return Err(error.into());
@@ -186,6 +201,11 @@ pub(crate) async fn acquire(engine: Arc<Engine>, key: LockKey) -> Result<Acquire
             (Some(next), Some(deadline)) if now < deadline => next.min(deadline),
             (Some(next), None) => next,
             _ => {
+                // Out of time after a refusal: answer as the refusal would (503).
+                if let Some(error) = refused {
+                    tracing::debug!(attempts, "lock store still asks to try again; giving up");
+                    return Err(error.into());
+                }
                 let waited = now - start;
                 tracing::debug!(attempts, ?waited, "lease contended; giving up");
                 telemetry::contended(&guard.key().scope_label(), waited);
@@ -205,6 +225,8 @@ pub(crate) async fn acquire(engine: Arc<Engine>, key: LockKey) -> Result<Acquire
             fallback = fallback.min(end);
         }
         match (&mut queue, released) {
+            // After a refusal, the next attempt is due by the schedule, not at a release.
+            _ if refused.is_some() => sleep_until(wake).await,
             (Some(watch), _) if queued => {
                 tracing::debug!(attempts, "lease contended; queued for its hand-off");
                 loop {

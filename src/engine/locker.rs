@@ -68,6 +68,8 @@ impl Locker {
     /// A locker over `store` with `config`.
     pub fn with_config(store: impl LockStore, config: LockConfig) -> Self {
         let store: Arc<dyn DynStore> = Arc::new(store);
+        // The key layout's table of hash tags, built now rather than by the first request.
+        crate::slot::warm();
         Self {
             engine: Arc::new(Engine {
                 batcher: Arc::new(RenewalBatcher::new(Arc::clone(&store))),

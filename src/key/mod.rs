@@ -33,15 +33,18 @@
 //! give its layer a namespace if the methods must exclude each other.
 //!
 //! The encoding is length-prefixed, so no value, whatever its bytes, can produce a key that belongs
-//! to another scope or falls outside the prefix:
+//! to another scope or falls outside the prefix. It starts with a Redis Cluster hash tag:
 //!
 //! ```text
-//! <prefix>{<scope length>:<scope>:<value>}
-//! tower-lock:{24:POST /items/{sku}/purchase:sku-123}
+//! <prefix>{<tag>}<scope length>:<scope>:<value>
+//! tower-lock:{8587}26:POST /items/{sku}/purchase:sku-123
 //! ```
 //!
-//! The braces make the whole key a Redis Cluster hash tag, so companion keys the store derives
-//! from it (the hand-off queue) land on the same slot; the fencing counter is kept per slot.
+//! `<tag>` is a number chosen so that the key's hash slot is the CRC16 of the whole scoped value,
+//! `<scope length>:<scope>:<value>`, modulo 16384: the keys of one route spread over every slot
+//! (and every master of a cluster), whatever braces the scope or value holds, and companion keys
+//! the store derives from the key (the hand-off queue, the idempotency record, the slot's fencing
+//! counter `<prefix>fence:{<tag>}`) share its slot. The prefix may not contain `{` or `}`.
 //!
 //! # Limits
 //!
@@ -59,7 +62,7 @@ use std::{fmt, ops::Range, sync::Arc};
 use bytes::Bytes;
 use http::request::Parts;
 
-use crate::concat::Concat;
+use crate::{concat::Concat, slot};
 
 pub use header::HeaderKey;
 pub use path::PathKey;
@@ -228,8 +231,12 @@ impl std::error::Error for KeyRejection {}
 #[derive(Clone)]
 pub struct LockKey {
     full: Arc<[u8]>,
+    /// The hash tag, braces included, right after the prefix.
+    tag: Range<usize>,
     scope: Range<usize>,
     value: Range<usize>,
+    /// The Redis Cluster hash slot the tag names.
+    slot: u16,
     /// The length of a method outside the standard set at the start of the scope, which
     /// telemetry shows as `_OTHER`; 0 for none. Presentation only: not part of the lock.
     other_method: usize,
@@ -253,17 +260,25 @@ impl LockKey {
     /// Builds a key from its prefix, scope and value, checking the value's length.
     ///
     /// Used by the layer and by [`Locker::key`](crate::Locker::key); a store never needs it.
+    /// A prefix that contains `{` or `}` is refused as
+    /// [misconfigured](KeyRejection::misconfigured): the key's hash tag must be the first.
     pub fn new(
         prefix: &str,
         scope: &str,
         value: &[u8],
         max_len: usize,
     ) -> Result<Self, KeyRejection> {
+        if prefix.contains(['{', '}']) {
+            return Err(KeyRejection::misconfigured(
+                "the key prefix must not contain `{` or `}` (the key's hash tag starts after it)",
+            ));
+        }
         Self::from_parts(prefix, &[scope], value, max_len)
     }
 
     /// [`new`](Self::new) with the scope given in pieces (joined), for a scope the layer puts
-    /// together per request, without an intermediate string.
+    /// together per request, without an intermediate string. The prefix is the config's,
+    /// checked for braces when the config was validated.
     pub(crate) fn from_parts(
         prefix: &str,
         scope: &[&str],
@@ -283,15 +298,31 @@ impl LockKey {
     }
 
     fn build(prefix: &str, scope: &[&str], value: &[u8]) -> Self {
+        debug_assert!(!prefix.contains(['{', '}']), "a key prefix with braces");
         let scope_len: usize = scope.iter().map(|s| s.len()).sum();
         let mut digits = [0u8; 20];
         let digits = decimal(scope_len as u64, &mut digits);
-        // `prefix{<scope length>:<scope>:<value>}`, put together on the stack when it fits (most
-        // keys), then copied once into the key's one allocation.
-        let len = prefix.len() + 1 + digits.len() + 1 + scope_len + 1 + value.len() + 1;
+        // The slot of the whole scoped value, `<scope length>:<scope>:<value>`, and a tag that
+        // hashes to it.
+        let crc = scope
+            .iter()
+            .fold(
+                slot::Crc16::default().update(digits).update(b":"),
+                |crc, piece| crc.update(piece.as_bytes()),
+            )
+            .update(b":")
+            .update(value);
+        let slot = crc.slot();
+        let mut tag = [0u8; 20];
+        let tag = decimal(u64::from(slot::tag(slot)), &mut tag);
+        // `prefix{<tag>}<scope length>:<scope>:<value>`, put together on the stack when it fits
+        // (most keys), then copied once into the key's one allocation.
+        let len = prefix.len() + tag.len() + 2 + digits.len() + 1 + scope_len + 1 + value.len();
         let mut buf = Concat::<256>::with_capacity(len);
-        buf.push(prefix.as_bytes());
+        let tag_start = buf.push(prefix.as_bytes());
         buf.push(b"{");
+        buf.push(tag);
+        let tag_end = buf.push(b"}");
         buf.push(digits);
         let scope_start = buf.push(b":");
         let mut scope_end = scope_start;
@@ -300,11 +331,13 @@ impl LockKey {
         }
         let value_start = buf.push(b":");
         let value_end = buf.push(value);
-        buf.push(b"}");
+        debug_assert_eq!(value_end, len);
         Self {
             full: Arc::from(buf.as_bytes()),
+            tag: tag_start..tag_end,
             scope: scope_start..scope_end,
             value: value_start..value_end,
+            slot,
             other_method: 0,
         }
     }
@@ -314,11 +347,20 @@ impl LockKey {
         &self.full
     }
 
-    /// The prefix the key was built with (the bytes before its hash tag's `{`).
+    /// The prefix the key was built with (the bytes before its hash tag).
     pub(crate) fn prefix(&self) -> &[u8] {
-        let scope_len = self.scope.len();
-        let digits = scope_len.checked_ilog10().map_or(1, |d| d as usize + 1);
-        &self.full[..self.scope.start - digits - 2]
+        &self.full[..self.tag.start]
+    }
+
+    /// The key's hash tag, braces included (`{<tag>}`): a key that contains it, and no brace
+    /// before it, lives in the same Redis Cluster hash slot.
+    pub(crate) fn hash_tag(&self) -> &[u8] {
+        &self.full[self.tag.clone()]
+    }
+
+    /// The key's Redis Cluster hash slot.
+    pub(crate) fn slot(&self) -> u16 {
+        self.slot
     }
 
     /// The whole key, shared (no copy).
@@ -395,30 +437,87 @@ mod tests {
         req.into_parts().0
     }
 
+    /// `<prefix>{<tag>}<scope length>:<scope>:<value>`, its parts, and its slot: that of the
+    /// whole scoped value.
+    fn assert_layout(key: &LockKey, prefix: &str, scoped: &[u8]) {
+        // The slot of all of `scoped`'s bytes, braces or not.
+        let whole = slot::Crc16::default().update(scoped).slot();
+        let tag = format!("{{{}}}", slot::tag(whole));
+        assert_eq!(
+            key.as_bytes(),
+            [prefix.as_bytes(), tag.as_bytes(), scoped].concat(),
+            "{key:?}"
+        );
+        assert_eq!(key.prefix(), prefix.as_bytes());
+        assert_eq!(key.hash_tag(), tag.as_bytes());
+        assert_eq!(key.slot(), whole);
+        assert_eq!(
+            slot::of(key.as_bytes()),
+            whole,
+            "Redis's rule gives another slot"
+        );
+    }
+
     #[test]
     fn key_layout_is_length_prefixed() {
         let key = LockKey::new("p:", "POST /a", b"v:1}", 64).unwrap();
-        assert_eq!(key.as_bytes(), b"p:{7:POST /a:v:1}}");
+        assert_layout(&key, "p:", b"7:POST /a:v:1}");
         assert_eq!(key.scope(), "POST /a");
         assert_eq!(key.value(), b"v:1}");
-        assert_eq!(key.prefix(), b"p:");
 
         // Longer than the stack buffer the key is put together in; an empty and a two-digit
-        // scope length.
+        // scope length; braces in the scope and value.
         let value = vec![b'v'; 300];
         let key = LockKey::from_parts("p:", &["POST ", "/items/{sku}"], &value, 512).unwrap();
-        assert_eq!(
-            key.as_bytes(),
-            [&b"p:{17:POST /items/{sku}:"[..], &value, b"}"].concat()
+        assert_layout(
+            &key,
+            "p:",
+            &[&b"17:POST /items/{sku}:"[..], &value].concat(),
         );
         assert_eq!(key.scope(), "POST /items/{sku}");
         assert_eq!(key.value(), value);
-        let key = LockKey::new("", "", b"v", 64).unwrap();
-        assert_eq!(key.as_bytes(), b"{0::v}");
+        let key = LockKey::new("", "", b"{v}", 64).unwrap();
+        assert_layout(&key, "", b"0::{v}");
+        assert_eq!((key.scope(), key.value()), ("", &b"{v}"[..]));
+    }
+
+    #[test]
+    fn the_layout_does_not_change() {
+        // Instances that share locks must build the same keys: these bytes are the layout.
+        let key = LockKey::new("tower-lock:", "POST /items/{sku}/purchase", b"sku-123", 64);
         assert_eq!(
-            (key.scope(), key.value(), key.prefix()),
-            ("", &b"v"[..], &b""[..])
+            key.unwrap().as_bytes(),
+            b"tower-lock:{8587}26:POST /items/{sku}/purchase:sku-123"
         );
+    }
+
+    #[test]
+    fn keys_of_one_route_spread_over_the_slots() {
+        // The route template's braces must not end the hash tag early (which put every key of
+        // a route in one slot): 1,000 SKUs on one route reach about 970 slots.
+        let slots: std::collections::HashSet<u16> = (0..1000)
+            .map(|i| {
+                let sku = format!("sku-{i}");
+                let key = LockKey::new(
+                    "tower-lock:",
+                    "POST /items/{sku}/purchase",
+                    sku.as_bytes(),
+                    64,
+                )
+                .unwrap();
+                slot::of(key.as_bytes())
+            })
+            .collect();
+        assert!(slots.len() > 900, "{} slots", slots.len());
+    }
+
+    #[test]
+    fn a_prefix_with_braces_is_refused() {
+        for prefix in ["a{", "}", "x{y}:"] {
+            let err = LockKey::new(prefix, "s", b"v", 64).unwrap_err();
+            assert!(!err.is_client_error(), "{err}");
+            assert!(err.detail().contains("prefix"), "{err}");
+        }
     }
 
     #[test]

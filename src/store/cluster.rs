@@ -7,15 +7,24 @@ use redis::{IntoConnectionInfo, cluster::ClusterClient, cluster_async::ClusterCo
 use super::{Acquire, Eviction, LockStore, RedisStore, StoreError, redis::redis_error};
 use crate::{key::LockKey, token::Token};
 
+/// How long the cluster client waits between retries of a command refused for now (`TRYAGAIN`,
+/// `CLUSTERDOWN`, ...), in ms: at least the start, at most the end.
+const RETRY_WAIT_MS: std::ops::Range<u64> = 10..50;
+
 /// Leases in a Redis Cluster (the `cluster` feature).
 ///
 /// The same scripts as [`RedisStore`], sent over the redis crate's
 /// [`ClusterConnection`], which routes each command to the master of its key's hash slot and
 /// follows `MOVED` and `ASK` redirections by itself (slot migrations, failovers). A lock key
-/// wraps its scope and value in a hash tag (`tower-lock:{...}`, see [`crate::key`]), so the key
-/// and its hand-off queue `<key>:queue` live in one slot; fencing counters are kept per slot
-/// (`tower-lock:fence:{<n>}`, with `<n>` chosen to hash to that slot), so every script stays
-/// single-slot.
+/// starts with a hash tag naming the slot of its whole scoped value
+/// (`tower-lock:{<tag>}<scope length>:<scope>:<value>`, see [`crate::key`]), so the keys of one
+/// route spread over every slot and master, and the key, its idempotency record
+/// `<key>:record` and its slot's fencing counter `tower-lock:fence:{<tag>}` share a slot:
+/// every script stays single-slot. A batch of renewals goes one script per slot.
+///
+/// While a slot migrates, an acquire of a free key in it is refused with `TRYAGAIN` until the
+/// migration ends; the client retries it briefly (see [`connect`](Self::connect)), then the
+/// acquire retries it within its wait deadline (a [`StoreErrorKind::TryAgain`](super::StoreErrorKind::TryAgain)).
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -45,6 +54,14 @@ impl ClusterStore {
     /// Connects to the cluster through `seeds` (any of its nodes), with a 1 s connection timeout
     /// and a 2 s response timeout per command. Fails if no seed can be reached now.
     ///
+    /// The client retries a command that meets `TRYAGAIN` (its slot is being migrated),
+    /// `CLUSTERDOWN`, `MASTERDOWN` or `LOADING` by itself, waiting 10 to 50 ms between tries,
+    /// and follows `MOVED` and `ASK`, up to 16 times in all; the redis crate's default waits at
+    /// least 1.28 s, longer than most requests wait for a lock, so an acquire in a slot whose
+    /// migration took milliseconds would wait over a second. When the client gives up during
+    /// a migration (on `TRYAGAIN`, `MOVED` or `ASK`), the acquire retries on its own schedule
+    /// until its wait deadline (see `docs/TOPOLOGY.md`).
+    ///
     /// Once connected, it asks every master for its eviction policy and logs a warning for each
     /// that may evict lock keys (see [`eviction`](Self::eviction)).
     pub async fn connect<T: IntoConnectionInfo>(
@@ -53,6 +70,8 @@ impl ClusterStore {
         let client = ClusterClient::builder(seeds)
             .connection_timeout(Duration::from_secs(1))
             .response_timeout(Duration::from_secs(2))
+            .min_retry_wait(RETRY_WAIT_MS.start)
+            .max_retry_wait(RETRY_WAIT_MS.end)
             .build()
             .map_err(redis_error)?;
         let connection = client.get_async_connection().await.map_err(redis_error)?;
@@ -73,7 +92,9 @@ impl ClusterStore {
             .collect())
     }
 
-    /// Uses an existing cluster connection (clones share it).
+    /// Uses an existing cluster connection (clones share it). Its client's retry settings
+    /// apply: consider [`connect`](Self::connect)'s (`min_retry_wait(10)`,
+    /// `max_retry_wait(50)` on the `ClusterClientBuilder`).
     pub fn from_connection(connection: ClusterConnection) -> Self {
         Self {
             inner: RedisStore::from_cluster(connection),
@@ -111,6 +132,15 @@ impl LockStore for ClusterStore {
 
     async fn renew(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<bool, StoreError> {
         self.inner.renew(key, token, ttl).await
+    }
+
+    /// One script per hash slot of the batch, each sent to its slot's master, all at once.
+    async fn renew_many(
+        &self,
+        leases: &[(LockKey, Token)],
+        ttl: Duration,
+    ) -> Vec<Result<bool, StoreError>> {
+        self.inner.renew_many(leases, ttl).await
     }
 
     async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, StoreError> {

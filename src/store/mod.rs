@@ -16,7 +16,6 @@ mod redis;
 mod redlock;
 #[cfg(feature = "sentinel")]
 mod sentinel;
-mod slot;
 mod watch;
 
 use std::{error::Error as StdError, fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
@@ -332,6 +331,12 @@ pub enum StoreErrorKind {
     Unavailable,
     /// The store answered with an error or an unexpected reply.
     Backend,
+    /// The store refused the operation without running it, and asked for it to be sent again
+    /// shortly: a Redis Cluster slot being migrated answers `TRYAGAIN` to a script whose keys
+    /// are split between its two masters (the lock key of a free lock is always missing). An
+    /// acquire that meets it waits and tries again, within its wait deadline, as it would for
+    /// a held key; at the deadline it answers as other store errors do (503).
+    TryAgain,
     /// No randomness was available to draw a lock token.
     Entropy,
 }

@@ -9,6 +9,7 @@ use std::{
 };
 
 use bb8_redis::{RedisConnectionManager, bb8};
+use futures_util::future::join_all;
 use redis::{
     Client, Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, Pipeline, RedisError, Script,
     ServerErrorKind, Value,
@@ -27,13 +28,8 @@ use super::{
 use crate::{concat::Concat, key::LockKey, token::Token};
 
 /// Name of the fencing counters' keys, after the lock keys' prefix: one counter per hash slot,
-/// `<prefix>fence:{<n>}`, in the slot of the lock keys it counts for.
+/// `<prefix>fence:{<tag>}`, with the hash tag of the lock keys it counts for.
 const FENCE_COUNTER: &[u8] = b"fence:";
-
-/// Suffix of a lock key's own counter (`<lock key>:fence`), used instead when the key prefix
-/// holds braces (only possible through `LockKey::new`; the config refuses them), which would
-/// move `<prefix>fence:{<n>}` to another slot.
-const FENCE_SUFFIX: &[u8] = b":fence";
 
 /// Suffix of the hand-off queue's key, next to the lock key (same hash slot).
 const QUEUE_SUFFIX: &[u8] = b":queue";
@@ -69,8 +65,8 @@ const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_secs(1);
 /// A lease is the key [`LockKey::as_bytes`] set to the holder's token with `SET NX PX`; renew and
 /// release are Lua compare-and-`PEXPIRE` and compare-and-`DEL`, sent as `EVALSHA` and reloaded
 /// by `redis::Script` if the server answers `NOSCRIPT` (after `SCRIPT FLUSH` or a restart).
-/// Fencing tokens come from one counter per hash slot, `<prefix>fence:{<n>}` (with `<n>` chosen
-/// to hash to the slot: at most 16,384 such keys), kept for
+/// Fencing tokens come from one counter per hash slot, `<prefix>fence:{<tag>}` (with the hash
+/// tag of the lock keys of that slot, see [`crate::key`]: at most 16,384 such keys), kept for
 /// [`fence_retention`](Self::fence_retention) (default 24 h) after their last use: a released
 /// lock leaves no key behind, however many distinct keys are locked, and every script touches
 /// one slot only. Tokens are `max(last + 1, server time in µs)`, so they keep increasing after
@@ -101,6 +97,10 @@ pub struct RedisStore {
     fence_retention: Duration,
     replicas: Option<ReplicaAcks>,
     native: Arc<NativeState>,
+    /// Whether the server hashes keys to slots (a cluster, or a cluster-mode server behind a
+    /// plain connection, which refuses a script over keys of several slots with `CROSSSLOT`):
+    /// batched renewals are then sent one script per slot. Learnt from the first refusal.
+    slot_bound: Arc<AtomicBool>,
     /// The hand-off queue's signals, when on (`handoff`).
     handoff: Option<Arc<Handoff>>,
     claim_window: Duration,
@@ -602,7 +602,9 @@ impl RedisStore {
 
     #[cfg(feature = "cluster")]
     pub(crate) fn from_cluster(connection: redis::cluster_async::ClusterConnection) -> Self {
-        Self::with(Transport::Cluster(connection))
+        let store = Self::with(Transport::Cluster(connection));
+        store.slot_bound.store(true, Ordering::Relaxed);
+        store
     }
 
     fn with(transport: Transport) -> Self {
@@ -615,6 +617,7 @@ impl RedisStore {
                 enabled: AtomicBool::new(true),
                 detected: OnceCell::new(),
             }),
+            slot_bound: Arc::default(),
             handoff: None,
             claim_window: DEFAULT_CLAIM_WINDOW,
             client: None,
@@ -676,7 +679,7 @@ impl RedisStore {
                 answer = self.query(request()).await?;
             }
         }
-        let answer = answer.map_err(redis_error)?;
+        let answer = answer.map_err(|e| self.store_error(e))?;
         if pipe.is_some() {
             let (value, acks): (T, i64) =
                 redis::from_redis_value(answer).map_err(|e| redis_error(e.into()))?;
@@ -783,7 +786,11 @@ impl RedisStore {
     async fn native_query(&self, cmd: &Cmd) -> Result<Option<Value>, StoreError> {
         match self.query(Request::Cmd(cmd)).await? {
             Ok(value) => Ok(Some(value)),
-            Err(e) if matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension) => {
+            // A cluster's redirection or "try again" is about the slot, not the command.
+            Err(e)
+                if matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension)
+                    && !e.is_cluster_error() =>
+            {
                 tracing::warn!(
                     error = &e as &dyn std::error::Error,
                     "native compare command rejected; using Lua from now on"
@@ -791,8 +798,30 @@ impl RedisStore {
                 self.native.enabled.store(false, Ordering::Relaxed);
                 Ok(None)
             }
-            Err(e) => Err(redis_error(e)),
+            Err(e) => Err(self.store_error(e)),
         }
+    }
+
+    /// Redis's answer as a store error. Through a cluster client, a redirection that reaches
+    /// the caller (`MOVED`, `ASK`) means the client ran out of retries following a slot that
+    /// was moving: the command did not run, and a later one finds the slot's new master, so it
+    /// is a [`TryAgain`](StoreErrorKind::TryAgain), as `TRYAGAIN` is. Through a plain
+    /// connection, one is a misconfiguration (a cluster reached without the cluster client).
+    fn store_error(&self, e: RedisError) -> StoreError {
+        #[cfg(feature = "cluster")]
+        if matches!(self.transport, Transport::Cluster(_))
+            && matches!(
+                e.kind(),
+                ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+            )
+        {
+            return StoreError::new(
+                StoreErrorKind::TryAgain,
+                "the Redis Cluster slot is moving; try again",
+                e,
+            );
+        }
+        redis_error(e)
     }
 }
 
@@ -822,14 +851,22 @@ fn manager_config() -> ConnectionManagerConfig {
 }
 
 pub(crate) fn redis_error(e: RedisError) -> StoreError {
-    let kind = if e.is_timeout() {
+    let kind = if e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain) {
+        // Refused unrun, during a slot migration: see `StoreErrorKind::TryAgain`. Redis's other
+        // "not now" answers (`LOADING`, `CLUSTERDOWN`, `MASTERDOWN`) mean an outage: 503 at once.
+        StoreErrorKind::TryAgain
+    } else if e.is_timeout() {
         StoreErrorKind::Timeout
     } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
         StoreErrorKind::Unavailable
     } else {
         StoreErrorKind::Backend
     };
-    StoreError::new(kind, "the Redis lock store failed", e)
+    let message = match kind {
+        StoreErrorKind::TryAgain => "the Redis lock store asked to try again (a slot in migration)",
+        _ => "the Redis lock store failed",
+    };
+    StoreError::new(kind, message, e)
 }
 
 /// A duration in whole milliseconds, as decimal text on the stack (no allocation per command).
@@ -862,8 +899,8 @@ fn ms(d: Duration) -> Ms {
 }
 
 /// The keys a lock script touches next to a lock key, in one buffer (on the stack for keys of
-/// usual length): the fencing counter of the key's hash slot (so that every script stays
-/// single-slot, whatever the transport) and the key's hand-off queue.
+/// usual length): the fencing counter of the key's hash slot, `<prefix>fence:{<tag>}` (so that
+/// every script stays single-slot, whatever the transport), and the key's hand-off queue.
 pub(crate) struct NextTo {
     buf: Concat<NEXT_TO_INLINE>,
     split: usize,
@@ -874,27 +911,12 @@ const NEXT_TO_INLINE: usize = 224;
 
 impl NextTo {
     fn new(key: &LockKey) -> Self {
-        use super::slot;
-        let (prefix, key) = (key.prefix(), key.as_bytes());
-        let braced = prefix.iter().any(|&b| b == b'{' || b == b'}');
-        let fence_len = if braced {
-            key.len() + FENCE_SUFFIX.len()
-        } else {
-            prefix.len() + FENCE_COUNTER.len() + "{16383}".len()
-        };
+        let (prefix, tag, key) = (key.prefix(), key.hash_tag(), key.as_bytes());
+        let fence_len = prefix.len() + FENCE_COUNTER.len() + tag.len();
         let mut buf = Concat::with_capacity(fence_len + key.len() + QUEUE_SUFFIX.len());
-        let split = if braced {
-            buf.push(key);
-            buf.push(FENCE_SUFFIX)
-        } else {
-            let mut digits = [0; 20];
-            let tag = u64::from(slot::tag(slot::of(key)));
-            buf.push(prefix);
-            buf.push(FENCE_COUNTER);
-            buf.push(b"{");
-            buf.push(crate::key::decimal(tag, &mut digits));
-            buf.push(b"}")
-        };
+        buf.push(prefix);
+        buf.push(FENCE_COUNTER);
+        let split = buf.push(tag);
         buf.push(key);
         buf.push(QUEUE_SUFFIX);
         Self { buf, split }
@@ -1132,52 +1154,117 @@ impl LockStore for RedisStore {
         Ok(n == 1)
     }
 
-    /// One script for the whole batch (and one `WAIT`, with replica acknowledgement on). A
-    /// cluster renews key by key: its keys live in different slots.
+    /// One script for the whole batch (and one `WAIT`, with replica acknowledgement on); on a
+    /// server that hashes keys to slots (a cluster, or a cluster-mode server), one script per
+    /// slot, all sent at once.
     async fn renew_many(
         &self,
         leases: &[(LockKey, Token)],
         ttl: Duration,
     ) -> Vec<Result<bool, StoreError>> {
-        #[cfg(feature = "cluster")]
-        let one_by_one = matches!(self.transport, Transport::Cluster(_));
-        #[cfg(not(feature = "cluster"))]
-        let one_by_one = false;
-        if one_by_one || leases.len() == 1 {
-            let renewals = leases
-                .iter()
-                .map(|(key, token)| self.renew(key, token, ttl));
-            return futures_util::future::join_all(renewals).await;
+        if let [(key, token)] = leases {
+            return vec![self.renew(key, token, ttl).await];
         }
+        if !self.slot_bound.load(Ordering::Relaxed) {
+            let all: Vec<&(LockKey, Token)> = leases.iter().collect();
+            match self.renew_batch(&all, ttl).await {
+                // Refused before it ran: a cluster-mode server. Split by slot from now on.
+                Err(error) if is_cross_slot(&error) => {
+                    tracing::debug!(
+                        "the Redis server hashes keys to slots; batched renewals go one script \
+                         per slot from now on"
+                    );
+                    self.slot_bound.store(true, Ordering::Relaxed);
+                }
+                Err(error) => return vec![Err(error); leases.len()],
+                Ok(answers) => return answers,
+            }
+        }
+        self.renew_by_slot(leases, ttl).await
+    }
+}
+
+impl RedisStore {
+    /// Renews `leases` with one script (`WAIT` after it, with replica acknowledgement on). The
+    /// outer error is the script's (nothing was renewed); the inner ones are per lease.
+    async fn renew_batch(
+        &self,
+        leases: &[&(LockKey, Token)],
+        ttl: Duration,
+    ) -> Result<Vec<Result<bool, StoreError>>, StoreError> {
         let keys: Vec<&[u8]> = leases.iter().map(|(key, _)| key.as_bytes()).collect();
         let ttl = ms(ttl);
         let mut args: Vec<&[u8]> = Vec::with_capacity(leases.len() + 1);
         args.push(&ttl);
         args.extend(leases.iter().map(|(_, token)| token.as_bytes()));
-        let answer: Result<(Vec<i64>, _), _> = self
+        let (renewed, acks): (Vec<i64>, _) = self
             .invoke(&self.scripts.renew_many, &keys, &args, true)
-            .await;
-        match answer {
-            Ok((renewed, acks)) if renewed.len() == leases.len() => {
-                let replicated = self.check_acks(acks);
-                renewed
-                    .into_iter()
-                    .map(|n| match n {
-                        1 => replicated.clone().map(|()| true),
-                        _ => Ok(false),
-                    })
-                    .collect()
-            }
-            Ok(_) => {
-                let error = StoreError::msg(
-                    StoreErrorKind::Backend,
-                    "the batch renewal script answered for the wrong number of leases",
-                );
-                vec![Err(error); leases.len()]
-            }
-            Err(error) => vec![Err(error); leases.len()],
+            .await?;
+        if renewed.len() != leases.len() {
+            return Err(StoreError::msg(
+                StoreErrorKind::Backend,
+                "the batch renewal script answered for the wrong number of leases",
+            ));
         }
+        let replicated = self.check_acks(acks);
+        Ok(renewed
+            .into_iter()
+            .map(|n| match n {
+                1 => replicated.clone().map(|()| true),
+                _ => Ok(false),
+            })
+            .collect())
     }
+
+    /// Renews `leases` one script per hash slot (a lone lease of its slot as
+    /// [`renew`](LockStore::renew) would), all sent at once: pipelined on one connection, or
+    /// each to its slot's master in a cluster. Answers in the order of `leases`.
+    async fn renew_by_slot(
+        &self,
+        leases: &[(LockKey, Token)],
+        ttl: Duration,
+    ) -> Vec<Result<bool, StoreError>> {
+        let mut order: Vec<(usize, &(LockKey, Token))> = leases.iter().enumerate().collect();
+        order.sort_by_key(|(_, (key, _))| key.slot());
+        let groups: Vec<Vec<(usize, &(LockKey, Token))>> = order
+            .chunk_by(|(_, (a, _)), (_, (b, _))| a.slot() == b.slot())
+            .map(<[_]>::to_vec)
+            .collect();
+        let answers = join_all(groups.iter().map(|group| async move {
+            let leases: Vec<&(LockKey, Token)> = group.iter().map(|(_, lease)| *lease).collect();
+            match leases[..] {
+                [(key, token)] => vec![self.renew(key, token, ttl).await],
+                _ => self
+                    .renew_batch(&leases, ttl)
+                    .await
+                    .unwrap_or_else(|error| vec![Err(error); leases.len()]),
+            }
+        }))
+        .await;
+        let mut out: Vec<Option<Result<bool, StoreError>>> = vec![None; leases.len()];
+        for (group, answers) in groups.iter().zip(answers) {
+            for ((index, _), answer) in group.iter().zip(answers) {
+                out[*index] = Some(answer);
+            }
+        }
+        out.into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| {
+                    Err(StoreError::msg(
+                        StoreErrorKind::Backend,
+                        "a batched renewal went unanswered",
+                    ))
+                })
+            })
+            .collect()
+    }
+}
+
+/// Whether Redis refused a script because its keys hash to several slots (`CROSSSLOT`).
+fn is_cross_slot(error: &StoreError) -> bool {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<RedisError>())
+        .is_some_and(|e| e.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot))
 }
 
 impl fmt::Debug for RedisStore {
@@ -1203,7 +1290,7 @@ impl fmt::Debug for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::{NEXT_TO_INLINE, Native, NativeRelease, NextTo};
-    use crate::{key::LockKey, store::slot};
+    use crate::{key::LockKey, slot};
 
     #[test]
     fn the_fencing_counter_shares_the_lock_keys_slot() {
@@ -1218,17 +1305,14 @@ mod tests {
             let key = LockKey::new(prefix, scope, value, 512).unwrap();
             let next = NextTo::new(&key);
             assert_eq!(slot::of(next.fence()), slot::of(key.as_bytes()));
-            assert!(
-                next.fence()
-                    .starts_with(format!("{prefix}fence:{{").as_bytes())
-            );
+            assert_eq!(slot::of(next.queue()), slot::of(key.as_bytes()));
+            let record = crate::idempotency::record_key(&key);
+            assert_eq!(slot::of(&record), slot::of(key.as_bytes()));
+            assert_eq!(slot::of(key.as_bytes()), key.slot());
+            let tag = std::str::from_utf8(key.hash_tag()).unwrap();
+            assert_eq!(next.fence(), format!("{prefix}fence:{tag}").as_bytes());
             assert_eq!(next.queue(), [key.as_bytes(), b":queue"].concat());
         }
-        // A prefix with braces (only through `LockKey::new`) falls back to the key's own counter.
-        let key = LockKey::new("a{", "s", b"v", 64).unwrap();
-        let next = NextTo::new(&key);
-        assert_eq!(next.fence(), [key.as_bytes(), b":fence"].concat());
-        assert_eq!(slot::of(next.fence()), slot::of(key.as_bytes()));
     }
 
     #[test]

@@ -475,6 +475,69 @@ impl Backend for Redlock {
     }
 }
 
+/// A Redis Cluster node started alone, owning every slot (`CLUSTER ADDSLOTSRANGE 0 16383`): a
+/// "cluster mode, one shard" server, as managed services offer, to reach through a plain
+/// connection. Refuses a script whose keys hash to several slots (`CROSSSLOT`).
+pub fn one_node_cluster() -> RedisServer {
+    let server = RedisServer::start_with(&[
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+    ]);
+    server.cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
+    let start = Instant::now();
+    while !server
+        .cli(&["CLUSTER", "INFO"])
+        .contains("cluster_state:ok")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the one-node cluster never reached cluster_state:ok"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server
+}
+
+/// The hash slot of `key`, by the Redis Cluster specification's rule (CRC16/XMODEM of the part
+/// between the first `{` and the next `}`, if not empty, else of the whole key, modulo 16384),
+/// written independently of the crate's own.
+pub fn key_slot(key: &[u8]) -> u16 {
+    let hashed = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    let crc = hashed.iter().fold(0u16, |mut crc, &b| {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+        crc
+    });
+    crc % 16384
+}
+
+/// How many errors starting with `code` (`TRYAGAIN`, `CROSSSLOT`) `server` answered, from
+/// `INFO errorstats`.
+pub fn errors_of(server: &RedisServer, code: &str) -> u64 {
+    let prefix = format!("errorstat_{code}:count=");
+    server
+        .cli(&["INFO", "errorstats"])
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(prefix.as_str())?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// A Redis Cluster on loopback: `masters` masters, each with `replicas` replicas.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
@@ -578,6 +641,14 @@ impl RedisCluster {
             }
         }
         None
+    }
+
+    /// The running masters.
+    pub fn masters(&self) -> Vec<&RedisServer> {
+        self.nodes
+            .iter()
+            .filter(|n| n.child.is_some() && n.cli(&["ROLE"]).starts_with("master"))
+            .collect()
     }
 
     /// The key's hash slot.
