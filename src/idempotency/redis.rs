@@ -8,14 +8,13 @@ use redis::Script;
 use super::store::{IdempotencyStore, record_key};
 use crate::{
     key::LockKey,
-    store::{RedisStore, StoreError, lock_script},
+    store::{RedisStore, StoreError, lua},
     token::Token,
 };
 
 /// Built once: `redis::Script` hashes its source, and the store reloads it on `NOSCRIPT`.
-static LOOKUP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/lookup.lua")));
-static COMPLETE: LazyLock<Script> =
-    LazyLock::new(|| lock_script(include_str!("scripts/complete.lua")));
+static LOOKUP: LazyLock<Script> = LazyLock::new(|| Script::new(lua("record_lookup")));
+static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(lua("record_complete")));
 
 fn ms(d: Duration) -> Vec<u8> {
     d.as_millis().max(1).to_string().into_bytes()

@@ -27,7 +27,7 @@ pub use self::cluster::ClusterStore;
 pub use self::eviction::Eviction;
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
-pub(crate) use self::redis::lock_script;
+pub(crate) use self::redis::lua;
 pub use self::redlock::RedlockStore;
 #[cfg(feature = "sentinel")]
 pub use self::sentinel::SentinelStore;

@@ -287,24 +287,53 @@ const HANDOFF_LUA: &str = include_str!("scripts/handoff.lua");
 
 /// A script that takes or gives up a lock: the fencing function, then `body` with the hand-off
 /// functions in place of its `-- @handoff` line.
-pub(crate) fn lock_script(body: &str) -> Script {
+fn lock_script(body: &str) -> String {
     debug_assert!(
         body.contains("-- @handoff\n"),
         "a lock script without -- @handoff"
     );
-    Script::new(&format!(
+    format!(
         "{FENCE_LUA}{}",
         body.replacen("-- @handoff\n", HANDOFF_LUA, 1)
-    ))
+    )
+}
+
+/// Every script a [`RedisStore`] runs, by name, put together once per process.
+static LUA: std::sync::LazyLock<[(&str, String); 6]> = std::sync::LazyLock::new(|| {
+    [
+        ("acquire", lock_script(include_str!("scripts/acquire.lua"))),
+        ("release", lock_script(include_str!("scripts/release.lua"))),
+        ("renew", include_str!("scripts/renew.lua").to_owned()),
+        (
+            "renew_many",
+            include_str!("scripts/renew_many.lua").to_owned(),
+        ),
+        (
+            "record_lookup",
+            include_str!("../idempotency/scripts/lookup.lua").to_owned(),
+        ),
+        (
+            "record_complete",
+            lock_script(include_str!("../idempotency/scripts/complete.lua")),
+        ),
+    ]
+});
+
+/// The source of the script named `name` (one of [`RedisStore::lua_scripts`]').
+pub(crate) fn lua(name: &str) -> &'static str {
+    LUA.iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, source)| source.as_str())
+        .expect("a script of the store")
 }
 
 impl Scripts {
     fn new() -> Arc<Self> {
         Arc::new(Self {
-            acquire: lock_script(include_str!("scripts/acquire.lua")),
-            renew: Script::new(include_str!("scripts/renew.lua")),
-            renew_many: Script::new(include_str!("scripts/renew_many.lua")),
-            release: lock_script(include_str!("scripts/release.lua")),
+            acquire: Script::new(lua("acquire")),
+            renew: Script::new(lua("renew")),
+            renew_many: Script::new(lua("renew_many")),
+            release: Script::new(lua("release")),
             loads: Mutex::default(),
         })
     }
@@ -383,6 +412,21 @@ impl RedisStore {
         bb8::Pool::builder()
             .test_on_check_out(false)
             .connection_timeout(Duration::from_secs(1))
+    }
+
+    /// The Lua scripts this store runs, by name, exactly as it sends them (`acquire`,
+    /// `release`, `renew`, `renew_many`, `record_lookup`, `record_complete`): for a security
+    /// review, an ACL audit (see `docs/TOPOLOGY.md`), or a tool that sends them by hand.
+    ///
+    /// ```
+    /// use tower_lock::RedisStore;
+    ///
+    /// let (name, source) = RedisStore::lua_scripts().next().unwrap();
+    /// assert_eq!(name, "acquire");
+    /// assert!(source.contains("'SET', lock, token, 'NX', 'PX', ttl"));
+    /// ```
+    pub fn lua_scripts() -> impl Iterator<Item = (&'static str, &'static str)> {
+        LUA.iter().map(|(name, source)| (*name, source.as_str()))
     }
 
     /// How long the fencing counter is kept after its last acquisition (default 24 h).
