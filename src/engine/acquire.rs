@@ -10,7 +10,7 @@ use crate::{
     error::LockError,
     key::LockKey,
     lease::Lease,
-    store::{Acquire, Signal, StoreError, StoreErrorKind},
+    store::{Attempt, Signal, StoreError, StoreErrorKind},
     telemetry::{self, Chain, Op},
     token::Token,
 };
@@ -106,16 +106,9 @@ pub(crate) async fn acquire(engine: Arc<Engine>, key: LockKey) -> Result<Acquire
             None => guard.store().watch(guard.key()),
         };
         guard.arm(true);
-        let (store, key, token) = (
-            Arc::clone(guard.store()),
-            guard.key().clone(),
-            guard.token().clone(),
-        );
-        let attempt = if waits {
-            store.enqueue(key, token, ttl)
-        } else {
-            store.acquire(key, token, ttl)
-        };
+        let attempt = guard
+            .store()
+            .attempt(guard.key().clone(), guard.token().clone(), ttl, waits);
         let answer = timeout(limit, attempt)
             .await
             .unwrap_or_else(|_| Err(StoreError::timeout(limit)));
@@ -123,7 +116,7 @@ pub(crate) async fn acquire(engine: Arc<Engine>, key: LockKey) -> Result<Acquire
         // The store's refusal of this attempt, when it asked to be asked again.
         let mut refused = None;
         let expires_in = match answer {
-            Ok(Acquire::Acquired { fencing_token }) => {
+            Ok(Attempt::Acquired { fencing_token }) => {
                 let waited = sent_at - start;
                 tracing::debug!(attempts, ?waited, "lease acquired");
                 telemetry::acquired(&guard.key().scope_label(), waited);
@@ -143,8 +136,8 @@ pub(crate) async fn acquire(engine: Arc<Engine>, key: LockKey) -> Result<Acquire
                     renew_by: None,
                 });
             }
-            Ok(Acquire::Contended { expires_in }) => expires_in,
-            Ok(Acquire::Queued { expires_in }) => {
+            Ok(Attempt::Contended { expires_in }) => expires_in,
+            Ok(Attempt::Queued { expires_in }) => {
                 queued = true;
                 if queue.is_none() {
                     queue = guard.store().queue_watch(guard.key(), guard.token());

@@ -1,5 +1,6 @@
 //! Batched renewals: the renewals of one locker that fall due within a short window go to the
-//! store together ([`LockStore::renew_many`](crate::LockStore::renew_many)), so a process holding
+//! store together (in one call where the store batches renewals: see
+//! [`Capabilities`](crate::store::Capabilities)), so a process holding
 //! thousands of leases renews them in a few round trips instead of one each.
 
 use std::{
@@ -16,7 +17,7 @@ use tokio::{
 
 use crate::{
     key::LockKey,
-    store::{BoxFuture, DynStore, StoreError, StoreErrorKind},
+    store::{Backend, BoxFuture, StoreError, StoreErrorKind},
     token::Token,
 };
 
@@ -37,12 +38,12 @@ struct Job {
 /// Collects renewals for one store; a task started at the first renewal sends them in batches,
 /// and ends when the last handle is dropped.
 pub(crate) struct RenewalBatcher {
-    store: Arc<dyn DynStore>,
+    store: Arc<Backend>,
     jobs: OnceLock<mpsc::UnboundedSender<Job>>,
 }
 
 impl RenewalBatcher {
-    pub(crate) fn new(store: Arc<dyn DynStore>) -> Self {
+    pub(crate) fn new(store: Arc<Backend>) -> Self {
         Self {
             store,
             jobs: OnceLock::new(),
@@ -65,7 +66,7 @@ impl RenewalBatcher {
                     handle.spawn(run(Arc::clone(&self.store), rx));
                     tx
                 }),
-                Err(_) => return Arc::clone(&self.store).renew(key, token, ttl),
+                Err(_) => return self.store.renew(key, token, ttl),
             },
         };
         let (reply, answer) = oneshot::channel();
@@ -76,7 +77,7 @@ impl RenewalBatcher {
             reply,
         };
         if let Err(mpsc::error::SendError(job)) = jobs.send(job) {
-            return Arc::clone(&self.store).renew(job.key, job.token, job.ttl);
+            return self.store.renew(job.key, job.token, job.ttl);
         }
         Box::pin(async move {
             answer.await.unwrap_or_else(|_| {
@@ -97,7 +98,7 @@ impl fmt::Debug for RenewalBatcher {
     }
 }
 
-async fn run(store: Arc<dyn DynStore>, mut jobs: mpsc::UnboundedReceiver<Job>) {
+async fn run(store: Arc<Backend>, mut jobs: mpsc::UnboundedReceiver<Job>) {
     while let Some(first) = jobs.recv().await {
         let mut batch = vec![first];
         let window = sleep(WINDOW);
@@ -117,7 +118,7 @@ async fn run(store: Arc<dyn DynStore>, mut jobs: mpsc::UnboundedReceiver<Job>) {
     }
 }
 
-async fn send(store: Arc<dyn DynStore>, mut batch: Vec<Job>) {
+async fn send(store: Arc<Backend>, mut batch: Vec<Job>) {
     // One locker renews with one TTL, but keep the contract: one store call per TTL.
     while let Some(ttl) = batch.first().map(|job| job.ttl) {
         let (same, rest): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|j| j.ttl == ttl);
@@ -126,7 +127,7 @@ async fn send(store: Arc<dyn DynStore>, mut batch: Vec<Job>) {
             .iter()
             .map(|job| (job.key.clone(), job.token.clone()))
             .collect();
-        let answers = Arc::clone(&store).renew_many(leases, ttl).await;
+        let answers = store.renew_many(leases, ttl).await;
         for (job, answer) in same.into_iter().zip(answers) {
             // A renewer that gave up (timed out, or its request ended) no longer listens.
             let _ = job.reply.send(answer);

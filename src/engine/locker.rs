@@ -12,7 +12,7 @@ use crate::{
     config::LockConfig,
     error::LockError,
     key::{KeyRejection, LockKey},
-    store::{DynStore, LockStore},
+    store::{Backend, LockStore},
     telemetry,
 };
 
@@ -52,7 +52,7 @@ pub struct Locker {
 /// What every lease of one locker shares: the store, the settings, the process-local queues,
 /// the renewal batcher and the background renewal task.
 pub(crate) struct Engine {
-    pub(crate) store: Arc<dyn DynStore>,
+    pub(crate) store: Arc<Backend>,
     pub(crate) config: LockConfig,
     pub(crate) local: Arc<LocalQueues>,
     pub(crate) batcher: Arc<RenewalBatcher>,
@@ -67,7 +67,7 @@ impl Locker {
 
     /// A locker over `store` with `config`.
     pub fn with_config(store: impl LockStore, config: LockConfig) -> Self {
-        let store: Arc<dyn DynStore> = Arc::new(store);
+        let store = Arc::new(Backend::new(store));
         // The key layout's table of hash tags, built now rather than by the first request.
         crate::slot::warm();
         Self {

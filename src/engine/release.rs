@@ -14,7 +14,7 @@ use super::local::Turn;
 use crate::{
     key::LockKey,
     lease::Lease,
-    store::{BoxFuture, DynStore, StoreError},
+    store::{Backend, BoxFuture, StoreError},
     telemetry::{self, Chain, Op},
     token::Token,
 };
@@ -25,7 +25,7 @@ use crate::{
 /// hand-off queue, a held lease), so that a future dropped in any state leaves no key behind
 /// beyond one spawned, token-checked release.
 pub(crate) struct ReleaseOnDrop {
-    store: Arc<dyn DynStore>,
+    store: Arc<Backend>,
     key: LockKey,
     token: Token,
     timeout: Duration,
@@ -42,12 +42,7 @@ pub(crate) struct ReleaseOnDrop {
 
 impl ReleaseOnDrop {
     /// A disarmed guard for `key` held (or about to be tried) with `token`.
-    pub(crate) fn new(
-        store: Arc<dyn DynStore>,
-        key: LockKey,
-        token: Token,
-        timeout: Duration,
-    ) -> Self {
+    pub(crate) fn new(store: Arc<Backend>, key: LockKey, token: Token, timeout: Duration) -> Self {
         Self {
             store,
             key,
@@ -64,7 +59,7 @@ impl ReleaseOnDrop {
         &self.key
     }
 
-    pub(crate) fn store(&self) -> &Arc<dyn DynStore> {
+    pub(crate) fn store(&self) -> &Arc<Backend> {
         &self.store
     }
 
@@ -131,7 +126,9 @@ impl ReleaseOnDrop {
         self.armed = false;
         let limit = self.timeout;
         Release {
-            release: Arc::clone(&self.store).release(self.key.clone(), self.token.clone(), limit),
+            release: self
+                .store
+                .release(self.key.clone(), self.token.clone(), limit),
             fallback: ReleaseOnDrop {
                 store: Arc::clone(&self.store),
                 key: self.key.clone(),

@@ -22,7 +22,7 @@ use super::batch::RenewalBatcher;
 use crate::{
     error::LostReason,
     lease::Lease,
-    store::{BoxFuture, DynStore, StoreError},
+    store::{Backend, BoxFuture, StoreError},
     telemetry::{self, Chain, Op},
     token::Token,
 };
@@ -37,7 +37,7 @@ const MIN_RETRY: Duration = Duration::from_millis(10);
 /// retried (every quarter interval) while the lease is still valid; only a "not ours" answer,
 /// the lease running out, or the max-hold cap make it lost.
 pub(crate) struct Renewer {
-    store: Arc<dyn DynStore>,
+    store: Arc<Backend>,
     batcher: Arc<RenewalBatcher>,
     lease: Lease,
     token: Token,
@@ -63,7 +63,7 @@ pub(crate) struct RenewalSettings {
 
 impl Renewer {
     pub(crate) fn new(
-        store: Arc<dyn DynStore>,
+        store: Arc<Backend>,
         batcher: Arc<RenewalBatcher>,
         lease: Lease,
         token: Token,

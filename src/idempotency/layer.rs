@@ -11,9 +11,9 @@ use super::{
     principal::Principal,
     response::{IdempotencyProblem, IdempotencyResponse},
     service::IdempotencyService,
-    store::{DynRecords, IdempotencyStore},
+    store::IdempotencyStore,
 };
-use crate::{engine::Locker, error::LockError, key::LockKey};
+use crate::{engine::Locker, error::LockError, key::LockKey, store::Records};
 
 /// Applies `Idempotency-Key` semantics to the wrapped service: one run per key, and the
 /// first response replayed to every retry.
@@ -61,7 +61,7 @@ pub struct IdempotencyLayer {
 #[derive(Clone)]
 pub(crate) struct IdempotencyState {
     pub(crate) locker: Locker,
-    pub(crate) records: Arc<dyn DynRecords>,
+    pub(crate) records: Arc<dyn Records>,
     pub(crate) config: IdempotencyConfig,
     principal: Arc<dyn Principal>,
     respond: Arc<dyn IdempotencyResponse>,
@@ -70,22 +70,26 @@ pub(crate) struct IdempotencyState {
 impl IdempotencyLayer {
     /// A layer over `store` whose keys are scoped by `principal`, with the default
     /// [`IdempotencyConfig`]. See [above](Self#a-principal-or-a-shared-key-space-on-purpose).
-    pub fn new<S: IdempotencyStore + Clone>(store: S, principal: impl Principal) -> Self {
+    pub fn new<S: IdempotencyStore>(store: S, principal: impl Principal) -> Self {
         Self::with_config(store, principal, IdempotencyConfig::default())
     }
 
     /// A layer whose keys are scoped by `principal`, with `config` (checked when it was built:
     /// an invalid setting is an error at start-up, never at request time).
-    pub fn with_config<S: IdempotencyStore + Clone>(
+    pub fn with_config<S: IdempotencyStore>(
         store: S,
         principal: impl Principal,
         config: IdempotencyConfig,
     ) -> Self {
-        let locker = Locker::with_config(store.clone(), config.lock.clone());
+        let records = store
+            .capabilities()
+            .records
+            .expect("every IdempotencyStore keeps records");
+        let locker = Locker::with_config(store, config.lock.clone());
         Self {
             state: Arc::new(IdempotencyState {
                 locker,
-                records: Arc::new(store),
+                records,
                 config,
                 principal: Arc::new(principal),
                 respond: Arc::new(IdempotencyProblem),

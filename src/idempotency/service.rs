@@ -33,11 +33,7 @@ pub struct IdempotencyService<S> {
 impl<S> IdempotencyService<S> {
     /// Wraps `inner`, scoping keys by `principal`, with the default config (see
     /// [`IdempotencyLayer::new`]).
-    pub fn new<St: IdempotencyStore + Clone>(
-        inner: S,
-        store: St,
-        principal: impl Principal,
-    ) -> Self {
+    pub fn new<St: IdempotencyStore>(inner: S, store: St, principal: impl Principal) -> Self {
         tower::Layer::layer(&IdempotencyLayer::new(store, principal), inner)
     }
 
@@ -46,10 +42,7 @@ impl<S> IdempotencyService<S> {
     }
 
     /// An [`IdempotencyLayer`] with the default config, the usual way to build this service.
-    pub fn layer<St: IdempotencyStore + Clone>(
-        store: St,
-        principal: impl Principal,
-    ) -> IdempotencyLayer {
+    pub fn layer<St: IdempotencyStore>(store: St, principal: impl Principal) -> IdempotencyLayer {
         IdempotencyLayer::new(store, principal)
     }
 

@@ -4,7 +4,9 @@ use std::{fmt, time::Duration};
 
 use redis::{IntoConnectionInfo, cluster::ClusterClient, cluster_async::ClusterConnection};
 
-use super::{Acquire, Eviction, LockStore, RedisStore, StoreError, redis::redis_error};
+use super::{
+    Acquire, Capabilities, Eviction, LockStore, RedisStore, StoreError, redis::redis_error,
+};
 use crate::{key::LockKey, token::Token};
 
 /// How long the cluster client waits between retries of a command refused for now (`TRYAGAIN`,
@@ -134,17 +136,16 @@ impl LockStore for ClusterStore {
         self.inner.renew(key, token, ttl).await
     }
 
-    /// One script per hash slot of the batch, each sent to its slot's master, all at once.
-    async fn renew_many(
-        &self,
-        leases: &[(LockKey, Token)],
-        ttl: Duration,
-    ) -> Vec<Result<bool, StoreError>> {
-        self.inner.renew_many(leases, ttl).await
-    }
-
     async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, StoreError> {
         self.inner.release(key, token).await
+    }
+
+    /// Those of the [`RedisStore`] it is built on: batched renewal (one script per hash slot,
+    /// each sent to its slot's master, all at once) and idempotency records (next to the lock
+    /// keys, in the same slot, so the records' scripts work on a cluster unchanged). Hand-off
+    /// is not offered on a cluster (see `docs/TOPOLOGY.md`).
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
     }
 }
 
@@ -153,23 +154,5 @@ impl fmt::Debug for ClusterStore {
         f.debug_struct("ClusterStore")
             .field("inner", &self.inner)
             .finish()
-    }
-}
-
-/// Idempotency records live next to the lock keys, in the same hash slot, so the records'
-/// scripts work on a cluster unchanged.
-impl crate::idempotency::IdempotencyStore for ClusterStore {
-    async fn lookup(&self, key: &LockKey) -> Result<Option<bytes::Bytes>, StoreError> {
-        self.inner.lookup(key).await
-    }
-
-    async fn complete(
-        &self,
-        key: &LockKey,
-        token: &Token,
-        record: bytes::Bytes,
-        retention: Duration,
-    ) -> Result<bool, StoreError> {
-        self.inner.complete(key, token, record, retention).await
     }
 }

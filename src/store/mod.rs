@@ -1,38 +1,43 @@
 //! Lock stores: where leases live.
 //!
 //! A store implements [`LockStore`]: three atomic operations on one key, each guarded by the
-//! holder's [`Token`]. [`MemoryStore`] keeps leases in the process (one instance, tests, demos);
-//! [`RedisStore`] shares them between every instance that talks to the same Redis.
+//! holder's [`Token`], and how long a lease is known to last. [`MemoryStore`] keeps leases in
+//! the process (one instance, tests, demos); [`RedisStore`] shares them between every instance
+//! that talks to the same Redis; [`RedlockStore`], `ClusterStore` and `SentinelStore` are
+//! built on it for other topologies.
 //!
 //! A store only answers; waiting, renewing on a schedule and releasing on drop are the
-//! [`Locker`](crate::Locker)'s job, so a new backend is a few dozen lines.
+//! [`Locker`](crate::Locker)'s job, so a new backend is a few dozen lines. The crate's own
+//! stores can do more (batched renewal, hand-off, release notices, idempotency records): see
+//! [`Capabilities`].
 
+mod capability;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod eviction;
-mod handoff;
 mod memory;
 mod redis;
 mod redlock;
 #[cfg(feature = "sentinel")]
 mod sentinel;
-mod watch;
 
 use std::{error::Error as StdError, fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
 
-use tokio::time::Instant;
-
+pub use self::capability::Capabilities;
+#[cfg(feature = "sentinel")]
+pub(crate) use self::capability::Route;
+pub(crate) use self::capability::{
+    Attempt, Backend, HandOff, QueueSignals, QueueWatch, Records, ReleaseNotice, ReleaseNotices,
+    RenewMany, Signal,
+};
 #[cfg(feature = "cluster")]
 pub use self::cluster::ClusterStore;
 pub use self::eviction::Eviction;
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
-pub(crate) use self::redis::lua;
 pub use self::redlock::RedlockStore;
 #[cfg(feature = "sentinel")]
 pub use self::sentinel::SentinelStore;
-pub use self::watch::ReleaseWatch;
-pub(crate) use self::watch::Releases;
 use crate::{key::LockKey, token::Token};
 
 /// The answer to an acquire attempt.
@@ -50,70 +55,6 @@ pub enum Acquire {
         /// How long the current holder's lease has left, when the store knows.
         expires_in: Option<Duration>,
     },
-    /// Another holder has the key, and the caller now has a place in the key's wait queue
-    /// (only from [`LockStore::enqueue`]): a release will hand the key to the caller's token,
-    /// announced on the caller's [`QueueWatch`]. Until the caller acquires, it must
-    /// [`release`](LockStore::release) with its token to leave the queue.
-    Queued {
-        /// How long until the caller should check again if it hears nothing: the holder's
-        /// remaining lease, or less.
-        expires_in: Option<Duration>,
-    },
-}
-
-/// What a queued waiter hears from its store, through [`QueueWatch::signal`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Signal {
-    /// The key was handed to the waiter's token. It is held for the waiter at least until
-    /// `valid_until` (or is already lost, if that has passed); the waiter confirms it with a
-    /// renewal before then.
-    Granted {
-        /// The lease's fencing token.
-        fencing_token: u64,
-        /// A lower bound on when the handed-over lease runs out, unless renewed.
-        valid_until: Instant,
-    },
-    /// The waiter is next in line: the key was just handed to the waiter before it, which must
-    /// confirm within `within`. If nothing else arrives by then, the waiter checks again.
-    Next {
-        /// The hand-off's claim window.
-        within: Duration,
-    },
-    /// Something may have changed (for example, the store's subscription reconnected and may
-    /// have missed messages): check again now.
-    Retry,
-}
-
-/// A waiter's registration with a store's hand-off queue, made by [`LockStore::queue_watch`]
-/// once an attempt answered [`Acquire::Queued`]. Dropping it unregisters.
-pub struct QueueWatch(Pin<Box<dyn QueueSignals>>);
-
-/// The source of a [`QueueWatch`]'s signals.
-pub trait QueueSignals: Send {
-    /// The next signal; pending until one arrives.
-    fn poll_signal(
-        self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Signal>;
-}
-
-impl QueueWatch {
-    /// Wraps a source of signals.
-    pub fn new(signals: impl QueueSignals + 'static) -> Self {
-        Self(Box::pin(signals))
-    }
-
-    /// Waits for the next signal.
-    pub async fn signal(&mut self) -> Signal {
-        std::future::poll_fn(|cx| self.0.as_mut().poll_signal(cx)).await
-    }
-}
-
-impl fmt::Debug for QueueWatch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("QueueWatch")
-    }
 }
 
 /// A backend that can hold leases.
@@ -149,22 +90,6 @@ pub trait LockStore: Send + Sync + 'static {
         ttl: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Extends several held leases to `ttl` from now, answering for each as
-    /// [`renew`](Self::renew) would. The default renews them concurrently; a store that can do
-    /// it in one round trip overrides it ([`RedisStore`] sends one script for the whole batch).
-    /// The locker batches the renewals that fall due within a couple of milliseconds.
-    fn renew_many(
-        &self,
-        leases: &[(LockKey, Token)],
-        ttl: Duration,
-    ) -> impl Future<Output = Vec<Result<bool, StoreError>>> + Send {
-        futures_util::future::join_all(
-            leases
-                .iter()
-                .map(move |(key, token)| self.renew(key, token, ttl)),
-        )
-    }
-
     /// Gives a held lease back. `Ok(false)` means it was not ours (any more).
     fn release(
         &self,
@@ -182,47 +107,18 @@ pub trait LockStore: Send + Sync + 'static {
         ttl
     }
 
-    /// Registers, now, for the next release of `key`, so that a waiter can retry the moment the
-    /// holder lets go rather than when its timer fires. `None` (the default): this store cannot
-    /// tell, and waiters pace their retries by the [`Wait`](crate::Wait) policy alone.
-    ///
-    /// With a watch, a waiter sleeps until the watch fires or the holder's lease would run out
-    /// (or its deadline comes), whichever is first: a lost notification costs at most one TTL.
-    fn watch(&self, key: &LockKey) -> Option<ReleaseWatch> {
-        let _ = key;
-        None
-    }
-
-    /// Registers `token` to hear the hand-off of `key`, after [`enqueue`](Self::enqueue)
-    /// answered [`Acquire::Queued`]. The store must deliver signals that arrived in between.
-    /// `None` (the default): this store does not hand off.
-    fn queue_watch(&self, key: &LockKey, token: &Token) -> Option<QueueWatch> {
-        let _ = (key, token);
-        None
-    }
-
-    /// Like [`acquire`](Self::acquire), for a caller that will wait: when the key is held, a
-    /// store that hands off queues `token` ([`Acquire::Queued`]), or keeps its place if it is
-    /// queued already, and when the key was handed to `token`, claims it (for `ttl`) and
-    /// answers `Acquired`. The default is `acquire`.
-    ///
-    /// A store that hands off keeps a first-come-first-served queue per key: a release gives
-    /// the key straight to the head of the queue instead of freeing it, so waiters never race
-    /// each other (or the releasing holder) for it. [`RedisStore`] does, by default.
-    fn enqueue(
-        &self,
-        key: &LockKey,
-        token: &Token,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Acquire, StoreError>> + Send {
-        self.acquire(key, token, ttl)
+    /// What this store can do beyond these four operations (none, by default). A store that
+    /// wraps one of the crate's stores answers with the wrapped store's, and so keeps every
+    /// capability of what it wraps; see [`Capabilities`].
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::none()
     }
 }
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-/// The object-safe form of [`LockStore`] that the layer and locker hold, so that their types do
-/// not carry the store's type.
+/// The object-safe form of [`LockStore`] that the engine holds (in a [`Backend`]), so that the
+/// layers' and locker's types do not carry the store's type.
 pub(crate) trait DynStore: Send + Sync + 'static {
     fn acquire(
         self: Arc<Self>,
@@ -236,11 +132,6 @@ pub(crate) trait DynStore: Send + Sync + 'static {
         token: Token,
         ttl: Duration,
     ) -> BoxFuture<Result<bool, StoreError>>;
-    fn renew_many(
-        self: Arc<Self>,
-        leases: Vec<(LockKey, Token)>,
-        ttl: Duration,
-    ) -> BoxFuture<Vec<Result<bool, StoreError>>>;
     /// A release that fails with a timeout error after `limit`.
     fn release(
         self: Arc<Self>,
@@ -249,14 +140,6 @@ pub(crate) trait DynStore: Send + Sync + 'static {
         limit: Duration,
     ) -> BoxFuture<Result<bool, StoreError>>;
     fn validity(&self, ttl: Duration) -> Duration;
-    fn watch(&self, key: &LockKey) -> Option<ReleaseWatch>;
-    fn queue_watch(&self, key: &LockKey, token: &Token) -> Option<QueueWatch>;
-    fn enqueue(
-        self: Arc<Self>,
-        key: LockKey,
-        token: Token,
-        ttl: Duration,
-    ) -> BoxFuture<Result<Acquire, StoreError>>;
 }
 
 impl<S: LockStore> DynStore for S {
@@ -278,14 +161,6 @@ impl<S: LockStore> DynStore for S {
         Box::pin(async move { LockStore::renew(&*self, &key, &token, ttl).await })
     }
 
-    fn renew_many(
-        self: Arc<Self>,
-        leases: Vec<(LockKey, Token)>,
-        ttl: Duration,
-    ) -> BoxFuture<Vec<Result<bool, StoreError>>> {
-        Box::pin(async move { LockStore::renew_many(&*self, &leases, ttl).await })
-    }
-
     fn release(
         self: Arc<Self>,
         key: LockKey,
@@ -301,23 +176,6 @@ impl<S: LockStore> DynStore for S {
 
     fn validity(&self, ttl: Duration) -> Duration {
         LockStore::validity(self, ttl)
-    }
-
-    fn watch(&self, key: &LockKey) -> Option<ReleaseWatch> {
-        LockStore::watch(self, key)
-    }
-
-    fn queue_watch(&self, key: &LockKey, token: &Token) -> Option<QueueWatch> {
-        LockStore::queue_watch(self, key, token)
-    }
-
-    fn enqueue(
-        self: Arc<Self>,
-        key: LockKey,
-        token: Token,
-        ttl: Duration,
-    ) -> BoxFuture<Result<Acquire, StoreError>> {
-        Box::pin(async move { LockStore::enqueue(&*self, &key, &token, ttl).await })
     }
 }
 

@@ -6,7 +6,10 @@ use futures_util::future::join_all;
 use redis::IntoConnectionInfo;
 use tokio::time::{Instant, timeout};
 
-use super::{Acquire, LockStore, RedisStore, StoreError, StoreErrorKind, redis::redis_error};
+use super::{
+    Acquire, BoxFuture, Capabilities, LockStore, RedisStore, RenewMany, StoreError, StoreErrorKind,
+    redis::redis_error,
+};
 use crate::{error::ConfigError, key::LockKey, token::Token};
 
 /// Leases held on a majority of N independent Redis masters: the
@@ -265,7 +268,7 @@ impl LockStore for RedlockStore {
                     fences.push(fencing_token);
                     undo.push(i);
                 }
-                Ok(Acquire::Contended { expires_in } | Acquire::Queued { expires_in }) => {
+                Ok(Acquire::Contended { expires_in }) => {
                     held.push(expires_in);
                 }
                 // A timed-out or failed call may still have set the key.
@@ -296,6 +299,53 @@ impl LockStore for RedlockStore {
     async fn renew(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<bool, StoreError> {
         let start = Instant::now();
         let answers = self.on_all(ttl, |node| node.renew(key, token, ttl)).await;
+        self.renewal_quorum(answers, start, ttl)
+    }
+
+    async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, StoreError> {
+        // Releases are bounded by the node timeout of a 10 s lease (500 ms at most), and by the
+        // caller's store timeout.
+        let answers = self
+            .on_all(Duration::from_secs(10), |node| node.release(key, token))
+            .await;
+        let (mut released, mut errors) = (false, vec![]);
+        for answer in answers {
+            match answer {
+                Ok(deleted) => released |= deleted,
+                Err(error) => errors.push(error),
+            }
+        }
+        if released || errors.is_empty() {
+            return Ok(released);
+        }
+        let answered = self.nodes.len() - errors.len();
+        Err(no_quorum(errors, answered, self.nodes.len(), self.quorum()))
+    }
+
+    fn validity(&self, ttl: Duration) -> Duration {
+        ttl.saturating_sub(self.drift_for(ttl))
+    }
+
+    /// Batched renewal: one batch per node (each node's own batched renewal), all nodes at
+    /// once, and a quorum decided per lease as [`renew`](LockStore::renew) decides it.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            renew_many: Some(Arc::new(self.clone())),
+            ..Capabilities::none()
+        }
+    }
+}
+
+impl RedlockStore {
+    /// A renewal's answer from the nodes' answers: renewed on a quorum within the validity
+    /// time; lost when so many nodes deny it that no quorum can renew it; else an error (too
+    /// few nodes answered), retried while the lease is valid.
+    fn renewal_quorum(
+        &self,
+        answers: Vec<Result<bool, StoreError>>,
+        start: Instant,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
         let validity = self.validity_since(start, ttl);
         let (mut renewed, mut denied, mut errors) = (0, 0, vec![]);
         for answer in answers {
@@ -324,29 +374,46 @@ impl LockStore for RedlockStore {
             quorum,
         ))
     }
+}
 
-    async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, StoreError> {
-        // Releases are bounded by the node timeout of a 10 s lease (500 ms at most), and by the
-        // caller's store timeout.
-        let answers = self
-            .on_all(Duration::from_secs(10), |node| node.release(key, token))
+impl RenewMany for RedlockStore {
+    fn renew_many(
+        self: Arc<Self>,
+        leases: Vec<(LockKey, Token)>,
+        ttl: Duration,
+    ) -> BoxFuture<Vec<Result<bool, StoreError>>> {
+        Box::pin(async move {
+            let start = Instant::now();
+            let limit = self.timeout_for(ttl);
+            let n = leases.len();
+            let per_node = join_all(self.nodes.iter().map(|node| {
+                let batch = Arc::new(node.clone()).renew_many(leases.clone(), ttl);
+                async move {
+                    timeout(limit, batch)
+                        .await
+                        .unwrap_or_else(|_| vec![Err(StoreError::timeout(limit)); n])
+                }
+            }))
             .await;
-        let (mut released, mut errors) = (false, vec![]);
-        for answer in answers {
-            match answer {
-                Ok(deleted) => released |= deleted,
-                Err(error) => errors.push(error),
-            }
-        }
-        if released || errors.is_empty() {
-            return Ok(released);
-        }
-        let answered = self.nodes.len() - errors.len();
-        Err(no_quorum(errors, answered, self.nodes.len(), self.quorum()))
-    }
-
-    fn validity(&self, ttl: Duration) -> Duration {
-        ttl.saturating_sub(self.drift_for(ttl))
+            // Lease by lease: its answers from every node.
+            let mut per_node: Vec<_> = per_node.into_iter().map(Vec::into_iter).collect();
+            (0..leases.len())
+                .map(|_| {
+                    let answers = per_node
+                        .iter_mut()
+                        .map(|node| {
+                            node.next().unwrap_or_else(|| {
+                                Err(StoreError::msg(
+                                    StoreErrorKind::Backend,
+                                    "a Redlock node answered a batch for the wrong number of leases",
+                                ))
+                            })
+                        })
+                        .collect();
+                    self.renewal_quorum(answers, start, ttl)
+                })
+                .collect()
+        })
     }
 }
 

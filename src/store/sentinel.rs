@@ -17,10 +17,11 @@ use redis::{
 };
 
 use super::{
-    Acquire, Eviction, LockStore, QueueWatch, RedisStore, StoreError, StoreErrorKind,
-    handoff::Handoff, redis::redis_error,
+    Acquire, BoxFuture, Capabilities, Eviction, LockStore, RedisStore, Route, StoreError,
+    StoreErrorKind,
+    redis::{Handoff, redis_error},
 };
-use crate::{idempotency::IdempotencyStore, key::LockKey, token::Token};
+use crate::{key::LockKey, token::Token};
 
 /// The sentinels are asked again at most this often, however many calls fail at once.
 const MIN_LOOKUP_INTERVAL: Duration = Duration::from_millis(200);
@@ -125,8 +126,10 @@ impl Lookup {
 }
 
 /// The master the sentinels named, and a store connected to it.
-struct Master {
+pub(crate) struct Master {
     store: RedisStore,
+    /// The store's capabilities, resolved once.
+    caps: Capabilities,
     addr: String,
     /// How to reach it: for the hand-off subscription.
     client: Client,
@@ -144,20 +147,25 @@ impl Master {
                     format!("could not connect to the Redis master within {LOOKUP_TIMEOUT:?}"),
                 )
             })??;
-        Ok(Self {
+        Ok(Self::new(store, info.addr().to_string(), client.clone()))
+    }
+
+    fn new(store: RedisStore, addr: String, client: Client) -> Self {
+        Self {
+            caps: store.capabilities(),
             store,
-            addr: info.addr().to_string(),
-            client: client.clone(),
-        })
+            addr,
+            client,
+        }
     }
 
     /// This master with `settings` applied to its store.
     fn with(&self, settings: &Settings) -> Self {
-        Self {
-            store: settings.apply(self.store.clone()),
-            addr: self.addr.clone(),
-            client: self.client.clone(),
-        }
+        Self::new(
+            settings.apply(self.store.clone()),
+            self.addr.clone(),
+            self.client.clone(),
+        )
     }
 }
 
@@ -544,67 +552,40 @@ impl LockStore for SentinelStore {
             .await
     }
 
-    /// One script for the whole batch on the current master, as [`RedisStore`] sends it; when
-    /// the batch failed the way a failover makes calls fail, it is sent once more to the new
-    /// master, if the sentinels name one.
-    async fn renew_many(
-        &self,
-        leases: &[(LockKey, Token)],
-        ttl: Duration,
-    ) -> Vec<Result<bool, StoreError>> {
-        let batch = self
-            .run(|m| async move {
-                let answers = m.store.renew_many(leases, ttl).await;
-                // The batch as a whole failed (one script, one error for every lease).
-                match answers.first() {
-                    Some(Err(error)) if answers.iter().all(Result::is_err) => Err(error.clone()),
-                    _ => Ok(answers),
-                }
-            })
-            .await;
-        batch.unwrap_or_else(|error| vec![Err(error); leases.len()])
-    }
-
     fn validity(&self, ttl: Duration) -> Duration {
         self.current().store.validity(ttl)
     }
 
-    async fn enqueue(
-        &self,
-        key: &LockKey,
-        token: &Token,
-        ttl: Duration,
-    ) -> Result<Acquire, StoreError> {
-        self.run(|m| async move { m.store.enqueue(key, token, ttl).await })
-            .await
-    }
-
-    /// Registers with the store's one hand-off, which outlives failovers: a waiter registered
-    /// before one still hears its hand-off from the new master.
-    fn queue_watch(&self, key: &LockKey, token: &Token) -> Option<QueueWatch> {
-        self.current().store.queue_watch(key, token)
+    /// Those of the master's [`RedisStore`], each call sent to the current master and once
+    /// more to the new one after a failover: batched renewal, hand-off (with one subscription
+    /// that follows the master, so a waiter registered before a failover still hears its
+    /// hand-off from the new master), and idempotency records (next to the lock keys on the same
+    /// master, as with [`RedisStore`]).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::routed(Arc::new(self.clone()))
     }
 }
 
-/// Idempotency records live next to the lock keys on the same master, as with [`RedisStore`].
-impl IdempotencyStore for SentinelStore {
-    async fn lookup(&self, key: &LockKey) -> Result<Option<bytes::Bytes>, StoreError> {
-        self.run(|m| async move { IdempotencyStore::lookup(&m.store, key).await })
-            .await
+/// Calls go to the current master; after an error that a failover explains, once more to the
+/// master the sentinels name then.
+impl Route for SentinelStore {
+    type Target = Arc<Master>;
+
+    fn current(&self) -> Arc<Master> {
+        self.poll_if_due();
+        SentinelStore::current(self)
     }
 
-    async fn complete(
-        &self,
-        key: &LockKey,
-        token: &Token,
-        record: bytes::Bytes,
-        retention: Duration,
-    ) -> Result<bool, StoreError> {
-        self.run(|m| {
-            let record = record.clone();
-            async move { IdempotencyStore::complete(&m.store, key, token, record, retention).await }
-        })
-        .await
+    fn capabilities(master: &Arc<Master>) -> &Capabilities {
+        &master.caps
+    }
+
+    fn after(&self, failed: &Arc<Master>, error: &StoreError) -> BoxFuture<Option<Arc<Master>>> {
+        if !after_failover(error) {
+            return Box::pin(std::future::ready(None));
+        }
+        let (this, failed, error) = (self.clone(), Arc::clone(failed), error.clone());
+        Box::pin(async move { this.follow(&failed, Some(&error)).await })
     }
 }
 

@@ -725,11 +725,12 @@ impl LockStore for Tweaked {
         released
     }
 
-    fn watch(&self, key: &tower_lock::key::LockKey) -> Option<tower_lock::store::ReleaseWatch> {
+    /// The inner store's (its release notices), when `announce`; none otherwise.
+    fn capabilities(&self) -> tower_lock::store::Capabilities {
         if self.announce {
-            self.inner.watch(key)
+            self.inner.capabilities()
         } else {
-            None
+            tower_lock::store::Capabilities::none()
         }
     }
 }

@@ -1,9 +1,9 @@
-//! Records in a [`MemoryStore`], next to its leases.
+//! Idempotency records in a [`MemoryStore`], next to its leases.
 
 use std::{
     collections::HashMap,
     sync::{
-        Mutex, MutexGuard,
+        Arc, Mutex, MutexGuard,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -12,10 +12,10 @@ use std::{
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::store::{IdempotencyStore, record_key};
+use super::MemoryStore;
 use crate::{
     key::LockKey,
-    store::{MemoryStore, StoreError},
+    store::{BoxFuture, Records, StoreError},
     token::Token,
 };
 
@@ -50,30 +50,52 @@ impl MemoryRecords {
     }
 }
 
-impl IdempotencyStore for MemoryStore {
-    async fn lookup(&self, key: &LockKey) -> Result<Option<Bytes>, StoreError> {
-        let now = Instant::now();
-        Ok(self
-            .records()
-            .map()
-            .get(record_key(key).as_slice())
-            .filter(|(_, expires)| *expires > now)
-            .map(|(record, _)| record.clone()))
+impl MemoryStore {
+    fn records(&self) -> &MemoryRecords {
+        &self.inner.records
     }
 
-    async fn complete(
+    fn lookup_now(&self, key: &LockKey) -> Option<Bytes> {
+        let now = Instant::now();
+        self.records()
+            .map()
+            .get(key.as_bytes())
+            .filter(|(_, expires)| *expires > now)
+            .map(|(record, _)| record.clone())
+    }
+
+    fn complete_now(
         &self,
         key: &LockKey,
         token: &Token,
         record: Bytes,
         retention: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> bool {
         // The record is inserted while the lease map is locked, before the lease is removed:
         // an acquire (which needs that lock) sees either the lease or the record.
-        Ok(self.release_with(key, token, || {
+        self.release_with(key, token, || {
             self.records()
-                .insert(Bytes::from(record_key(key)), record, retention)
-        }))
+                .insert(Bytes::copy_from_slice(key.as_bytes()), record, retention)
+        })
+    }
+}
+
+/// Records keyed by their lock key, in a map of their own.
+impl Records for MemoryStore {
+    fn lookup(self: Arc<Self>, key: LockKey) -> BoxFuture<Result<Option<Bytes>, StoreError>> {
+        let found = self.lookup_now(&key);
+        Box::pin(std::future::ready(Ok(found)))
+    }
+
+    fn complete(
+        self: Arc<Self>,
+        key: LockKey,
+        token: Token,
+        record: Bytes,
+        retention: Duration,
+    ) -> BoxFuture<Result<bool, StoreError>> {
+        let done = self.complete_now(&key, &token, record, retention);
+        Box::pin(std::future::ready(Ok(done)))
     }
 }
 
@@ -94,24 +116,14 @@ mod tests {
             Acquire::Acquired { .. }
         ));
         let record = Bytes::from_static(b"r");
-        assert!(
-            !store
-                .complete(&key, &other, record.clone(), retention)
-                .await
-                .unwrap()
-        );
-        assert_eq!(store.lookup(&key).await.unwrap(), None);
+        assert!(!store.complete_now(&key, &other, record.clone(), retention));
+        assert_eq!(store.lookup_now(&key), None);
         assert_eq!(store.held(), 1, "a stranger's complete released the lease");
-        assert!(
-            store
-                .complete(&key, &mine, record, retention)
-                .await
-                .unwrap()
-        );
+        assert!(store.complete_now(&key, &mine, record, retention));
         assert_eq!(store.held(), 0);
-        assert_eq!(store.lookup(&key).await.unwrap().unwrap(), "r");
+        assert_eq!(store.lookup_now(&key).unwrap(), "r");
         tokio::time::advance(retention).await;
-        assert_eq!(store.lookup(&key).await.unwrap(), None);
+        assert_eq!(store.lookup_now(&key), None);
     }
 
     #[tokio::test(start_paused = true)]
@@ -120,7 +132,7 @@ mod tests {
         for i in 0..SWEEP_EVERY {
             let key = LockKey::new("t:", "s", i.to_string().as_bytes(), 64).unwrap();
             store.records().insert(
-                Bytes::from(record_key(&key)),
+                Bytes::copy_from_slice(key.as_bytes()),
                 Bytes::new(),
                 Duration::from_millis(10),
             );

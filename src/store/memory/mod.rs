@@ -1,3 +1,8 @@
+//! [`MemoryStore`]: leases (and idempotency records) in this process's memory.
+
+mod notices;
+mod records;
+
 use std::{
     collections::HashMap,
     sync::{
@@ -10,7 +15,8 @@ use std::{
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::{Acquire, LockStore, ReleaseWatch, Releases, StoreError};
+use self::{notices::ReleaseAnnouncer, records::MemoryRecords};
+use super::{Acquire, Capabilities, LockStore, StoreError};
 use crate::{key::LockKey, token::Token};
 
 /// Sweep expired entries once this many acquisitions have gone by.
@@ -35,10 +41,10 @@ struct Inner {
     leases: Mutex<HashMap<Bytes, Entry>>,
     fence: AtomicU64,
     ops: AtomicU64,
-    /// Idempotency records (`crate::idempotency`), written atomically with a release.
-    records: crate::idempotency::MemoryRecords,
+    /// Idempotency records, written atomically with a release.
+    records: MemoryRecords,
     /// Wakes waiters (of any locker on this store) when a key is released.
-    releases: Releases,
+    releases: ReleaseAnnouncer,
 }
 
 #[derive(Debug)]
@@ -67,11 +73,6 @@ impl MemoryStore {
 
     fn key(key: &LockKey) -> Bytes {
         Bytes::copy_from_slice(key.as_bytes())
-    }
-
-    /// The idempotency records kept next to the leases.
-    pub(crate) fn records(&self) -> &crate::idempotency::MemoryRecords {
-        &self.inner.records
     }
 
     /// [`release`](LockStore::release), running `then` under the lease map's lock just before
@@ -159,8 +160,15 @@ impl LockStore for MemoryStore {
         }
     }
 
-    fn watch(&self, key: &LockKey) -> Option<ReleaseWatch> {
-        Some(self.inner.releases.watch(key))
+    /// Release notices (waiters of this process, of any locker on this store, wake at a
+    /// release) and idempotency records.
+    fn capabilities(&self) -> Capabilities {
+        let this = Arc::new(self.clone());
+        Capabilities {
+            release_notices: Some(this.clone()),
+            records: Some(this),
+            ..Capabilities::none()
+        }
     }
 }
 

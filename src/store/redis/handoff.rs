@@ -32,7 +32,7 @@ use tokio::{
     time::Instant,
 };
 
-use super::{QueueSignals, QueueWatch, Signal};
+use crate::store::{QueueSignals, QueueWatch, Signal};
 use crate::{telemetry::Chain, token::Token};
 
 /// How long to wait before subscribing again after the connection broke; also the least time

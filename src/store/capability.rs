@@ -1,0 +1,506 @@
+//! What a store can do beyond [`LockStore`]'s four operations: the crate's own stores' extras,
+//! reached through [`LockStore::capabilities`].
+//!
+//! | capability | what it gives | stores |
+//! |---|---|---|
+//! | batched renewal | the renewals that fall due together in one call | `RedisStore` (one script per batch, or per hash slot), `ClusterStore`, `SentinelStore`, `RedlockStore` (one batch per node) |
+//! | hand-off | a first-come-first-served queue per key: a release hands the key to the next waiter | `RedisStore::connect`, `SentinelStore` |
+//! | release notices | waiters of this process woken by a release | `MemoryStore` |
+//! | idempotency records | records written in the same atomic step as the release | `MemoryStore`, `RedisStore`, `ClusterStore`, `SentinelStore` |
+//!
+//! `docs/TOPOLOGY.md` has the same matrix, with why each missing cell is missing;
+//! `tests/capabilities.rs` checks both against the stores. A store without a capability still
+//! works everywhere: renewals go one by one, waiters pace themselves by their wait policy, and
+//! only the idempotency layer needs records (a compile-time bound, [`IdempotencyStore`]).
+//!
+//! The operations themselves are crate-private: they carry protocol details (hand-off
+//! signals, record encodings) that no caller needs and that change with the scripts.
+//!
+//! [`IdempotencyStore`]: crate::IdempotencyStore
+
+use std::{fmt, future::Future, pin::Pin, sync::Arc, task, time::Duration};
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::{BoxFuture, LockStore, StoreError};
+use crate::{key::LockKey, token::Token};
+
+/// What a store can do beyond the four operations of [`LockStore`]; see the
+/// [module docs](self).
+///
+/// A store that wraps another forwards it (`self.inner.capabilities()`), and so keeps every
+/// capability of what it wraps. Stores written outside this crate have none
+/// ([`Capabilities::none`]), unless they wrap one of the crate's stores and forward its.
+#[derive(Clone, Default)]
+pub struct Capabilities {
+    pub(crate) renew_many: Option<Arc<dyn RenewMany>>,
+    pub(crate) hand_off: Option<Arc<dyn HandOff>>,
+    pub(crate) release_notices: Option<Arc<dyn ReleaseNotices>>,
+    pub(crate) records: Option<Arc<dyn Records>>,
+}
+
+impl Capabilities {
+    /// No capability beyond the four operations (the default).
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Whether renewals that fall due together go to the store in one call.
+    pub fn batched_renewal(&self) -> bool {
+        self.renew_many.is_some()
+    }
+
+    /// Whether the store queues waiters and hands a released key to the first of them.
+    pub fn hand_off(&self) -> bool {
+        self.hand_off.is_some()
+    }
+
+    /// Whether the store wakes this process's waiters when a key is released.
+    pub fn release_notices(&self) -> bool {
+        self.release_notices.is_some()
+    }
+
+    /// Whether the store keeps idempotency records, written with the release.
+    pub fn idempotency_records(&self) -> bool {
+        self.records.is_some()
+    }
+}
+
+impl fmt::Debug for Capabilities {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Capabilities")
+            .field("batched_renewal", &self.batched_renewal())
+            .field("hand_off", &self.hand_off())
+            .field("release_notices", &self.release_notices())
+            .field("idempotency_records", &self.idempotency_records())
+            .finish()
+    }
+}
+
+/// Renews several leases in as few calls as the store can, answering for each as
+/// [`LockStore::renew`] would.
+pub(crate) trait RenewMany: Send + Sync + 'static {
+    fn renew_many(
+        self: Arc<Self>,
+        leases: Vec<(LockKey, Token)>,
+        ttl: Duration,
+    ) -> BoxFuture<Vec<Result<bool, StoreError>>>;
+}
+
+/// A first-come-first-served queue per key: a release hands the key straight to the head of
+/// the queue instead of freeing it, so waiters never race each other (or the releasing
+/// holder) for it.
+pub(crate) trait HandOff: Send + Sync + 'static {
+    /// Like [`LockStore::acquire`], for a caller that will wait: when the key is held, queues
+    /// `token` ([`Attempt::Queued`]), or keeps its place if it is queued already; when the key
+    /// was handed to `token`, claims it for `ttl` and answers `Acquired`. Until it acquires, a
+    /// queued caller leaves the queue by releasing with its token.
+    fn enqueue(
+        self: Arc<Self>,
+        key: LockKey,
+        token: Token,
+        ttl: Duration,
+    ) -> BoxFuture<Result<Attempt, StoreError>>;
+
+    /// Registers `token` to hear the hand-off of `key`, after `enqueue` answered
+    /// [`Attempt::Queued`]; signals that arrived in between are delivered. `None`: this store
+    /// cannot tell it now (its subscription is down).
+    fn queue_watch(&self, key: &LockKey, token: &Token) -> Option<QueueWatch>;
+}
+
+/// Announces releases to the waiters of this process.
+pub(crate) trait ReleaseNotices: Send + Sync + 'static {
+    /// Registers, now, for the next release of `key`.
+    fn watch(&self, key: &LockKey) -> ReleaseNotice;
+}
+
+/// Idempotency records, next to the locks. Both operations are atomic in the store.
+pub(crate) trait Records: Send + Sync + 'static {
+    /// The record stored for `key`, if it has not expired.
+    fn lookup(self: Arc<Self>, key: LockKey) -> BoxFuture<Result<Option<Bytes>, StoreError>>;
+
+    /// **If `key` holds `token`**, stores `record` for `retention` and releases `key` (hands it
+    /// on, with hand-off), as one step, and answers `true`; otherwise changes nothing and
+    /// answers `false`. No other request may ever see the lock gone and the record missing.
+    fn complete(
+        self: Arc<Self>,
+        key: LockKey,
+        token: Token,
+        record: Bytes,
+        retention: Duration,
+    ) -> BoxFuture<Result<bool, StoreError>>;
+}
+
+/// The answer to an attempt of a caller that may wait in a hand-off queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// Held with the caller's token now.
+    Acquired { fencing_token: u64 },
+    /// Held by another holder.
+    Contended { expires_in: Option<Duration> },
+    /// Held by another holder, and the caller has a place in the key's hand-off queue: check
+    /// again within `expires_in` if told nothing.
+    Queued { expires_in: Option<Duration> },
+}
+
+impl From<super::Acquire> for Attempt {
+    fn from(answer: super::Acquire) -> Self {
+        match answer {
+            super::Acquire::Acquired { fencing_token } => Self::Acquired { fencing_token },
+            super::Acquire::Contended { expires_in } => Self::Contended { expires_in },
+        }
+    }
+}
+
+/// What a queued waiter hears from its store, through [`QueueWatch::signal`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Signal {
+    /// The key was handed to the waiter's token. It is held for the waiter at least until
+    /// `valid_until` (or is already lost, if that has passed); the waiter confirms it with a
+    /// renewal before then.
+    Granted {
+        fencing_token: u64,
+        valid_until: Instant,
+    },
+    /// The waiter is next in line: the key was just handed to the waiter before it, which must
+    /// confirm within `within`. If nothing else arrives by then, the waiter checks again.
+    Next { within: Duration },
+    /// Something may have changed (for example, the store's subscription reconnected and may
+    /// have missed messages): check again now.
+    Retry,
+}
+
+/// A waiter's registration with a store's hand-off queue. Dropping it unregisters.
+pub(crate) struct QueueWatch(Pin<Box<dyn QueueSignals>>);
+
+/// The source of a [`QueueWatch`]'s signals.
+pub(crate) trait QueueSignals: Send {
+    /// The next signal; pending until one arrives.
+    fn poll_signal(self: Pin<&mut Self>, cx: &mut task::Context<'_>) -> task::Poll<Signal>;
+}
+
+impl QueueWatch {
+    pub(crate) fn new(signals: impl QueueSignals + 'static) -> Self {
+        Self(Box::pin(signals))
+    }
+
+    /// Waits for the next signal.
+    pub(crate) async fn signal(&mut self) -> Signal {
+        std::future::poll_fn(|cx| self.0.as_mut().poll_signal(cx)).await
+    }
+}
+
+impl fmt::Debug for QueueWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("QueueWatch")
+    }
+}
+
+/// A registration for the next release of one key, from [`ReleaseNotices::watch`].
+///
+/// Registered when created, so a release between the registration and the first poll is not
+/// missed. It completes when the key may have been released; a waiter then retries at once. It
+/// may complete spuriously, and may never complete (a lost message): waiters always keep a
+/// fallback timer.
+pub(crate) struct ReleaseNotice(Pin<Box<dyn Future<Output = ()> + Send>>);
+
+impl ReleaseNotice {
+    /// Wraps a future, already registered for the release, that completes when the key may
+    /// have been released.
+    pub(crate) fn new(future: impl Future<Output = ()> + Send + 'static) -> Self {
+        Self(Box::pin(future))
+    }
+}
+
+impl Future for ReleaseNotice {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut task::Context<'_>) -> task::Poll<()> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+impl fmt::Debug for ReleaseNotice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ReleaseNotice")
+    }
+}
+
+/// A store that sends each call to a store it picks per call, and may send a failed call once
+/// more to another: `SentinelStore`, which follows the master Sentinel names.
+/// [`Capabilities::routed`] turns it into the capabilities of whatever store it routes to, so
+/// that such a wrapper keeps every capability of the stores it wraps by this one mechanism.
+#[cfg(feature = "sentinel")]
+pub(crate) trait Route: Send + Sync + 'static {
+    /// Where a call goes.
+    type Target: Send + Sync + 'static;
+
+    /// Where calls go now.
+    fn current(&self) -> Self::Target;
+
+    /// The capabilities of `target`.
+    fn capabilities(target: &Self::Target) -> &Capabilities;
+
+    /// After a call sent to `failed` ended in `error`: where to send it once more, if the route
+    /// moved on (a failover), else `None`.
+    fn after(&self, failed: &Self::Target, error: &StoreError) -> BoxFuture<Option<Self::Target>>;
+}
+
+#[cfg(feature = "sentinel")]
+impl Capabilities {
+    /// The capabilities of the stores `route` sends calls to: each present when the store
+    /// calls go to now has it, each call sent once more after a failover the route followed.
+    pub(crate) fn routed<R: Route>(route: Arc<R>) -> Self {
+        let now = route.current();
+        let now = R::capabilities(&now);
+        let routed = Arc::new(Routed(route));
+        // Every field, so that a capability added to the crate cannot be left unrouted.
+        Self {
+            renew_many: now
+                .renew_many
+                .is_some()
+                .then(|| Arc::clone(&routed) as Arc<dyn RenewMany>),
+            hand_off: now
+                .hand_off
+                .is_some()
+                .then(|| Arc::clone(&routed) as Arc<dyn HandOff>),
+            release_notices: now
+                .release_notices
+                .is_some()
+                .then(|| Arc::clone(&routed) as Arc<dyn ReleaseNotices>),
+            records: now.records.is_some().then(|| routed as Arc<dyn Records>),
+        }
+    }
+}
+
+/// [`Capabilities::routed`]'s implementation of every capability.
+#[cfg(feature = "sentinel")]
+struct Routed<R>(Arc<R>);
+
+#[cfg(feature = "sentinel")]
+impl<R: Route> Routed<R> {
+    /// Runs `call` with the capability `pick` chooses on the current target; after an error
+    /// `failed` finds in its answer, once more on the target the route moved on to.
+    async fn run<C: ?Sized, T>(
+        &self,
+        pick: impl Fn(&Capabilities) -> Option<&Arc<C>>,
+        call: impl Fn(Arc<C>) -> BoxFuture<T>,
+        failed: impl Fn(&T) -> Option<StoreError>,
+        missing: impl FnOnce() -> T,
+    ) -> T {
+        let target = self.0.current();
+        let Some(cap) = pick(R::capabilities(&target)).cloned() else {
+            return missing();
+        };
+        let answer = call(cap).await;
+        let Some(error) = failed(&answer) else {
+            return answer;
+        };
+        let Some(next) = self.0.after(&target, &error).await else {
+            return answer;
+        };
+        match pick(R::capabilities(&next)).cloned() {
+            Some(cap) => call(cap).await,
+            None => answer,
+        }
+    }
+}
+
+#[cfg(feature = "sentinel")]
+/// The error of a call that failed, to send it once more.
+fn error_of<T>(answer: &Result<T, StoreError>) -> Option<StoreError> {
+    answer.as_ref().err().cloned()
+}
+
+#[cfg(feature = "sentinel")]
+/// The error of a batch that failed as a whole (every answer an error: one script, one error).
+fn batch_error(answers: &Vec<Result<bool, StoreError>>) -> Option<StoreError> {
+    match answers.first() {
+        Some(Err(first)) if answers.iter().all(Result::is_err) => Some(first.clone()),
+        _ => None,
+    }
+}
+
+#[cfg(feature = "sentinel")]
+fn missing(what: &str) -> StoreError {
+    StoreError::msg(
+        super::StoreErrorKind::Backend,
+        format!("the store this call was routed to cannot {what}"),
+    )
+}
+
+#[cfg(feature = "sentinel")]
+impl<R: Route> RenewMany for Routed<R> {
+    fn renew_many(
+        self: Arc<Self>,
+        leases: Vec<(LockKey, Token)>,
+        ttl: Duration,
+    ) -> BoxFuture<Vec<Result<bool, StoreError>>> {
+        Box::pin(async move {
+            let n = leases.len();
+            self.run(
+                |caps| caps.renew_many.as_ref(),
+                |batch| batch.renew_many(leases.clone(), ttl),
+                batch_error,
+                || vec![Err(missing("renew in batches")); n],
+            )
+            .await
+        })
+    }
+}
+
+#[cfg(feature = "sentinel")]
+impl<R: Route> HandOff for Routed<R> {
+    fn enqueue(
+        self: Arc<Self>,
+        key: LockKey,
+        token: Token,
+        ttl: Duration,
+    ) -> BoxFuture<Result<Attempt, StoreError>> {
+        Box::pin(async move {
+            self.run(
+                |caps| caps.hand_off.as_ref(),
+                |hand_off| hand_off.enqueue(key.clone(), token.clone(), ttl),
+                error_of,
+                || Err(missing("hand off")),
+            )
+            .await
+        })
+    }
+
+    fn queue_watch(&self, key: &LockKey, token: &Token) -> Option<QueueWatch> {
+        let target = self.0.current();
+        R::capabilities(&target)
+            .hand_off
+            .as_ref()?
+            .queue_watch(key, token)
+    }
+}
+
+#[cfg(feature = "sentinel")]
+impl<R: Route> ReleaseNotices for Routed<R> {
+    fn watch(&self, key: &LockKey) -> ReleaseNotice {
+        let target = self.0.current();
+        match &R::capabilities(&target).release_notices {
+            Some(notices) => notices.watch(key),
+            None => ReleaseNotice::new(std::future::pending()),
+        }
+    }
+}
+
+#[cfg(feature = "sentinel")]
+impl<R: Route> Records for Routed<R> {
+    fn lookup(self: Arc<Self>, key: LockKey) -> BoxFuture<Result<Option<Bytes>, StoreError>> {
+        Box::pin(async move {
+            self.run(
+                |caps| caps.records.as_ref(),
+                |records| records.lookup(key.clone()),
+                error_of,
+                || Err(missing("keep records")),
+            )
+            .await
+        })
+    }
+
+    fn complete(
+        self: Arc<Self>,
+        key: LockKey,
+        token: Token,
+        record: Bytes,
+        retention: Duration,
+    ) -> BoxFuture<Result<bool, StoreError>> {
+        Box::pin(async move {
+            self.run(
+                |caps| caps.records.as_ref(),
+                |records| records.complete(key.clone(), token.clone(), record.clone(), retention),
+                error_of,
+                || Err(missing("keep records")),
+            )
+            .await
+        })
+    }
+}
+
+/// The view of a store the engine holds: its four operations, object-safe, and its
+/// capabilities, resolved once when the locker is built.
+pub(crate) struct Backend {
+    store: Arc<dyn super::DynStore>,
+    caps: Capabilities,
+}
+
+impl Backend {
+    pub(crate) fn new(store: impl LockStore) -> Self {
+        let caps = store.capabilities();
+        Self {
+            store: Arc::new(store),
+            caps,
+        }
+    }
+
+    /// One attempt; with `wait` and a store that hands off, one that queues the caller.
+    pub(crate) fn attempt(
+        &self,
+        key: LockKey,
+        token: Token,
+        ttl: Duration,
+        wait: bool,
+    ) -> BoxFuture<Result<Attempt, StoreError>> {
+        match (&self.caps.hand_off, wait) {
+            (Some(hand_off), true) => Arc::clone(hand_off).enqueue(key, token, ttl),
+            _ => {
+                let acquire = Arc::clone(&self.store).acquire(key, token, ttl);
+                Box::pin(async move { acquire.await.map(Attempt::from) })
+            }
+        }
+    }
+
+    /// Registers `token`'s waiter for the hand-off of `key` (a store that hands off).
+    pub(crate) fn queue_watch(&self, key: &LockKey, token: &Token) -> Option<QueueWatch> {
+        self.caps.hand_off.as_ref()?.queue_watch(key, token)
+    }
+
+    /// Registers for the next release of `key` (a store that announces them).
+    pub(crate) fn watch(&self, key: &LockKey) -> Option<ReleaseNotice> {
+        Some(self.caps.release_notices.as_ref()?.watch(key))
+    }
+
+    pub(crate) fn renew(
+        &self,
+        key: LockKey,
+        token: Token,
+        ttl: Duration,
+    ) -> BoxFuture<Result<bool, StoreError>> {
+        Arc::clone(&self.store).renew(key, token, ttl)
+    }
+
+    /// Renews `leases` in one call where the store can, else one call each, concurrently.
+    pub(crate) fn renew_many(
+        &self,
+        leases: Vec<(LockKey, Token)>,
+        ttl: Duration,
+    ) -> BoxFuture<Vec<Result<bool, StoreError>>> {
+        if let Some(batch) = &self.caps.renew_many {
+            return Arc::clone(batch).renew_many(leases, ttl);
+        }
+        let renewals: Vec<_> = leases
+            .into_iter()
+            .map(|(key, token)| self.renew(key, token, ttl))
+            .collect();
+        Box::pin(futures_util::future::join_all(renewals))
+    }
+
+    /// A release that fails with a timeout error after `limit`.
+    pub(crate) fn release(
+        &self,
+        key: LockKey,
+        token: Token,
+        limit: Duration,
+    ) -> BoxFuture<Result<bool, StoreError>> {
+        Arc::clone(&self.store).release(key, token, limit)
+    }
+
+    pub(crate) fn validity(&self, ttl: Duration) -> Duration {
+        self.store.validity(ttl)
+    }
+}

@@ -1,0 +1,558 @@
+//! [`RedisStore`]: leases in one Redis server (or a cluster, through `ClusterStore`).
+//!
+//! The type, its constructors and settings, and its four operations are here; each concern
+//! of its own file: the transport (`connection`), the Lua scripts and their loading
+//! (`scripts`, `scripts/*.lua`), the acquire script and the hand-off queue it keeps
+//! (`acquire`), the hand-off's pub/sub subscription (`handoff`), renewals in batches
+//! (`renew`), idempotency records (`records`), native compare commands (`native`), replica
+//! acknowledgement (`replicas`), and the names of the keys next to a lock key (`keys`).
+
+mod acquire;
+mod connection;
+mod handoff;
+mod keys;
+mod native;
+mod records;
+mod renew;
+mod replicas;
+mod scripts;
+
+use std::{
+    fmt,
+    sync::{Arc, atomic::AtomicBool},
+    time::Duration,
+};
+
+use bb8_redis::{RedisConnectionManager, bb8};
+use redis::{
+    Client, ErrorKind, IntoConnectionInfo, Value,
+    aio::{ConnectionManager, MultiplexedConnection},
+};
+use tokio::sync::OnceCell;
+
+pub(crate) use self::{connection::redis_error, handoff::Handoff};
+use self::{
+    connection::{Request, Transport, manager_config},
+    keys::ms,
+    native::{NativeRelease, NativeState, info_text},
+    replicas::ReplicaAcks,
+    scripts::{LUA, Scripts},
+};
+use super::{
+    Acquire, Capabilities, LockStore, StoreError,
+    eviction::{Eviction, ServerEviction},
+};
+use crate::{key::LockKey, token::Token};
+
+/// How long connecting waits for the server's eviction policy before it goes on without it.
+const EVICTION_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long a key handed to a waiter stays reserved for it unless it confirms (default).
+const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_secs(1);
+
+/// Leases held in Redis, shared by every instance that uses the same server.
+///
+/// # Transports
+///
+/// | constructor | transport | round trips per uncontended request |
+/// |---|---|---|
+/// | [`connect`](Self::connect) (default) | one [`ConnectionManager`]: multiplexed, reconnects by itself | 2 |
+/// | [`from_connection_manager`](Self::from_connection_manager) | your `ConnectionManager` | 2 |
+/// | [`from_multiplexed`](Self::from_multiplexed) | your `MultiplexedConnection` (does not reconnect) | 2 |
+/// | [`from_pool`](Self::from_pool) | a bb8-redis pool, one checkout per command | 2, plus a `PING` per checkout if the pool tests on checkout |
+///
+/// The default is one multiplexed connection because it is both the fastest and the cheapest:
+/// measured on a 2-core machine (axum, `wrk -c50`, one `SET NX PX` and one compare-and-delete per
+/// request), one shared multiplexed connection served 41.5k req/s, bb8-redis with
+/// `test_on_check_out(false)` 18.6k, and bb8-redis with its defaults 12.9k (it sends a `PING` on
+/// every checkout, so 4 round trips per request). Redis pipelines the commands of concurrent
+/// requests on the one connection. Use a pool when you already have one, and build it with
+/// [`pool_builder`](Self::pool_builder), which turns the checkout `PING` off and bounds the
+/// connection timeout.
+///
+/// # Keys and scripts
+///
+/// A lease is the key [`LockKey::as_bytes`] set to the holder's token with `SET NX PX`; renew and
+/// release are Lua compare-and-`PEXPIRE` and compare-and-`DEL`, sent as `EVALSHA` and reloaded
+/// by `redis::Script` if the server answers `NOSCRIPT` (after `SCRIPT FLUSH` or a restart).
+/// Fencing tokens come from one counter per hash slot, `<prefix>fence:{<tag>}` (with the hash
+/// tag of the lock keys of that slot, see [`crate::key`]: at most 16,384 such keys), kept for
+/// [`fence_retention`](Self::fence_retention) (default 24 h) after their last use: a released
+/// lock leaves no key behind, however many distinct keys are locked, and every script touches
+/// one slot only. Tokens are `max(last + 1, server time in µs)`, so they keep increasing after
+/// the counter expires, as long as the Redis server's clock does not step back. With
+/// [`handoff`](Self::handoff) on (the default for [`connect`](Self::connect)), waiters queue in
+/// `<lock key>:queue` and a release hands the key to the first of them.
+///
+/// # Replicas
+///
+/// A master's replicas copy its writes asynchronously: a failover to a replica that had not yet
+/// received a lease forgets it. [`wait_for_replicas`](Self::wait_for_replicas) sends
+/// `WAIT numreplicas timeout` in the same round trip as each acquire and renewal and treats
+/// too few acknowledgements as a failure (the acquired key is released and the layer answers
+/// 503). See `docs/TOPOLOGY.md`.
+///
+/// # Native compare commands
+///
+/// On servers that have them, renew and release use the server's own compare commands instead
+/// of Lua: `SET key token IFEQ token PX ttl` (Valkey 8.1+, Redis 8.4+), `DELIFEQ key token`
+/// (Valkey 9+), `DELEX key IFEQ token` (Redis 8.4+). The server is asked once per store
+/// (`INFO server`, at the first renew or release); older servers, and any error from a native
+/// command, mean Lua. Acquire is always Lua: it also hands out the fencing token.
+/// [`native_commands(false)`](Self::native_commands) turns detection off.
+#[derive(Clone)]
+pub struct RedisStore {
+    transport: Transport,
+    scripts: Arc<Scripts>,
+    fence_retention: Duration,
+    replicas: Option<ReplicaAcks>,
+    native: Arc<NativeState>,
+    /// Whether the server hashes keys to slots (a cluster, or a cluster-mode server behind a
+    /// plain connection, which refuses a script over keys of several slots with `CROSSSLOT`):
+    /// batched renewals are then sent one script per slot. Learnt from the first refusal.
+    slot_bound: Arc<AtomicBool>,
+    /// The hand-off queue's signals, when on (`handoff`).
+    handoff: Option<Arc<Handoff>>,
+    claim_window: Duration,
+    /// The server's address, for the hand-off's own connection (stores made by `connect`).
+    client: Option<Client>,
+}
+
+impl RedisStore {
+    /// Connects to `url` (`redis://host:port/db`) with one auto-reconnecting multiplexed
+    /// connection, the recommended transport.
+    ///
+    /// The connection times out connecting after 1 s and waiting for a reply after 2 s; the
+    /// layer bounds each operation more tightly still (its wait deadline and store timeout).
+    /// Fails if the server cannot be reached now.
+    ///
+    /// Once connected, it asks the server for its eviction policy (`INFO memory`) and logs a
+    /// warning if the server may evict lock keys (any `maxmemory-policy` but `noeviction`; see
+    /// [`eviction`](Self::eviction)). A server that refuses `INFO` connects all the same.
+    pub async fn connect<T: IntoConnectionInfo>(url: T) -> Result<Self, StoreError> {
+        Ok(Self::connect_plain(url).await?.handoff(true))
+    }
+
+    /// Like [`connect`](Self::connect), without hand-off (for Redlock's nodes and Sentinel's
+    /// masters, which do not queue).
+    pub(crate) async fn connect_plain<T: IntoConnectionInfo>(url: T) -> Result<Self, StoreError> {
+        let client = Client::open(url).map_err(redis_error)?;
+        let manager = ConnectionManager::new_with_config(client.clone(), manager_config())
+            .await
+            .map_err(redis_error)?;
+        let store = Self::from_connection_manager(manager).with_client(client);
+        store.check_eviction().await;
+        Ok(store)
+    }
+
+    /// Like [`connect`](Self::connect), but connects at the first command instead of now, and
+    /// without hand-off (for Redlock's nodes, which do not queue).
+    pub(crate) fn connect_lazy<T: IntoConnectionInfo>(url: T) -> Result<Self, StoreError> {
+        let client = Client::open(url).map_err(redis_error)?;
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), manager_config())
+            .map_err(redis_error)?;
+        Ok(Self::from_connection_manager(manager).with_client(client))
+    }
+
+    /// Uses an existing [`ConnectionManager`] (clones share its one connection).
+    pub fn from_connection_manager(manager: ConnectionManager) -> Self {
+        Self::with(Transport::Manager(manager))
+    }
+
+    /// Uses an existing [`MultiplexedConnection`]. It does not reconnect: prefer a
+    /// [`ConnectionManager`] for long-running services.
+    pub fn from_multiplexed(connection: MultiplexedConnection) -> Self {
+        Self::with(Transport::Multiplexed(connection))
+    }
+
+    /// Uses a bb8-redis pool, checking out a connection for each command.
+    ///
+    /// A pool built with bb8's defaults sends a `PING` on every checkout and may wait 30 s for a
+    /// connection; build it with [`pool_builder`](Self::pool_builder) instead. The layer bounds
+    /// every checkout by its own deadline either way.
+    pub fn from_pool(pool: bb8::Pool<RedisConnectionManager>) -> Self {
+        Self::with(Transport::Pool(pool))
+    }
+
+    /// A bb8 pool builder with the settings this store needs: no `PING` on checkout, and a
+    /// 1 s connection timeout instead of 30 s.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use bb8_redis::RedisConnectionManager;
+    /// use tower_lock::RedisStore;
+    ///
+    /// let manager = RedisConnectionManager::new("redis://127.0.0.1/")?;
+    /// let pool = RedisStore::pool_builder().max_size(16).build(manager).await?;
+    /// let store = RedisStore::from_pool(pool);
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub fn pool_builder() -> bb8::Builder<RedisConnectionManager> {
+        bb8::Pool::builder()
+            .test_on_check_out(false)
+            .connection_timeout(Duration::from_secs(1))
+    }
+
+    /// The Lua scripts this store runs, by name, exactly as it sends them (`acquire`,
+    /// `release`, `renew`, `renew_many`, `record_lookup`, `record_complete`): for a security
+    /// review, an ACL audit (see `docs/TOPOLOGY.md`), or a tool that sends them by hand.
+    ///
+    /// ```
+    /// use tower_lock::RedisStore;
+    ///
+    /// let (name, source) = RedisStore::lua_scripts().next().unwrap();
+    /// assert_eq!(name, "acquire");
+    /// assert!(source.contains("'SET', lock, token, 'NX', 'PX', ttl"));
+    /// ```
+    pub fn lua_scripts() -> impl Iterator<Item = (&'static str, &'static str)> {
+        LUA.iter().map(|(name, source)| (*name, source.as_str()))
+    }
+
+    /// How long the fencing counter is kept after its last acquisition (default 24 h).
+    ///
+    /// Fencing tokens stay increasing without it (they follow the server clock); the counter only
+    /// guards against the clock stepping back by less than this.
+    #[must_use]
+    pub fn fence_retention(mut self, retention: Duration) -> Self {
+        self.fence_retention = retention.max(Duration::from_millis(1));
+        self
+    }
+
+    /// After each acquire and renewal, waits until `replicas` replicas have acknowledged it, for
+    /// at most `timeout`, with `WAIT` (sent in the same round trip).
+    ///
+    /// Fewer acknowledgements make the acquire fail: the key is released and the layer answers
+    /// 503 (a [`StoreError`] of kind [`Unavailable`](StoreErrorKind::Unavailable)); a renewal
+    /// that is not acknowledged in time is an error, retried while the lease is valid. `WAIT`
+    /// holds the connection until it answers, so with one multiplexed connection concurrent
+    /// requests queue behind it; keep `timeout` small (the replication round trip, a few ms on
+    /// a LAN). `WAIT` makes a lost lease after failover much less likely, not impossible: a
+    /// replica that acknowledged may still not be the one promoted.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tower_lock::RedisStore;
+    ///
+    /// let store = RedisStore::connect("redis://127.0.0.1/")
+    ///     .await?
+    ///     .wait_for_replicas(1, Duration::from_millis(50));
+    /// # let _ = store; Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.replicas = (replicas > 0).then_some(ReplicaAcks {
+            replicas,
+            timeout: timeout.max(Duration::from_millis(1)),
+        });
+        self
+    }
+
+    /// Whether to use the server's native compare commands for renew and release where it has
+    /// them (default `true`); `false` always uses Lua.
+    #[must_use]
+    pub fn native_commands(self, enabled: bool) -> Self {
+        Self {
+            native: Arc::new(NativeState {
+                enabled: AtomicBool::new(enabled),
+                detected: OnceCell::new(),
+            }),
+            ..self
+        }
+    }
+
+    /// Hands a released key straight to the next waiter, first come first served (default
+    /// `true` for stores made by [`connect`](Self::connect); other constructors do not know
+    /// the server's address and cannot turn it on).
+    ///
+    /// With hand-off, a waiter that finds its key held joins the key's queue in Redis
+    /// (`<lock key>:queue`, in the same script as its attempt), and the holder's release gives
+    /// the key to the head of the queue instead of freeing it, and tells that waiter on pub/sub
+    /// (each store subscribes to a channel of its own, on one extra RESP3 connection: Redis 6
+    /// or later; on older servers waiters use their timers). The waiter runs at once: the key
+    /// is reserved for it for the [`claim_window`](Self::claim_window), and its first renewal,
+    /// due within a third of that, confirms it for the full TTL. So under contention every
+    /// acquisition costs about two commands (the attempt that queues, the release that hands
+    /// over), waiters take turns fairly, and nobody polls: a waiter's timer only backs up a
+    /// lost message, firing when the holder's lease would run out. A waiter that gives up
+    /// leaves the queue with its release; a waiter whose process died is skipped (nobody hears
+    /// its message), and one whose process hangs before claiming delays the next one by the
+    /// claim window.
+    ///
+    /// The subscription is a task started here, on the current Tokio runtime; if that runtime
+    /// shuts down while the store lives on, the next waiter's call starts it again on its own.
+    /// A waiter is queued only on a server where its store's subscription is (the attempt
+    /// checks): if the address now reaches another server than the subscription does (a
+    /// virtual IP or DNS name that moved in a failover, while the subscription's connection
+    /// stayed open), the store subscribes again, through the address, and the waiter queues
+    /// once that is up.
+    ///
+    /// Every instance that shares the locks must agree on this setting: a store without
+    /// hand-off takes a free key even when others queue for it, and frees keys on release
+    /// instead of handing them on (waiters then fall back to their timers). See
+    /// `docs/DECISIONS.md`.
+    #[must_use]
+    pub fn handoff(mut self, enabled: bool) -> Self {
+        self.handoff = match (&self.client, enabled) {
+            (Some(client), true) => {
+                let handoff = Handoff::new(client.clone());
+                handoff.ensure_running();
+                Some(handoff)
+            }
+            _ => None,
+        };
+        self
+    }
+
+    /// Uses `handoff` (or none) for this store's waiters: a
+    /// [`SentinelStore`](super::SentinelStore) gives the stores of every master it follows the
+    /// same one (one channel, one subscription that it moves to each new master, one registry
+    /// of waiters).
+    #[cfg(feature = "sentinel")]
+    pub(crate) fn attach_handoff(mut self, handoff: Option<Arc<Handoff>>) -> Self {
+        self.handoff = handoff;
+        self
+    }
+
+    /// How long a key handed to a waiter stays reserved for it before it must confirm
+    /// (default 1 s). A waiter that was queued for longer than about half of this confirms
+    /// before it runs (one more command); a waiter whose process hangs delays the queue by this
+    /// long.
+    /// Shorter than the TTL; every instance should use the same.
+    #[must_use]
+    pub fn claim_window(mut self, window: Duration) -> Self {
+        self.claim_window = window.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Asks the server now for its eviction policy (`maxmemory-policy`, from `INFO memory`):
+    /// whether Redis may delete held leases and idempotency records before they expire when it
+    /// runs short of memory. Anything but [`Eviction::Never`] risks two holders at once (an
+    /// evicted lease) and handlers run twice (an evicted record); see [`Eviction`].
+    ///
+    /// [`connect`](Self::connect) asks once and logs a warning; stores built from your own
+    /// connection, manager or pool are not asked unless you call this. A server that refuses
+    /// `INFO` answers [`Eviction::Unknown`]; the error is for a server that cannot be reached.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_lock::{RedisStore, store::Eviction};
+    ///
+    /// let store = RedisStore::connect("redis://127.0.0.1/").await?;
+    /// if let Eviction::Possible { policy, .. } = store.eviction().await? {
+    ///     return Err(format!("Redis may evict held locks (maxmemory-policy {policy})").into());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn eviction(&self) -> Result<Eviction, StoreError> {
+        let servers = self.evictions().await?;
+        Ok(Eviction::riskiest(servers.into_iter().map(|s| s.eviction)))
+    }
+
+    /// `INFO memory`, read: one answer for the server of a plain connection, one per master
+    /// (with its address) on a cluster.
+    pub(crate) async fn evictions(&self) -> Result<Vec<ServerEviction>, StoreError> {
+        let mut info = redis::cmd("INFO");
+        info.arg("memory");
+        Ok(match self.query(Request::Cmd(&info)).await? {
+            // A cluster: each master's answer (or refusal) under its address.
+            Ok(Value::Map(servers)) => servers
+                .into_iter()
+                .map(|(addr, answer)| {
+                    let addr = redis::from_redis_value::<String>(addr).ok();
+                    match answer {
+                        Value::ServerError(_) => ServerEviction {
+                            addr,
+                            eviction: Eviction::Unknown,
+                            maxmemory: None,
+                        },
+                        answer => ServerEviction::from_info(addr, &info_text(answer)),
+                    }
+                })
+                .collect(),
+            Ok(answer) => vec![ServerEviction::from_info(None, &info_text(answer))],
+            // Refused (an ACL without `+info`, a proxy that filters it): unknown.
+            Err(e) if e.kind() != ErrorKind::Io && !e.is_timeout() => vec![ServerEviction {
+                addr: None,
+                eviction: Eviction::Unknown,
+                maxmemory: None,
+            }],
+            Err(e) => return Err(redis_error(e)),
+        })
+    }
+
+    /// Reads the eviction policy of the server(s) and logs a warning for each that may evict;
+    /// never fails, and gives up after a second (a server that does not answer is logged at
+    /// debug), so that connecting takes at most that much longer.
+    pub(crate) async fn check_eviction(&self) {
+        let addr = self
+            .client
+            .as_ref()
+            .map(|c| c.get_connection_info().addr().to_string());
+        let asked = tokio::time::timeout(EVICTION_CHECK_TIMEOUT, self.evictions())
+            .await
+            .unwrap_or_else(|_| Err(StoreError::timeout(EVICTION_CHECK_TIMEOUT)));
+        match asked {
+            Ok(servers) => {
+                for server in servers {
+                    server.log(addr.as_deref());
+                }
+            }
+            Err(error) => tracing::debug!(
+                server = addr.as_deref().unwrap_or("?"),
+                error = &error as &dyn std::error::Error,
+                "could not ask the Redis server for its maxmemory-policy"
+            ),
+        }
+    }
+
+    fn with_client(mut self, client: Client) -> Self {
+        self.client = Some(client);
+        self
+    }
+
+    #[cfg(feature = "cluster")]
+    pub(crate) fn from_cluster(connection: redis::cluster_async::ClusterConnection) -> Self {
+        let store = Self::with(Transport::Cluster(connection));
+        store
+            .slot_bound
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        store
+    }
+
+    fn with(transport: Transport) -> Self {
+        Self {
+            transport,
+            scripts: Scripts::new(),
+            fence_retention: Duration::from_secs(24 * 60 * 60),
+            replicas: None,
+            native: Arc::new(NativeState {
+                enabled: AtomicBool::new(true),
+                detected: OnceCell::new(),
+            }),
+            slot_bound: Arc::default(),
+            handoff: None,
+            claim_window: DEFAULT_CLAIM_WINDOW,
+            client: None,
+        }
+    }
+}
+
+impl LockStore for RedisStore {
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Acquire, StoreError> {
+        Ok(self.attempt(key, token, ttl, None).await?.into_acquire())
+    }
+
+    async fn renew(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<bool, StoreError> {
+        // With WAIT on, renewals stay on Lua: one pipelined round trip either way.
+        if self.replicas.is_none() && self.native().await.set_ifeq {
+            let mut set = redis::cmd("SET");
+            set.arg(key.as_bytes())
+                .arg(token.as_bytes())
+                .arg("IFEQ")
+                .arg(token.as_bytes())
+                .arg("PX")
+                .arg(&*ms(ttl));
+            if let Some(reply) = self.native_query(&set).await? {
+                // OK when it matched, nil when it did not.
+                return Ok(matches!(reply, Value::Okay | Value::SimpleString(_)));
+            }
+        }
+        let (n, acks): (i64, _) = self
+            .invoke(
+                &self.scripts.renew,
+                &[key.as_bytes()],
+                &[token.as_bytes(), &ms(ttl)],
+                true,
+            )
+            .await?;
+        if n == 1 {
+            self.check_acks(acks)?;
+        }
+        Ok(n == 1)
+    }
+
+    async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, StoreError> {
+        // A native delete cannot hand the key on, so with hand-off it is Lua.
+        if let Some(native) = self
+            .native()
+            .await
+            .release
+            .filter(|_| self.handoff.is_none())
+        {
+            let mut del = match native {
+                NativeRelease::DelIfEq => redis::cmd("DELIFEQ"),
+                NativeRelease::DelEx => redis::cmd("DELEX"),
+            };
+            del.arg(key.as_bytes());
+            if native == NativeRelease::DelEx {
+                del.arg("IFEQ");
+            }
+            del.arg(token.as_bytes());
+            if let Some(reply) = self.native_query(&del).await? {
+                let n: i64 = redis::from_redis_value(reply).map_err(|e| redis_error(e.into()))?;
+                return Ok(n == 1);
+            }
+        }
+        let extra = self.handoff_keys(key);
+        let args = self.handoff_args();
+        let (n, _): (i64, _) = match &extra {
+            Some(companions) => {
+                self.invoke(
+                    &self.scripts.release,
+                    &[key.as_bytes(), companions.fence(), companions.queue()],
+                    &[token.as_bytes(), &args[0], &args[1]],
+                    false,
+                )
+                .await?
+            }
+            None => {
+                self.invoke(
+                    &self.scripts.release,
+                    &[key.as_bytes()],
+                    &[token.as_bytes()],
+                    false,
+                )
+                .await?
+            }
+        };
+        Ok(n == 1)
+    }
+
+    /// Batched renewal; hand-off (stores made by [`connect`](Self::connect), unless turned
+    /// off); idempotency records.
+    fn capabilities(&self) -> Capabilities {
+        let this = Arc::new(self.clone());
+        Capabilities {
+            renew_many: Some(this.clone()),
+            hand_off: self.handoff.is_some().then(|| this.clone() as _),
+            records: Some(this),
+            ..Capabilities::none()
+        }
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let transport = match self.transport {
+            Transport::Manager(_) => "ConnectionManager",
+            Transport::Multiplexed(_) => "MultiplexedConnection",
+            Transport::Pool(_) => "bb8::Pool",
+            #[cfg(feature = "cluster")]
+            Transport::Cluster(_) => "ClusterConnection",
+        };
+        f.debug_struct("RedisStore")
+            .field("transport", &transport)
+            .field("fence_retention", &self.fence_retention)
+            .field("replicas", &self.replicas)
+            .field("native", &self.native.detected.get())
+            .field("handoff", &self.handoff)
+            .field("claim_window", &self.claim_window)
+            .finish()
+    }
+}

@@ -1,0 +1,216 @@
+//! The Lua scripts: put together once, sent as `EVALSHA`, loaded again (once for every call in
+//! flight) after `NOSCRIPT`, and followed by `WAIT` when replicas must acknowledge.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, LazyLock, Mutex},
+    time::{Duration, Instant},
+};
+
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind, Value};
+use tokio::{runtime::Handle, sync::watch};
+
+use super::{
+    RedisStore,
+    connection::{Request, redis_error},
+};
+use crate::store::StoreError;
+
+pub(super) struct Scripts {
+    pub(super) acquire: Script,
+    pub(super) renew: Script,
+    pub(super) renew_many: Script,
+    pub(super) release: Script,
+    /// This store's loads of each script, by hash (see `RedisStore::reload`).
+    loads: Mutex<HashMap<String, Load>>,
+}
+
+/// This store's loads of one script.
+#[derive(Default)]
+struct Load {
+    /// When the last one finished.
+    done_at: Option<Instant>,
+    /// The one in flight: its sender is dropped when it finishes.
+    running: Option<watch::Receiver<()>>,
+}
+
+/// The longest a shared script load may take before the next call that needs it starts another.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The fencing token function, first in every script that takes or gives up a lock.
+const FENCE_LUA: &str = include_str!("scripts/fence.lua");
+
+/// The hand-off functions, inserted at a lock script's `-- @handoff` line (after its fast path).
+const HANDOFF_LUA: &str = include_str!("scripts/handoff.lua");
+
+/// A script that takes or gives up a lock: the fencing function, then `body` with the hand-off
+/// functions in place of its `-- @handoff` line.
+fn lock_script(body: &str) -> String {
+    debug_assert!(
+        body.contains("-- @handoff\n"),
+        "a lock script without -- @handoff"
+    );
+    format!(
+        "{FENCE_LUA}{}",
+        body.replacen("-- @handoff\n", HANDOFF_LUA, 1)
+    )
+}
+
+/// Every script a [`RedisStore`] runs, by name, put together once per process.
+pub(super) static LUA: LazyLock<[(&str, String); 6]> = LazyLock::new(|| {
+    [
+        ("acquire", lock_script(include_str!("scripts/acquire.lua"))),
+        ("release", lock_script(include_str!("scripts/release.lua"))),
+        ("renew", include_str!("scripts/renew.lua").to_owned()),
+        (
+            "renew_many",
+            include_str!("scripts/renew_many.lua").to_owned(),
+        ),
+        (
+            "record_lookup",
+            include_str!("scripts/record_lookup.lua").to_owned(),
+        ),
+        (
+            "record_complete",
+            lock_script(include_str!("scripts/record_complete.lua")),
+        ),
+    ]
+});
+
+/// The source of the script named `name` (one of [`RedisStore::lua_scripts`]').
+pub(crate) fn lua(name: &str) -> &'static str {
+    LUA.iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, source)| source.as_str())
+        .expect("a script of the store")
+}
+
+impl Scripts {
+    pub(super) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            acquire: Script::new(lua("acquire")),
+            renew: Script::new(lua("renew")),
+            renew_many: Script::new(lua("renew_many")),
+            release: Script::new(lua("release")),
+            loads: Mutex::default(),
+        })
+    }
+}
+
+impl RedisStore {
+    /// Runs `script` with `EVALSHA` (loading it on `NOSCRIPT`), followed in the same round trip
+    /// by `WAIT` when `replicate` and replica acknowledgement is on; returns the script's answer
+    /// and the number of acknowledgements. `pub(crate)` for the idempotency records
+    /// (`crate::idempotency`), which run their own scripts on this transport.
+    pub(super) async fn invoke<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        replicate: bool,
+    ) -> Result<(T, Option<i64>), StoreError> {
+        let size = 64
+            + keys.iter().map(|k| k.len()).sum::<usize>()
+            + args.iter().map(|a| a.len()).sum::<usize>();
+        let mut eval = Cmd::with_capacity(3 + keys.len() + args.len(), size);
+        eval.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
+        for key in keys {
+            eval.arg(*key);
+        }
+        for arg in args {
+            eval.arg(*arg);
+        }
+        let wait = self.replicas.filter(|_| replicate);
+        let pipe = wait.map(|acks| {
+            let mut pipe = redis::pipe();
+            pipe.add_command(eval.clone())
+                .cmd("WAIT")
+                .arg(acks.replicas)
+                .arg(acks.timeout.as_millis().max(1).to_string());
+            pipe
+        });
+        let request = || match &pipe {
+            Some(pipe) => Request::Pipe(pipe),
+            None => Request::Cmd(&eval),
+        };
+        let sent_at = Instant::now();
+        let mut answer = self.query(request()).await?;
+        if is_no_script(&answer) {
+            self.reload(script, sent_at).await;
+            answer = self.query(request()).await?;
+            if is_no_script(&answer) {
+                // Flushed again meanwhile, or the shared load failed or reached another server
+                // than this call (a pool's connections, a failover): load it ourselves.
+                self.query(Request::Load(script))
+                    .await?
+                    .map_err(redis_error)?;
+                answer = self.query(request()).await?;
+            }
+        }
+        let answer = answer.map_err(|e| self.store_error(e))?;
+        if pipe.is_some() {
+            let (value, acks): (T, i64) =
+                redis::from_redis_value(answer).map_err(|e| redis_error(e.into()))?;
+            Ok((value, Some(acks)))
+        } else {
+            let value = redis::from_redis_value(answer).map_err(|e| redis_error(e.into()))?;
+            Ok((value, None))
+        }
+    }
+
+    /// Has `script` loaded after a call sent at `sent_at` met NOSCRIPT, unless this store
+    /// loaded it since. After a restart or `SCRIPT FLUSH` every call in flight meets NOSCRIPT at
+    /// once: the first starts a load in a task of its own, the others wait for that same load
+    /// (never for each other), then all send their call again, so the server sees one
+    /// `SCRIPT LOAD` per script, not one per call. A failed or timed-out load is not reported
+    /// here: the caller's second attempt meets NOSCRIPT and loads the script itself.
+    async fn reload(&self, script: &Script, sent_at: Instant) {
+        let mut running = {
+            let mut loads = self.scripts.loads.lock().unwrap_or_else(|p| p.into_inner());
+            let load = loads.entry(script.get_hash().to_owned()).or_default();
+            // Loaded after our call was sent: our call ran before the load, send it again.
+            if load.done_at.is_some_and(|done| done > sent_at) {
+                return;
+            }
+            // A load whose task died with its runtime counts as none.
+            let live = load.running.as_ref().filter(|r| r.has_changed().is_ok());
+            match live {
+                Some(running) => running.clone(),
+                None => {
+                    let Ok(runtime) = Handle::try_current() else {
+                        return;
+                    };
+                    let (done, running) = watch::channel(());
+                    let (transport, script) = (self.transport.clone(), script.clone());
+                    let scripts = Arc::downgrade(&self.scripts);
+                    runtime.spawn(async move {
+                        let loaded = tokio::time::timeout(
+                            LOAD_TIMEOUT,
+                            transport.query(Request::Load(&script)),
+                        )
+                        .await;
+                        if let Some(scripts) = scripts.upgrade() {
+                            let mut loads = scripts.loads.lock().unwrap_or_else(|p| p.into_inner());
+                            if let Some(load) = loads.get_mut(script.get_hash()) {
+                                load.running = None;
+                                if matches!(loaded, Ok(Ok(Ok(_)))) {
+                                    load.done_at = Some(Instant::now());
+                                }
+                            }
+                        }
+                        drop(done);
+                    });
+                    load.running = Some(running.clone());
+                    running
+                }
+            }
+        };
+        // Ends when the load does (its sender is dropped).
+        let _ = running.changed().await;
+    }
+}
+
+/// Whether Redis answered that it does not have the script (`NOSCRIPT`).
+fn is_no_script(answer: &Result<Value, RedisError>) -> bool {
+    matches!(answer, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
+}
