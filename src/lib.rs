@@ -134,6 +134,8 @@ pub mod response;
 mod slot;
 pub mod store;
 mod telemetry;
+#[cfg(test)]
+mod testing;
 mod token;
 mod wait;
 

@@ -18,6 +18,8 @@ mod local;
 mod locker;
 mod release;
 mod renew;
+#[cfg(test)]
+mod tests;
 
 pub use self::{guard::LeaseGuard, locker::Locker};
 pub(crate) use self::{

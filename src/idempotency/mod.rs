@@ -177,7 +177,7 @@ mod principal;
 mod record;
 mod response;
 mod service;
-mod store;
+pub(crate) mod store;
 
 pub use body::ResponseBody;
 pub use config::{IdempotencyConfig, IdempotencyConfigBuilder};

@@ -13,7 +13,8 @@ use crate::store::LockStore;
 /// records through [`LockStore::capabilities`], but is not an `IdempotencyStore` itself).
 pub trait IdempotencyStore: LockStore + Clone + sealed::Sealed {}
 
-pub(crate) mod sealed {
+#[allow(unreachable_pub)]
+pub mod sealed {
     /// Keeps [`IdempotencyStore`](super::IdempotencyStore) to this crate's stores.
     pub trait Sealed {}
 }

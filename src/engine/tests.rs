@@ -1,0 +1,298 @@
+//! The engine without HTTP and without Redis: the acquire loop, renewal timing, batching, the
+//! local queue and the background renewal, on paused time, so a lifecycle bug shows up in
+//! milliseconds. (Redis behaviour is tested against a real `redis-server`, in `tests/`.)
+
+use std::time::Duration;
+
+use tokio::time::{Instant, advance, sleep};
+use tracing::Span;
+
+use super::Locker;
+use crate::{
+    config::LockConfig,
+    error::{LockError, LostReason},
+    testing::{Call, Scripted},
+    wait::Wait,
+};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn locker(store: &Scripted, config: LockConfig) -> Locker {
+    Locker::with_config(store.clone(), config)
+}
+
+fn config(ttl: Duration, wait: Wait) -> LockConfig {
+    LockConfig::builder().ttl(ttl).wait(wait).build().unwrap()
+}
+
+fn is_acquire(c: &Call) -> bool {
+    *c == Call::Acquire
+}
+
+fn is_renew(c: &Call) -> bool {
+    matches!(c, Call::Renew | Call::RenewMany(_))
+}
+
+fn is_release(c: &Call) -> bool {
+    *c == Call::Release
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_held_key_is_retried_by_the_policy_until_the_deadline() {
+    let store = Scripted::new();
+    let holder = locker(&store, config(60_000 * MS, Wait::none()));
+    let _held = holder.acquire(holder.key("t", "k").unwrap()).await.unwrap();
+    let waiter = locker(
+        &store,
+        config(60_000 * MS, Wait::constant(100 * MS).deadline(1000 * MS)),
+    );
+    let started = Instant::now();
+    let error = waiter
+        .acquire(waiter.key("t", "k").unwrap())
+        .await
+        .unwrap_err();
+    let LockError::Contended {
+        expires_in,
+        waited,
+        attempts,
+    } = error
+    else {
+        panic!("{error:?}")
+    };
+    assert_eq!(waited, 1000 * MS, "gave up at the deadline");
+    assert_eq!(started.elapsed(), 1000 * MS);
+    // Attempts at 0, 100, ..., 1000 ms; the one at the deadline is the last.
+    assert_eq!(attempts, 11);
+    assert!(expires_in.unwrap() > 58_000 * MS, "{expires_in:?}");
+    let times: Vec<_> = store
+        .calls()
+        .into_iter()
+        .filter(|(_, c)| is_acquire(c))
+        .skip(1)
+        .map(|(at, _)| at - started)
+        .collect();
+    assert_eq!(times, (0..=10).map(|i| i * 100 * MS).collect::<Vec<_>>());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_error_answers_at_once_and_releases_what_it_may_have_taken() {
+    let store = Scripted::new();
+    store.set_down(true);
+    let locker = locker(&store, config(10_000 * MS, Wait::default()));
+    let started = Instant::now();
+    let error = locker
+        .acquire(locker.key("t", "k").unwrap())
+        .await
+        .unwrap_err();
+    assert!(matches!(error, LockError::Store(_)), "{error:?}");
+    assert_eq!(
+        started.elapsed(),
+        Duration::ZERO,
+        "waited out a store error"
+    );
+    // The attempt may have run after all: a token-checked release is spawned.
+    tokio::task::yield_now().await;
+    assert_eq!(store.count(is_release), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewals_are_due_every_third_of_the_ttl_from_when_they_were_sent() {
+    let store = Scripted::new();
+    let locker = locker(&store, config(3000 * MS, Wait::none()));
+    let started = Instant::now();
+    let guard = locker.acquire(locker.key("t", "k").unwrap()).await.unwrap();
+    sleep(3500 * MS).await;
+    let renewals: Vec<_> = store
+        .calls()
+        .into_iter()
+        .filter(|(_, c)| is_renew(c))
+        .map(|(at, _)| at - started)
+        .collect();
+    // Batched: a renewal waits up to 2 ms for others before it goes.
+    assert_eq!(renewals.len(), 3, "{renewals:?}");
+    for (i, at) in renewals.iter().enumerate() {
+        let due = (i as u32 + 1) * 1000 * MS;
+        assert!(*at >= due && *at <= due + 2 * MS, "renewal {i} at {at:?}");
+    }
+    assert_eq!(guard.renewals(), 3);
+    assert!(guard.time_left() > 2000 * MS);
+    assert!(guard.release().await.unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_store_is_retried_until_the_lease_expires_then_it_is_lost() {
+    let store = Scripted::new();
+    let locker = locker(&store, config(3000 * MS, Wait::none()));
+    let started = Instant::now();
+    let guard = locker.acquire(locker.key("t", "k").unwrap()).await.unwrap();
+    store.set_down(true);
+    let reason = guard.lost().await;
+    assert_eq!(reason, LostReason::Expired);
+    let lost_after = started.elapsed();
+    assert!(
+        lost_after >= 3000 * MS && lost_after <= 3100 * MS,
+        "lost at {lost_after:?}"
+    );
+    // Retried every quarter interval (250 ms) after the first failure at 1 s.
+    let tries = store.count(is_renew);
+    assert!((8..=10).contains(&tries), "{tries} renewal attempts");
+    drop(guard);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_the_store_no_longer_holds_is_lost_at_the_next_renewal() {
+    let store = Scripted::new();
+    let locker = locker(&store, config(3000 * MS, Wait::none()));
+    let started = Instant::now();
+    let guard = locker.acquire(locker.key("t", "k").unwrap()).await.unwrap();
+    store.set_forget(true);
+    assert_eq!(guard.lost().await, LostReason::NotHeld);
+    let at = started.elapsed();
+    assert!(at >= 1000 * MS && at <= 1003 * MS, "lost at {at:?}");
+    assert!(guard.is_lost());
+    assert_eq!(guard.time_left(), Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewals_falling_due_together_go_in_one_call() {
+    let store = Scripted::new().batching();
+    let locker = locker(&store, config(3000 * MS, Wait::none()));
+    let mut guards = Vec::new();
+    for i in 0..20 {
+        guards.push(
+            locker
+                .acquire(locker.key("t", i.to_string()).unwrap())
+                .await
+                .unwrap(),
+        );
+    }
+    sleep(1100 * MS).await;
+    let batches: Vec<_> = store
+        .calls()
+        .into_iter()
+        .filter_map(|(_, c)| match c {
+            Call::RenewMany(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(batches, [20], "renewals not batched: {batches:?}");
+    assert_eq!(store.count(|c| *c == Call::Renew), 0);
+    assert!(guards.iter().all(|g| g.renewals() == 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_released_background_lease_stops_renewing() {
+    let store = Scripted::new();
+    let locker = locker(&store, config(3000 * MS, Wait::none()));
+    let guard = locker.acquire(locker.key("t", "k").unwrap()).await.unwrap();
+    sleep(1500 * MS).await;
+    assert_eq!(store.count(is_renew), 1);
+    assert!(guard.release().await.unwrap());
+    sleep(10_000 * MS).await;
+    assert_eq!(store.count(is_renew), 1, "renewed after its release");
+    // A dropped guard too, with its release spawned.
+    let guard = locker.acquire(locker.key("t", "k").unwrap()).await.unwrap();
+    drop(guard);
+    tokio::task::yield_now().await;
+    assert_eq!(store.count(is_release), 2);
+    sleep(10_000 * MS).await;
+    assert_eq!(store.count(is_renew), 1, "a dropped lease renewed");
+    assert_eq!(store.inner.held(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn many_background_leases_share_one_task() {
+    let store = Scripted::new();
+    let locker = locker(&store, config(3000 * MS, Wait::none()));
+    let before = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
+    let mut guards = Vec::new();
+    for i in 0..100 {
+        guards.push(
+            locker
+                .acquire(locker.key("t", i.to_string()).unwrap())
+                .await
+                .unwrap(),
+        );
+    }
+    let during = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
+    // The background renewal task and the renewal batcher, whatever the number of leases.
+    assert!(
+        during - before <= 2,
+        "{} tasks for 100 leases",
+        during - before
+    );
+    sleep(3500 * MS).await;
+    assert!(guards.iter().all(|g| !g.is_lost() && g.renewals() == 3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_local_queue_sends_one_contender_per_key_in_arrival_order() {
+    let store = Scripted::new();
+    let locker = locker(
+        &store,
+        config(10_000 * MS, Wait::constant(10 * MS).deadline(60_000 * MS)),
+    );
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let (locker, order) = (locker.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = locker.acquire(locker.key("t", "k").unwrap()).await.unwrap();
+            order.lock().unwrap().push(i);
+            sleep(100 * MS).await;
+            guard.release().await.unwrap();
+        }));
+        tokio::task::yield_now().await;
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
+    // Each waiter went to the store once, when its turn came: no polling in the store.
+    assert_eq!(store.count(is_acquire), 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_that_gives_up_in_the_local_queue_hears_the_holders_lease() {
+    let store = Scripted::new();
+    let locker = locker(&store, config(10_000 * MS, Wait::none()));
+    let held = locker.acquire(locker.key("t", "k").unwrap()).await.unwrap();
+    advance(3000 * MS).await;
+    let error = locker
+        .acquire(locker.key("t", "k").unwrap())
+        .await
+        .unwrap_err();
+    let LockError::Contended {
+        expires_in,
+        attempts,
+        ..
+    } = error
+    else {
+        panic!("{error:?}")
+    };
+    assert_eq!(attempts, 0, "asked the store");
+    assert_eq!(expires_in, Some(held.time_left()));
+    assert_eq!(store.count(is_acquire), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_hold_is_lost_at_its_max_hold() {
+    let store = Scripted::new();
+    let locker = locker(&store, config(3000 * MS, Wait::none()));
+    let started = Instant::now();
+    let mut hold = locker
+        .hold(locker.key("t", "k").unwrap(), Span::none(), Some(2500 * MS))
+        .await
+        .unwrap();
+    let reason = std::future::poll_fn(|cx| hold.poll_lost(cx)).await;
+    assert_eq!(reason, LostReason::MaxHold);
+    assert_eq!(started.elapsed(), 2500 * MS);
+    // Still ours: released before the holder answers.
+    let release = hold.abort(reason).expect("a max-hold loss releases first");
+    assert!(release.await.unwrap());
+    assert_eq!(store.inner.held(), 0);
+}
