@@ -155,6 +155,23 @@ pub use bb8_redis;
 /// version (a `ConnectionManager` for [`RedisStore::from_connection_manager`]).
 pub use redis;
 
+/// Not part of the API, and may change in any release: the Lua scripts exactly as the Redis
+/// stores load them, for the protocol model in `tests/protocol_model.rs`.
+#[doc(hidden)]
+pub mod __private {
+    /// The text of the named script as the Redis stores load it: `acquire`, `release`, `renew`,
+    /// `renew_many`, or `complete` (the idempotency layer's record-and-release); `None` for
+    /// any other name.
+    pub fn script_source(name: &str) -> Option<String> {
+        match name {
+            "complete" => Some(crate::store::lock_script_source(
+                crate::idempotency::COMPLETE_LUA,
+            )),
+            _ => crate::store::script_source(name),
+        }
+    }
+}
+
 #[cfg(all(doctest, feature = "axum"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

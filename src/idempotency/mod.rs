@@ -169,6 +169,7 @@ pub use future::ResponseFuture;
 pub use key::{IdempotencyKey, Principal, Shared as SharedKeySpace};
 pub use layer::IdempotencyLayer;
 pub(crate) use memory::MemoryRecords;
+pub(crate) use redis::COMPLETE_LUA;
 pub use response::{IdempotencyProblem, IdempotencyResponse};
 pub use service::IdempotencyService;
 pub use store::{IdempotencyStore, record_key};

@@ -14,8 +14,10 @@ use crate::{
 
 /// Built once: `redis::Script` hashes its source, and the store reloads it on `NOSCRIPT`.
 static LOOKUP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/lookup.lua")));
-static COMPLETE: LazyLock<Script> =
-    LazyLock::new(|| lock_script(include_str!("scripts/complete.lua")));
+static COMPLETE: LazyLock<Script> = LazyLock::new(|| lock_script(COMPLETE_LUA));
+
+/// Stores a record and releases the lock in one step; a lock script (see `lock_script`).
+pub(crate) const COMPLETE_LUA: &str = include_str!("scripts/complete.lua");
 
 fn ms(d: Duration) -> Vec<u8> {
     d.as_millis().max(1).to_string().into_bytes()
@@ -49,5 +51,19 @@ impl IdempotencyStore for RedisStore {
         }
         let (done, _): (i64, _) = self.invoke(&COMPLETE, &keys, &args, false).await?;
         Ok(done == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::Script;
+
+    use super::COMPLETE;
+
+    /// The protocol model runs `__private::script_source("complete")`: what this module loads.
+    #[test]
+    fn the_complete_script_source_is_what_is_loaded() {
+        let source = crate::__private::script_source("complete").unwrap();
+        assert_eq!(Script::new(&source).get_hash(), COMPLETE.get_hash());
     }
 }

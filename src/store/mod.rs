@@ -26,7 +26,7 @@ use tokio::time::Instant;
 pub use self::cluster::ClusterStore;
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
-pub(crate) use self::redis::lock_script;
+pub(crate) use self::redis::{lock_script, lock_script_source, script_source};
 pub use self::redlock::RedlockStore;
 #[cfg(feature = "sentinel")]
 pub use self::sentinel::SentinelStore;

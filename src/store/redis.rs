@@ -281,26 +281,49 @@ const FENCE_LUA: &str = include_str!("scripts/fence.lua");
 /// The hand-off functions, inserted at a lock script's `-- @handoff` line (after its fast path).
 const HANDOFF_LUA: &str = include_str!("scripts/handoff.lua");
 
+const ACQUIRE_LUA: &str = include_str!("scripts/acquire.lua");
+const RELEASE_LUA: &str = include_str!("scripts/release.lua");
+const RENEW_LUA: &str = include_str!("scripts/renew.lua");
+const RENEW_MANY_LUA: &str = include_str!("scripts/renew_many.lua");
+
 /// A script that takes or gives up a lock: the fencing function, then `body` with the hand-off
 /// functions in place of its `-- @handoff` line.
 pub(crate) fn lock_script(body: &str) -> Script {
+    Script::new(&lock_script_source(body))
+}
+
+/// The text [`lock_script`] loads.
+pub(crate) fn lock_script_source(body: &str) -> String {
     debug_assert!(
         body.contains("-- @handoff\n"),
         "a lock script without -- @handoff"
     );
-    Script::new(&format!(
+    format!(
         "{FENCE_LUA}{}",
         body.replacen("-- @handoff\n", HANDOFF_LUA, 1)
-    ))
+    )
+}
+
+/// The text of one of this store's scripts exactly as it loads it, by name (`acquire`,
+/// `release`, `renew`, `renew_many`): for the protocol model in `tests/protocol_model.rs`,
+/// which runs the very scripts the store runs.
+pub(crate) fn script_source(name: &str) -> Option<String> {
+    Some(match name {
+        "acquire" => lock_script_source(ACQUIRE_LUA),
+        "release" => lock_script_source(RELEASE_LUA),
+        "renew" => RENEW_LUA.to_owned(),
+        "renew_many" => RENEW_MANY_LUA.to_owned(),
+        _ => return None,
+    })
 }
 
 impl Scripts {
     fn new() -> Arc<Self> {
         Arc::new(Self {
-            acquire: lock_script(include_str!("scripts/acquire.lua")),
-            renew: Script::new(include_str!("scripts/renew.lua")),
-            renew_many: Script::new(include_str!("scripts/renew_many.lua")),
-            release: lock_script(include_str!("scripts/release.lua")),
+            acquire: lock_script(ACQUIRE_LUA),
+            renew: Script::new(RENEW_LUA),
+            renew_many: Script::new(RENEW_MANY_LUA),
+            release: lock_script(RELEASE_LUA),
             loads: Mutex::default(),
         })
     }
@@ -1060,8 +1083,31 @@ impl fmt::Debug for RedisStore {
 
 #[cfg(test)]
 mod tests {
-    use super::{NEXT_TO_INLINE, Native, NativeRelease, NextTo};
+    use redis::Script;
+
+    use super::{NEXT_TO_INLINE, Native, NativeRelease, NextTo, Scripts, script_source};
     use crate::{key::LockKey, store::slot};
+
+    /// The protocol model (`tests/protocol_model.rs`) runs `script_source`'s text: it must be
+    /// what the store loads, byte for byte (same SHA1, so the same `EVALSHA`).
+    #[test]
+    fn script_sources_are_what_the_store_loads() {
+        let scripts = Scripts::new();
+        for (name, script) in [
+            ("acquire", &scripts.acquire),
+            ("release", &scripts.release),
+            ("renew", &scripts.renew),
+            ("renew_many", &scripts.renew_many),
+        ] {
+            let source = script_source(name).unwrap();
+            assert_eq!(Script::new(&source).get_hash(), script.get_hash(), "{name}");
+        }
+        let acquire = script_source("acquire").unwrap();
+        assert!(acquire.starts_with(include_str!("scripts/fence.lua")));
+        assert!(acquire.contains(include_str!("scripts/handoff.lua")));
+        assert!(!acquire.contains("-- @handoff\n"));
+        assert_eq!(script_source("lookup"), None);
+    }
 
     #[test]
     fn the_fencing_counter_shares_the_lock_keys_slot() {
