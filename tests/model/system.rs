@@ -15,8 +15,11 @@
 //! a tick shifts them all by one (clock readings in the past, such as queue entries' stamps,
 //! with them). Two states that differ only in when they happen are one state, so a holder that
 //! renews, or waiters that check again, do not make the state space grow with the clock.
-//! Network delays are bounded: a request, a reply or a message sent is handled before the
-//! second tick after it was sent (`aged`), well within the store timeout, so no call times out.
+//! Network delays are bounded: with `delays`, a request, a reply or a message sent is handled
+//! before the second tick after it was sent (`aged`), well within the store timeout, so no call
+//! times out; without, before time moves on at all (every interleaving at one instant is still
+//! explored). With `start_together`, every process sends its first attempt before time moves
+//! on; otherwise a process may arrive at any tick.
 
 use std::{cell::RefCell, collections::HashMap, fmt::Write as _, rc::Rc};
 
@@ -123,6 +126,9 @@ pub(crate) struct Config {
     /// Check that a process that believes it holds the key holds it in Redis (stronger than
     /// exclusion, and so found a step earlier).
     pub(crate) key_agrees: bool,
+    /// Queued waiters keep `acquire_held`'s fallback timer (`false` only to show that the
+    /// no-starvation check can fail).
+    pub(crate) fallback_timer: bool,
     pub(crate) sources: Sources,
 }
 
@@ -580,7 +586,7 @@ impl Model {
                     if !proc.signals.is_empty() {
                         out.push(self.signal(s, p, describe));
                     }
-                    if fallback <= 0 {
+                    if fallback <= 0 && self.config.fallback_timer {
                         let mut n = *s;
                         let note = self.attempt(&mut n, p, describe);
                         let note = describe
@@ -770,7 +776,10 @@ impl Model {
                     && (q.replies.iter().any(|r| r.aged)
                         || q.inbox.iter().any(|m| m.aged)
                         || match q.phase {
-                            Phase::Waiting { fallback } => fallback <= 0 || !q.signals.is_empty(),
+                            Phase::Waiting { fallback } => {
+                                (fallback <= 0 && self.config.fallback_timer)
+                                    || !q.signals.is_empty()
+                            }
                             Phase::Sleeping { wake } => wake <= 0,
                             Phase::Holding(h) => match h.renewing {
                                 None => h.next_renew <= 0,
