@@ -1,0 +1,334 @@
+//! The model Redis against a real `redis-server`: every distinct script run the checker made
+//! (its script, keys, arguments, keyspace and subscribed channels) is run again on the server,
+//! from the same keyspace, with the same channels subscribed, and must answer the same, leave
+//! the same keyspace and publish the same messages.
+//!
+//! Two differences are made harmless on the way: times are scaled from ticks to seconds (an
+//! expiry of `e` ticks is `e * 1000` ms on the server, and read back rounded up), so that the
+//! milliseconds that pass between setting up and reading back cannot change an outcome; and the
+//! fencing counter is offset by `BASE`, larger than the server clock in µs, so that the server
+//! clock term of a fencing token (which the model leaves out) never wins.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::{
+    AsyncCommands, Value,
+    aio::{MultiplexedConnection, PubSubSink, PubSubStream},
+};
+
+use super::{
+    Model,
+    redis::{Db, FAR, Reply, Val},
+};
+
+/// Added to every fencing counter on the server: above any server time in µs until 2223, and
+/// exact in Lua's doubles.
+const BASE: i64 = 8_000_000_000_000_000;
+
+/// Milliseconds per tick on the server.
+const SCALE: i64 = 1000;
+
+/// What a script run left behind, comparable between the model and the server.
+#[derive(Debug, PartialEq, Eq)]
+struct Seen {
+    reply: String,
+    keys: Vec<(String, String, Option<i64>)>,
+    messages: Vec<(String, String)>,
+}
+
+struct Subscriber {
+    channel: Vec<u8>,
+    sink: PubSubSink,
+    stream: PubSubStream,
+    subscribed: bool,
+}
+
+/// Replays up to `limit` of `model`'s script runs (evenly spread over them) on the server at
+/// `url`; returns how many it compared. Panics at the first difference.
+pub(crate) async fn replay(model: &Model, url: &str, limit: usize) -> usize {
+    let client = redis::Client::open(url).expect("redis url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("cannot connect to the test redis-server");
+    let mut subscribers = Vec::new();
+    for &channel in &model.keys.channels {
+        let (sink, stream) = client
+            .get_async_pubsub()
+            .await
+            .expect("pub/sub connection")
+            .split();
+        subscribers.push(Subscriber {
+            channel: model.interner.borrow().get(channel).to_vec(),
+            sink,
+            stream,
+            subscribed: false,
+        });
+    }
+    let mut runs: Vec<_> = model.redis.runs().collect();
+    // A fixed order, so that a failure is reproducible.
+    runs.sort_by_key(|(key, _)| format!("{key:?}"));
+    let stride = runs.len().div_ceil(limit.max(1)).max(1);
+    let mut compared = 0;
+    for (key, outcome) in runs.iter().step_by(stride) {
+        let (script, keys, args, db, subscribed) = key;
+        let name = model.redis.script_name(*script);
+        let text = |v: &Val| model.interner.borrow().get(*v).to_vec();
+        let keys: Vec<Vec<u8>> = keys.iter().map(text).collect();
+        let ttl = model.config.timing.ttl.to_string().into_bytes();
+        let claim = model.config.timing.claim.to_string().into_bytes();
+        let args: Vec<Vec<u8>> = args
+            .iter()
+            .map(|v| {
+                let a = text(v);
+                if a == ttl || a == claim {
+                    scaled(&a)
+                } else {
+                    a
+                }
+            })
+            .collect();
+        set_up(model, &mut conn, db).await;
+        for s in &mut subscribers {
+            let want = subscribed
+                .iter()
+                .any(|c| model.interner.borrow().get(*c) == s.channel.as_slice());
+            if want != s.subscribed {
+                if want {
+                    s.sink.subscribe(&s.channel).await.expect("subscribe");
+                } else {
+                    s.sink.unsubscribe(&s.channel).await.expect("unsubscribe");
+                }
+                s.subscribed = want;
+            }
+        }
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(model.redis.script_source(*script)).arg(keys.len());
+        for k in &keys {
+            eval.arg(k);
+        }
+        for a in &args {
+            eval.arg(a);
+        }
+        let reply: Value = eval
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{name} failed on the server: {e}"));
+        let mut messages = Vec::new();
+        for &(channel, _) in &outcome.published {
+            let channel = text(&channel);
+            if let Some(s) = subscribers
+                .iter_mut()
+                .find(|s| s.channel == channel && s.subscribed)
+            {
+                let msg = tokio::time::timeout(Duration::from_secs(2), s.stream.next())
+                    .await
+                    .unwrap_or_else(|_| panic!("{name}: a message on {channel:?} never came"))
+                    .expect("pub/sub stream");
+                messages.push((
+                    String::from_utf8_lossy(&channel).into_owned(),
+                    unscale_message(msg.get_payload_bytes()),
+                ));
+            }
+        }
+        let server = Seen {
+            reply: server_reply(name, &reply),
+            keys: read_back(model, &mut conn).await,
+            messages,
+        };
+        let expected = Seen {
+            reply: model_reply(&outcome.reply),
+            keys: model_keys(model, &outcome.db),
+            messages: outcome
+                .published
+                .iter()
+                .filter(|(c, _)| subscribed.contains(c))
+                .map(|(c, p)| {
+                    let payload = String::from_utf8_lossy(&text(p)).into_owned();
+                    (String::from_utf8_lossy(&text(c)).into_owned(), payload)
+                })
+                .collect(),
+        };
+        assert_eq!(
+            server,
+            expected,
+            "{name} with keys {keys:?}, arguments {args:?} from {} answers differently on \
+             redis-server (left) and in the model (right)",
+            model.show_db(db),
+        );
+        compared += 1;
+    }
+    // Nothing published that the model did not expect.
+    for s in &mut subscribers {
+        let extra = tokio::time::timeout(Duration::from_millis(100), s.stream.next()).await;
+        assert!(extra.is_err(), "an unexpected message: {extra:?}");
+    }
+    compared
+}
+
+fn scaled(ticks: &[u8]) -> Vec<u8> {
+    let n: i64 = std::str::from_utf8(ticks).unwrap().parse().unwrap();
+    (n * SCALE).to_string().into_bytes()
+}
+
+/// A time read back from the server, in ticks.
+fn ticks(ms: i64) -> i64 {
+    if ms < 0 { ms } else { (ms + SCALE - 1) / SCALE }
+}
+
+/// The model's keyspace on the server (after `FLUSHALL`).
+async fn set_up(model: &Model, conn: &mut MultiplexedConnection, db: &Db) {
+    let text = |v: Val| model.interner.borrow().get(v).to_vec();
+    let mut pipe = redis::pipe();
+    pipe.cmd("FLUSHALL").ignore();
+    if db.string(model.keys.fence).is_none() {
+        // No counter in the model is a counter at 0: the next token is 1 in both.
+        pipe.cmd("SET")
+            .arg(text(model.keys.fence))
+            .arg(BASE)
+            .ignore();
+    }
+    for &(k, v, e) in db.strings.iter() {
+        let mut value = text(v);
+        if k == model.keys.fence {
+            let n: i64 = String::from_utf8(value).unwrap().parse().unwrap();
+            value = (BASE + n).to_string().into_bytes();
+        }
+        let set = pipe.cmd("SET").arg(text(k)).arg(value);
+        if let Some(e) = e {
+            set.arg("PX").arg(i64::from(e) * SCALE);
+        }
+        set.ignore();
+    }
+    for (k, list, e) in db.lists.iter() {
+        let push = pipe.cmd("RPUSH").arg(text(*k));
+        for v in list {
+            push.arg(text(*v));
+        }
+        push.ignore();
+        if let Some(e) = e {
+            pipe.cmd("PEXPIRE")
+                .arg(text(*k))
+                .arg(i64::from(*e) * SCALE)
+                .ignore();
+        }
+    }
+    let () = pipe
+        .query_async(conn)
+        .await
+        .expect("setting up the keyspace");
+}
+
+/// The model's four keys as they are on the server: (key, value, expiry in ticks).
+async fn read_back(
+    model: &Model,
+    conn: &mut MultiplexedConnection,
+) -> Vec<(String, String, Option<i64>)> {
+    let k = &model.keys;
+    let mut out = Vec::new();
+    for key in [k.lock, k.fence, k.queue, k.record] {
+        let name = model.interner.borrow().get(key).to_vec();
+        let kind: String = redis::cmd("TYPE")
+            .arg(&name)
+            .query_async(conn)
+            .await
+            .unwrap();
+        let value = match kind.as_str() {
+            "none" => continue,
+            "string" => {
+                let v: Vec<u8> = conn.get(&name).await.unwrap();
+                let v = String::from_utf8_lossy(&v).into_owned();
+                if key == k.fence {
+                    let n = v.parse::<i64>().unwrap() - BASE;
+                    if n == 0 {
+                        continue;
+                    }
+                    n.to_string()
+                } else {
+                    v
+                }
+            }
+            "list" => {
+                let v: Vec<Vec<u8>> = conn.lrange(&name, 0, -1).await.unwrap();
+                v.iter()
+                    .map(|e| String::from_utf8_lossy(e).into_owned())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            }
+            other => panic!("a {other} key"),
+        };
+        let pttl: i64 = conn.pttl(&name).await.unwrap();
+        // The counter's and record's retention (24 h) is beyond the model's horizon.
+        let expiry = (0..FAR).contains(&pttl).then(|| ticks(pttl));
+        out.push((String::from_utf8_lossy(&name).into_owned(), value, expiry));
+    }
+    out
+}
+
+fn model_keys(model: &Model, db: &Db) -> Vec<(String, String, Option<i64>)> {
+    let k = &model.keys;
+    let text = |v: Val| String::from_utf8_lossy(model.interner.borrow().get(v)).into_owned();
+    let mut out = Vec::new();
+    for key in [k.lock, k.fence, k.queue, k.record] {
+        if let Some((v, e)) = db.string(key) {
+            out.push((text(key), text(v), e.map(i64::from)));
+        } else if let Some(list) = db.list(key) {
+            let e = db
+                .lists
+                .iter()
+                .find(|(lk, ..)| *lk == key)
+                .and_then(|l| l.2);
+            let items: Vec<String> = list.iter().map(|v| text(*v)).collect();
+            out.push((text(key), items.join(","), e.map(i64::from)));
+        }
+    }
+    out
+}
+
+fn model_reply(reply: &Reply) -> String {
+    match reply {
+        Reply::Int(n) => n.to_string(),
+        Reply::Array(items) => items.iter().map(model_reply).collect::<Vec<_>>().join(","),
+        other => format!("{other:?}"),
+    }
+}
+
+/// The server's answer, in the model's terms: `{1, fence}` less the counter's offset,
+/// `{0 or 2, PTTL}` in ticks.
+fn server_reply(script: &str, reply: &Value) -> String {
+    let int = |v: &Value| match v {
+        Value::Int(n) => *n,
+        other => panic!("{script} answered {other:?}"),
+    };
+    match reply {
+        Value::Int(n) => n.to_string(),
+        Value::Array(items) if script == "acquire.lua" => {
+            let (code, n) = (int(&items[0]), int(&items[1]));
+            let n = if code == 1 { n - BASE } else { ticks(n) };
+            format!("{code},{n}")
+        }
+        Value::Array(items) => items
+            .iter()
+            .map(|v| int(v).to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+        other => panic!("{script} answered {other:?}"),
+    }
+}
+
+/// A hand-off message from the server, in the model's terms: `g<id><claim>:<fence>` or
+/// `n<id><claim>` (the id is the token and stamp, 48 bytes).
+fn unscale_message(payload: &[u8]) -> String {
+    let text = String::from_utf8_lossy(payload).into_owned();
+    let (head, tail) = text.split_at(1 + 48);
+    let tail = match tail.split_once(':') {
+        Some((claim, fence)) => format!(
+            "{}:{}",
+            claim.parse::<i64>().unwrap() / SCALE,
+            fence.parse::<i64>().unwrap() - BASE
+        ),
+        None => (tail.parse::<i64>().unwrap() / SCALE).to_string(),
+    };
+    format!("{head}{tail}")
+}

@@ -1,0 +1,493 @@
+//! An explicit-state model checker for the Redis hand-off protocol (see `tests/protocol_model.rs`
+//! for what is checked and `docs/RELIABILITY.md` for what is modelled).
+//!
+//! Breadth-first over every reachable state, with a visited set of states (plain data, compared
+//! whole) and a parent pointer per state, so that the first violation found has a shortest
+//! trace. Safety properties are checked on each state and each step; no starvation on the whole
+//! graph once it is built: it must have no cycle (so every run is finite), and in every state
+//! without a successor every process that is neither crashed nor hung must have finished what it
+//! set out to do.
+
+pub(crate) mod differential;
+pub(crate) mod redis;
+mod seq;
+pub(crate) mod system;
+
+use std::{
+    collections::HashMap,
+    fmt::{self, Write as _},
+    hash::{Hash, Hasher},
+    time::{Duration, Instant},
+};
+
+pub(crate) use system::Model;
+pub(crate) use system::{Config, Faults, Sources, Timing};
+use system::{Phase, State, Status, Step};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Property {
+    /// Never two processes that each believe they hold a valid lease.
+    Exclusion,
+    /// A process that believes it holds a valid lease holds the key in Redis.
+    KeyAgrees,
+    /// Each holder's fencing token is higher than every earlier holder's.
+    FencingOrder,
+    /// A live waiter queued before another gets the key first.
+    Fifo,
+    /// Every run ends, and ends with every live process done.
+    NoStarvation,
+}
+
+pub(crate) struct Violation {
+    pub(crate) property: Property,
+    pub(crate) message: String,
+    pub(crate) trace: String,
+}
+
+pub(crate) struct Report {
+    pub(crate) name: String,
+    pub(crate) states: usize,
+    pub(crate) transitions: usize,
+    pub(crate) terminal: usize,
+    pub(crate) script_runs: u64,
+    /// Steps in which a process started holding the key.
+    pub(crate) holders: usize,
+    /// ... of which a grant run at once, without a confirming attempt.
+    pub(crate) grants_run: usize,
+    /// Steps in which a release handed the key to a waiter.
+    pub(crate) hand_overs: usize,
+    pub(crate) elapsed: Duration,
+    pub(crate) violation: Option<Violation>,
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} states, {} transitions, {} final states, {} distinct script runs; \
+             {} steps start a holder ({} run a grant at once), {} hand the key on; {:.2?}",
+            self.name,
+            self.states,
+            self.transitions,
+            self.terminal,
+            self.script_runs,
+            self.holders,
+            self.grants_run,
+            self.hand_overs,
+            self.elapsed
+        )?;
+        match &self.violation {
+            None => write!(f, "; all properties hold"),
+            Some(v) => write!(
+                f,
+                "\nVIOLATION of {:?}: {}\ntrace:\n{}",
+                v.property, v.message, v.trace
+            ),
+        }
+    }
+}
+
+/// A multiply-rotate hasher (as rustc's FxHash): states hash often, and the standard hasher
+/// is slow in a debug build.
+struct Fx(u64);
+
+impl Fx {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+impl Hasher for Fx {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.add(u64::from(n));
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.add(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+
+    fn write_i32(&mut self, n: i32) {
+        self.add(n as u64);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
+}
+
+fn hash(s: &State) -> u64 {
+    let mut h = Fx(0);
+    s.hash(&mut h);
+    h.finish()
+}
+
+/// The visited set: states by index, found by hash.
+struct Visited {
+    states: Vec<State>,
+    by_hash: HashMap<u64, u32>,
+    /// The rare states whose hash another state has already.
+    collisions: HashMap<u64, Vec<u32>>,
+}
+
+impl Visited {
+    fn find_or_insert(&mut self, s: State) -> (u32, bool) {
+        let h = hash(&s);
+        match self.by_hash.get(&h) {
+            None => {
+                let i = self.push(s);
+                self.by_hash.insert(h, i);
+                (i, true)
+            }
+            Some(&i) if self.states[i as usize] == s => (i, false),
+            Some(_) => {
+                if let Some(list) = self.collisions.get(&h) {
+                    for &i in list {
+                        if self.states[i as usize] == s {
+                            return (i, false);
+                        }
+                    }
+                }
+                let i = self.push(s);
+                self.collisions.entry(h).or_default().push(i);
+                (i, true)
+            }
+        }
+    }
+
+    fn push(&mut self, s: State) -> u32 {
+        self.states.push(s);
+        u32::try_from(self.states.len() - 1).expect("too many states")
+    }
+}
+
+/// Explores every state reachable under `config` and checks the properties; stops at the first
+/// violation, with its trace.
+pub(crate) fn check(config: Config) -> Report {
+    check_model(&mut Model::new(config))
+}
+
+/// [`check`], on a model the caller keeps (to look at its script runs after).
+pub(crate) fn check_model(model: &mut Model) -> Report {
+    let started = Instant::now();
+    let name = model.config.name.clone();
+    let mut visited = Visited {
+        states: Vec::new(),
+        by_hash: HashMap::new(),
+        collisions: HashMap::new(),
+    };
+    let mut parents: Vec<u32> = vec![u32::MAX];
+    let (root, _) = visited.find_or_insert(model.initial());
+    // The graph, for the no-starvation check: state i's successors are
+    // edges[offsets[i]..offsets[i + 1]].
+    let mut offsets: Vec<usize> = vec![0];
+    let mut edges: Vec<u32> = Vec::new();
+    let (mut terminal, mut holders, mut grants_run, mut hand_overs) = (0, 0, 0, 0);
+    let mut violation = None;
+    let mut i = root as usize;
+    'explore: while i < visited.states.len() {
+        let state = visited.states[i];
+        let successors = model.successors(&state, false);
+        if successors.is_empty() {
+            terminal += 1;
+            if let Some(message) = starved(&state) {
+                violation = Some((Property::NoStarvation, message, i as u32, false));
+                break 'explore;
+            }
+        }
+        for succ in successors {
+            if succ.started.is_some() {
+                holders += 1;
+                grants_run += usize::from(matches!(succ.step, Step::Signal(_) | Step::Deliver(_)));
+            }
+            hand_overs += usize::from(succ.handed_on);
+            let found = succ
+                .started
+                .and_then(|(p, fence)| on_start(&state, p, fence))
+                .or_else(|| succ.given.and_then(|x| on_given(&state, &succ.state, x)));
+            if let Some((property, message)) = found {
+                violation = Some((property, message, i as u32, true));
+                break 'explore;
+            }
+            let (j, new) = visited.find_or_insert(model.canonical(succ.state));
+            edges.push(j);
+            if new {
+                parents.push(i as u32);
+                if let Some((property, message)) = invariant(model, &visited.states[j as usize]) {
+                    violation = Some((property, message, j, false));
+                    break 'explore;
+                }
+            }
+        }
+        offsets.push(edges.len());
+        i += 1;
+    }
+    if violation.is_none()
+        && let Some(cycle) = find_cycle(&offsets, &edges)
+    {
+        let message = format!(
+            "a run that never ends: a cycle of {} states (no progress is certain)",
+            cycle.len()
+        );
+        violation = Some((Property::NoStarvation, message, cycle[0], false));
+    }
+    let violation = violation.map(|(property, message, at, then)| {
+        let (trace, named) = trace(model, &visited.states, &parents, at, then);
+        Violation {
+            property,
+            // The graph's states have their processes in canonical order: the message is
+            // worked out again on the trace's own states, whose names the trace uses.
+            message: named.unwrap_or(message),
+            trace,
+        }
+    });
+    Report {
+        name,
+        states: visited.states.len(),
+        transitions: edges.len(),
+        terminal,
+        script_runs: model.redis.runs,
+        holders,
+        grants_run,
+        hand_overs,
+        elapsed: started.elapsed(),
+        violation,
+    }
+}
+
+/// Whether a process believes it holds a valid lease, and until when.
+fn belief(s: &State, p: usize) -> Option<i16> {
+    let q = &s.procs[p];
+    match (q.status, q.phase) {
+        (Status::Alive, Phase::Holding(h)) if h.valid_until > 0 => Some(h.valid_until),
+        (Status::Hung { belief }, _) if belief > 0 => Some(belief),
+        _ => None,
+    }
+}
+
+fn invariant(model: &Model, s: &State) -> Option<(Property, String)> {
+    let believers: Vec<usize> = (0..s.procs.len())
+        .filter(|&p| belief(s, p).is_some())
+        .collect();
+    if believers.len() > 1 {
+        let names: Vec<String> = believers.iter().map(|p| format!("P{}", p + 1)).collect();
+        return Some((
+            Property::Exclusion,
+            format!(
+                "{} both believe they hold a valid lease",
+                names.join(" and ")
+            ),
+        ));
+    }
+    if !model.config.key_agrees {
+        return None;
+    }
+    for p in believers {
+        let token = model.token(p as u8, s.procs[p].acq);
+        if s.db.string(model.lock_key()).map(|(v, _)| v) != Some(token) {
+            return Some((
+                Property::KeyAgrees,
+                format!(
+                    "P{} believes it holds a valid lease, but Redis has {}",
+                    p + 1,
+                    model.show_db(&s.db)
+                ),
+            ));
+        }
+    }
+    None
+}
+
+/// Checks a process that starts holding the key (`p`, with `fence`) in a step from `before`.
+fn on_start(before: &State, p: u8, fence: u32) -> Option<(Property, String)> {
+    (fence <= before.fence_high).then(|| {
+        (
+            Property::FencingOrder,
+            format!(
+                "P{} starts holding with fencing token {fence}, not above the {} a holder had before",
+                p + 1,
+                before.fence_high
+            ),
+        )
+    })
+}
+
+/// Checks a script that gave the key to acquisition `x` in the step from `before` to `after`:
+/// every waiter whose entry appeared in the queue before `x`'s (all of them, if `x` never
+/// queued) must have had its turn, unless it is no longer live and unharmed.
+fn on_given(before: &State, after: &State, x: (u8, u8)) -> Option<(Property, String)> {
+    let ahead = before
+        .fifo
+        .iter()
+        .position(|&f| f == x)
+        .unwrap_or(before.fifo.len());
+    before.fifo.as_slice()[..ahead]
+        .iter()
+        .find_map(|&(p, acq)| {
+            let w = &after.procs[p];
+            let waits = w.acq == acq
+                && w.status == Status::Alive
+                && !w.lost_message
+                && matches!(
+                    w.phase,
+                    Phase::Attempting { .. } | Phase::Waiting { .. } | Phase::Sleeping { .. }
+                );
+            waits.then(|| {
+            (
+                Property::Fifo,
+                format!(
+                    "the key goes to P{}#{} while P{}#{}, live and queued before it, still waits",
+                    x.0 + 1,
+                    x.1,
+                    p + 1,
+                    acq
+                ),
+            )
+        })
+        })
+}
+
+/// In a state where nothing more can happen: a live process that has not finished.
+fn starved(s: &State) -> Option<String> {
+    s.procs.iter().enumerate().find_map(|(p, q)| {
+        (q.status == Status::Alive && !matches!(q.phase, Phase::Done | Phase::GaveUp)).then(|| {
+            format!(
+                "nothing more can happen, and P{} (live) is stuck in {:?}",
+                p + 1,
+                q.phase
+            )
+        })
+    })
+}
+
+/// A cycle in the graph (as state indexes), if there is one: Kahn's algorithm removes every
+/// state not on or before a cycle; from what remains, a walk must come back to itself.
+fn find_cycle(offsets: &[usize], edges: &[u32]) -> Option<Vec<u32>> {
+    let n = offsets.len() - 1;
+    let mut out_left: Vec<u32> = (0..n)
+        .map(|i| (offsets[i + 1] - offsets[i]) as u32)
+        .collect();
+    // Reverse edges, to remove states whose successors are all removed (sinks first).
+    let mut rev_offsets = vec![0usize; n + 1];
+    for &j in edges {
+        rev_offsets[j as usize + 1] += 1;
+    }
+    for i in 0..n {
+        rev_offsets[i + 1] += rev_offsets[i];
+    }
+    let mut fill = rev_offsets.clone();
+    let mut rev = vec![0u32; edges.len()];
+    for i in 0..n {
+        for &j in &edges[offsets[i]..offsets[i + 1]] {
+            rev[fill[j as usize]] = i as u32;
+            fill[j as usize] += 1;
+        }
+    }
+    let mut stack: Vec<u32> = (0..n as u32)
+        .filter(|&i| out_left[i as usize] == 0)
+        .collect();
+    let mut removed = vec![false; n];
+    while let Some(j) = stack.pop() {
+        removed[j as usize] = true;
+        for &i in &rev[rev_offsets[j as usize]..rev_offsets[j as usize + 1]] {
+            out_left[i as usize] -= 1;
+            if out_left[i as usize] == 0 {
+                stack.push(i);
+            }
+        }
+    }
+    let start = (0..n).find(|&i| !removed[i])?;
+    // Every remaining state has a remaining successor: walk until a state repeats.
+    let mut seen = HashMap::new();
+    let mut path = Vec::new();
+    let mut at = start as u32;
+    loop {
+        if let Some(&k) = seen.get(&at) {
+            return Some(path[k..].to_vec());
+        }
+        seen.insert(at, path.len());
+        path.push(at);
+        at = *edges[offsets[at as usize]..offsets[at as usize + 1]]
+            .iter()
+            .find(|&&j| !removed[j as usize])
+            .expect("a state on a cycle has a successor on it");
+    }
+}
+
+/// The steps from the initial state to state `at` (then a step that violates a property of
+/// steps, with `then`), replayed with their descriptions. States in the graph have their
+/// processes in canonical order; the replay follows the same states without reordering, so
+/// that every process keeps its name.
+fn trace(
+    model: &mut Model,
+    states: &[State],
+    parents: &[u32],
+    at: u32,
+    then: bool,
+) -> (String, Option<String>) {
+    let mut path = vec![at];
+    while parents[*path.last().expect("path") as usize] != u32::MAX {
+        path.push(parents[*path.last().expect("path") as usize]);
+    }
+    path.reverse();
+    let mut out = String::new();
+    let mut state = states[path[0] as usize];
+    let mut now = 0;
+    let mut message = None;
+    let steps = path.len() - 1 + usize::from(then);
+    for n in 0..steps {
+        let successors = model.successors(&state, true);
+        let succ = match path.get(n + 1) {
+            Some(&next) => successors
+                .into_iter()
+                .find(|s| model.canonical(s.state) == states[next as usize]),
+            None => successors.into_iter().find(|s| {
+                s.started
+                    .and_then(|(p, fence)| on_start(&state, p, fence))
+                    .or_else(|| s.given.and_then(|x| on_given(&state, &s.state, x)))
+                    .is_some()
+            }),
+        }
+        .expect("a step of the trace is enabled");
+        if n + 1 == steps && then {
+            message = succ
+                .started
+                .and_then(|(p, fence)| on_start(&state, p, fence))
+                .or_else(|| succ.given.and_then(|x| on_given(&state, &succ.state, x)))
+                .map(|(_, m)| m);
+        }
+        if succ.step == Step::Tick {
+            now += 1;
+            let _ = writeln!(out, "{:>4}  t={now:<3} tick", n + 1);
+        } else {
+            let _ = writeln!(out, "{:>4}  t={now:<3} {}", n + 1, succ.note);
+        }
+        state = succ.state;
+    }
+    let _ = write!(
+        out,
+        "      final state (t={now}):\n{}",
+        model.show_state(&state)
+    );
+    if !then {
+        message = invariant(model, &state)
+            .map(|(_, m)| m)
+            .or_else(|| starved(&state));
+    }
+    (out, message)
+}

@@ -1,0 +1,584 @@
+//! The model Redis: string and list keys with expiry, `PUBLISH` and `PUBSUB NUMSUB` answered
+//! from the model's processes, and the crate's own Lua scripts run against it, unchanged, in an
+//! embedded Lua 5.1 (the version Redis embeds), one script call being one atomic model step.
+//!
+//! Time is relative: an expiry is the number of ticks from now, and the model shifts every
+//! expiry by one at each tick (see `system.rs`). Values are interned (`Val`), so that a state
+//! is small plain data that clones and hashes cheaply.
+
+use std::{cell::RefCell, collections::HashMap, fmt::Write as _, rc::Rc};
+
+use mlua::{Function, Lua, MultiValue, Value};
+
+use super::seq::Seq;
+
+/// An interned byte string (Redis keys and values, Lua arguments, channel payloads).
+pub(crate) type Val = u32;
+
+/// A `PX` or `PEXPIRE` of at least this many ticks never runs out within the model's horizon
+/// (the fencing counter's 24 h retention, the idempotency record's).
+pub(crate) const FAR: i64 = 1_000_000;
+
+/// The interned strings, shared by the model and the Lua callbacks.
+#[derive(Default)]
+pub(crate) struct Interner {
+    ids: HashMap<Vec<u8>, Val>,
+    strings: Vec<Vec<u8>>,
+}
+
+impl Interner {
+    pub(crate) fn id(&mut self, s: &[u8]) -> Val {
+        if let Some(&id) = self.ids.get(s) {
+            return id;
+        }
+        let id = Val::try_from(self.strings.len()).expect("too many strings");
+        self.strings.push(s.to_vec());
+        self.ids.insert(s.to_vec(), id);
+        id
+    }
+
+    pub(crate) fn get(&self, id: Val) -> &[u8] {
+        &self.strings[id as usize]
+    }
+
+    pub(crate) fn text(&self, id: Val) -> String {
+        String::from_utf8_lossy(self.get(id)).into_owned()
+    }
+}
+
+/// A list's elements (a hand-off queue: at most one entry per token).
+pub(crate) type Entries = Seq<Val, 8>;
+
+/// The keyspace. Keys are kept sorted, so that equal keyspaces compare equal.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Db {
+    /// (key, value, ticks until it expires: `None` for never within the model).
+    pub(crate) strings: Seq<(Val, Val, Option<i32>), 4>,
+    /// (key, elements, expiry); an empty list does not exist, as in Redis.
+    pub(crate) lists: Seq<(Val, Entries, Option<i32>), 2>,
+}
+
+impl Db {
+    pub(crate) fn string(&self, key: Val) -> Option<(Val, Option<i32>)> {
+        self.strings
+            .iter()
+            .find(|(k, _, _)| *k == key)
+            .map(|&(_, v, e)| (v, e))
+    }
+
+    pub(crate) fn list(&self, key: Val) -> Option<&[Val]> {
+        self.lists
+            .iter()
+            .find(|(k, _, _)| *k == key)
+            .map(|(_, l, _)| l.as_slice())
+    }
+
+    pub(crate) fn list_mut(&mut self, key: Val) -> Option<&mut Entries> {
+        self.lists
+            .iter_mut()
+            .find(|(k, _, _)| *k == key)
+            .map(|(_, l, _)| l)
+    }
+
+    fn exists(&self, key: Val) -> bool {
+        self.string(key).is_some() || self.list(key).is_some()
+    }
+
+    fn expiry(&self, key: Val) -> Option<Option<i32>> {
+        self.string(key)
+            .map(|(_, e)| e)
+            .or_else(|| self.lists.iter().find(|(k, ..)| *k == key).map(|l| l.2))
+    }
+
+    fn set_expiry(&mut self, key: Val, expiry: Option<i32>) {
+        for (k, _, e) in self.strings.iter_mut() {
+            if *k == key {
+                *e = expiry;
+            }
+        }
+        for (k, _, e) in self.lists.iter_mut() {
+            if *k == key {
+                *e = expiry;
+            }
+        }
+    }
+
+    fn del(&mut self, key: Val) -> bool {
+        let before = self.strings.len() + self.lists.len();
+        self.strings.retain(|(k, ..)| *k != key);
+        self.lists.retain(|(k, ..)| *k != key);
+        before != self.strings.len() + self.lists.len()
+    }
+
+    fn set_string(&mut self, key: Val, value: Val, expiry: Option<i32>) {
+        self.del(key);
+        let at = self.strings.as_slice().partition_point(|(k, ..)| *k < key);
+        self.strings.insert(at, (key, value, expiry));
+    }
+
+    /// Drops a list left empty, as Redis does.
+    fn tidy(&mut self) {
+        self.lists.retain(|(_, l, _)| !l.is_empty());
+    }
+
+    /// One tick passes: every expiry comes one closer; keys that reach it are gone.
+    pub(crate) fn tick(&mut self) {
+        for (_, _, e) in self.strings.iter_mut() {
+            if let Some(e) = e {
+                *e -= 1;
+            }
+        }
+        for (_, _, e) in self.lists.iter_mut() {
+            if let Some(e) = e {
+                *e -= 1;
+            }
+        }
+        self.strings.retain(|(_, _, e)| e.is_none_or(|e| e > 0));
+        self.lists.retain(|(_, _, e)| e.is_none_or(|e| e > 0));
+    }
+}
+
+/// A Redis reply.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Reply {
+    Nil,
+    Int(i64),
+    Bulk(Vec<u8>),
+    Status(String),
+    Array(Vec<Reply>),
+}
+
+impl Reply {
+    pub(crate) fn int(&self) -> Option<i64> {
+        match self {
+            Self::Int(n) => Some(*n),
+            _ => None,
+        }
+    }
+}
+
+/// What one script call did: its reply, the keyspace after it, and what it published.
+#[derive(Clone, Debug)]
+pub(crate) struct Outcome {
+    pub(crate) reply: Reply,
+    pub(crate) db: Db,
+    /// (channel, payload), in the order published.
+    pub(crate) published: Vec<(Val, Val)>,
+    /// The commands the script sent, for traces.
+    pub(crate) log: Rc<str>,
+}
+
+/// The state a running script's `redis.call` works on.
+struct Call {
+    db: Db,
+    /// Channels with a subscriber.
+    subscribed: Vec<Val>,
+    published: Vec<(Val, Val)>,
+    log: String,
+}
+
+/// A script run's inputs: (script, keys, arguments, keyspace, channels with a subscriber).
+pub(crate) type MemoKey = (usize, Vec<Val>, Vec<Val>, Db, Vec<Val>);
+
+/// Runs scripts against a [`Db`].
+pub(crate) struct Redis {
+    lua: Lua,
+    interner: Rc<RefCell<Interner>>,
+    call: Rc<RefCell<Option<Call>>>,
+    scripts: Vec<(String, String, Function)>,
+    /// A script call is a function of its inputs: each distinct one runs once.
+    memo: HashMap<MemoKey, Outcome>,
+    pub(crate) runs: u64,
+}
+
+impl Redis {
+    pub(crate) fn new(interner: Rc<RefCell<Interner>>) -> Self {
+        let lua = Lua::new();
+        let call: Rc<RefCell<Option<Call>>> = Rc::default();
+        let redis = lua.create_table().expect("lua table");
+        let (c, i) = (Rc::clone(&call), Rc::clone(&interner));
+        let f = lua
+            .create_function(move |lua, args: MultiValue| {
+                let args = args
+                    .iter()
+                    .map(argument)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(mlua::Error::RuntimeError)?;
+                let mut call = c.borrow_mut();
+                let call = call.as_mut().expect("redis.call outside a script");
+                let reply =
+                    command(call, &mut i.borrow_mut(), &args).map_err(mlua::Error::RuntimeError)?;
+                to_lua(lua, &reply)
+            })
+            .expect("redis.call");
+        redis.set("call", f).expect("redis.call");
+        lua.globals().set("redis", redis).expect("redis global");
+        Self {
+            lua,
+            interner,
+            call,
+            scripts: Vec::new(),
+            memo: HashMap::new(),
+            runs: 0,
+        }
+    }
+
+    /// Compiles `source` (panics on a syntax error) and returns its handle.
+    pub(crate) fn load(&mut self, name: &str, source: &str) -> usize {
+        let f = self
+            .lua
+            .load(source)
+            .set_name(name)
+            .into_function()
+            .unwrap_or_else(|e| panic!("script {name} does not compile: {e}"));
+        self.scripts.push((name.to_owned(), source.to_owned(), f));
+        self.scripts.len() - 1
+    }
+
+    pub(crate) fn script_name(&self, script: usize) -> &str {
+        &self.scripts[script].0
+    }
+
+    pub(crate) fn script_source(&self, script: usize) -> &str {
+        &self.scripts[script].1
+    }
+
+    /// Every distinct script run so far: its inputs and what it did.
+    pub(crate) fn runs(&self) -> impl Iterator<Item = (&MemoKey, &Outcome)> {
+        self.memo.iter()
+    }
+
+    /// Runs `script` with `keys` and `args` on `db`, with `subscribed` channels listening: one
+    /// `EVALSHA`. A script error is a model failure (panics), as it would be a failed request.
+    pub(crate) fn run(
+        &mut self,
+        script: usize,
+        keys: &[Val],
+        args: &[Val],
+        db: &Db,
+        subscribed: &[Val],
+    ) -> Outcome {
+        let memo_key: MemoKey = (
+            script,
+            keys.to_vec(),
+            args.to_vec(),
+            *db,
+            subscribed.to_vec(),
+        );
+        if let Some(outcome) = self.memo.get(&memo_key) {
+            return outcome.clone();
+        }
+        self.runs += 1;
+        *self.call.borrow_mut() = Some(Call {
+            db: *db,
+            subscribed: subscribed.to_vec(),
+            published: Vec::new(),
+            log: String::new(),
+        });
+        let table = |vals: &[Val]| {
+            let t = self.lua.create_table().expect("lua table");
+            let interner = self.interner.borrow();
+            for (n, v) in vals.iter().enumerate() {
+                let s = self
+                    .lua
+                    .create_string(interner.get(*v))
+                    .expect("lua string");
+                t.raw_set(n + 1, s).expect("lua table");
+            }
+            t
+        };
+        let (k, a) = (table(keys), table(args));
+        let globals = self.lua.globals();
+        globals.set("KEYS", k).expect("KEYS");
+        globals.set("ARGV", a).expect("ARGV");
+        let (name, _, f) = &self.scripts[script];
+        let result = f.call::<Value>(());
+        let call = self.call.borrow_mut().take().expect("script state");
+        let value = result.unwrap_or_else(|e| panic!("script {name} failed: {e}"));
+        let reply = from_lua(&value).unwrap_or_else(|e| panic!("script {name}: {e}"));
+        let mut db = call.db;
+        db.tidy();
+        let outcome = Outcome {
+            reply,
+            db,
+            published: call.published,
+            log: Rc::from(call.log),
+        };
+        self.memo.insert(memo_key, outcome.clone());
+        outcome
+    }
+}
+
+/// A `redis.call` argument, converted as Redis converts it: strings as they are, numbers in
+/// their shortest decimal form; anything else is an error.
+fn argument(v: &Value) -> Result<Vec<u8>, String> {
+    match v {
+        Value::String(s) => Ok(s.as_bytes().to_vec()),
+        Value::Integer(n) => Ok(n.to_string().into_bytes()),
+        Value::Number(n) if n.fract() == 0.0 && n.abs() < 1e15 => {
+            Ok(format!("{}", *n as i64).into_bytes())
+        }
+        Value::Number(n) => Ok(format!("{n}").into_bytes()),
+        other => Err(format!(
+            "Lua redis lib command arguments must be strings or integers, got {}",
+            other.type_name()
+        )),
+    }
+}
+
+fn to_lua(lua: &Lua, reply: &Reply) -> mlua::Result<Value> {
+    Ok(match reply {
+        // A nil bulk reply is `false` in Redis's Lua.
+        Reply::Nil => Value::Boolean(false),
+        Reply::Int(n) => Value::Number(*n as f64),
+        Reply::Bulk(b) => Value::String(lua.create_string(b)?),
+        Reply::Status(s) => {
+            let t = lua.create_table()?;
+            t.raw_set("ok", s.as_str())?;
+            Value::Table(t)
+        }
+        Reply::Array(items) => {
+            let t = lua.create_table()?;
+            for (n, item) in items.iter().enumerate() {
+                t.raw_set(n + 1, to_lua(lua, item)?)?;
+            }
+            Value::Table(t)
+        }
+    })
+}
+
+/// A script's return value, converted as Redis converts it.
+fn from_lua(v: &Value) -> Result<Reply, String> {
+    Ok(match v {
+        Value::Nil | Value::Boolean(false) => Reply::Nil,
+        Value::Boolean(true) => Reply::Int(1),
+        Value::Integer(n) => Reply::Int(*n),
+        // Redis truncates Lua numbers to integers.
+        Value::Number(n) => Reply::Int(n.trunc() as i64),
+        Value::String(s) => Reply::Bulk(s.as_bytes().to_vec()),
+        Value::Table(t) => {
+            if let Ok(Value::String(s)) = t.raw_get::<Value>("ok") {
+                return Ok(Reply::Status(s.to_string_lossy()));
+            }
+            if let Ok(Value::String(s)) = t.raw_get::<Value>("err") {
+                return Err(format!("error reply {}", s.to_string_lossy()));
+            }
+            let mut items = Vec::new();
+            for n in 1.. {
+                let item: Value = t.raw_get(n).map_err(|e| e.to_string())?;
+                if item.is_nil() {
+                    break;
+                }
+                items.push(from_lua(&item)?);
+            }
+            Reply::Array(items)
+        }
+        other => return Err(format!("unexpected script result {}", other.type_name())),
+    })
+}
+
+fn int(arg: &[u8]) -> Result<i64, String> {
+    std::str::from_utf8(arg)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| "ERR value is not an integer or out of range".to_owned())
+}
+
+/// Ticks from now for a `PX`/`PEXPIRE` of `ms`: `None` when beyond the model's horizon.
+fn expiry(ms: i64) -> Option<i32> {
+    (ms < FAR).then(|| i32::try_from(ms).expect("expiry"))
+}
+
+/// One command, on the running script's keyspace.
+fn command(call: &mut Call, interner: &mut Interner, args: &[Vec<u8>]) -> Result<Reply, String> {
+    let name = args
+        .first()
+        .map(|n| String::from_utf8_lossy(n).to_ascii_uppercase())
+        .ok_or("ERR wrong number of arguments")?;
+    let arity = |n: usize| {
+        if args.len() < n {
+            Err(format!("ERR wrong number of arguments for '{name}'"))
+        } else {
+            Ok(())
+        }
+    };
+    let db = &mut call.db;
+    let reply = match name.as_str() {
+        "GET" => {
+            arity(2)?;
+            let key = interner.id(&args[1]);
+            if db.list(key).is_some() {
+                return Err("WRONGTYPE".into());
+            }
+            db.string(key)
+                .map_or(Reply::Nil, |(v, _)| Reply::Bulk(interner.get(v).to_vec()))
+        }
+        "SET" => {
+            arity(3)?;
+            let (key, value) = (interner.id(&args[1]), interner.id(&args[2]));
+            let (mut nx, mut px) = (false, None);
+            let mut rest = args[3..].iter();
+            while let Some(opt) = rest.next() {
+                match String::from_utf8_lossy(opt).to_ascii_uppercase().as_str() {
+                    "NX" => nx = true,
+                    "PX" => {
+                        let ms = int(rest.next().ok_or("ERR syntax error")?)?;
+                        if ms <= 0 {
+                            return Err("ERR invalid expire time in 'set' command".into());
+                        }
+                        px = Some(ms);
+                    }
+                    other => return Err(format!("model Redis: SET option {other} not modelled")),
+                }
+            }
+            if nx && db.exists(key) {
+                Reply::Nil
+            } else {
+                db.set_string(key, value, px.and_then(expiry));
+                Reply::Status("OK".into())
+            }
+        }
+        "DEL" => {
+            arity(2)?;
+            let n = args[1..].iter().filter(|k| db.del(interner.id(k))).count();
+            Reply::Int(n as i64)
+        }
+        "PEXPIRE" => {
+            arity(3)?;
+            let (key, ms) = (interner.id(&args[1]), int(&args[2])?);
+            if !db.exists(key) {
+                Reply::Int(0)
+            } else if ms <= 0 {
+                db.del(key);
+                Reply::Int(1)
+            } else {
+                db.set_expiry(key, expiry(ms));
+                Reply::Int(1)
+            }
+        }
+        "PTTL" => {
+            arity(2)?;
+            match db.expiry(interner.id(&args[1])) {
+                None => Reply::Int(-2),
+                Some(None) => Reply::Int(-1),
+                Some(Some(e)) => Reply::Int(i64::from(e)),
+            }
+        }
+        "LLEN" => {
+            arity(2)?;
+            Reply::Int(db.list(interner.id(&args[1])).map_or(0, |l| l.len() as i64))
+        }
+        "LINDEX" => {
+            arity(3)?;
+            let (key, at) = (interner.id(&args[1]), int(&args[2])?);
+            let list = db.list(key).unwrap_or(&[]);
+            let at = if at < 0 { list.len() as i64 + at } else { at };
+            usize::try_from(at)
+                .ok()
+                .and_then(|at| list.get(at))
+                .map_or(Reply::Nil, |v| Reply::Bulk(interner.get(*v).to_vec()))
+        }
+        "LPOP" => {
+            arity(2)?;
+            let key = interner.id(&args[1]);
+            let head = db
+                .list_mut(key)
+                .filter(|l| !l.is_empty())
+                .map(|l| l.remove(0));
+            db.tidy();
+            head.map_or(Reply::Nil, |v| Reply::Bulk(interner.get(v).to_vec()))
+        }
+        "RPUSH" => {
+            arity(3)?;
+            let key = interner.id(&args[1]);
+            if db.string(key).is_some() {
+                return Err("WRONGTYPE".into());
+            }
+            let values: Vec<Val> = args[2..].iter().map(|v| interner.id(v)).collect();
+            if db.list(key).is_none() {
+                let at = db.lists.as_slice().partition_point(|(k, ..)| *k < key);
+                db.lists.insert(at, (key, Entries::default(), None));
+            }
+            let list = db.list_mut(key).expect("list");
+            for v in values {
+                list.push(v);
+            }
+            Reply::Int(list.len() as i64)
+        }
+        "LRANGE" => {
+            arity(4)?;
+            let key = interner.id(&args[1]);
+            let list = db.list(key).unwrap_or(&[]);
+            let len = list.len() as i64;
+            let norm = |i: i64| if i < 0 { (len + i).max(0) } else { i };
+            let (start, stop) = (norm(int(&args[2])?), norm(int(&args[3])?).min(len - 1));
+            let items = if start > stop || start >= len {
+                Vec::new()
+            } else {
+                list[start as usize..=stop as usize]
+                    .iter()
+                    .map(|v| Reply::Bulk(interner.get(*v).to_vec()))
+                    .collect()
+            };
+            Reply::Array(items)
+        }
+        "LREM" => {
+            arity(4)?;
+            let (key, count, value) =
+                (interner.id(&args[1]), int(&args[2])?, interner.id(&args[3]));
+            if count != 0 {
+                return Err("model Redis: LREM with a count is not modelled".into());
+            }
+            let removed = db.list_mut(key).map_or(0, |l| {
+                let before = l.len();
+                l.retain(|v| *v != value);
+                before - l.len()
+            });
+            db.tidy();
+            Reply::Int(removed as i64)
+        }
+        "PUBLISH" => {
+            arity(3)?;
+            let (channel, payload) = (interner.id(&args[1]), interner.id(&args[2]));
+            call.published.push((channel, payload));
+            Reply::Int(i64::from(call.subscribed.contains(&channel)))
+        }
+        "PUBSUB" => {
+            arity(2)?;
+            if !args[1].eq_ignore_ascii_case(b"NUMSUB") {
+                return Err("model Redis: only PUBSUB NUMSUB is modelled".into());
+            }
+            let mut items = Vec::new();
+            for channel in &args[2..] {
+                let id = interner.id(channel);
+                items.push(Reply::Bulk(channel.clone()));
+                items.push(Reply::Int(i64::from(call.subscribed.contains(&id))));
+            }
+            Reply::Array(items)
+        }
+        // The model's clock is relative (states that differ only by when they happen are one
+        // state), so the server clock term of a fencing token is left out: the counter alone
+        // orders tokens, as it does whenever it has not expired (24 h after its last use).
+        "TIME" => Reply::Array(vec![Reply::Bulk(b"0".to_vec()), Reply::Bulk(b"0".to_vec())]),
+        other => return Err(format!("model Redis: command {other} is not modelled")),
+    };
+    let shown: Vec<String> = args
+        .iter()
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let _ = writeln!(call.log, "      {} -> {}", shown.join(" "), show(&reply));
+    Ok(reply)
+}
+
+pub(crate) fn show(reply: &Reply) -> String {
+    match reply {
+        Reply::Nil => "nil".into(),
+        Reply::Int(n) => n.to_string(),
+        Reply::Bulk(b) => format!("{:?}", String::from_utf8_lossy(b)),
+        Reply::Status(s) => s.clone(),
+        Reply::Array(items) => format!(
+            "[{}]",
+            items.iter().map(show).collect::<Vec<_>>().join(", ")
+        ),
+    }
+}

@@ -1,0 +1,1329 @@
+//! The system the checker explores: one Redis (the model in `redis.rs`, running the crate's
+//! scripts), and 3 or 4 processes, each with one store (one pub/sub channel, one connection)
+//! and one contender for the key at a time (a process's own requests for a key queue behind
+//! each other in `LocalQueues` and only the first contends in Redis, `src/locker.rs`
+//! `acquire_held`), which acquires the key up to `acquisitions` times in a row, each time with a
+//! fresh token.
+//!
+//! Every step is atomic: a script run by Redis, a reply or a pub/sub message reaching a process,
+//! a client reacting to a signal or a timer, a failure, or one tick of time. The client's steps
+//! follow `src/locker.rs` (`acquire_held`, `handed_over`, `ReleaseGuard`), `src/renew.rs`
+//! (`Renewer::poll_lost`) and `src/store/handoff.rs` (`Registry::deliver`, `register`,
+//! `parse`); the line numbers cited are those of the commit this model was written at.
+//!
+//! Time is discrete and relative: every deadline in a state is a number of ticks from now, and
+//! a tick shifts them all by one (clock readings in the past, such as queue entries' stamps,
+//! with them). Two states that differ only in when they happen are one state, so a holder that
+//! renews, or waiters that check again, do not make the state space grow with the clock.
+//! Network delays are bounded: with `delays`, a request, a reply or a message sent is handled
+//! before the second tick after it was sent (`aged`), well within the store timeout, so no call
+//! times out; without, before time moves on at all (every interleaving at one instant is still
+//! explored). With `start_together`, every process sends its first attempt before time moves
+//! on; otherwise a process may arrive at any tick.
+
+use std::{cell::RefCell, collections::HashMap, fmt::Write as _, rc::Rc};
+
+use super::{
+    redis::{Db, Interner, Redis, Reply, Val, show},
+    seq::Seq,
+};
+
+/// Model time, in ticks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timing {
+    /// The lease's time to live.
+    pub(crate) ttl: i16,
+    /// Renewal interval (`ttl / 3` by default).
+    pub(crate) interval: i16,
+    /// The hand-off claim window.
+    pub(crate) claim: i16,
+    /// `MIN_HANDED_OVER` (`src/locker.rs` 424): a grant is run at once with this much left.
+    pub(crate) min_handed_over: i16,
+    /// `NEXT_SLACK` (`src/locker.rs` 428).
+    pub(crate) next_slack: i16,
+    /// Subtracted from a grant's stamp + claim window (`src/store/handoff.rs` 266: 1 % + 2 ms).
+    /// The model's clocks all run at one rate, so 0 is the strictest choice.
+    pub(crate) allowance: i16,
+    /// The wait policy's retry delay, for an attempt answered "held" while not queued.
+    pub(crate) retry_delay: i16,
+}
+
+impl Timing {
+    /// The scale the checks run at: a tick is about a network delay, and the ratios keep what
+    /// matters: a claim window longer than two round trips, shorter than the TTL.
+    pub(crate) const DEFAULT: Self = Self {
+        ttl: 9,
+        interval: 3,
+        claim: 4,
+        min_handed_over: 1,
+        next_slack: 1,
+        allowance: 0,
+        retry_delay: 2,
+    };
+}
+
+/// Which failures the checker may inject, and how many in one run.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Faults {
+    pub(crate) budget: u8,
+    /// The process dies: its subscription closes, it never acts again.
+    pub(crate) crash: bool,
+    /// The process hangs: still subscribed, never acts again.
+    pub(crate) hang: bool,
+    /// A waiter gives up (its deadline): its armed release guard sends the release.
+    pub(crate) give_up: bool,
+    /// A pub/sub message to a process is lost.
+    pub(crate) lose: bool,
+}
+
+/// The scripts the model runs: the crate's, or a deliberately broken variant.
+#[derive(Clone, Debug)]
+pub(crate) struct Sources {
+    pub(crate) acquire: String,
+    pub(crate) release: String,
+    pub(crate) renew: String,
+    pub(crate) renew_many: String,
+    pub(crate) complete: String,
+}
+
+impl Sources {
+    /// The scripts exactly as the Redis stores load them.
+    pub(crate) fn crate_scripts() -> Self {
+        let get = |name: &str| {
+            tower_lock::RedisStore::lua_scripts()
+                .find(|(n, _)| *n == name)
+                .map(|(_, source)| source.to_owned())
+                .unwrap_or_else(|| panic!("the crate has no script {name}"))
+        };
+        Self {
+            acquire: get("acquire"),
+            release: get("release"),
+            renew: get("renew"),
+            renew_many: get("renew_many"),
+            complete: get("record_complete"),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    pub(crate) name: String,
+    pub(crate) processes: u8,
+    /// Acquisitions per process, one after the other.
+    pub(crate) acquisitions: u8,
+    /// Renewals per holding; the holder releases by the one after (its handler finishes).
+    pub(crate) renewals: u8,
+    pub(crate) faults: Faults,
+    pub(crate) timing: Timing,
+    /// Network delays: a request, reply or message may still be on its way after a tick
+    /// (until the next one). Without, everything sent arrives before time moves on.
+    pub(crate) delays: bool,
+    /// Processes start their first acquisition before time moves on (in any order), rather than
+    /// at any time.
+    pub(crate) start_together: bool,
+    /// Processes that release with the idempotency layer's `complete.lua` instead.
+    pub(crate) completes: Vec<u8>,
+    /// Processes that renew with `renew_many.lua` (a batch) instead of `renew.lua`.
+    pub(crate) batches: Vec<u8>,
+    /// Check that a process that believes it holds the key holds it in Redis (stronger than
+    /// exclusion, and so found a step earlier).
+    pub(crate) key_agrees: bool,
+    /// Queued waiters keep `acquire_held`'s fallback timer (`false` only to show that the
+    /// no-starvation check can fail).
+    pub(crate) fallback_timer: bool,
+    pub(crate) sources: Sources,
+}
+
+/// Bias of a stamp's 16 hex digits: a stamp is a clock reading, relative like every time here,
+/// so mostly negative.
+const STAMP_BIAS: i64 = 1 << 20;
+
+/// Bytes of a token, as the crate's (`TOKEN_LEN`).
+const TOKEN_LEN: usize = 32;
+const STAMP_LEN: usize = 16;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Status {
+    #[default]
+    Alive,
+    /// Still subscribed, never acts: believes it holds the key until `belief` (0: no belief).
+    Hung {
+        belief: i16,
+    },
+    Crashed,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Hold {
+    pub(crate) fence: u32,
+    /// The lease is valid (to its holder) until this tick, exclusive.
+    pub(crate) valid_until: i16,
+    pub(crate) next_renew: i16,
+    /// A renewal in flight, sent at this tick.
+    pub(crate) renewing: Option<i16>,
+    pub(crate) renewals: u8,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Phase {
+    /// Between acquisitions (the next may start at any time).
+    #[default]
+    Idle,
+    /// An acquire attempt in flight, sent at `sent_at`.
+    Attempting {
+        sent_at: i16,
+    },
+    /// Queued, in `acquire_held`'s `select!` over signals and the fallback timer.
+    Waiting {
+        fallback: i16,
+    },
+    /// Answered "held" while not queued: sleeping until the next retry.
+    Sleeping {
+        wake: i16,
+    },
+    Holding(Hold),
+    /// Its release in flight (the process's next request waits for it).
+    Releasing,
+    Done,
+    GaveUp,
+}
+
+impl Phase {
+    fn waiting(&self) -> bool {
+        matches!(
+            self,
+            Self::Attempting { .. } | Self::Waiting { .. } | Self::Sleeping { .. }
+        )
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Signal {
+    #[default]
+    Retry,
+    Granted {
+        fence: u32,
+        valid_until: i16,
+    },
+    Next {
+        within: i16,
+    },
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Op {
+    Acquire {
+        stamp: i16,
+        rescan: bool,
+    },
+    #[default]
+    Renew,
+    Release,
+}
+
+/// A request on its way to Redis.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Request {
+    pub(crate) op: Op,
+    pub(crate) acq: u8,
+    pub(crate) aged: bool,
+}
+
+/// A reply on its way back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Answer {
+    pub(crate) op: Op,
+    pub(crate) acq: u8,
+    /// (first, second) of the script's answer: `{code, n}` for acquire, `(n, 0)` otherwise.
+    pub(crate) reply: (i16, i32),
+    pub(crate) aged: bool,
+}
+
+/// A hand-off message on its way to a process, parsed as `src/store/handoff.rs` `parse` does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Message {
+    /// `Some(fence)` for a grant (`g`), `None` for "next" (`n`).
+    pub(crate) grant: Option<u32>,
+    pub(crate) acq: u8,
+    pub(crate) stamp: i16,
+    pub(crate) claim: i16,
+    pub(crate) aged: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Proc {
+    pub(crate) status: Status,
+    /// Acquisitions started; the current token is this one's.
+    pub(crate) acq: u8,
+    pub(crate) phase: Phase,
+    /// `acquire_held`'s `queued`: an attempt answered "queued".
+    pub(crate) queued: bool,
+    /// The waiter's registration (`queue_watch`) is up.
+    pub(crate) registered: bool,
+    /// The registration's channel of signals, not yet taken by the client.
+    pub(crate) signals: Seq<Signal, 3>,
+    /// `Registry::pending`: a message for the current token before it registered.
+    pub(crate) pending: Option<Signal>,
+    pub(crate) outbox: Seq<Request, 3>,
+    pub(crate) replies: Seq<Answer, 3>,
+    pub(crate) inbox: Seq<Message, 4>,
+    /// A message for this acquisition was lost: it is excused from first-come-first-served.
+    pub(crate) lost_message: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct State {
+    pub(crate) db: Db,
+    pub(crate) procs: Seq<Proc, 4>,
+    /// The highest fencing token a holder started with.
+    pub(crate) fence_high: u32,
+    /// Acquisitions (process, number) in the order their entries first appeared in the queue,
+    /// kept while they wait or have an entry in it.
+    pub(crate) fifo: Seq<(u8, u8), 8>,
+    pub(crate) faults: u8,
+    /// Time has moved on since the start.
+    pub(crate) ticked: bool,
+}
+
+/// One step, by kind and process: enough to find it again among a state's successors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Step {
+    Tick,
+    Start(u8),
+    Exec(u8),
+    Reply(u8),
+    Deliver(u8),
+    Signal(u8),
+    Timer(u8),
+    Release(u8),
+    Renew(u8),
+    RenewTimeout(u8),
+    Crash(u8),
+    Hang(u8),
+    GiveUp(u8),
+    Lose(u8),
+}
+
+pub(crate) struct Successor {
+    pub(crate) step: Step,
+    pub(crate) state: State,
+    /// A process that started holding the key in this step, with its fencing token.
+    pub(crate) started: Option<(u8, u32)>,
+    /// The acquisition (process, number) a script gave the key to in this step.
+    pub(crate) given: Option<(u8, u8)>,
+    /// That script was a release handing the key on.
+    pub(crate) handed_on: bool,
+    /// What happened, for traces (only when asked for).
+    pub(crate) note: String,
+}
+
+/// The system: its configuration, the model Redis and the names it uses.
+pub(crate) struct Model {
+    pub(crate) config: Config,
+    pub(crate) interner: Rc<RefCell<Interner>>,
+    pub(crate) redis: Redis,
+    scripts: Scripts,
+    pub(crate) keys: Keys,
+    /// Processes that are interchangeable (same scripts): states that differ only by a
+    /// permutation within a group are one state.
+    groups: Vec<Vec<u8>>,
+    /// Token values, by id: (process, acquisition).
+    owners: HashMap<Val, (u8, u8)>,
+    /// Queue entries by id: (process, acquisition, stamp), and back.
+    entries: RefCell<HashMap<Val, (u8, u8, i16)>>,
+    entry_ids: RefCell<HashMap<(u8, u8, i16), Val>>,
+}
+
+struct Scripts {
+    acquire: usize,
+    release: usize,
+    renew: usize,
+    renew_many: usize,
+    complete: usize,
+}
+
+pub(crate) struct Keys {
+    pub(crate) lock: Val,
+    pub(crate) fence: Val,
+    pub(crate) queue: Val,
+    pub(crate) record: Val,
+    ttl: Val,
+    claim: Val,
+    retention: Val,
+    record_value: Val,
+    zero: Val,
+    one: Val,
+    /// `tokens[p][acq]`, `acq` from 1.
+    tokens: Vec<Vec<Val>>,
+    pub(crate) channels: Vec<Val>,
+}
+
+fn token_text(p: u8, acq: u8) -> String {
+    format!("{:.<TOKEN_LEN$}", format!("P{}#{}", p + 1, acq))
+}
+
+fn channel_text(p: u8) -> String {
+    format!("tower-lock:handoff:P{}", p + 1)
+}
+
+fn stamp_text(stamp: i16) -> String {
+    format!("{:016x}", STAMP_BIAS + i64::from(stamp))
+}
+
+fn parse_stamp(hex: &[u8]) -> i16 {
+    let s = std::str::from_utf8(hex).expect("stamp");
+    let v = i64::from_str_radix(s, 16).expect("stamp");
+    i16::try_from(v - STAMP_BIAS).expect("stamp")
+}
+
+impl Model {
+    pub(crate) fn new(config: Config) -> Self {
+        let interner: Rc<RefCell<Interner>> = Rc::default();
+        let mut redis = Redis::new(Rc::clone(&interner));
+        let s = &config.sources;
+        let scripts = Scripts {
+            acquire: redis.load("acquire.lua", &s.acquire),
+            release: redis.load("release.lua", &s.release),
+            renew: redis.load("renew.lua", &s.renew),
+            renew_many: redis.load("renew_many.lua", &s.renew_many),
+            complete: redis.load("complete.lua", &s.complete),
+        };
+        let keys = {
+            let mut i = interner.borrow_mut();
+            let mut id = |s: &str| i.id(s.as_bytes());
+            Keys {
+                lock: id("tl:{k}"),
+                fence: id("tl:fence:{0}"),
+                queue: id("tl:{k}:queue"),
+                record: id("tl:{k}:record"),
+                ttl: id(&config.timing.ttl.to_string()),
+                claim: id(&config.timing.claim.to_string()),
+                // The fencing counter's and the record's retention: beyond the horizon.
+                retention: id("86400000"),
+                record_value: id("record"),
+                zero: id("0"),
+                one: id("1"),
+                tokens: (0..config.processes)
+                    .map(|p| {
+                        (0..=config.acquisitions)
+                            .map(|a| id(&token_text(p, a)))
+                            .collect()
+                    })
+                    .collect(),
+                channels: (0..config.processes)
+                    .map(|p| id(&channel_text(p)))
+                    .collect(),
+            }
+        };
+        let mut groups: Vec<Vec<u8>> = Vec::new();
+        let role = |p: u8| (config.completes.contains(&p), config.batches.contains(&p));
+        for p in 0..config.processes {
+            match groups.iter_mut().find(|g| role(g[0]) == role(p)) {
+                Some(g) => g.push(p),
+                None => groups.push(vec![p]),
+            }
+        }
+        let mut owners = HashMap::new();
+        for (p, tokens) in keys.tokens.iter().enumerate() {
+            for (a, t) in tokens.iter().enumerate() {
+                owners.insert(*t, (p as u8, a as u8));
+            }
+        }
+        Self {
+            config,
+            interner,
+            redis,
+            scripts,
+            keys,
+            groups,
+            owners,
+            entries: RefCell::default(),
+            entry_ids: RefCell::default(),
+        }
+    }
+
+    /// A queue entry's owner and stamp.
+    fn entry_info(&self, entry: Val) -> (u8, u8, i16) {
+        if let Some(&info) = self.entries.borrow().get(&entry) {
+            return info;
+        }
+        let interner = self.interner.borrow();
+        let text = interner.get(entry);
+        let (p, a) = self.token_of(&interner, &text[..TOKEN_LEN]);
+        let stamp = parse_stamp(&text[TOKEN_LEN..TOKEN_LEN + STAMP_LEN]);
+        assert_eq!(&text[TOKEN_LEN + STAMP_LEN..], channel_text(p).as_bytes());
+        self.entries.borrow_mut().insert(entry, (p, a, stamp));
+        (p, a, stamp)
+    }
+
+    /// The queue entry of `p`'s acquisition `a` stamped `stamp`, as acquire.lua writes it:
+    /// token, stamp, channel.
+    fn entry(&self, p: u8, a: u8, stamp: i16) -> Val {
+        if let Some(&id) = self.entry_ids.borrow().get(&(p, a, stamp)) {
+            return id;
+        }
+        let text = format!(
+            "{}{}{}",
+            token_text(p, a),
+            stamp_text(stamp),
+            channel_text(p)
+        );
+        let id = self.interner.borrow_mut().id(text.as_bytes());
+        self.entry_ids.borrow_mut().insert((p, a, stamp), id);
+        id
+    }
+
+    /// `s` with the processes of each group in a fixed order (sorted by their state), and the
+    /// tokens and channels in Redis and `fifo` renamed to match.
+    pub(crate) fn canonical(&self, s: State) -> State {
+        let mut order: Vec<u8> = (0..self.config.processes).collect();
+        for group in &self.groups {
+            let mut members = group.clone();
+            members.sort_by(|&a, &b| s.procs[usize::from(a)].cmp(&s.procs[b]));
+            for (&slot, &old) in group.iter().zip(&members) {
+                order[usize::from(slot)] = old;
+            }
+        }
+        if order.iter().enumerate().all(|(i, &p)| usize::from(p) == i) {
+            return s;
+        }
+        let mut new_of = vec![0u8; order.len()];
+        for (new, &old) in order.iter().enumerate() {
+            new_of[usize::from(old)] = new as u8;
+        }
+        let rename = |(p, a): (u8, u8)| (new_of[usize::from(p)], a);
+        let mut db = s.db;
+        for (_, v, _) in db.strings.iter_mut() {
+            if let Some(&owner) = self.owners.get(v) {
+                *v = self.token(rename(owner).0, owner.1);
+            }
+        }
+        if let Some(list) = db.list_mut(self.keys.queue) {
+            for entry in list.iter_mut() {
+                let (p, a, stamp) = self.entry_info(*entry);
+                *entry = self.entry(new_of[usize::from(p)], a, stamp);
+            }
+        }
+        State {
+            db,
+            procs: order.iter().map(|&old| s.procs[old]).collect(),
+            fence_high: s.fence_high,
+            fifo: s.fifo.iter().map(|&f| rename(f)).collect(),
+            faults: s.faults,
+            ticked: s.ticked,
+        }
+    }
+
+    pub(crate) fn token(&self, p: u8, acq: u8) -> Val {
+        self.keys.tokens[usize::from(p)][usize::from(acq)]
+    }
+
+    pub(crate) fn lock_key(&self) -> Val {
+        self.keys.lock
+    }
+
+    pub(crate) fn initial(&self) -> State {
+        State {
+            procs: (0..self.config.processes)
+                .map(|_| Proc::default())
+                .collect(),
+            ..State::default()
+        }
+    }
+
+    /// Every step enabled in `s`, with the state it leads to.
+    pub(crate) fn successors(&mut self, s: &State, describe: bool) -> Vec<Successor> {
+        let mut out = Vec::new();
+        let faults = self.config.faults;
+        let may_fault = s.faults < faults.budget;
+        for p in 0..self.config.processes {
+            let proc = &s.procs[p];
+            if !proc.outbox.is_empty() {
+                out.push(self.exec(s, p, describe));
+            }
+            if proc.status != Status::Alive {
+                continue;
+            }
+            if !proc.replies.is_empty() {
+                out.push(self.reply(s, p, describe));
+            }
+            if !proc.inbox.is_empty() {
+                out.push(self.deliver(s, p, describe));
+                if may_fault && faults.lose {
+                    let mut n = *s;
+                    let q = &mut n.procs[p];
+                    let lost = q.inbox.remove(0);
+                    q.lost_message = true;
+                    n.faults += 1;
+                    let note = describe.then(|| {
+                        format!(
+                            "FAULT: the message {} to P{} is lost",
+                            self.msg(p, &lost),
+                            p + 1
+                        )
+                    });
+                    out.push(succ(Step::Lose(p), n, None, note));
+                }
+            }
+            match proc.phase {
+                Phase::Idle
+                    if proc.acq < self.config.acquisitions
+                        && !(self.config.start_together && proc.acq == 0 && s.ticked) =>
+                {
+                    let mut n = *s;
+                    let q = &mut n.procs[p];
+                    q.acq += 1;
+                    q.queued = false;
+                    q.registered = false;
+                    q.signals.clear();
+                    q.pending = None;
+                    q.lost_message = false;
+                    let note = self.attempt(&mut n, p, describe);
+                    let note = describe.then(|| {
+                        format!("P{} starts acquisition #{}; {}", p + 1, proc.acq + 1, note)
+                    });
+                    out.push(succ(Step::Start(p), n, None, note));
+                }
+                Phase::Waiting { fallback } => {
+                    if !proc.signals.is_empty() {
+                        out.push(self.signal(s, p, describe));
+                    }
+                    if fallback <= 0 && self.config.fallback_timer {
+                        let mut n = *s;
+                        let note = self.attempt(&mut n, p, describe);
+                        let note = describe
+                            .then(|| format!("P{}'s fallback timer fires; {}", p + 1, note));
+                        out.push(succ(Step::Timer(p), n, None, note));
+                    }
+                }
+                Phase::Sleeping { wake } if wake <= 0 => {
+                    let mut n = *s;
+                    let note = self.attempt(&mut n, p, describe);
+                    let note =
+                        describe.then(|| format!("P{}'s retry timer fires; {}", p + 1, note));
+                    out.push(succ(Step::Timer(p), n, None, note));
+                }
+                Phase::Holding(h) => {
+                    // The handler finishes (any time): the release goes out
+                    // (`ReleaseGuard::release_now`, src/locker.rs 466).
+                    let mut n = *s;
+                    release(&mut n, p);
+                    let note = describe.then(|| {
+                        format!(
+                            "P{} finishes and sends its release (fence {})",
+                            p + 1,
+                            h.fence
+                        )
+                    });
+                    out.push(succ(Step::Release(p), n, None, note));
+                    if h.renewing.is_none() && h.next_renew <= 0 {
+                        if h.valid_until <= 0 {
+                            // src/renew.rs 159-161: nothing left: lost.
+                            let mut n = *s;
+                            release(&mut n, p);
+                            let note = describe.then(|| {
+                                format!("P{}'s lease ran out before its renewal: lost; it sends its release", p + 1)
+                            });
+                            out.push(succ(Step::Renew(p), n, None, note));
+                        } else if h.renewals < self.config.renewals {
+                            // src/renew.rs 163-174.
+                            let mut n = *s;
+                            let q = &mut n.procs[p];
+                            if let Phase::Holding(h) = &mut q.phase {
+                                h.renewing = Some(0);
+                            }
+                            q.outbox.push(Request {
+                                op: Op::Renew,
+                                acq: q.acq,
+                                aged: false,
+                            });
+                            let note = describe.then(|| format!("P{} sends a renewal", p + 1));
+                            out.push(succ(Step::Renew(p), n, None, note));
+                        }
+                    }
+                    if h.renewing.is_some() && h.valid_until <= 0 {
+                        // src/renew.rs 163: the renewal's timeout is what is left of the lease;
+                        // 136-143: then it is lost.
+                        let mut n = *s;
+                        release(&mut n, p);
+                        let note = describe.then(|| {
+                            format!("P{}'s renewal is not answered before its lease runs out: lost; it sends its release", p + 1)
+                        });
+                        out.push(succ(Step::RenewTimeout(p), n, None, note));
+                    }
+                }
+                _ => {}
+            }
+            let active = proc.phase.waiting() || matches!(proc.phase, Phase::Holding(_));
+            // A crash, hang or give-up while a reply or message is still unread is the same as
+            // one just before it arrived: the process never reads it, and what it sent before
+            // reaches Redis all the same, in the same order. So failures strike only a process
+            // with nothing unread (the model explores the equivalent earlier one).
+            let settled = proc.replies.is_empty() && proc.inbox.is_empty();
+            if may_fault && active && settled {
+                if faults.crash {
+                    let mut n = *s;
+                    let q = &mut n.procs[p];
+                    q.status = Status::Crashed;
+                    quiesce(q);
+                    n.faults += 1;
+                    let note = describe.then(|| format!("FAULT: P{} crashes", p + 1));
+                    out.push(succ(Step::Crash(p), n, None, note));
+                }
+                if faults.hang {
+                    let mut n = *s;
+                    let q = &mut n.procs[p];
+                    let belief = match q.phase {
+                        Phase::Holding(h) => h.valid_until.max(0),
+                        _ => 0,
+                    };
+                    q.status = Status::Hung { belief };
+                    quiesce(q);
+                    n.faults += 1;
+                    let note = describe.then(|| format!("FAULT: P{} hangs", p + 1));
+                    out.push(succ(Step::Hang(p), n, None, note));
+                }
+            }
+            if may_fault && faults.give_up && proc.phase.waiting() && settled {
+                // The wait's deadline: `acquire_held`'s future is dropped, and its release
+                // guard, armed while an attempt may have taken the key or while queued (src/locker.rs
+                // 248, 321), sends the release (534-545): it leaves the queue, or passes on a key
+                // handed over meanwhile.
+                let mut n = *s;
+                let q = &mut n.procs[p];
+                let armed = matches!(q.phase, Phase::Attempting { .. }) || q.queued;
+                if armed {
+                    q.outbox.push(Request {
+                        op: Op::Release,
+                        acq: q.acq,
+                        aged: false,
+                    });
+                }
+                q.phase = Phase::GaveUp;
+                q.registered = false;
+                q.signals.clear();
+                q.pending = None;
+                n.faults += 1;
+                let note = describe.then(|| {
+                    format!(
+                        "FAULT: P{} gives up{}",
+                        p + 1,
+                        if armed { " and sends its release" } else { "" }
+                    )
+                });
+                out.push(succ(Step::GiveUp(p), n, None, note));
+            }
+        }
+        if !self.urgent(s) {
+            let n = self.tick(s);
+            if n != *s {
+                out.push(succ(
+                    Step::Tick,
+                    n,
+                    None,
+                    describe.then(|| "one tick passes".into()),
+                ));
+            }
+        }
+        for succ in &mut out {
+            self.tidy_fifo(&mut succ.state);
+            if let Some((_, fence)) = succ.started {
+                succ.state.fence_high = succ.state.fence_high.max(fence);
+            }
+        }
+        out
+    }
+
+    /// The acquisitions in `fifo` that neither wait nor have an entry in the queue are done
+    /// with it.
+    fn tidy_fifo(&self, n: &mut State) {
+        let queued = self.queued(n);
+        let procs = &n.procs;
+        n.fifo.retain(|&(p, acq)| {
+            let q = &procs[p];
+            (q.acq == acq && q.status == Status::Alive && q.phase.waiting())
+                || queued.contains(&(p, acq))
+        });
+    }
+
+    /// The acquisitions with an entry in the queue, in its order.
+    fn queued(&self, n: &State) -> Vec<(u8, u8)> {
+        n.db.list(self.keys.queue)
+            .unwrap_or(&[])
+            .iter()
+            .map(|e| {
+                let (p, a, _) = self.entry_info(*e);
+                (p, a)
+            })
+            .collect()
+    }
+
+    /// Whether something must happen before time may pass: a request, reply or message sent
+    /// before the last tick (the network delay bound), or a live client's timer that is due.
+    fn urgent(&self, s: &State) -> bool {
+        if self.config.start_together && s.procs.iter().any(|q| q.acq == 0) {
+            return true;
+        }
+        if !self.config.delays
+            && s.procs.iter().any(|q| {
+                !q.outbox.is_empty()
+                    || (q.status == Status::Alive && (!q.replies.is_empty() || !q.inbox.is_empty()))
+            })
+        {
+            return true;
+        }
+        s.procs.iter().any(|q| {
+            q.outbox.iter().any(|r| r.aged)
+                || (q.status == Status::Alive
+                    && (q.replies.iter().any(|r| r.aged)
+                        || q.inbox.iter().any(|m| m.aged)
+                        || match q.phase {
+                            Phase::Waiting { fallback } => {
+                                (fallback <= 0 && self.config.fallback_timer)
+                                    || !q.signals.is_empty()
+                            }
+                            Phase::Sleeping { wake } => wake <= 0,
+                            Phase::Holding(h) => match h.renewing {
+                                None => h.next_renew <= 0,
+                                Some(_) => h.valid_until <= 0,
+                            },
+                            _ => false,
+                        }))
+        })
+    }
+
+    /// One tick passes: every time in the state comes one closer (readings in the past go one
+    /// further back, down to where they make no difference any more).
+    fn tick(&mut self, s: &State) -> State {
+        let t = self.config.timing;
+        // A stamp this old gives a grant that has run out on arrival: older ones are the same.
+        let stamp_floor = t.allowance - t.claim;
+        let shift_stamp = |x: i16| (x - 1).max(stamp_floor);
+        let mut n = *s;
+        n.ticked = true;
+        n.db.tick();
+        if let Some(list) = n.db.list_mut(self.keys.queue) {
+            for entry in list.iter_mut() {
+                let (p, a, stamp) = self.entry_info(*entry);
+                *entry = self.entry(p, a, shift_stamp(stamp));
+            }
+        }
+        for q in n.procs.iter_mut() {
+            for r in q.outbox.iter_mut() {
+                r.aged = true;
+                if let Op::Acquire { stamp, .. } = &mut r.op {
+                    *stamp = shift_stamp(*stamp);
+                }
+            }
+            for r in q.replies.iter_mut() {
+                r.aged = true;
+            }
+            for m in q.inbox.iter_mut() {
+                m.aged = true;
+                m.stamp = shift_stamp(m.stamp);
+            }
+            let shift_signal = |sig: &mut Signal| {
+                if let Signal::Granted { valid_until, .. } = sig {
+                    *valid_until = (*valid_until - 1).max(0);
+                }
+            };
+            q.signals.iter_mut().for_each(shift_signal);
+            q.pending.iter_mut().for_each(shift_signal);
+            match &mut q.phase {
+                Phase::Attempting { sent_at } => *sent_at -= 1,
+                Phase::Waiting { fallback } => *fallback = (*fallback - 1).max(0),
+                Phase::Sleeping { wake } => *wake = (*wake - 1).max(0),
+                Phase::Holding(h) => {
+                    h.valid_until = (h.valid_until - 1).max(0);
+                    h.next_renew = (h.next_renew - 1).max(0);
+                    if let Some(sent) = &mut h.renewing {
+                        *sent -= 1;
+                    }
+                }
+                _ => {}
+            }
+            if let Status::Hung { belief } = &mut q.status {
+                *belief = (*belief - 1).max(0);
+            }
+        }
+        n
+    }
+
+    /// `acquire_held`'s loop body up to the attempt (src/locker.rs 240-258): the attempt goes
+    /// out with a stamp read now and `rescan` when registered (`RedisStore::enqueue`).
+    fn attempt(&self, n: &mut State, p: u8, describe: bool) -> String {
+        let q = &mut n.procs[p];
+        let rescan = q.registered;
+        q.outbox.push(Request {
+            op: Op::Acquire { stamp: 0, rescan },
+            acq: q.acq,
+            aged: false,
+        });
+        q.phase = Phase::Attempting { sent_at: 0 };
+        if describe {
+            format!("it sends an acquire attempt as P{}#{}", p + 1, q.acq)
+        } else {
+            String::new()
+        }
+    }
+
+    /// Redis runs the request at the head of `p`'s connection.
+    fn exec(&mut self, s: &State, p: u8, describe: bool) -> Successor {
+        let mut n = *s;
+        let req = n.procs[p].outbox.remove(0);
+        let k = &self.keys;
+        let t = self.config.timing;
+        let token = k.tokens[usize::from(p)][usize::from(req.acq)];
+        let channel = k.channels[usize::from(p)];
+        let (script, keys, args) = match req.op {
+            Op::Acquire { stamp, rescan } => {
+                let stamp = self.interner.borrow_mut().id(stamp_text(stamp).as_bytes());
+                (
+                    self.scripts.acquire,
+                    vec![k.lock, k.fence, k.queue],
+                    vec![
+                        token,
+                        k.ttl,
+                        k.retention,
+                        k.claim,
+                        stamp,
+                        channel,
+                        if rescan { k.one } else { k.zero },
+                    ],
+                )
+            }
+            Op::Renew if self.config.batches.contains(&p) => {
+                (self.scripts.renew_many, vec![k.lock], vec![k.ttl, token])
+            }
+            Op::Renew => (self.scripts.renew, vec![k.lock], vec![token, k.ttl]),
+            Op::Release if self.config.completes.contains(&p) => (
+                self.scripts.complete,
+                vec![k.lock, k.record, k.fence, k.queue],
+                vec![token, k.record_value, k.retention, k.claim, k.retention],
+            ),
+            Op::Release => (
+                self.scripts.release,
+                vec![k.lock, k.fence, k.queue],
+                vec![token, k.claim, k.retention],
+            ),
+        };
+        let subscribed: Vec<Val> = s
+            .procs
+            .iter()
+            .zip(&k.channels)
+            .filter(|(q, _)| q.status != Status::Crashed)
+            .map(|(_, c)| *c)
+            .collect();
+        let outcome = self.redis.run(script, &keys, &args, &s.db, &subscribed);
+        n.db = outcome.db;
+        let mut told = Vec::new();
+        for &(ch, payload) in &outcome.published {
+            let q = k
+                .channels
+                .iter()
+                .position(|c| *c == ch)
+                .expect("a process's channel");
+            let msg = self.parse(q as u8, payload);
+            told.push(format!("{} to P{}", self.msg(q as u8, &msg), q + 1));
+            let target = &mut n.procs[q];
+            // A message its process can never read (for an earlier token, or for a waiter that
+            // is no longer waiting) is dropped now rather than carried: only a waiter reads
+            // messages, and only for its current token (`deliver`).
+            let readable = msg.acq == target.acq && (target.registered || target.phase.waiting());
+            if target.status == Status::Alive && readable {
+                target.inbox.push(msg);
+            }
+        }
+        let reply = match (&req.op, &outcome.reply) {
+            (Op::Acquire { .. }, Reply::Array(v)) if v.len() == 2 => (
+                v[0].int().expect("acquire code"),
+                v[1].int().expect("acquire value"),
+            ),
+            (Op::Renew, Reply::Array(v)) if v.len() == 1 => (v[0].int().expect("renewed"), 0),
+            (_, Reply::Int(n)) => (*n, 0),
+            (op, other) => panic!("unexpected answer {} to {op:?}", show(other)),
+        };
+        let reply = (
+            i16::try_from(reply.0).expect("a small answer"),
+            i32::try_from(reply.1).expect("a small answer"),
+        );
+        let q = &mut n.procs[p];
+        if q.status == Status::Alive {
+            q.replies.push(Answer {
+                op: req.op,
+                acq: req.acq,
+                reply,
+                aged: false,
+            });
+        }
+        for entry in self.queued(&n) {
+            if !n.fifo.contains(&entry) {
+                n.fifo.push(entry);
+            }
+        }
+        let before = s.db.string(k.lock).map(|(v, _)| v);
+        let after = n.db.string(k.lock).map(|(v, _)| v);
+        let given = match after {
+            Some(v) if before != after => {
+                let interner = self.interner.borrow();
+                Some(self.token_of(&interner, interner.get(v)))
+            }
+            _ => None,
+        };
+        let note = if describe {
+            let mut note = format!(
+                "Redis runs {} for P{}#{} -> {}\n{}",
+                self.redis.script_name(script),
+                p + 1,
+                req.acq,
+                show(&outcome.reply),
+                self.pretty(&outcome.log)
+            );
+            for t in told {
+                let _ = writeln!(note, "      published {t}");
+            }
+            let _ = write!(note, "      now {}", self.show_db(&n.db));
+            let _ = t;
+            note
+        } else {
+            String::new()
+        };
+        let mut succ = succ(Step::Exec(p), n, None, describe.then_some(note));
+        succ.given = given;
+        succ.handed_on = given.is_some() && req.op == Op::Release;
+        succ
+    }
+
+    fn token_of(&self, interner: &Interner, token: &[u8]) -> (u8, u8) {
+        for (p, tokens) in self.keys.tokens.iter().enumerate() {
+            for (a, t) in tokens.iter().enumerate() {
+                if interner.get(*t) == token {
+                    return (p as u8, a as u8);
+                }
+            }
+        }
+        panic!("unknown token {:?}", String::from_utf8_lossy(token))
+    }
+
+    /// `src/store/handoff.rs` `parse`: `g<token><stamp><claim>:<fence>` or `n<token><stamp><claim>`.
+    fn parse(&self, to: u8, payload: Val) -> Message {
+        let text = self.interner.borrow().get(payload).to_vec();
+        let (&kind, rest) = text.split_first().expect("empty message");
+        let (p, acq) = self.token_of(&self.interner.borrow(), &rest[..TOKEN_LEN]);
+        assert_eq!(p, to, "a message for P{} on P{}'s channel", p + 1, to + 1);
+        let stamp = parse_stamp(&rest[TOKEN_LEN..TOKEN_LEN + STAMP_LEN]);
+        let tail = std::str::from_utf8(&rest[TOKEN_LEN + STAMP_LEN..]).expect("message");
+        let (claim, grant) = match kind {
+            b'g' => {
+                let (claim, fence) = tail.split_once(':').expect("grant");
+                (claim, Some(fence.parse().expect("fence")))
+            }
+            b'n' => (tail, None),
+            _ => panic!("unknown message {:?}", String::from_utf8_lossy(&text)),
+        };
+        Message {
+            grant,
+            acq,
+            stamp,
+            claim: claim.parse().expect("claim"),
+            aged: false,
+        }
+    }
+
+    /// The reply at the head of `p`'s connection reaches its client.
+    fn reply(&mut self, s: &State, p: u8, describe: bool) -> Successor {
+        let t = self.config.timing;
+        let mut n = *s;
+        let q = &mut n.procs[p];
+        let answer = q.replies.remove(0);
+        let mut started = None;
+        let current = answer.acq == q.acq;
+        let note = match (answer.op, q.phase) {
+            (Op::Acquire { .. }, Phase::Attempting { sent_at }) if current => {
+                let (code, value) = answer.reply;
+                // src/store/redis.rs `attempt`: PTTL is -1 or -2 for no expiry / no key.
+                let expires_in = (value >= 0).then_some(value as i16);
+                match code {
+                    // src/locker.rs 264-281: held from when the attempt was sent, for the TTL
+                    // (`validity(ttl)` is the TTL for Redis); the queue watch is dropped.
+                    1 => {
+                        q.phase = Phase::Holding(Hold {
+                            fence: value as u32,
+                            valid_until: sent_at + t.ttl,
+                            next_renew: sent_at + t.interval,
+                            renewing: None,
+                            renewals: 0,
+                        });
+                        unregister(q);
+                        started = Some((p, value as u32));
+                        format!(
+                            "P{} hears: acquired, fence {}, valid for {} more ticks",
+                            p + 1,
+                            value,
+                            sent_at + t.ttl
+                        )
+                    }
+                    // 284-290, 321-350: queued (registering, which delivers a message that
+                    // came first), then waits for a signal or the fallback: when the holder's
+                    // lease would run out.
+                    2 => {
+                        q.queued = true;
+                        let mut note = String::new();
+                        if !q.registered {
+                            q.registered = true;
+                            if let Some(sig) = q.pending.take() {
+                                q.signals.push(sig);
+                                note = " (a message that came first is delivered)".into();
+                            }
+                        }
+                        let fallback = expires_in.unwrap_or(t.ttl);
+                        q.phase = Phase::Waiting { fallback };
+                        format!("P{} hears: queued, check again in {fallback}{note}", p + 1)
+                    }
+                    // 283, 349-383: held; waits as queued if it is, else sleeps until a retry.
+                    _ => {
+                        if q.queued && q.registered {
+                            let fallback = expires_in.unwrap_or(t.ttl);
+                            q.phase = Phase::Waiting { fallback };
+                        } else {
+                            q.phase = Phase::Sleeping {
+                                wake: t.retry_delay,
+                            };
+                        }
+                        format!("P{} hears: held by another", p + 1)
+                    }
+                }
+            }
+            (Op::Renew, Phase::Holding(mut h)) if current && h.renewing.is_some() => {
+                let sent = h.renewing.take().expect("renewal in flight");
+                if answer.reply.0 == 1 {
+                    // src/renew.rs 125-131: valid from when it was sent.
+                    h.valid_until = sent + t.ttl;
+                    h.next_renew = sent + t.interval;
+                    h.renewals += 1;
+                    q.phase = Phase::Holding(h);
+                    format!(
+                        "P{} hears: renewed, valid for {} more ticks",
+                        p + 1,
+                        h.valid_until
+                    )
+                } else {
+                    // 133: not ours any more: lost (and released, by the armed guard).
+                    release(&mut n, p);
+                    format!(
+                        "P{} hears: renewal refused: lease lost; it sends its release",
+                        p + 1
+                    )
+                }
+            }
+            (Op::Release, Phase::Releasing) if current => {
+                // The process's next request for the key may go now (src/locker.rs 508).
+                q.phase = if q.acq < self.config.acquisitions {
+                    Phase::Idle
+                } else {
+                    Phase::Done
+                };
+                format!("P{} hears: release answered {}", p + 1, answer.reply.0)
+            }
+            _ => format!("P{} ignores a stale answer to {:?}", p + 1, answer.op),
+        };
+        succ(Step::Reply(p), n, started, describe.then_some(note))
+    }
+
+    /// The pub/sub message at the head of `p`'s subscription arrives: `Registry::deliver`.
+    fn deliver(&mut self, s: &State, p: u8, describe: bool) -> Successor {
+        let t = self.config.timing;
+        let mut n = *s;
+        let q = &mut n.procs[p];
+        let m = q.inbox.remove(0);
+        let signal = match m.grant {
+            // handoff.rs 263-269: ours at least until stamp + claim, less the allowance.
+            Some(fence) => Signal::Granted {
+                fence,
+                valid_until: (m.stamp + m.claim - t.allowance).max(0),
+            },
+            None => Signal::Next { within: m.claim },
+        };
+        let what = if m.acq != q.acq {
+            "for an earlier token: kept as pending, never read"
+        } else if q.registered {
+            q.signals.push(signal);
+            "to its waiter"
+        } else if q.phase.waiting() {
+            // Before the waiter registered: kept for it; a grant is not replaced by a "next".
+            match (q.pending, signal) {
+                (Some(Signal::Granted { .. }), Signal::Next { .. }) => {}
+                _ => q.pending = Some(signal),
+            }
+            "kept until its waiter registers"
+        } else {
+            "for a waiter that left: kept as pending, never read"
+        };
+        let note = format!("P{} receives {} ({what})", p + 1, self.msg(p, &m));
+        let q = &n.procs[p];
+        if matches!(q.phase, Phase::Waiting { .. }) && q.signals.len() == 1 {
+            // The waiter in its `select!` takes it at once: nothing but steps that commute with
+            // that can come in between (and no tick: a waiter with a signal is urgent).
+            let mut then = self.signal(&n, p, describe);
+            then.step = Step::Deliver(p);
+            then.note = format!("{note}; {}", then.note);
+            return then;
+        }
+        succ(Step::Deliver(p), n, None, describe.then_some(note))
+    }
+
+    /// The waiter takes the next signal in its `select!` (src/locker.rs 352-369).
+    fn signal(&mut self, s: &State, p: u8, describe: bool) -> Successor {
+        let t = self.config.timing;
+        let mut n = *s;
+        let q = &mut n.procs[p];
+        let sig = q.signals.remove(0);
+        let Phase::Waiting { fallback } = q.phase else {
+            unreachable!()
+        };
+        let mut started = None;
+        let note = match sig {
+            Signal::Granted { fence, valid_until } => {
+                // 227-238: with at least MIN_HANDED_OVER left, run at once (`handed_over`,
+                // 389-411: valid for what is left, first renewal within a third of it);
+                // otherwise confirm with another attempt.
+                let left = valid_until.max(0);
+                if left >= t.min_handed_over {
+                    q.phase = Phase::Holding(Hold {
+                        fence,
+                        valid_until: left,
+                        next_renew: t.interval.min(left / 3),
+                        renewing: None,
+                        renewals: 0,
+                    });
+                    unregister(q);
+                    started = Some((p, fence));
+                    format!(
+                        "P{} is granted the key: runs at once, fence {fence}, valid for {left} more ticks",
+                        p + 1
+                    )
+                } else {
+                    let note = self.attempt(&mut n, p, describe);
+                    format!(
+                        "P{} is granted the key with {left} left: confirms first; {note}",
+                        p + 1
+                    )
+                }
+            }
+            // A resubscription: check again now (never sent here: the model's subscriptions
+            // do not break).
+            Signal::Retry => {
+                let note = self.attempt(&mut n, p, describe);
+                format!("P{} is told to check again; {note}", p + 1)
+            }
+            Signal::Next { within } => {
+                let by = within + t.next_slack;
+                q.phase = Phase::Waiting {
+                    fallback: fallback.min(by),
+                };
+                format!(
+                    "P{} is told it is next: checks again within {}",
+                    p + 1,
+                    fallback.min(by)
+                )
+            }
+        };
+        succ(Step::Signal(p), n, started, describe.then_some(note))
+    }
+
+    fn msg(&self, p: u8, m: &Message) -> String {
+        match m.grant {
+            Some(fence) => format!("\"granted P{}#{} fence {fence}\"", p + 1, m.acq),
+            None => format!("\"P{}#{} is next\"", p + 1, m.acq),
+        }
+    }
+
+    /// Tokens and channels by their short names.
+    pub(crate) fn pretty(&self, text: &str) -> String {
+        let mut out = text.to_owned();
+        for p in 0..self.config.processes {
+            for a in 0..=self.config.acquisitions {
+                out = out.replace(&token_text(p, a), &format!("P{}#{}", p + 1, a));
+            }
+            out = out.replace(&channel_text(p), &format!("chan:P{}", p + 1));
+        }
+        out
+    }
+
+    pub(crate) fn show_db(&self, db: &Db) -> String {
+        let interner = self.interner.borrow();
+        let mut parts = Vec::new();
+        for (k, v, e) in &db.strings {
+            let e = e.map_or(String::new(), |e| format!(" (expires in {e})"));
+            parts.push(format!("{}={}{e}", interner.text(*k), interner.text(*v)));
+        }
+        for (k, l, e) in &db.lists {
+            let items: Vec<String> = l
+                .iter()
+                .map(|v| interner.text(*v)[..TOKEN_LEN].to_owned())
+                .collect();
+            let e = e.map_or(String::new(), |e| format!(" (expires in {e})"));
+            parts.push(format!("{}=[{}]{e}", interner.text(*k), items.join(", ")));
+        }
+        self.pretty(&format!("{{{}}}", parts.join(", ")))
+    }
+
+    /// The state in a few lines, for traces.
+    pub(crate) fn show_state(&self, s: &State) -> String {
+        let mut out = format!("      Redis {}\n", self.show_db(&s.db));
+        for (p, q) in s.procs.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "      P{}: {:?} #{} {:?} signals {:?} in flight: {} requests, {} replies, {} messages",
+                p + 1,
+                q.status,
+                q.acq,
+                q.phase,
+                q.signals,
+                q.outbox.len(),
+                q.replies.len(),
+                q.inbox.len()
+            );
+        }
+        out
+    }
+}
+
+fn succ(step: Step, state: State, started: Option<(u8, u32)>, note: Option<String>) -> Successor {
+    Successor {
+        step,
+        state,
+        started,
+        given: None,
+        handed_on: false,
+        note: note.unwrap_or_default(),
+    }
+}
+
+/// The holder lets go: its belief ends now, the release goes out, and the process's next
+/// request waits for its answer.
+fn release(n: &mut State, p: u8) {
+    let q = &mut n.procs[p];
+    q.outbox.push(Request {
+        op: Op::Release,
+        acq: q.acq,
+        aged: false,
+    });
+    q.phase = Phase::Releasing;
+}
+
+/// The queue watch is dropped (`Registration::drop`): unregistered, pending message gone.
+fn unregister(q: &mut Proc) {
+    q.registered = false;
+    q.signals.clear();
+    q.pending = None;
+}
+
+/// A crashed or hung process does nothing more: what it would have read is gone, what it sent
+/// is on the wire and still reaches Redis.
+fn quiesce(q: &mut Proc) {
+    q.phase = Phase::Done;
+    unregister(q);
+    q.replies.clear();
+    q.inbox.clear();
+}

@@ -1,0 +1,324 @@
+//! The Redis hand-off protocol under a model checker.
+//!
+//! The model (`tests/model/`) runs the crate's own Lua scripts, exactly as `RedisStore` loads
+//! them (`tower_lock::RedisStore::lua_scripts`), in an embedded Lua 5.1 against a model Redis,
+//! each script call one atomic step; the clients around them follow `src/locker.rs`,
+//! `src/renew.rs` and `src/store/handoff.rs`. The checker explores every reachable state of 3
+//! or 4 processes contending for one key, with network delays, processes that crash, hang, give
+//! up or lose a message, and leases that run out, and checks:
+//!
+//! - **exclusion**: never two processes that each believe they hold a valid lease (a belief
+//!   lasts until the acquire's or renewal's send time + TTL, or a grant's stamp + claim window
+//!   less the allowance), and a process that believes it holds one holds the key in Redis;
+//! - **fencing order**: each holder's fencing token is above every earlier holder's;
+//! - **first come, first served**: when a script gives the key to a token, no live, unharmed
+//!   waiter whose queue entry appeared before that token's still waits;
+//! - **no starvation**: every run ends (the state graph has no cycle), and ends with every
+//!   process that neither crashed nor hung having acquired, run and released (or given up).
+//!
+//! And it can fail: the same checker on deliberately broken scripts (and one broken client)
+//! finds each break, one per property, and prints the run that shows it. The model's Redis is
+//! checked against a real `redis-server` by replaying its script runs. See
+//! `docs/RELIABILITY.md`, "The hand-off protocol under a model checker", for what is modelled,
+//! what is left out, and the figures.
+
+mod model;
+mod support;
+
+use model::{Config, Faults, Model, Property, Report, Sources, Timing, check, check_model};
+use support::RedisServer;
+
+fn faults(budget: u8) -> Faults {
+    Faults {
+        budget,
+        crash: true,
+        hang: true,
+        give_up: true,
+        lose: true,
+    }
+}
+
+fn config(name: &str, processes: u8, faults: Faults) -> Config {
+    Config {
+        name: name.into(),
+        processes,
+        acquisitions: 1,
+        renewals: 1,
+        faults,
+        timing: Timing::DEFAULT,
+        delays: true,
+        start_together: false,
+        completes: vec![],
+        batches: vec![],
+        key_agrees: true,
+        fallback_timer: true,
+        sources: Sources::crate_scripts(),
+    }
+}
+
+/// `TOWER_LOCK_MODEL_EXTENDED=1` runs four of the checks below on larger configurations (a few
+/// minutes and a few GB in all; see `docs/RELIABILITY.md`).
+fn extended() -> bool {
+    std::env::var_os("TOWER_LOCK_MODEL_EXTENDED").is_some()
+}
+
+/// Runs the checker and fails with the counterexample, if any.
+fn holds(config: Config) -> Report {
+    let report = check(config);
+    println!("{report}");
+    assert!(report.violation.is_none(), "{report}");
+    assert!(report.holders > 0 && report.hand_overs > 0, "{report}");
+    report
+}
+
+/// `source` with `from` (which must occur exactly once) replaced by `to`.
+fn broken(source: &str, from: &str, to: &str) -> String {
+    assert_eq!(
+        source.matches(from).count(),
+        1,
+        "the script no longer contains {from:?} once: update this deliberate break"
+    );
+    source.replacen(from, to, 1)
+}
+
+/// Runs the checker on a broken model and returns the violation's property, after printing
+/// the counterexample.
+fn fails(config: Config) -> (Property, String) {
+    let report = check(config);
+    println!("{report}");
+    let violation = report
+        .violation
+        .unwrap_or_else(|| panic!("the broken script passed the checker: {}", report.name));
+    assert!(
+        violation.trace.lines().count() > 2,
+        "no trace: {}",
+        violation.trace
+    );
+    (violation.property, violation.trace)
+}
+
+// ---- The protocol as the crate has it. ----
+
+/// Three processes that each arrive at any time, with network delays, no failures.
+#[test]
+fn three_processes_arriving_at_any_time() {
+    holds(config("3 processes, any arrival, delays", 3, faults(0)));
+}
+
+/// Three processes arriving at any time, and one failure of any kind at any point: a holder
+/// that crashes or hangs (its lease runs out while others wait, and a newcomer may arrive just
+/// then), a waiter that crashes, hangs, gives up or loses its message. Extended: with delays.
+#[test]
+fn three_processes_arriving_at_any_time_with_a_failure() {
+    let mut c = config("3 processes, any arrival, 1 failure", 3, faults(1));
+    c.delays = extended();
+    holds(c);
+}
+
+/// Three processes contending from the start, network delays, one failure.
+#[test]
+fn three_processes_with_delays_and_a_failure() {
+    let mut c = config("3 processes, together, delays, 1 failure", 3, faults(1));
+    c.start_together = true;
+    holds(c);
+}
+
+/// Three processes contending from the start, any two failures.
+#[test]
+fn three_processes_with_two_failures() {
+    let mut c = config("3 processes, together, 2 failures", 3, faults(2));
+    c.start_together = true;
+    c.delays = false;
+    holds(c);
+}
+
+/// Three processes that each acquire twice (a fresh token each time), any arrival for the
+/// second: messages for a process's earlier token, a process's release handing the key on
+/// while its next request queues. Extended: with one failure.
+#[test]
+fn three_processes_acquiring_twice() {
+    let budget = u8::from(extended());
+    let mut c = config("3 processes, 2 acquisitions each", 3, faults(budget));
+    c.acquisitions = 2;
+    c.start_together = true;
+    c.delays = false;
+    holds(c);
+}
+
+/// Four processes contending from the start, with network delays. Extended: arriving at any
+/// time.
+#[test]
+fn four_processes_with_delays() {
+    let mut c = config("4 processes, delays", 4, faults(0));
+    c.start_together = !extended();
+    holds(c);
+}
+
+/// Four processes, one failure of any kind. Extended: two.
+#[test]
+fn four_processes_with_a_failure() {
+    let budget = 1 + u8::from(extended());
+    let mut c = config("4 processes, together, failures", 4, faults(budget));
+    c.start_together = true;
+    c.delays = false;
+    holds(c);
+}
+
+/// Four processes, two of which may hang: two hung waiters in a row before a live one.
+#[test]
+fn four_processes_with_two_hung() {
+    let mut c = config("4 processes, together, 2 hung", 4, faults(2));
+    c.faults.crash = false;
+    c.faults.give_up = false;
+    c.faults.lose = false;
+    c.start_together = true;
+    c.delays = false;
+    holds(c);
+}
+
+/// The idempotency layer's release (`complete.lua`, the record and the release in one script)
+/// and batched renewal (`renew_many.lua`) in place of `release.lua` and `renew.lua`.
+#[test]
+fn idempotency_release_and_batched_renewal() {
+    let mut c = config("3 processes, complete.lua + renew_many.lua", 3, faults(1));
+    c.start_together = true;
+    c.completes = vec![0, 1, 2];
+    c.batches = vec![0, 1, 2];
+    holds(c);
+}
+
+// ---- Deliberately broken scripts: each must produce a counterexample. ----
+
+/// A release that does not check the token: a waiter that gives up sends its release while
+/// another process holds the key, and the release hands the holder's key to the next waiter.
+#[test]
+fn a_release_without_its_token_check_breaks_exclusion() {
+    let mut c = config("broken: release without token check", 3, faults(1));
+    c.faults.crash = false;
+    c.faults.hang = false;
+    c.faults.lose = false;
+    c.start_together = true;
+    c.delays = false;
+    c.sources.release = broken(
+        &c.sources.release,
+        "local held = redis.call('GET', lock) == token",
+        "local held = redis.call('GET', lock) ~= false",
+    );
+    // With the stronger invariant (a believer holds the key in Redis) off, the run goes on to
+    // the moment two processes both believe they hold the key.
+    c.key_agrees = false;
+    let (property, trace) = fails(c.clone());
+    assert_eq!(property, Property::Exclusion, "{trace}");
+    assert!(trace.contains("gives up and sends its release"), "{trace}");
+    // With it on, the checker stops at the step that gives the holder's key away.
+    c.key_agrees = true;
+    assert_eq!(fails(c).0, Property::KeyAgrees);
+}
+
+/// A hand-over that gives the key to the second live waiter instead of the first.
+#[test]
+fn a_hand_over_past_the_head_breaks_first_come_first_served() {
+    let mut c = config("broken: hand over past the head", 3, faults(0));
+    c.start_together = true;
+    c.delays = false;
+    let skip_head = "local head = redis.call('LPOP', queue)\n    \
+        if head and redis.call('LLEN', queue) > 0 then\n      \
+        redis.call('RPUSH', queue, head)\n      head = redis.call('LPOP', queue)\n    end";
+    c.sources.release = broken(
+        &c.sources.release,
+        "local head = redis.call('LPOP', queue)",
+        skip_head,
+    );
+    assert_eq!(fails(c).0, Property::Fifo);
+}
+
+/// An acquire that takes a free key without looking at the queue: a newcomer barges past the
+/// waiters when a hung holder's lease runs out.
+#[test]
+fn an_acquire_that_ignores_the_queue_lets_newcomers_barge() {
+    let mut c = config("broken: acquire ignores the queue", 3, faults(1));
+    c.faults.crash = false;
+    c.faults.give_up = false;
+    c.faults.lose = false;
+    c.delays = false;
+    c.sources.acquire = broken(
+        &c.sources.acquire,
+        "if took and (not queue or redis.call('LLEN', queue) == 0) then",
+        "if took then",
+    );
+    assert_eq!(fails(c).0, Property::Fifo);
+}
+
+/// A fencing token function that does not count up: two holders in a row get the same token.
+#[test]
+fn a_fencing_counter_that_does_not_count_breaks_fencing_order() {
+    let mut c = config("broken: fencing counter does not count", 3, faults(0));
+    c.start_together = true;
+    c.delays = false;
+    let from = "local fence = math.max(last + 1, micros)";
+    let to = "local fence = math.max(last, micros, 1)";
+    c.sources.acquire = broken(&c.sources.acquire, from, to);
+    c.sources.release = broken(&c.sources.release, from, to);
+    assert_eq!(fails(c).0, Property::FencingOrder);
+}
+
+/// The no-starvation check can fail too: without `acquire_held`'s fallback timer (a client
+/// change, not a script's), a waiter whose grant is lost waits forever.
+#[test]
+fn without_the_fallback_timer_a_lost_grant_starves_its_waiter() {
+    let mut c = config("broken: no fallback timer", 3, faults(1));
+    c.faults.crash = false;
+    c.faults.hang = false;
+    c.faults.give_up = false;
+    c.start_together = true;
+    c.delays = false;
+    c.fallback_timer = false;
+    let (property, trace) = fails(c);
+    assert_eq!(property, Property::NoStarvation, "{trace}");
+    assert!(trace.contains("is lost"), "{trace}");
+}
+
+/// A hand-over that does not ask whether the waiter's process is alive (no `PUBSUB NUMSUB`):
+/// a crashed waiter is handed the key and the queue waits out its claim window. Slower, not
+/// wrong, so the checker must pass it: it checks correctness, not cost (and a checker that
+/// fails whatever changes would fail here).
+#[test]
+fn a_hand_over_that_skips_dead_waiters_without_asking_still_holds() {
+    let mut c = config("hand over without NUMSUB", 3, faults(1));
+    c.faults.hang = false;
+    c.faults.give_up = false;
+    c.faults.lose = false;
+    c.start_together = true;
+    c.delays = false;
+    c.sources.release = broken(
+        &c.sources.release,
+        "if redis.call('PUBSUB', 'NUMSUB', channel)[2] > 0 then",
+        "if true then",
+    );
+    holds(c);
+}
+
+// ---- The model's Redis is Redis. ----
+
+/// Every distinct script run of a checked configuration, replayed on a real `redis-server`,
+/// answers the same, leaves the same keys and publishes the same messages.
+#[tokio::test]
+async fn the_model_redis_answers_as_redis_server_does() {
+    let server = RedisServer::start();
+    let mut c = config("3 processes, together, 2 failures (replayed)", 3, faults(2));
+    c.start_together = true;
+    c.delays = false;
+    c.completes = vec![0, 1, 2];
+    let mut model = Model::new(c);
+    let report = check_model(&mut model);
+    assert!(report.violation.is_none(), "{report}");
+    let mut c = config("3 processes, together, 1 failure (replayed)", 3, faults(1));
+    c.start_together = true;
+    c.batches = vec![0, 1, 2];
+    let mut other = Model::new(c);
+    assert!(check_model(&mut other).violation.is_none());
+    let a = model::differential::replay(&model, &server.url(), 1500).await;
+    let b = model::differential::replay(&other, &server.url(), 1500).await;
+    println!("{a} + {b} script runs agree with redis-server");
+    assert!(a > 500 && b > 500, "{a} + {b}");
+}
