@@ -89,10 +89,10 @@ const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 /// the replicas' acknowledgement) before it runs, as on [`RedisStore`].
 #[derive(Clone)]
 pub struct SentinelStore {
-    shared: Arc<Shared>,
+    inner: Arc<Inner>,
 }
 
-struct Shared {
+struct Inner {
     master_name: Arc<str>,
     /// The sentinels, asked by one call at a time.
     lookup: tokio::sync::Mutex<Lookup>,
@@ -272,7 +272,7 @@ impl SentinelStore {
         };
         let master = master.with(&settings);
         Ok(Self {
-            shared: Arc::new(Shared {
+            inner: Arc::new(Inner {
                 master_name: Arc::from(master_name),
                 lookup: tokio::sync::Mutex::new(lookup),
                 current: RwLock::new(Arc::new(master)),
@@ -356,12 +356,12 @@ impl SentinelStore {
         // The settings stay locked until the current master has them: a failover followed
         // meanwhile applies them to its new master only after this (see `follow`).
         let mut settings = self
-            .shared
+            .inner
             .settings
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let mut current = self
-            .shared
+            .inner
             .current
             .write()
             .unwrap_or_else(PoisonError::into_inner);
@@ -375,7 +375,7 @@ impl SentinelStore {
     fn current(&self) -> Arc<Master> {
         Arc::clone(
             &self
-                .shared
+                .inner
                 .current
                 .read()
                 .unwrap_or_else(PoisonError::into_inner),
@@ -404,30 +404,30 @@ impl SentinelStore {
     /// Starts a background lookup when one is due and none is running (needs a Tokio runtime;
     /// without one, failovers are followed on errors only).
     fn poll_if_due(&self) {
-        let shared = &self.shared;
-        let now = millis(shared.created.elapsed());
-        if now < shared.next_poll.load(Ordering::Relaxed)
-            || shared.polling.swap(true, Ordering::AcqRel)
+        let inner = &self.inner;
+        let now = millis(inner.created.elapsed());
+        if now < inner.next_poll.load(Ordering::Relaxed)
+            || inner.polling.swap(true, Ordering::AcqRel)
         {
             return;
         }
-        shared
+        inner
             .next_poll
             .store(now + millis(POLL_INTERVAL), Ordering::Relaxed);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            shared.polling.store(false, Ordering::Release);
+            inner.polling.store(false, Ordering::Release);
             return;
         };
         let store = self.clone();
         runtime.spawn(async move {
             /// Clears the flag however the poll ends.
-            struct Done(Arc<Shared>);
+            struct Done(Arc<Inner>);
             impl Drop for Done {
                 fn drop(&mut self) {
                     self.0.polling.store(false, Ordering::Release);
                 }
             }
-            let _done = Done(Arc::clone(&store.shared));
+            let _done = Done(Arc::clone(&store.inner));
             let current = store.current();
             store.follow(&current, None).await;
         });
@@ -440,7 +440,7 @@ impl SentinelStore {
         failed: &Arc<Master>,
         error: Option<&StoreError>,
     ) -> Option<Arc<Master>> {
-        let mut lookup = self.shared.lookup.lock().await;
+        let mut lookup = self.inner.lookup.lock().await;
         let current = self.current();
         if !Arc::ptr_eq(&current, failed) {
             // Another call has moved on while this one waited.
@@ -456,7 +456,7 @@ impl SentinelStore {
             Ok(client) => client,
             Err(lookup_error) => {
                 tracing::debug!(
-                    master_name = %self.shared.master_name,
+                    master_name = %self.inner.master_name,
                     error = &lookup_error as &dyn StdError,
                     "the Redis sentinels did not name a reachable master"
                 );
@@ -470,7 +470,7 @@ impl SentinelStore {
             Ok(next) => next,
             Err(connect_error) => {
                 tracing::debug!(
-                    master_name = %self.shared.master_name,
+                    master_name = %self.inner.master_name,
                     error = &connect_error as &dyn StdError,
                     "cannot connect to the master the Redis sentinels named"
                 );
@@ -478,7 +478,7 @@ impl SentinelStore {
             }
         };
         tracing::warn!(
-            master_name = %self.shared.master_name,
+            master_name = %self.inner.master_name,
             from = %current.addr,
             to = %next.addr,
             error = error.map(|e| e as &(dyn StdError + 'static)),
@@ -487,7 +487,7 @@ impl SentinelStore {
         // The settings as they are now (locked until the new master is current, so that a
         // change made meanwhile is not lost).
         let settings = self
-            .shared
+            .inner
             .settings
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -498,7 +498,7 @@ impl SentinelStore {
             handoff.retarget(next.client.clone());
         }
         *self
-            .shared
+            .inner
             .current
             .write()
             .unwrap_or_else(PoisonError::into_inner) = Arc::clone(&next);
@@ -593,7 +593,7 @@ impl fmt::Debug for SentinelStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let current = self.current();
         f.debug_struct("SentinelStore")
-            .field("master_name", &self.shared.master_name)
+            .field("master_name", &self.inner.master_name)
             .field("master", &current.addr)
             .field("inner", &current.store)
             .finish()
