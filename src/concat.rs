@@ -1,5 +1,5 @@
 //! Byte strings put together on the stack: keys and key names built per request without an
-//! allocation, unless they are unusually long.
+//! allocation, unless they are unusually long; and numbers written into them.
 
 /// A byte string of up to `N` bytes held inline, longer ones on the heap.
 pub(crate) struct Concat<const N: usize> {
@@ -43,6 +43,19 @@ impl<const N: usize> Concat<N> {
             &self.inline[..self.len]
         } else {
             &self.heap
+        }
+    }
+}
+
+/// `n` in decimal, written at the end of `out` (the key's scope length, a slot's tag).
+pub(crate) fn decimal(mut n: u64, out: &mut [u8; 20]) -> &[u8] {
+    let mut start = out.len();
+    loop {
+        start -= 1;
+        out[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &out[start..];
         }
     }
 }

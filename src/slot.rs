@@ -5,7 +5,7 @@
 
 use std::sync::OnceLock;
 
-use crate::key::decimal;
+use crate::concat::decimal;
 
 /// Hash slots in a Redis Cluster.
 pub(crate) const SLOTS: usize = 16384;

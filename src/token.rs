@@ -2,7 +2,7 @@
 
 use std::{cell::RefCell, fmt};
 
-use crate::store::StoreError;
+use crate::store::error::StoreError;
 
 /// Random bytes fetched from the OS per refill: 32 tokens' worth, one system call.
 const POOL_LEN: usize = 512;

@@ -5,7 +5,7 @@ use std::{sync::Arc, time::Duration};
 
 use tokio::time::{Instant, sleep_until, timeout};
 
-use super::{locker::Engine, release::ReleaseOnDrop};
+use super::{release::ReleaseOnDrop, state::Engine};
 use crate::{
     error::LockError,
     key::LockKey,

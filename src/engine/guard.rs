@@ -4,7 +4,7 @@ use std::{fmt, ops::Deref, sync::Arc};
 
 use tracing::Instrument;
 
-use super::{hold::Hold, locker::Engine};
+use super::{hold::Hold, state::Engine};
 use crate::{lease::Lease, store::StoreError, telemetry::Outcome};
 
 /// A lease held by background work: renewed by the locker's background task, released on drop.

@@ -20,9 +20,9 @@ use tracing::Span;
 
 use super::{
     acquire::Acquired,
-    locker::Engine,
     release::{Release, ReleaseOnDrop},
     renew::{RenewalSettings, Renewer},
+    state::Engine,
 };
 use crate::{
     config::OnLeaseLost,

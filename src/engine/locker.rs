@@ -4,10 +4,7 @@ use std::{fmt, future::Future, sync::Arc, time::Duration};
 
 use tracing::{Instrument, Span};
 
-use super::{
-    acquire::acquire, batch::RenewalBatcher, guard::LeaseGuard, hold::Hold, local::LocalQueues,
-    renew::Background,
-};
+use super::{acquire::acquire, guard::LeaseGuard, hold::Hold, state::Engine};
 use crate::{
     config::LockConfig,
     error::LockError,
@@ -49,16 +46,6 @@ pub struct Locker {
     engine: Arc<Engine>,
 }
 
-/// What every lease of one locker shares: the store, the settings, the process-local queues,
-/// the renewal batcher and the background renewal task.
-pub(crate) struct Engine {
-    pub(crate) store: Arc<Backend>,
-    pub(crate) config: LockConfig,
-    pub(crate) local: Arc<LocalQueues>,
-    pub(crate) batcher: Arc<RenewalBatcher>,
-    pub(crate) background: Background,
-}
-
 impl Locker {
     /// A locker over `store` with the default [`LockConfig`].
     pub fn new(store: impl LockStore) -> Self {
@@ -67,17 +54,8 @@ impl Locker {
 
     /// A locker over `store` with `config`.
     pub fn with_config(store: impl LockStore, config: LockConfig) -> Self {
-        let store = Arc::new(Backend::new(store));
-        // The key layout's table of hash tags, built now rather than by the first request.
-        crate::slot::warm();
         Self {
-            engine: Arc::new(Engine {
-                batcher: Arc::new(RenewalBatcher::new(Arc::clone(&store))),
-                store,
-                config,
-                local: Arc::default(),
-                background: Background::default(),
-            }),
+            engine: Arc::new(Engine::new(Backend::new(store), config)),
         }
     }
 

@@ -7,7 +7,8 @@
 //!   completion or drop, the outcome).
 //! - `renew` and `batch`: the renewal tick, driven inline or by one background task per
 //!   locker, and the batcher that sends renewals falling due together in one call.
-//! - `release`: releasing now or on drop. `local`: the process-local queues.
+//! - `release`: releasing now or on drop. `local`: the process-local queues. `state`: what
+//!   every lease of one locker shares.
 //! - [`LeaseGuard`] (public): a lease held by background work.
 
 mod acquire;
@@ -18,6 +19,7 @@ mod local;
 mod locker;
 mod release;
 mod renew;
+mod state;
 #[cfg(test)]
 mod tests;
 

@@ -19,8 +19,8 @@ use super::{
     collect::{Collect, Collected},
     error::IdempotencyError,
     key::IdempotencyKey,
-    layer::IdempotencyState,
     record::Record,
+    state::IdempotencyState,
 };
 use crate::{
     engine::{Guarded, Hold, Release, poll_guarded},

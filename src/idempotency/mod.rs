@@ -177,6 +177,7 @@ mod principal;
 mod record;
 mod response;
 mod service;
+mod state;
 pub(crate) mod store;
 
 pub use body::ResponseBody;

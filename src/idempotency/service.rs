@@ -13,8 +13,9 @@ use super::{
     body::ResponseBody,
     error::IdempotencyError,
     future::{Begun, ResponseFuture},
-    layer::{IdempotencyLayer, IdempotencyState},
+    layer::IdempotencyLayer,
     principal::Principal,
+    state::IdempotencyState,
     store::IdempotencyStore,
 };
 

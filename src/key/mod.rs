@@ -62,7 +62,10 @@ use std::{fmt, ops::Range, sync::Arc};
 use bytes::Bytes;
 use http::request::Parts;
 
-use crate::{concat::Concat, slot};
+use crate::{
+    concat::{Concat, decimal},
+    slot,
+};
 
 pub use header::HeaderKey;
 pub use path::PathKey;
@@ -413,19 +416,6 @@ impl fmt::Debug for LockKey {
             .field("scope", &self.scope())
             .field("value", &String::from_utf8_lossy(self.value()))
             .finish()
-    }
-}
-
-/// `n` in decimal, written at the end of `out` (the key's scope length, a slot's tag).
-pub(crate) fn decimal(mut n: u64, out: &mut [u8; 20]) -> &[u8] {
-    let mut start = out.len();
-    loop {
-        start -= 1;
-        out[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &out[start..];
-        }
     }
 }
 

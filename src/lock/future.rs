@@ -13,7 +13,7 @@ use tracing::Span;
 
 use super::{
     body::{BodyHold, ResponseBody},
-    layer::LockState,
+    state::LockState,
 };
 use crate::{
     engine::{Guarded, Hold, Release, poll_guarded},

@@ -8,6 +8,7 @@ mod extract;
 mod future;
 mod layer;
 mod service;
+mod state;
 
 #[cfg(feature = "axum")]
 pub use self::extract::MissingLease;

@@ -7,11 +7,7 @@ use std::{
 use http::{Request, Response};
 use tower::Service;
 
-use super::{
-    body::ResponseBody,
-    future::ResponseFuture,
-    layer::{LockLayer, LockState},
-};
+use super::{body::ResponseBody, future::ResponseFuture, layer::LockLayer, state::LockState};
 use crate::{key::KeySource, store::LockStore};
 
 /// Middleware that locks each request's key around the inner service.

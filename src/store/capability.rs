@@ -269,7 +269,7 @@ impl Capabilities {
                 .release_notices
                 .is_some()
                 .then(|| Arc::clone(&routed) as Arc<dyn ReleaseNotices>),
-            records: now.records.is_some().then(|| routed as Arc<dyn Records>),
+            records: now.records.is_some().then_some(routed as Arc<dyn Records>),
         }
     }
 }
@@ -315,7 +315,7 @@ fn error_of<T>(answer: &Result<T, StoreError>) -> Option<StoreError> {
 
 #[cfg(feature = "sentinel")]
 /// The error of a batch that failed as a whole (every answer an error: one script, one error).
-fn batch_error(answers: &Vec<Result<bool, StoreError>>) -> Option<StoreError> {
+fn batch_error(answers: &[Result<bool, StoreError>]) -> Option<StoreError> {
     match answers.first() {
         Some(Err(first)) if answers.iter().all(Result::is_err) => Some(first.clone()),
         _ => None,
@@ -342,7 +342,7 @@ impl<R: Route> RenewMany for Routed<R> {
             self.run(
                 |caps| caps.renew_many.as_ref(),
                 |batch| batch.renew_many(leases.clone(), ttl),
-                batch_error,
+                |answers: &Vec<_>| batch_error(answers),
                 || vec![Err(missing("renew in batches")); n],
             )
             .await

@@ -14,6 +14,7 @@
 mod capability;
 #[cfg(feature = "cluster")]
 mod cluster;
+pub(crate) mod error;
 mod eviction;
 mod memory;
 mod redis;
@@ -21,7 +22,7 @@ mod redlock;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 
-use std::{error::Error as StdError, fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 pub use self::capability::Capabilities;
 #[cfg(feature = "sentinel")]
@@ -32,6 +33,7 @@ pub(crate) use self::capability::{
 };
 #[cfg(feature = "cluster")]
 pub use self::cluster::ClusterStore;
+pub use self::error::{StoreError, StoreErrorKind};
 pub use self::eviction::Eviction;
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
@@ -176,103 +178,5 @@ impl<S: LockStore> DynStore for S {
 
     fn validity(&self, ttl: Duration) -> Duration {
         LockStore::validity(self, ttl)
-    }
-}
-
-/// What kind of failure a [`StoreError`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StoreErrorKind {
-    /// The store did not answer in time.
-    Timeout,
-    /// The store could not be reached, or the connection broke.
-    Unavailable,
-    /// The store answered with an error or an unexpected reply.
-    Backend,
-    /// The store refused the operation without running it, and asked for it to be sent again
-    /// shortly: a Redis Cluster slot being migrated answers `TRYAGAIN` to a script whose keys
-    /// are split between its two masters (the lock key of a free lock is always missing). An
-    /// acquire that meets it waits and tries again, within its wait deadline, as it would for
-    /// a held key; at the deadline it answers as other store errors do (503).
-    TryAgain,
-    /// No randomness was available to draw a lock token.
-    Entropy,
-}
-
-/// A lock store failed to answer. The layer turns it into a 503 with `Retry-After`.
-///
-/// The underlying error is kept as the [`source`](std::error::Error::source).
-#[derive(Clone)]
-pub struct StoreError {
-    kind: StoreErrorKind,
-    message: Arc<str>,
-    source: Option<Arc<dyn StdError + Send + Sync>>,
-}
-
-impl StoreError {
-    /// An error of `kind` caused by `source`.
-    pub fn new(
-        kind: StoreErrorKind,
-        message: impl Into<Arc<str>>,
-        source: impl Into<Box<dyn StdError + Send + Sync>>,
-    ) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-            source: Some(Arc::from(source.into())),
-        }
-    }
-
-    /// An error of `kind` with no underlying cause.
-    pub fn msg(kind: StoreErrorKind, message: impl Into<Arc<str>>) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-            source: None,
-        }
-    }
-
-    pub(crate) fn timeout(after: Duration) -> Self {
-        Self::msg(
-            StoreErrorKind::Timeout,
-            format!("the lock store did not answer within {after:?}"),
-        )
-    }
-
-    pub(crate) fn entropy(source: getrandom::Error) -> Self {
-        Self::new(
-            StoreErrorKind::Entropy,
-            "the operating system could not provide randomness for a lock token",
-            Box::<dyn StdError + Send + Sync>::from(source.to_string()),
-        )
-    }
-
-    /// What kind of failure this is.
-    pub fn kind(&self) -> StoreErrorKind {
-        self.kind
-    }
-}
-
-impl fmt::Debug for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StoreError")
-            .field("kind", &self.kind)
-            .field("message", &self.message)
-            .field("source", &self.source)
-            .finish()
-    }
-}
-
-impl fmt::Display for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl StdError for StoreError {
-    fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn StdError + 'static))
     }
 }

@@ -1,0 +1,31 @@
+//! [`Engine`]: what every lease of one locker shares.
+
+use std::sync::Arc;
+
+use super::{batch::RenewalBatcher, local::LocalQueues, renew::Background};
+use crate::{config::LockConfig, store::Backend};
+
+/// What every lease of one locker shares: the store, the settings, the process-local queues,
+/// the renewal batcher and the background renewal task.
+pub(crate) struct Engine {
+    pub(crate) store: Arc<Backend>,
+    pub(crate) config: LockConfig,
+    pub(crate) local: Arc<LocalQueues>,
+    pub(crate) batcher: Arc<RenewalBatcher>,
+    pub(crate) background: Background,
+}
+
+impl Engine {
+    pub(crate) fn new(store: Backend, config: LockConfig) -> Self {
+        // The key layout's table of hash tags, built now rather than by the first request.
+        crate::slot::warm();
+        let store = Arc::new(store);
+        Self {
+            batcher: Arc::new(RenewalBatcher::new(Arc::clone(&store))),
+            store,
+            config,
+            local: Arc::default(),
+            background: Background::default(),
+        }
+    }
+}

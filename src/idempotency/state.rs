@@ -1,0 +1,76 @@
+//! [`IdempotencyState`]: what every clone of an `IdempotencyService` shares: the locker, the
+//! records, the settings, and how a request's keys and the layer's own answers are made.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Response, request::Parts};
+
+use super::{
+    config::IdempotencyConfig,
+    error::IdempotencyError,
+    key::{self, IdempotencyKey},
+    principal::Principal,
+    response::IdempotencyResponse,
+};
+use crate::{engine::Locker, error::LockError, key::LockKey, store::Records};
+
+/// What every clone of the service needs, behind one `Arc`.
+#[derive(Clone)]
+pub(crate) struct IdempotencyState {
+    pub(crate) locker: Locker,
+    pub(crate) records: Arc<dyn Records>,
+    pub(crate) config: IdempotencyConfig,
+    pub(super) principal: Arc<dyn Principal>,
+    pub(super) respond: Arc<dyn IdempotencyResponse>,
+}
+
+impl IdempotencyState {
+    /// The request's lock key and idempotency key: `Ok(None)` to pass it through.
+    pub(crate) fn begin(
+        &self,
+        parts: &Parts,
+    ) -> Result<Option<(LockKey, IdempotencyKey)>, IdempotencyError> {
+        let config = &self.config;
+        let Some(key) = key::read(
+            &parts.headers,
+            &config.header,
+            config.min_key_len,
+            config.max_key_len,
+        )?
+        else {
+            return if config.required {
+                Err(IdempotencyError::MissingKey)
+            } else {
+                Ok(None)
+            };
+        };
+        let principal = self
+            .principal
+            .principal(parts)
+            .ok_or(IdempotencyError::MissingPrincipal)?;
+        let key = IdempotencyKey::new(key, principal);
+        let value = key.scoped_value();
+        let lock = LockKey::new(
+            config.lock.key_prefix(),
+            &config.namespace,
+            &value,
+            value.len(),
+        )
+        .map_err(LockError::Key)?;
+        Ok(Some((lock, key)))
+    }
+
+    /// The response for a request the layer answers itself, with the error in its extensions.
+    pub(crate) fn reject(&self, error: IdempotencyError) -> Response<Bytes> {
+        let status = error.status(&self.config.lock);
+        if status.is_server_error() {
+            tracing::warn!(error = &error as &dyn std::error::Error, %status, "idempotency layer answered");
+        } else {
+            tracing::debug!(error = &error as &dyn std::error::Error, %status, "idempotency layer answered");
+        }
+        let mut response = self.respond.response(&error, status);
+        response.extensions_mut().insert(error);
+        response
+    }
+}
