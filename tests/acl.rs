@@ -14,11 +14,12 @@ use axum::{
     http::{Request, StatusCode},
     routing::post,
 };
-use support::{RedisServer, handoff_subscriptions, send};
+use support::{handoff_subscriptions, send};
 use tower_lock::{
     IdempotencyLayer, LockConfig, LockError, Locker, RedisStore, Wait, key::LockKey,
     store::Eviction,
 };
+use tower_lock_testkit::RedisServer;
 
 /// The rule, as docs/TOPOLOGY.md gives it ("A least-privilege user"), after `ACL SETUSER <name>`.
 const RULE: &str = "on >s3cret resetkeys ~tower-lock:* resetchannels &tower-lock:handoff:* \

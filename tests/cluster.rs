@@ -17,14 +17,12 @@ use std::{
 };
 
 use axum::{Router, http::StatusCode, routing::post};
-use support::{
-    Backend, Cluster, RedisCluster, RedisServer, calls_of, errors_of, key_slot, proxy::Proxy,
-    purchase, send,
-};
+use support::{Backend, Cluster, purchase, send};
 use tower_lock::{
     ClusterStore, Key, LockConfig, LockError, LockLayer, LockStore, Locker, Token, Wait,
     key::LockKey, store::Acquire,
 };
+use tower_lock_testkit::{Proxy, RedisCluster, RedisServer, calls_of, errors_of, key_slot};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusion() {
@@ -43,7 +41,7 @@ fn key(value: &str) -> LockKey {
 
 /// The fencing counter of `slot` (`tower-lock:fence:{<n>}`, one per hash slot), as `node` lists
 /// the slot's keys.
-fn fence_key(node: &support::RedisServer, slot: u16) -> String {
+fn fence_key(node: &RedisServer, slot: u16) -> String {
     let keys = node.cli(&["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "100"]);
     let fences: Vec<&str> = keys
         .lines()
@@ -87,7 +85,7 @@ async fn slot_migrates_under_a_held_lease() {
         .iter()
         .find(|n| n.port() != source.port() && n.cli(&["ROLE"]).starts_with("master"))
         .unwrap();
-    let id = |n: &support::RedisServer| n.cli(&["CLUSTER", "MYID"]).trim().to_owned();
+    let id = |n: &RedisServer| n.cli(&["CLUSTER", "MYID"]).trim().to_owned();
     let (source_id, target_id) = (id(source), id(target));
     let slot_arg = slot.to_string();
     target.cli(&["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &source_id]);
@@ -299,13 +297,13 @@ async fn an_acquire_resent_after_its_reply_was_lost_holds_the_key() {
         .await
         .unwrap();
 
-    let before = support::calls_of(cluster.node(), "evalsha").await;
+    let before = calls_of(cluster.node(), "evalsha").await;
     cluster.proxy.drop_reply_to(b"EVALSHA");
     let key = a.key("t", "resent").unwrap();
     let answer = a.acquire(key.clone()).await;
     assert_eq!(cluster.proxy.replies_dropped(), 1, "no reply was dropped");
     assert_eq!(
-        support::calls_of(cluster.node(), "evalsha").await - before,
+        calls_of(cluster.node(), "evalsha").await - before,
         2,
         "the cluster client did not run the acquire twice"
     );
@@ -347,7 +345,7 @@ fn route_app(store: tower_lock::ClusterStore, config: LockConfig, work: Duration
 }
 
 /// The lock keys (fencing counters left out) that `node` holds.
-fn lock_keys_on(node: &support::RedisServer) -> Vec<String> {
+fn lock_keys_on(node: &RedisServer) -> Vec<String> {
     node.cli(&["KEYS", "tower-lock:*"])
         .lines()
         .filter(|k| !k.is_empty() && !support::is_fence_counter(k.as_bytes()))
@@ -545,7 +543,7 @@ async fn a_slot_migrating_under_load_delays_acquires_without_failing_them() {
         .iter()
         .find(|n| n.port() != source.port())
         .unwrap();
-    let id = |n: &support::RedisServer| n.cli(&["CLUSTER", "MYID"]).trim().to_owned();
+    let id = |n: &RedisServer| n.cli(&["CLUSTER", "MYID"]).trim().to_owned();
     let (source_id, target_id) = (id(source), id(target));
     let slot_arg = slot.to_string();
     let tries_before: u64 = cluster

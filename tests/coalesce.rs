@@ -10,8 +10,9 @@ use std::{
 };
 
 use axum::{Router, body::Body, extract::Path, http::Request, routing::post};
-use support::{RedisServer, send};
+use support::send;
 use tower_lock::{Key, LockConfig, LockLayer, LockStore, MemoryStore, RedisStore, Wait};
+use tower_lock_testkit::{RedisServer, calls_of};
 
 /// A wait policy whose timer would make any timer-woken waiter take seconds.
 fn slow_timer() -> Wait {
@@ -141,7 +142,7 @@ async fn one_contender_per_process_in_redis() {
         .unwrap();
     let app = app(store, config, order);
     assert_eq!(send(&app, req(99)).await.status(), 200); // loads the scripts
-    let before = support::calls_of(&server, "evalsha").await;
+    let before = calls_of(&server, "evalsha").await;
     let n = 24;
     let mut tasks = Vec::new();
     for who in 0..n {
@@ -154,7 +155,7 @@ async fn one_contender_per_process_in_redis() {
         assert_eq!(task.await.unwrap(), 200);
     }
     assert_eq!(
-        support::calls_of(&server, "evalsha").await - before,
+        calls_of(&server, "evalsha").await - before,
         2 * n as u64,
         "waiters polled Redis"
     );

@@ -6,8 +6,9 @@ mod support;
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use support::{RedisServer, Redlock};
+use support::Redlock;
 use tower_lock::{RedisStore, RedlockStore, store::Eviction};
+use tower_lock_testkit::RedisServer;
 
 /// A `MakeWriter` that keeps everything logged.
 #[derive(Clone, Default)]
@@ -146,7 +147,7 @@ async fn redlock_warns_about_the_node_that_may_evict() {
 async fn cluster_masters_are_each_read_and_warned_about() {
     logs();
     let cluster = tokio::task::block_in_place(|| {
-        support::RedisCluster::one_node(&["--maxmemory-policy", "allkeys-random"])
+        tower_lock_testkit::RedisCluster::one_node(&["--maxmemory-policy", "allkeys-random"])
     });
     let store = tower_lock::ClusterStore::connect(cluster.urls())
         .await
@@ -165,7 +166,7 @@ async fn cluster_masters_are_each_read_and_warned_about() {
 async fn the_sentinel_master_is_read_and_warned_about() {
     use std::time::Duration;
 
-    use support::sentinel::{MASTER_NAME, SentinelSetup};
+    use tower_lock_testkit::sentinel::{MASTER_NAME, SentinelSetup};
     logs();
     let setup = tokio::task::block_in_place(|| SentinelSetup::start(Duration::from_secs(5)));
     setup

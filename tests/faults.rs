@@ -4,7 +4,7 @@
 //! that disconnect mid-request, handlers that panic on a real server, and Redis restarted empty
 //! under many holders.
 //!
-//! Network faults go through `support::proxy::Proxy`; server faults are `redis-server` kills and
+//! Network faults go through the test kit's `Proxy`; server faults are `redis-server` kills and
 //! `CLIENT PAUSE`; app faults are real `examples/inventory.rs` processes.
 
 mod instances;
@@ -24,13 +24,14 @@ use axum::{
     http::StatusCode,
     routing::post,
 };
-use instances::{Counts, Http, Instance, Plan, audit, run_load};
+use instances::{Counts, Instance, Plan, audit, run_load};
 use serde::Deserialize;
-use support::{RedisServer, body_json, proxy::Proxy, purchase, send};
+use support::{LockKeys, body_json, purchase, send};
 use tower_lock::{
     Key, Lease, LockConfig, LockLayer, LockStore, OnLeaseLost, RedisStore, Wait,
     bb8_redis::{RedisConnectionManager, bb8},
 };
+use tower_lock_testkit::{Proxy, RedisServer, calls_of, http::Http};
 
 // -------------------------------------------------------------------------------------------
 // An in-process app whose handler fences its writes and detects overlapping holders.
@@ -386,10 +387,7 @@ async fn an_acquire_whose_reply_is_lost_is_released_not_left_for_the_ttl() {
             send(&lossy, purchase("warm", 0)).await.status(),
             StatusCode::OK
         );
-        let (before, dropped) = (
-            support::calls_of(&redis, "evalsha").await,
-            proxy.replies_dropped(),
-        );
+        let (before, dropped) = (calls_of(&redis, "evalsha").await, proxy.replies_dropped());
         proxy.drop_reply_to(b"EVALSHA");
         let status = send(&lossy, purchase("k", 0)).await.status();
         assert_eq!(proxy.replies_dropped(), dropped + 1, "no reply was dropped");
@@ -400,7 +398,7 @@ async fn an_acquire_whose_reply_is_lost_is_released_not_left_for_the_ttl() {
         .await;
         // The acquire, and its release sent after the reconnect: nothing was sent twice.
         assert_eq!(
-            support::calls_of(&redis, "evalsha").await - before,
+            calls_of(&redis, "evalsha").await - before,
             2,
             "handoff {handoff}"
         );

@@ -12,10 +12,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use support::{RedisServer, calls_of, handoff_subscriptions, proxy::Proxy};
+use support::{LockKeys, handoff_subscriptions};
 use tower_lock::{
     LockConfig, LockError, LockStore, Locker, RedisStore, Token, Wait, key::LockKey, store::Acquire,
 };
+use tower_lock_testkit::{Proxy, RedisServer, calls_of, redis_cli};
 
 /// A wait policy whose timer would make any timer-woken waiter take seconds.
 fn slow_timer() -> Wait {
@@ -593,7 +594,7 @@ async fn a_broken_subscription_still_gets_the_handoff() {
     });
     queued(&server, &k, 1).await;
     // Both processes lose their subscriptions; the release's message goes nowhere.
-    support::redis_cli(&[
+    redis_cli(&[
         "-p",
         &server.port().to_string(),
         "CLIENT",
@@ -721,7 +722,7 @@ async fn the_subscription_follows_an_address_that_moved() {
     let holder = locker(stores(&new, 1).await.remove(0), slow_timer());
     address.redirect(new.port());
     // The old server drops its clients but the subscriber (as a demoted master may).
-    support::redis_cli(&[
+    redis_cli(&[
         "-p",
         &old.port().to_string(),
         "CLIENT",

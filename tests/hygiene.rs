@@ -13,8 +13,9 @@ use std::{
 
 use axum::http::StatusCode;
 use futures_util::{StreamExt, stream};
-use support::{Counter, RedisServer, counter_app, purchase, send};
+use support::{Counter, counter_app, purchase, send};
 use tower_lock::{Key, LockConfig, LockLayer, RedisStore, Wait};
+use tower_lock_testkit::RedisServer;
 
 /// RSS may grow by at most this much between the end of the warm-up and the end of the run
 /// (allocator caches, the runtime's worker buffers); a leak of 1 KiB per request would exceed

@@ -23,7 +23,7 @@ use axum::{
 };
 use bytes::Bytes;
 use serde::Deserialize;
-use support::{Backend, Memory, Redis, send};
+use support::{Backend, LockKeys, Memory, Redis, send};
 use tower_lock::{
     IdempotencyConfig, IdempotencyLayer, IdempotencyStore, Lease, LockConfig, LockStore, Token,
     Wait,

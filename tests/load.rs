@@ -12,7 +12,8 @@ mod support;
 use std::time::{Duration, Instant};
 
 use instances::{Counts, Instance, Plan, audit, run_load, scale};
-use support::RedisServer;
+use support::LockKeys;
+use tower_lock_testkit::RedisServer;
 
 /// Default requests per run, before scaling.
 const REQUESTS: usize = 1_500;

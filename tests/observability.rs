@@ -15,8 +15,9 @@ use metrics_util::{
     CompositeKey, MetricKind,
     debugging::{DebugValue, DebuggingRecorder},
 };
-use support::{Counter, RedisServer, counter_app, purchase, send};
+use support::{Counter, LockKeys, counter_app, purchase, send};
 use tower_lock::{Key, LockConfig, LockLayer, RedisStore, Wait};
+use tower_lock_testkit::RedisServer;
 
 const SCOPE: &str = "POST /items/{sku}/purchase";
 

@@ -7,8 +7,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use support::{Backend, Counter, Redis, RedisServer, body_json, counter_app, purchase, send};
+use support::{Backend, Counter, LockKeys, Redis, body_json, counter_app, purchase, send};
 use tower_lock::{Key, LockConfig, LockLayer, LockStore, OnLeaseLost, RedisStore, Token, Wait};
+use tower_lock_testkit::{RedisServer, errors_of, key_slot, one_node_cluster};
 
 suite::tests!(
     Redis::new();
@@ -613,7 +614,7 @@ async fn renewals_are_batched() {
 async fn batched_renewals_on_a_cluster_mode_server() {
     use tower_lock::{Locker, key::LockKey, store::Acquire};
 
-    let server = support::one_node_cluster();
+    let server = one_node_cluster();
     let store = RedisStore::connect(server.url()).await.unwrap();
     let ttl = Duration::from_secs(30);
     let mut leases = Vec::new();
@@ -626,7 +627,7 @@ async fn batched_renewals_on_a_cluster_mode_server() {
     }
     let slots: std::collections::HashSet<u16> = leases
         .iter()
-        .map(|(key, _)| support::key_slot(key.as_bytes()))
+        .map(|(key, _)| key_slot(key.as_bytes()))
         .collect();
     assert!(slots.len() > 30, "the leases share slots: {}", slots.len());
     // One lease is not ours (any more): its own answer says so.
@@ -640,7 +641,7 @@ async fn batched_renewals_on_a_cluster_mode_server() {
         );
     }
     // The server did refuse the batch as one script.
-    assert!(support::errors_of(&server, "CROSSSLOT") >= 1);
+    assert!(errors_of(&server, "CROSSSLOT") >= 1);
     let mut conn = server.client().await;
     let pttl: i64 = redis::cmd("PTTL")
         .arg(leases[0].0.as_bytes())
@@ -681,7 +682,7 @@ async fn every_script_stays_in_one_slot_on_a_cluster_mode_server() {
         store::{Acquire, Signal},
     };
 
-    let server = support::one_node_cluster();
+    let server = one_node_cluster();
     let a = RedisStore::connect(server.url()).await.unwrap();
     let b = RedisStore::connect(server.url()).await.unwrap();
     support::handoff_subscriptions(&server, 2).await;
@@ -708,5 +709,5 @@ async fn every_script_stays_in_one_slot_on_a_cluster_mode_server() {
             .unwrap()
     );
     assert_eq!(b.lookup(&key).await.unwrap(), Some(record));
-    assert_eq!(support::errors_of(&server, "CROSSSLOT"), 0);
+    assert_eq!(errors_of(&server, "CROSSSLOT"), 0);
 }

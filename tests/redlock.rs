@@ -8,7 +8,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use support::{Backend, Counter, Redlock, body_json, counter_app, purchase, send};
+use support::{Backend, Counter, LockKeys, Redlock, body_json, counter_app, purchase, send};
 use tower_lock::{
     Key, LockConfig, LockLayer, LockStore, Locker, OnLeaseLost, RedisStore, RedlockStore, Token,
     Wait, key::LockKey, store::Acquire,

@@ -7,12 +7,13 @@ mod support;
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use support::{Backend, Counter, RedisServer, body_json, counter_app, purchase, send};
+use support::{Backend, Counter, LockKeys, body_json, counter_app, purchase, send};
 use tower_lock::{
     Key, LockConfig, LockLayer, LockStore, RedisStore, Token, Wait,
     key::LockKey,
     store::{Acquire, StoreErrorKind},
 };
+use tower_lock_testkit::{RedisServer, calls_of};
 
 /// A master with one replica; stores wait for `acks` acknowledgements.
 struct Replicated {
@@ -208,7 +209,7 @@ async fn a_handed_over_lease_is_acknowledged_before_it_runs() {
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let before = support::calls_of(&servers.master, "wait").await;
+    let before = calls_of(&servers.master, "wait").await;
     let started = std::time::Instant::now();
     held.release().await.unwrap();
     let guard = next.await.unwrap();
@@ -217,7 +218,7 @@ async fn a_handed_over_lease_is_acknowledged_before_it_runs() {
         "not handed over"
     );
     assert_eq!(
-        support::calls_of(&servers.master, "wait").await - before,
+        calls_of(&servers.master, "wait").await - before,
         1,
         "the handed-over lease ran without a replica acknowledgement"
     );

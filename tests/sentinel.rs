@@ -12,14 +12,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use support::{
-    Backend, RedisServer, calls_of, handoff_subscriptions,
-    sentinel::{MASTER_NAME, SentinelSetup},
-};
+use support::{Backend, LockKeys, handoff_subscriptions};
 use tower_lock::{
     LockConfig, LockStore, Locker, SentinelStore, Token, Wait,
     key::LockKey,
     store::{Acquire, Signal, StoreErrorKind},
+};
+use tower_lock_testkit::{
+    RedisServer, calls_of,
+    sentinel::{MASTER_NAME, SentinelSetup},
 };
 
 /// The stores of one Sentinel setup.

@@ -1,25 +1,22 @@
-//! Real processes of `examples/inventory.rs`, a small HTTP/1.1 client to drive them, and the
-//! purchase load that `tests/load.rs` and `tests/faults.rs` run against them.
+//! Real processes of `examples/inventory.rs`, and the purchase load that `tests/load.rs` and
+//! `tests/faults.rs` run against them. Starting, capturing and killing processes, and the HTTP
+//! client, are the test kit's (`tower_lock_testkit::process`, `tower_lock_testkit::http`).
 //!
 //! Every process started here is SIGKILLed and reaped when its guard drops, panics included.
 #![allow(dead_code, unreachable_pub)]
 
 use std::{
     collections::{BTreeMap, HashMap},
-    io::{BufRead, BufReader, Read},
     path::PathBuf,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     sync::{
-        Arc, Mutex, OnceLock,
+        Arc, OnceLock,
         atomic::{AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
 
-use tokio::{
-    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader as AsyncBufReader},
-    net::TcpStream,
-};
+use tower_lock_testkit::{free_port, http::Http, process::Process};
 
 /// Scales the load and hygiene runs: `TOWER_LOCK_LOAD_SCALE=20` sends 20x the default requests.
 pub fn scale() -> usize {
@@ -63,114 +60,43 @@ pub fn inventory_binary() -> PathBuf {
     .clone()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free loopback port")
-}
-
 /// One `inventory` process on a free loopback port; SIGKILLed on drop.
 pub struct Instance {
-    child: Option<Child>,
+    process: Process,
     pub port: u16,
-    /// Everything the process wrote to stderr and stdout (bounded), to look for panics.
-    output: Arc<Mutex<String>>,
 }
-
-/// The most output kept per process.
-const MAX_OUTPUT: usize = 1 << 20;
 
 impl Instance {
     /// Starts an instance with `REDIS_URL=redis_url` and `env`, and waits for "listening on".
     pub fn start(redis_url: &str, env: &[(&str, &str)]) -> Self {
         for _ in 0..5 {
             let port = free_port();
-            let mut child = Command::new(inventory_binary())
+            let mut command = Command::new(inventory_binary());
+            command
                 .env_clear()
                 .env("REDIS_URL", redis_url)
                 .env("PORT", port.to_string())
                 .env("HOST", "127.0.0.1")
                 .env("RUST_LOG", "warn")
-                .envs(env.iter().copied())
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("cannot start the inventory example");
-            let output = Arc::new(Mutex::new(String::new()));
-            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-            for stream in [
-                Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
-                Box::new(child.stderr.take().unwrap()),
-            ] {
-                let output = Arc::clone(&output);
-                let ready_tx = ready_tx.clone();
-                // Drains the pipe until the process exits, so it never blocks on a full pipe.
-                std::thread::spawn(move || {
-                    for line in BufReader::new(stream).lines() {
-                        let Ok(line) = line else { break };
-                        if line.contains("listening on") {
-                            let _ = ready_tx.send(true);
-                        }
-                        let mut out = output.lock().unwrap();
-                        if out.len() < MAX_OUTPUT {
-                            out.push_str(&line);
-                            out.push('\n');
-                        }
-                    }
-                    let _ = ready_tx.send(false);
-                });
+                .envs(env.iter().copied());
+            let what = format!("the inventory example on port {port}");
+            if let Some(process) =
+                Process::start(command, &what, "listening on", Duration::from_secs(30))
+            {
+                return Self { process, port };
             }
-            drop(ready_tx);
-            let mut instance = Self {
-                child: Some(child),
-                port,
-                output,
-            };
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                match ready_rx.recv_timeout(left) {
-                    Ok(true) => return instance,
-                    // One pipe closed: the process is exiting (a port race?); check the other.
-                    Ok(false) => {
-                        if instance.exited() {
-                            break;
-                        }
-                    }
-                    Err(_) => panic!(
-                        "the inventory example did not start listening within 30 s:\n{}",
-                        instance.output()
-                    ),
-                }
-            }
-            eprintln!(
-                "inventory on port {port} exited at start:\n{}",
-                instance.output()
-            );
-            instance.kill9();
         }
         panic!("the inventory example did not start on any of 5 free ports");
     }
 
-    fn exited(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_none_or(|c| c.try_wait().ok().flatten().is_some())
-    }
-
     /// `kill -9`: the process dies without releasing anything.
     pub fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.process.kill();
     }
 
     /// Everything the process printed so far.
     pub fn output(&self) -> String {
-        self.output.lock().unwrap().clone()
+        self.process.output()
     }
 
     /// Panics if the process printed a panic message.
@@ -184,125 +110,8 @@ impl Instance {
     }
 
     pub fn is_running(&mut self) -> bool {
-        !self.exited()
+        self.process.is_running()
     }
-}
-
-impl Drop for Instance {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
-/// One HTTP/1.1 answer.
-#[derive(Debug, Clone)]
-pub struct Reply {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl Reply {
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
-    }
-
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// A keep-alive HTTP/1.1 connection to one instance: enough client for `Content-Length` bodies.
-pub struct Http {
-    port: u16,
-    conn: Option<AsyncBufReader<TcpStream>>,
-}
-
-impl Http {
-    pub fn new(port: u16) -> Self {
-        Self { port, conn: None }
-    }
-
-    /// Sends one request and reads its answer; an I/O error closes the connection.
-    pub async fn request(
-        &mut self,
-        method: &str,
-        path: &str,
-        body: Option<&str>,
-    ) -> std::io::Result<Reply> {
-        let result = self.try_request(method, path, body).await;
-        if result.is_err() {
-            self.conn = None;
-        }
-        result
-    }
-
-    async fn try_request(
-        &mut self,
-        method: &str,
-        path: &str,
-        body: Option<&str>,
-    ) -> std::io::Result<Reply> {
-        if self.conn.is_none() {
-            let stream = TcpStream::connect(("127.0.0.1", self.port)).await?;
-            stream.set_nodelay(true)?;
-            self.conn = Some(AsyncBufReader::new(stream));
-        }
-        let conn = self.conn.as_mut().unwrap();
-        let body = body.unwrap_or("");
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n\
-             content-length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        conn.get_mut().write_all(head.as_bytes()).await?;
-        read_reply(conn).await
-    }
-}
-
-fn bad(msg: &str) -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::InvalidData, msg.to_owned())
-}
-
-/// Reads a status line, headers and a `Content-Length` body.
-pub async fn read_reply(conn: &mut AsyncBufReader<TcpStream>) -> std::io::Result<Reply> {
-    let mut line = String::new();
-    if conn.read_line(&mut line).await? == 0 {
-        return Err(std::io::ErrorKind::UnexpectedEof.into());
-    }
-    let status = line
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| bad("bad status line"))?;
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        if conn.read_line(&mut line).await? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        let trimmed = line.trim_end();
-        if trimmed.is_empty() {
-            break;
-        }
-        let (name, value) = trimmed.split_once(':').ok_or_else(|| bad("bad header"))?;
-        headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
-    }
-    let len: usize = headers
-        .iter()
-        .find(|(n, _)| n == "content-length")
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(0);
-    let mut body = vec![0; len];
-    conn.read_exact(&mut body).await?;
-    Ok(Reply {
-        status,
-        headers,
-        body,
-    })
 }
 
 /// Sets `sku`'s stock through `port`, retrying while the instance answers 503 (Redis coming

@@ -18,7 +18,8 @@
 //! Latency delays each chunk from the moment the proxy read it, without capping throughput:
 //! pipelined commands all arrive `d` late, they do not queue behind each other's delays. A round
 //! trip through the proxy is therefore `2 * d` longer.
-#![allow(dead_code, unreachable_pub)]
+//!
+//! It only ever connects to the upstream port it was given (a server the test started).
 
 use std::{
     collections::VecDeque,
@@ -41,12 +42,17 @@ use tokio::{
 /// What the proxy does to traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
+    /// Everything forwarded at once.
     Pass,
+    /// Every chunk held this long, each way.
     Latency(Duration),
+    /// Nothing sent on, either way.
     Stall,
+    /// New connections refused.
     Refuse,
 }
 
+#[derive(Debug)]
 struct Shared {
     mode: watch::Sender<Mode>,
     /// Bumped by `drop_all`; every connection task ends when it changes.
@@ -62,6 +68,7 @@ struct Shared {
 }
 
 /// A proxy from `127.0.0.1:<port>` to `127.0.0.1:<upstream>`; stopped on drop.
+#[derive(Debug)]
 pub struct Proxy {
     port: u16,
     shared: Arc<Shared>,
@@ -104,6 +111,7 @@ impl Proxy {
         }
     }
 
+    /// The port it listens on, on 127.0.0.1.
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -113,6 +121,7 @@ impl Proxy {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// What it does to traffic now.
     pub fn mode(&self) -> Mode {
         *self.shared.mode.borrow()
     }

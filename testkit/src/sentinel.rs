@@ -1,21 +1,24 @@
 //! Redis Sentinel on loopback: a master, its replica and three sentinels (`redis-server <conf>
-//! --sentinel`), each process stopped on drop.
+//! --sentinel`, each with a config file of its own in its scratch directory), each process
+//! SIGKILLed on drop. The sentinels monitor only the master this setup started.
 
 use std::{
     path::PathBuf,
     process::{Child, Command, Stdio},
-    sync::atomic::{AtomicUsize, Ordering},
     time::{Duration, Instant},
 };
 
-use super::{RedisServer, free_port, redis_cli};
+use crate::{
+    port::free_port,
+    process::{kill, ping, scratch_dir, wait_until_up},
+    server::{RedisServer, cli_on},
+};
 
 /// The name the sentinels monitor the master under.
 pub const MASTER_NAME: &str = "mymaster";
 
-static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
-
 /// One `redis-server --sentinel`, with its own (rewritable) config file; killed on drop.
+#[derive(Debug)]
 pub struct SentinelServer {
     child: Option<Child>,
     port: u16,
@@ -27,12 +30,7 @@ impl SentinelServer {
     /// down after `down_after` without an answer. Panics, loudly, if `redis-server` cannot run
     /// as a sentinel.
     pub fn start(master_port: u16, down_after: Duration) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "tower-lock-sentinel-{}-{}",
-            std::process::id(),
-            NEXT_DIR.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).expect("cannot create a temp dir for a sentinel");
+        let dir = scratch_dir("sentinel");
         for _ in 0..5 {
             let port = free_port();
             let conf = dir.join("sentinel.conf");
@@ -80,23 +78,22 @@ impl SentinelServer {
 
     fn wait_until_up(&mut self) -> bool {
         let port = self.port;
-        super::wait_until_up(&mut self.child, "sentinel", port, || super::ping(port))
+        wait_until_up(&mut self.child, "sentinel", port, || ping(port))
     }
 
+    /// The port it listens on, on 127.0.0.1.
     pub fn port(&self) -> u16 {
         self.port
     }
 
+    /// `redis://127.0.0.1:<port>/`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
     /// `redis-cli -p <port> <args>` against this sentinel.
     pub fn cli(&self, args: &[&str]) -> String {
-        let port = self.port.to_string();
-        let mut all = vec!["-p", &port];
-        all.extend_from_slice(args);
-        redis_cli(&all)
+        cli_on(self.port, args)
     }
 
     /// One field of `SENTINEL MASTER mymaster` (redis-cli prints it as alternating lines).
@@ -116,11 +113,9 @@ impl SentinelServer {
         text.lines().nth(1)?.trim().parse().ok()
     }
 
+    /// SIGKILL, as a crash would.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        kill(&mut self.child);
     }
 }
 
@@ -132,9 +127,13 @@ impl Drop for SentinelServer {
 }
 
 /// A master with one replica, watched by three sentinels.
+#[derive(Debug)]
 pub struct SentinelSetup {
+    /// The master the sentinels monitor at the start (as [`MASTER_NAME`]).
     pub master: RedisServer,
+    /// Its replica, which a failover promotes.
     pub replica: RedisServer,
+    /// Three sentinels, quorum 2.
     pub sentinels: Vec<SentinelServer>,
 }
 
@@ -173,6 +172,7 @@ impl SentinelSetup {
         setup
     }
 
+    /// Every sentinel's URL.
     pub fn sentinel_urls(&self) -> Vec<String> {
         self.sentinels.iter().map(SentinelServer::url).collect()
     }

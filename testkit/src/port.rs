@@ -1,0 +1,20 @@
+//! Free loopback ports: whatever the OS hands out for `127.0.0.1:0`, never Redis's default 6379
+//! (a developer's own server may want it back).
+//!
+//! The port is free when this returns, not reserved: a process started on it may find it taken
+//! by then. Every starter in this kit therefore tries up to five ports.
+
+use std::net::TcpListener;
+
+/// A loopback port that was free a moment ago, never 6379.
+pub fn free_port() -> u16 {
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("no free loopback port");
+        if port != 6379 {
+            return port;
+        }
+    }
+}

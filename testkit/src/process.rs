@@ -1,0 +1,218 @@
+//! Process plumbing shared by every starter: readiness probes, scratch directories, a service
+//! binary with its output captured, a guard for child processes, and the benchmark's check that
+//! a tool is installed.
+//!
+//! Everything started here is SIGKILLed and reaped when its guard drops, panics included.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::TcpStream,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+/// Whether a server on `127.0.0.1:port` answers `PING` with `PONG` (a Redis server or a
+/// sentinel).
+pub fn ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut buf = [0u8; 7];
+    stream.write_all(b"PING\r\n").is_ok()
+        && stream.read_exact(&mut buf).is_ok()
+        && &buf == b"+PONG\r\n"
+}
+
+/// Waits up to 10 s for `up` to hold of the server `child` runs on `port`; `false` (and the child
+/// forgotten) if it exits first.
+pub fn wait_until_up(
+    child: &mut Option<Child>,
+    what: &str,
+    port: u16,
+    mut up: impl FnMut() -> bool,
+) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        if let Some(status) = child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            eprintln!("{what} on port {port} exited early: {status}");
+            *child = None;
+            return false;
+        }
+        if up() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+/// SIGKILLs and reaps `child`, if any (a crash, as far as the process can tell).
+pub fn kill(child: &mut Option<Child>) {
+    if let Some(mut child) = child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
+
+/// A fresh, empty scratch directory for one process of this kit,
+/// `<temp>/tower-lock-<kind>-<pid>-<n>`. Its owner removes it on drop.
+pub(crate) fn scratch_dir(kind: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "tower-lock-{kind}-{}-{}",
+        std::process::id(),
+        NEXT_DIR.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("cannot create a scratch dir {}: {e}", dir.display()));
+    dir
+}
+
+/// The first line `name` prints for `args` (its version, say), or a clear message and exit
+/// code 1 if it cannot be run: `apt-get install -y <package>` installs it.
+///
+/// For programs such as the benchmark, where a missing tool is the user's to fix before
+/// anything starts; tests panic instead (see the crate docs).
+pub fn require_tool(name: &str, args: &[&str], package: &str) -> String {
+    match Command::new(name).args(args).output() {
+        Ok(out) => {
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            text.lines().next().unwrap_or("").trim().to_owned()
+        }
+        Err(e) => {
+            eprintln!(
+                "error: `{name}` is required by this benchmark but could not be run ({e}).\n\
+                 Install it (Debian: `apt-get install -y {package}`) or run `scripts/bench.sh`, \
+                 which installs it."
+            );
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Child processes, SIGKILLed if still running when the guard drops, and reaped either way.
+#[derive(Debug, Default)]
+pub struct Children(pub Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            if matches!(child.try_wait(), Ok(None)) {
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The most output kept per [`Process`].
+const MAX_OUTPUT: usize = 1 << 20;
+
+/// A service binary a test started, with everything it writes to stdout and stderr kept (up
+/// to 1 MiB) to look for panics; SIGKILLed on drop.
+#[derive(Debug)]
+pub struct Process {
+    child: Option<Child>,
+    output: Arc<Mutex<String>>,
+}
+
+impl Process {
+    /// Spawns `command` (stdin closed, stdout and stderr captured) and waits up to `within` for
+    /// a line of its output containing `ready` (such as "listening on").
+    ///
+    /// `None` if it exits first, say because the port it was given was taken meanwhile: its
+    /// output is printed to stderr, under `what`, and the caller may try another port. Panics
+    /// if it cannot be spawned, or prints neither `ready` nor exits within `within`.
+    pub fn start(mut command: Command, what: &str, ready: &str, within: Duration) -> Option<Self> {
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+        let output = Arc::new(Mutex::new(String::new()));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        for stream in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let output = Arc::clone(&output);
+            let ready_tx = ready_tx.clone();
+            let ready = ready.to_owned();
+            // Drains the pipe until the process exits, so it never blocks on a full pipe.
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines() {
+                    let Ok(line) = line else { break };
+                    if line.contains(&ready) {
+                        let _ = ready_tx.send(true);
+                    }
+                    let mut out = output.lock().unwrap();
+                    if out.len() < MAX_OUTPUT {
+                        out.push_str(&line);
+                        out.push('\n');
+                    }
+                }
+                let _ = ready_tx.send(false);
+            });
+        }
+        drop(ready_tx);
+        let mut process = Self {
+            child: Some(child),
+            output,
+        };
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match ready_rx.recv_timeout(left) {
+                Ok(true) => return Some(process),
+                // One pipe closed: the process is exiting (a port race?); check the other.
+                Ok(false) => {
+                    if !process.is_running() {
+                        break;
+                    }
+                }
+                Err(_) => panic!(
+                    "{what} did not print {ready:?} within {within:?}:\n{}",
+                    process.output()
+                ),
+            }
+        }
+        eprintln!("{what} exited at start:\n{}", process.output());
+        process.kill();
+        None
+    }
+
+    /// `kill -9`: the process dies without cleaning anything up.
+    pub fn kill(&mut self) {
+        kill(&mut self.child);
+    }
+
+    /// Everything the process printed so far.
+    pub fn output(&self) -> String {
+        self.output.lock().unwrap().clone()
+    }
+
+    /// Whether the process still runs.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
