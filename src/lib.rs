@@ -131,6 +131,8 @@ pub mod key;
 mod lease;
 pub mod lock;
 pub mod response;
+#[cfg(feature = "serde")]
+mod serde_ms;
 mod slot;
 pub mod store;
 mod telemetry;
