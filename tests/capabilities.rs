@@ -22,7 +22,7 @@ use tower_lock_testkit::{RedisCluster, RedisServer, SentinelSetup, calls_of, key
 
 /// The matrix's columns, in order.
 const COLUMNS: [&str; 4] = [
-    "batched renewal",
+    "group commit",
     "hand-off",
     "release notices",
     "idempotency records",
@@ -60,7 +60,7 @@ fn cells(line: &str) -> Vec<&str> {
 
 fn flags(caps: &Capabilities) -> [bool; 4] {
     [
-        caps.batched_renewal(),
+        caps.group_commit(),
         caps.hand_off(),
         caps.release_notices(),
         caps.idempotency_records(),
@@ -89,24 +89,33 @@ fn short_leases() -> LockConfig {
         .unwrap()
 }
 
-/// Renewals that fall due together go in one call: 20 leases renewed 3 times cost the
-/// `servers` at most a third as many scripts as renewals (one by one, 60). (A round's renewals fall due over the few
-/// milliseconds the acquisitions took, so they may go in a few batches.) `keys` picks the lease values (all in one hash slot,
-/// for a cluster).
-async fn batched_renewal(store: impl LockStore, servers: &[&RedisServer], keys: Vec<String>) {
+/// Operations that reach the store together go in one call: 20 leases acquired at once, and
+/// renewed 3 times, cost the `servers` at most a third as many scripts as operations (one by
+/// one: 20 and 60). `keys` picks the lease values (all in one hash slot, for a cluster).
+async fn group_commit(store: impl LockStore, servers: &[&RedisServer], keys: Vec<String>) {
     let locker = Locker::with_config(store, short_leases());
-    let mut guards = Vec::new();
-    for value in &keys {
-        guards.push(
-            locker
-                .acquire(locker.key("caps", value).unwrap())
-                .await
-                .unwrap(),
-        );
-    }
-    let mut before = Vec::new();
+    let mut start = Vec::new();
     for server in servers {
-        before.push(calls_of(server, "evalsha").await);
+        start.push(calls_of(server, "evalsha").await);
+    }
+    // Acquired together, so that their renewals fall due together too.
+    let guards = futures_util::future::join_all(
+        keys.iter()
+            .map(|value| locker.acquire(locker.key("caps", value).unwrap())),
+    )
+    .await;
+    let guards: Vec<_> = guards.into_iter().map(Result::unwrap).collect();
+    let mut before = Vec::new();
+    for (server, start) in servers.iter().zip(start) {
+        let now = calls_of(server, "evalsha").await;
+        assert!(
+            (now - start) * 3 <= keys.len() as u64,
+            "{} scripts for {} acquires on port {}: not batched",
+            now - start,
+            keys.len(),
+            server.port()
+        );
+        before.push(now);
     }
     // Renewed every 200 ms: three rounds.
     tokio::time::sleep(Duration::from_millis(650)).await;
@@ -213,7 +222,7 @@ async fn redis_store_connected() {
     let store = RedisStore::connect(server.url()).await.unwrap();
     let [batched, hand_off, notices, keeps] = row("`RedisStore::connect`", &store.capabilities());
     assert!(batched && hand_off && !notices && keeps);
-    batched_renewal(store.clone(), &[&server], twenty()).await;
+    group_commit(store.clone(), &[&server], twenty()).await;
     let other = RedisStore::connect(server.url()).await.unwrap();
     wait_for_subscriptions(&server, 2).await;
     served_at_release(store.clone(), other).await;
@@ -232,7 +241,7 @@ async fn redis_store_from_a_connection() {
         &store.capabilities(),
     );
     assert!(batched && !hand_off && !notices && keeps);
-    batched_renewal(store.clone(), &[&server], twenty()).await;
+    group_commit(store.clone(), &[&server], twenty()).await;
     records(store).await;
 }
 
@@ -248,7 +257,7 @@ async fn redlock_store() {
         .unwrap();
     let [batched, hand_off, notices, keeps] = row("`RedlockStore`", &store.capabilities());
     assert!(batched && !hand_off && !notices && !keeps);
-    batched_renewal(store, &nodes.iter().collect::<Vec<_>>(), twenty()).await;
+    group_commit(store, &nodes.iter().collect::<Vec<_>>(), twenty()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -267,7 +276,7 @@ async fn cluster_store() {
         .take(20)
         .collect();
     let master = cluster.master_of(slot);
-    batched_renewal(store.clone(), &[master], values).await;
+    group_commit(store.clone(), &[master], values).await;
     records(store).await;
 }
 
@@ -283,7 +292,7 @@ async fn sentinel_store() {
     let store = connect().await.unwrap();
     let [batched, hand_off, notices, keeps] = row("`SentinelStore`", &store.capabilities());
     assert!(batched && hand_off && !notices && keeps);
-    batched_renewal(store.clone(), &[&setup.master], twenty()).await;
+    group_commit(store.clone(), &[&setup.master], twenty()).await;
     let other = connect().await.unwrap();
     wait_for_subscriptions(&setup.master, 2).await;
     served_at_release(store.clone(), other).await;

@@ -19,7 +19,7 @@ use crate::{lease::Lease, store::StoreError, telemetry::Outcome};
 pub struct LeaseGuard {
     // `None` only once released.
     hold: Option<Hold>,
-    // Keeps the locker (its background task, its batcher) alive as long as the lease.
+    // Keeps the locker (its background task) alive as long as the lease.
     _engine: Arc<Engine>,
 }
 

@@ -72,7 +72,6 @@ impl Hold {
         let config = &engine.config;
         let renewer = Renewer::new(
             std::sync::Arc::clone(&engine.store),
-            std::sync::Arc::clone(&engine.batcher),
             acquired.lease.clone(),
             acquired.release.token().clone(),
             acquired.renew_by,

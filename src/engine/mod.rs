@@ -5,14 +5,13 @@
 //! - `acquire`: the acquire loop (process-local queue, wait policy, the store's hand-off queue).
 //! - `hold`: the one lifecycle of a held lease (renewal, max hold, loss policy, release on
 //!   completion or drop, the outcome).
-//! - `renew` and `batch`: the renewal tick, driven inline or by one background task per
-//!   locker, and the batcher that sends renewals falling due together in one call.
+//! - `renew`: the renewal tick, driven inline or by one background task per locker. (Renewals
+//!   that fall due together reach a Redis store together and go in one call: its group commit.)
 //! - `release`: releasing now or on drop. `local`: the process-local queues. `state`: what
 //!   every lease of one locker shares.
 //! - [`LeaseGuard`] (public): a lease held by background work.
 
 mod acquire;
-mod batch;
 mod guard;
 mod hold;
 mod local;

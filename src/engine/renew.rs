@@ -18,7 +18,6 @@ use tokio::{
 };
 use tracing::Span;
 
-use super::batch::RenewalBatcher;
 use crate::{
     error::LostReason,
     lease::Lease,
@@ -38,7 +37,6 @@ const MIN_RETRY: Duration = Duration::from_millis(10);
 /// the lease running out, or the max-hold cap make it lost.
 pub(crate) struct Renewer {
     store: Arc<Backend>,
-    batcher: Arc<RenewalBatcher>,
     lease: Lease,
     token: Token,
     ttl: Duration,
@@ -64,7 +62,6 @@ pub(crate) struct RenewalSettings {
 impl Renewer {
     pub(crate) fn new(
         store: Arc<Backend>,
-        batcher: Arc<RenewalBatcher>,
         lease: Lease,
         token: Token,
         renew_by: Option<Instant>,
@@ -77,7 +74,6 @@ impl Renewer {
         let first = hold_until.map_or(first, |h| first.min(h));
         Self {
             store,
-            batcher,
             lease,
             token,
             ttl: settings.ttl,
@@ -167,7 +163,7 @@ impl Renewer {
             }
             let limit = self.store_timeout.min(left);
             let renew = self
-                .batcher
+                .store
                 .renew(self.lease.key().clone(), self.token.clone(), self.ttl);
             self.in_flight = Some((
                 now,

@@ -2,16 +2,15 @@
 
 use std::sync::Arc;
 
-use super::{batch::RenewalBatcher, local::LocalQueues, renew::Background};
+use super::{local::LocalQueues, renew::Background};
 use crate::{config::LockConfig, store::Backend};
 
 /// What every lease of one locker shares: the store, the settings, the process-local queues,
-/// the renewal batcher and the background renewal task.
+/// and the background renewal task.
 pub(crate) struct Engine {
     pub(crate) store: Arc<Backend>,
     pub(crate) config: LockConfig,
     pub(crate) local: Arc<LocalQueues>,
-    pub(crate) batcher: Arc<RenewalBatcher>,
     pub(crate) background: Background,
 }
 
@@ -21,7 +20,6 @@ impl Engine {
         crate::slot::warm();
         let store = Arc::new(store);
         Self {
-            batcher: Arc::new(RenewalBatcher::new(Arc::clone(&store))),
             store,
             config,
             local: Arc::default(),

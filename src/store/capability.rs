@@ -13,14 +13,14 @@ use crate::{key::LockKey, token::Token};
 ///
 /// | capability | what it gives | stores |
 /// |---|---|---|
-/// | batched renewal | the renewals that fall due together in one call | `RedisStore` (one script per batch, or per hash slot), `ClusterStore`, `SentinelStore`, `RedlockStore` (one batch per node) |
+/// | group commit | the operations (acquires, renewals, releases) that reach the store together go to it in one call | `RedisStore` (one script per batch, or per hash slot), `ClusterStore`, `SentinelStore`, `RedlockStore` (a batch per node) |
 /// | hand-off | a first-come-first-served queue per key: a release hands the key to the next waiter | `RedisStore::connect`, `SentinelStore` |
 /// | release notices | waiters of this process woken by a release | `MemoryStore` |
 /// | idempotency records | records written in the same atomic step as the release | `MemoryStore`, `RedisStore`, `ClusterStore`, `SentinelStore` |
 ///
 /// `docs/TOPOLOGY.md` has the same matrix, with why each missing cell is missing, and
 /// `tests/capabilities.rs` holds both against the stores. A store without a capability still
-/// works everywhere: renewals go one by one, waiters pace themselves by their wait policy, and
+/// works everywhere: operations go one by one, waiters pace themselves by their wait policy, and
 /// only the idempotency layer needs records (a compile-time bound,
 /// [`IdempotencyStore`](crate::IdempotencyStore)). The operations themselves are crate-private:
 /// they carry protocol details (hand-off signals, record encodings) that change with the
@@ -31,7 +31,8 @@ use crate::{key::LockKey, token::Token};
 /// ([`Capabilities::none`]), unless they wrap one of the crate's stores and forward its.
 #[derive(Clone, Default)]
 pub struct Capabilities {
-    pub(crate) renew_many: Option<Arc<dyn RenewMany>>,
+    /// A property of the store's own transport, which the engine does not drive.
+    pub(crate) group_commit: bool,
     pub(crate) hand_off: Option<Arc<dyn HandOff>>,
     pub(crate) release_notices: Option<Arc<dyn ReleaseNotices>>,
     pub(crate) records: Option<Arc<dyn Records>>,
@@ -43,9 +44,10 @@ impl Capabilities {
         Self::default()
     }
 
-    /// Whether renewals that fall due together go to the store in one call.
-    pub fn batched_renewal(&self) -> bool {
-        self.renew_many.is_some()
+    /// Whether the operations that reach the store together (acquires, renewals, releases,
+    /// of any number of requests) go to it in one call: group commit.
+    pub fn group_commit(&self) -> bool {
+        self.group_commit
     }
 
     /// Whether the store queues waiters and hands a released key to the first of them.
@@ -67,22 +69,12 @@ impl Capabilities {
 impl fmt::Debug for Capabilities {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Capabilities")
-            .field("batched_renewal", &self.batched_renewal())
+            .field("group_commit", &self.group_commit)
             .field("hand_off", &self.hand_off())
             .field("release_notices", &self.release_notices())
             .field("idempotency_records", &self.idempotency_records())
             .finish()
     }
-}
-
-/// Renews several leases in as few calls as the store can, answering for each as
-/// [`LockStore::renew`] would.
-pub(crate) trait RenewMany: Send + Sync + 'static {
-    fn renew_many(
-        self: Arc<Self>,
-        leases: Vec<(LockKey, Token)>,
-        ttl: Duration,
-    ) -> BoxFuture<Vec<Result<bool, StoreError>>>;
 }
 
 /// A first-come-first-served queue per key: a release hands the key straight to the head of
@@ -254,10 +246,7 @@ impl Capabilities {
         let routed = Arc::new(Routed(route));
         // Every field, so that a capability added to the crate cannot be left unrouted.
         Self {
-            renew_many: now
-                .renew_many
-                .is_some()
-                .then(|| Arc::clone(&routed) as Arc<dyn RenewMany>),
+            group_commit: now.group_commit,
             hand_off: now
                 .hand_off
                 .is_some()
@@ -311,40 +300,11 @@ fn error_of<T>(answer: &Result<T, StoreError>) -> Option<StoreError> {
 }
 
 #[cfg(feature = "sentinel")]
-/// The error of a batch that failed as a whole (every answer an error: one script, one error).
-fn batch_error(answers: &[Result<bool, StoreError>]) -> Option<StoreError> {
-    match answers.first() {
-        Some(Err(first)) if answers.iter().all(Result::is_err) => Some(first.clone()),
-        _ => None,
-    }
-}
-
-#[cfg(feature = "sentinel")]
 fn missing(what: &str) -> StoreError {
     StoreError::msg(
         super::StoreErrorKind::Backend,
         format!("the store this call was routed to cannot {what}"),
     )
-}
-
-#[cfg(feature = "sentinel")]
-impl<R: Route> RenewMany for Routed<R> {
-    fn renew_many(
-        self: Arc<Self>,
-        leases: Vec<(LockKey, Token)>,
-        ttl: Duration,
-    ) -> BoxFuture<Vec<Result<bool, StoreError>>> {
-        Box::pin(async move {
-            let n = leases.len();
-            self.run(
-                |caps| caps.renew_many.as_ref(),
-                |batch| batch.renew_many(leases.clone(), ttl),
-                |answers: &Vec<_>| batch_error(answers),
-                || vec![Err(missing("renew in batches")); n],
-            )
-            .await
-        })
-    }
 }
 
 #[cfg(feature = "sentinel")]
@@ -469,22 +429,6 @@ impl Backend {
         ttl: Duration,
     ) -> BoxFuture<Result<bool, StoreError>> {
         Arc::clone(&self.store).renew(key, token, ttl)
-    }
-
-    /// Renews `leases` in one call where the store can, else one call each, concurrently.
-    pub(crate) fn renew_many(
-        &self,
-        leases: Vec<(LockKey, Token)>,
-        ttl: Duration,
-    ) -> BoxFuture<Vec<Result<bool, StoreError>>> {
-        if let Some(batch) = &self.caps.renew_many {
-            return Arc::clone(batch).renew_many(leases, ttl);
-        }
-        let renewals: Vec<_> = leases
-            .into_iter()
-            .map(|(key, token)| self.renew(key, token, ttl))
-            .collect();
-        Box::pin(futures_util::future::join_all(renewals))
     }
 
     /// A release that fails with a timeout error after `limit`.

@@ -29,7 +29,7 @@ pub use self::capability::Capabilities;
 pub(crate) use self::capability::Route;
 pub(crate) use self::capability::{
     Attempt, Backend, HandOff, QueueSignals, QueueWatch, Records, ReleaseNotice, ReleaseNotices,
-    RenewMany, Signal,
+    Signal,
 };
 #[cfg(feature = "cluster")]
 pub use self::cluster::ClusterStore;

@@ -7,8 +7,7 @@ use redis::IntoConnectionInfo;
 use tokio::time::{Instant, timeout};
 
 use super::{
-    Acquire, BoxFuture, Capabilities, LockStore, RedisStore, RenewMany, StoreError, StoreErrorKind,
-    redis::redis_error,
+    Acquire, Capabilities, LockStore, RedisStore, StoreError, StoreErrorKind, redis::redis_error,
 };
 use crate::{error::ConfigError, key::LockKey, token::Token};
 
@@ -326,11 +325,11 @@ impl LockStore for RedlockStore {
         ttl.saturating_sub(self.drift_for(ttl))
     }
 
-    /// Batched renewal: one batch per node (each node's own batched renewal), all nodes at
-    /// once, and a quorum decided per lease as [`renew`](LockStore::renew) decides it.
+    /// Group commit, on each node: the calls of many requests that reach a node together go
+    /// to it in one script call (each node is a [`RedisStore`]).
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            renew_many: Some(Arc::new(self.clone())),
+            group_commit: true,
             ..Capabilities::none()
         }
     }
@@ -373,47 +372,6 @@ impl RedlockStore {
             self.nodes.len(),
             quorum,
         ))
-    }
-}
-
-impl RenewMany for RedlockStore {
-    fn renew_many(
-        self: Arc<Self>,
-        leases: Vec<(LockKey, Token)>,
-        ttl: Duration,
-    ) -> BoxFuture<Vec<Result<bool, StoreError>>> {
-        Box::pin(async move {
-            let start = Instant::now();
-            let limit = self.timeout_for(ttl);
-            let n = leases.len();
-            let per_node = join_all(self.nodes.iter().map(|node| {
-                let batch = Arc::new(node.clone()).renew_many(leases.clone(), ttl);
-                async move {
-                    timeout(limit, batch)
-                        .await
-                        .unwrap_or_else(|_| vec![Err(StoreError::timeout(limit)); n])
-                }
-            }))
-            .await;
-            // Lease by lease: its answers from every node.
-            let mut per_node: Vec<_> = per_node.into_iter().map(Vec::into_iter).collect();
-            (0..leases.len())
-                .map(|_| {
-                    let answers = per_node
-                        .iter_mut()
-                        .map(|node| {
-                            node.next().unwrap_or_else(|| {
-                                Err(StoreError::msg(
-                                    StoreErrorKind::Backend,
-                                    "a Redlock node answered a batch for the wrong number of leases",
-                                ))
-                            })
-                        })
-                        .collect();
-                    self.renewal_quorum(answers, start, ttl)
-                })
-                .collect()
-        })
     }
 }
 

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use crate::{
     key::LockKey,
     store::{
-        Acquire, BoxFuture, Capabilities, LockStore, MemoryStore, Records, RenewMany, StoreError,
+        Acquire, BoxFuture, Capabilities, LockStore, MemoryStore, Records, StoreError,
         StoreErrorKind,
     },
     token::Token,
@@ -30,7 +30,6 @@ use crate::{
 pub(crate) enum Call {
     Acquire,
     Renew,
-    RenewMany(usize),
     Release,
 }
 
@@ -48,8 +47,6 @@ struct State {
     down: AtomicBool,
     /// Renewals answer "not ours" (the lease was deleted behind the holder).
     forget: AtomicBool,
-    /// Batched renewals are offered.
-    batches: AtomicBool,
     /// Records are offered (for the idempotency layer).
     records: AtomicBool,
     /// Releases answer after this many milliseconds.
@@ -61,12 +58,6 @@ impl Scripted {
         let store = Self::default();
         store.state.records.store(true, Ordering::Relaxed);
         store
-    }
-
-    /// Offers batched renewals too.
-    pub(crate) fn batching(self) -> Self {
-        self.state.batches.store(true, Ordering::Relaxed);
-        self
     }
 
     pub(crate) fn set_down(&self, down: bool) {
@@ -146,11 +137,6 @@ impl LockStore for Scripted {
     fn capabilities(&self) -> Capabilities {
         let this = Arc::new(self.clone());
         Capabilities {
-            renew_many: self
-                .state
-                .batches
-                .load(Ordering::Relaxed)
-                .then(|| this.clone() as _),
             records: self
                 .state
                 .records
@@ -158,26 +144,6 @@ impl LockStore for Scripted {
                 .then(|| this as _),
             ..Capabilities::none()
         }
-    }
-}
-
-impl RenewMany for Scripted {
-    fn renew_many(
-        self: Arc<Self>,
-        leases: Vec<(LockKey, Token)>,
-        ttl: Duration,
-    ) -> BoxFuture<Vec<Result<bool, StoreError>>> {
-        Box::pin(async move {
-            if let Err(error) = self.record(Call::RenewMany(leases.len())) {
-                return vec![Err(error); leases.len()];
-            }
-            let mut answers = Vec::with_capacity(leases.len());
-            for (key, token) in &leases {
-                self.forget_if_told(key, token).await;
-                answers.push(self.inner.renew(key, token, ttl).await);
-            }
-            answers
-        })
     }
 }
 

@@ -4,8 +4,9 @@
 use std::{sync::Arc, time::Duration};
 
 use super::{
-    RedisStore, handoff,
-    keys::{CompanionKeys, Ms, ms},
+    RedisStore,
+    commit::{self, Op, Place},
+    handoff,
 };
 use crate::{
     key::LockKey,
@@ -20,44 +21,19 @@ impl RedisStore {
         key: &LockKey,
         token: &Token,
         ttl: Duration,
-        place: Option<Place<'_>>,
+        place: Option<Place>,
     ) -> Result<Answer, StoreError> {
-        let companions = CompanionKeys::new(key);
-        let handoff = self.handoff.is_some();
-        let all_keys = [key.as_bytes(), companions.fence(), companions.queue()];
-        let keys = if handoff {
-            &all_keys[..]
-        } else {
-            &all_keys[..2]
+        let op = Op::Acquire {
+            key: key.clone(),
+            token: token.clone(),
+            ttl,
+            place: place.filter(|_| self.handoff.is_some()),
         };
-        let (ttl_ms, retention, claim) = (ms(ttl), ms(self.fence_retention), ms(self.claim_window));
-        let all_args: [&[u8]; 7] = match &place {
-            Some(place) => [
-                token.as_bytes(),
-                &ttl_ms,
-                &retention,
-                &claim,
-                &place.stamp,
-                place.channel,
-                if place.rescan { b"1" } else { b"0" },
-            ],
-            None => [
-                token.as_bytes(),
-                &ttl_ms,
-                &retention,
-                &claim,
-                b"",
-                b"",
-                b"0",
-            ],
-        };
-        let args = if handoff {
-            &all_args[..]
-        } else {
-            &all_args[..3]
-        };
-        let ((answer, n), acks): ((i64, i64), _) =
-            self.invoke(&self.scripts.acquire, keys, args, true).await?;
+        let commit::Answer {
+            code: answer,
+            n,
+            acks,
+        } = self.submit(op).await?;
         if answer == 1
             && let Err(error) = self.check_acks(acks)
         {
@@ -80,18 +56,6 @@ impl RedisStore {
             3 => Answer::Unheard { expires_in },
             _ => Answer::Attempt(Attempt::Contended { expires_in }),
         })
-    }
-
-    /// The keys and arguments a lock script adds for the hand-off queue (none when off): the
-    /// fencing counter and the queue; the claim window and the counter's retention.
-    pub(super) fn handoff_keys(&self, key: &LockKey) -> Option<CompanionKeys> {
-        self.handoff.as_ref()?;
-        Some(CompanionKeys::new(key))
-    }
-
-    /// The arguments that go with [`handoff_keys`](Self::handoff_keys).
-    pub(super) fn handoff_args(&self) -> [Ms; 2] {
-        [ms(self.claim_window), ms(self.fence_retention)]
     }
 }
 
@@ -117,14 +81,6 @@ impl Answer {
     }
 }
 
-/// Where a waiter joins a hand-off queue: its entry is its token, `stamp` and `channel`.
-pub(super) struct Place<'a> {
-    stamp: [u8; 16],
-    channel: &'a [u8],
-    /// A later attempt, which may find the waiter queued already.
-    rescan: bool,
-}
-
 impl RedisStore {
     /// Queues a caller that will wait (see [`HandOff::enqueue`]).
     async fn enqueue_now(
@@ -146,7 +102,7 @@ impl RedisStore {
             // (`ready` starts the subscriber again if its runtime shut down.)
             let place = handoff.ready().await.then(|| Place {
                 stamp: handoff::stamp(),
-                channel: handoff.channel().as_bytes(),
+                channel: handoff.channel_arc(),
                 rescan: handoff.is_registered(token),
             });
             match self.attempt(key, token, ttl, place).await? {

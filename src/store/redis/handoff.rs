@@ -269,8 +269,9 @@ impl Handoff {
     }
 
     /// The channel this store's waiters are told on.
-    pub(crate) fn channel(&self) -> &str {
-        &self.channel
+    /// The channel, shared (no copy), for a queue entry.
+    pub(crate) fn channel_arc(&self) -> Arc<str> {
+        Arc::clone(&self.channel)
     }
 
     /// Registers `token`'s waiter, after its attempt answered that it is queued; a message

@@ -3,17 +3,17 @@
 //! The type, its constructors and settings, and its four operations are here; each concern
 //! of its own file: the transport (`connection`), the Lua scripts and their loading
 //! (`scripts`, `scripts/*.lua`), the acquire script and the hand-off queue it keeps
-//! (`acquire`), the hand-off's pub/sub subscription (`handoff`), renewals in batches
-//! (`renew`), idempotency records (`records`), native compare commands (`native`), replica
+//! (`acquire`), the hand-off's pub/sub subscription (`handoff`), group commit (`commit`: the
+//! operations of many requests in one script call), idempotency records (`records`), native compare commands (`native`), replica
 //! acknowledgement (`replicas`), and the names of the keys next to a lock key (`keys`).
 
 mod acquire;
+mod commit;
 mod connection;
 mod handoff;
 mod keys;
 mod native;
 mod records;
-mod renew;
 mod replicas;
 mod scripts;
 
@@ -30,14 +30,14 @@ use redis::{
 };
 use tokio::sync::OnceCell;
 
-pub(crate) use self::{connection::redis_error, handoff::Handoff};
 use self::{
+    commit::{Committer, Op},
     connection::{Request, Transport, manager_config},
-    keys::ms,
-    native::{NativeRelease, NativeState, info_text},
+    native::{NativeState, info_text},
     replicas::ReplicaAcks,
     scripts::{LUA, Scripts},
 };
+pub(crate) use self::{connection::redis_error, handoff::Handoff};
 use super::{
     Acquire, Capabilities, LockStore, StoreError,
     eviction::{Eviction, ServerEviction},
@@ -116,6 +116,10 @@ pub struct RedisStore {
     claim_window: Duration,
     /// The server's address, for the hand-off's own connection (stores made by `connect`).
     client: Option<Client>,
+    /// Group commit: the operations waiting for the call in flight. Shared by clones; a copy
+    /// with other settings (the setters below) gets a queue of its own, since a batch is sent
+    /// with one store's settings.
+    committer: Arc<Committer>,
 }
 
 impl RedisStore {
@@ -193,15 +197,16 @@ impl RedisStore {
             .connection_timeout(Duration::from_secs(1))
     }
 
-    /// The Lua scripts this store runs, by name, exactly as it sends them (`acquire`,
-    /// `release`, `renew`, `renew_many`, `record_lookup`, `record_complete`): for a security
+    /// The Lua scripts this store runs, by name, exactly as it sends them: `ops` (a batch of
+    /// acquires, releases, renewals and idempotent completions, see
+    /// `src/store/redis/scripts/ops.lua` for its arguments) and `record_lookup`. For a security
     /// review, an ACL audit (see `docs/TOPOLOGY.md`), or a tool that sends them by hand.
     ///
     /// ```
     /// use tower_lock::RedisStore;
     ///
     /// let (name, source) = RedisStore::lua_scripts().next().unwrap();
-    /// assert_eq!(name, "acquire");
+    /// assert_eq!(name, "ops");
     /// assert!(source.contains("'SET', lock, token, 'NX', 'PX', ttl"));
     /// ```
     pub fn lua_scripts() -> impl Iterator<Item = (&'static str, &'static str)> {
@@ -215,7 +220,7 @@ impl RedisStore {
     #[must_use]
     pub fn fence_retention(mut self, retention: Duration) -> Self {
         self.fence_retention = retention.max(Duration::from_millis(1));
-        self
+        self.own_queue()
     }
 
     /// After each acquire and renewal, waits until `replicas` replicas have acknowledged it, for
@@ -245,7 +250,7 @@ impl RedisStore {
             replicas,
             timeout: timeout.max(Duration::from_millis(1)),
         });
-        self
+        self.own_queue()
     }
 
     /// Whether to use the server's native compare commands for renew and release where it has
@@ -301,7 +306,7 @@ impl RedisStore {
             }
             _ => None,
         };
-        self
+        self.own_queue()
     }
 
     /// Uses `handoff` (or none) for this store's waiters: a
@@ -311,7 +316,7 @@ impl RedisStore {
     #[cfg(feature = "sentinel")]
     pub(crate) fn attach_handoff(mut self, handoff: Option<Arc<Handoff>>) -> Self {
         self.handoff = handoff;
-        self
+        self.own_queue()
     }
 
     /// How long a key handed to a waiter stays reserved for it before it must confirm
@@ -322,7 +327,7 @@ impl RedisStore {
     #[must_use]
     pub fn claim_window(mut self, window: Duration) -> Self {
         self.claim_window = window.max(Duration::from_millis(10));
-        self
+        self.own_queue()
     }
 
     /// Asks the server now for its eviction policy (`maxmemory-policy`, from `INFO memory`):
@@ -406,6 +411,12 @@ impl RedisStore {
         }
     }
 
+    /// A group-commit queue of its own, for a copy with other settings.
+    fn own_queue(mut self) -> Self {
+        self.committer = Arc::default();
+        self
+    }
+
     fn with_client(mut self, client: Client) -> Self {
         self.client = Some(client);
         self
@@ -434,6 +445,7 @@ impl RedisStore {
             handoff: None,
             claim_window: DEFAULT_CLAIM_WINDOW,
             client: None,
+            committer: Arc::default(),
         }
     }
 }
@@ -449,87 +461,32 @@ impl LockStore for RedisStore {
     }
 
     async fn renew(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<bool, StoreError> {
-        // With WAIT on, renewals stay on Lua: one pipelined round trip either way.
-        if self.replicas.is_none() && self.native().await.set_ifeq {
-            let mut set = redis::cmd("SET");
-            set.arg(key.as_bytes())
-                .arg(token.as_bytes())
-                .arg("IFEQ")
-                .arg(token.as_bytes())
-                .arg("PX")
-                .arg(&*ms(ttl));
-            if let Some(reply) = self.native_query(&set).await? {
-                // OK when it matched, nil when it did not.
-                return Ok(matches!(reply, Value::Okay | Value::SimpleString(_)));
-            }
+        let op = Op::Renew {
+            key: key.clone(),
+            token: token.clone(),
+            ttl,
+        };
+        let answer = self.submit(op).await?;
+        if answer.code == 1 {
+            self.check_acks(answer.acks)?;
         }
-        let (n, acks): (i64, _) = self
-            .invoke(
-                &self.scripts.renew,
-                &[key.as_bytes()],
-                &[token.as_bytes(), &ms(ttl)],
-                true,
-            )
-            .await?;
-        if n == 1 {
-            self.check_acks(acks)?;
-        }
-        Ok(n == 1)
+        Ok(answer.code == 1)
     }
 
     async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, StoreError> {
-        // A native delete cannot hand the key on, so with hand-off it is Lua.
-        if let Some(native) = self
-            .native()
-            .await
-            .release
-            .filter(|_| self.handoff.is_none())
-        {
-            let mut del = match native {
-                NativeRelease::DelIfEq => redis::cmd("DELIFEQ"),
-                NativeRelease::DelEx => redis::cmd("DELEX"),
-            };
-            del.arg(key.as_bytes());
-            if native == NativeRelease::DelEx {
-                del.arg("IFEQ");
-            }
-            del.arg(token.as_bytes());
-            if let Some(reply) = self.native_query(&del).await? {
-                let n: i64 = redis::from_redis_value(reply).map_err(|e| redis_error(e.into()))?;
-                return Ok(n == 1);
-            }
-        }
-        let extra = self.handoff_keys(key);
-        let args = self.handoff_args();
-        let (n, _): (i64, _) = match &extra {
-            Some(companions) => {
-                self.invoke(
-                    &self.scripts.release,
-                    &[key.as_bytes(), companions.fence(), companions.queue()],
-                    &[token.as_bytes(), &args[0], &args[1]],
-                    false,
-                )
-                .await?
-            }
-            None => {
-                self.invoke(
-                    &self.scripts.release,
-                    &[key.as_bytes()],
-                    &[token.as_bytes()],
-                    false,
-                )
-                .await?
-            }
+        let op = Op::Release {
+            key: key.clone(),
+            token: token.clone(),
         };
-        Ok(n == 1)
+        Ok(self.submit(op).await?.code == 1)
     }
 
-    /// Batched renewal; hand-off (stores made by [`connect`](Self::connect), unless turned
-    /// off); idempotency records.
+    /// Group commit; hand-off (stores made by [`connect`](Self::connect), unless turned off);
+    /// idempotency records.
     fn capabilities(&self) -> Capabilities {
         let this = Arc::new(self.clone());
         Capabilities {
-            renew_many: Some(this.clone()),
+            group_commit: true,
             hand_off: self.handoff.is_some().then(|| this.clone() as _),
             records: Some(this),
             ..Capabilities::none()

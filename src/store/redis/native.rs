@@ -3,14 +3,17 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use std::time::Duration;
+
 use redis::{Cmd, ErrorKind, Value};
 use tokio::sync::OnceCell;
 
+use super::keys::ms;
 use super::{
     RedisStore,
     connection::{Request, redis_error},
 };
-use crate::store::StoreError;
+use crate::{key::LockKey, store::StoreError, token::Token};
 
 /// Which compare commands the server has, asked once.
 #[derive(Debug, Default)]
@@ -117,6 +120,67 @@ impl RedisStore {
 }
 
 /// `INFO`'s text; a cluster answers with one text per node, joined here.
+impl RedisStore {
+    /// A renewal with `SET key token IFEQ token PX ttl`, where the server has it and replicas
+    /// need not acknowledge (with `WAIT`, renewals stay on the script: one round trip either
+    /// way); `None`: use the script.
+    pub(super) async fn native_renew(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Option<bool>, StoreError> {
+        if self.replicas.is_some() || !self.native().await.set_ifeq {
+            return Ok(None);
+        }
+        let mut set = redis::cmd("SET");
+        set.arg(key.as_bytes())
+            .arg(token.as_bytes())
+            .arg("IFEQ")
+            .arg(token.as_bytes())
+            .arg("PX")
+            .arg(&*ms(ttl));
+        // OK when it matched, nil when it did not.
+        Ok(self
+            .native_query(&set)
+            .await?
+            .map(|reply| matches!(reply, Value::Okay | Value::SimpleString(_))))
+    }
+
+    /// A release with `DELIFEQ` or `DELEX … IFEQ`, where the server has one and there is no
+    /// hand-off (a native delete cannot hand the key on); `None`: use the script.
+    pub(super) async fn native_release(
+        &self,
+        key: &LockKey,
+        token: &Token,
+    ) -> Result<Option<bool>, StoreError> {
+        let Some(native) = self
+            .native()
+            .await
+            .release
+            .filter(|_| self.handoff.is_none())
+        else {
+            return Ok(None);
+        };
+        let mut del = match native {
+            NativeRelease::DelIfEq => redis::cmd("DELIFEQ"),
+            NativeRelease::DelEx => redis::cmd("DELEX"),
+        };
+        del.arg(key.as_bytes());
+        if native == NativeRelease::DelEx {
+            del.arg("IFEQ");
+        }
+        del.arg(token.as_bytes());
+        match self.native_query(&del).await? {
+            Some(reply) => {
+                let n: i64 = redis::from_redis_value(reply).map_err(|e| redis_error(e.into()))?;
+                Ok(Some(n == 1))
+            }
+            None => Ok(None),
+        }
+    }
+}
+
 pub(super) fn info_text(value: Value) -> String {
     match value {
         Value::BulkString(bytes) => String::from_utf8_lossy(&bytes).into_owned(),

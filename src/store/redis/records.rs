@@ -9,20 +9,16 @@ use std::{
 use bytes::Bytes;
 use redis::Script;
 
-use super::{
-    RedisStore,
-    keys::{ms, record_key},
-    scripts::lua,
-};
+use super::{RedisStore, commit::Op, keys::record_key, scripts::lua};
 use crate::{
     key::LockKey,
     store::{BoxFuture, Records, StoreError},
     token::Token,
 };
 
-/// Built once: `redis::Script` hashes its source, and the store reloads it on `NOSCRIPT`.
+/// Built once: `redis::Script` hashes its source, and the store reloads it on `NOSCRIPT`. A
+/// record is written with the release, by the batch script (`Op::Complete`).
 static LOOKUP: LazyLock<Script> = LazyLock::new(|| Script::new(lua("record_lookup")));
-static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(lua("record_complete")));
 
 impl RedisStore {
     async fn lookup_now(&self, key: &LockKey) -> Result<Option<Bytes>, StoreError> {
@@ -37,21 +33,15 @@ impl RedisStore {
         key: &LockKey,
         token: &Token,
         record: Bytes,
-        retention: Duration,
+        keep: Duration,
     ) -> Result<bool, StoreError> {
-        let record_key = record_key(key);
-        let mut keys: Vec<&[u8]> = vec![key.as_bytes(), &record_key];
-        let retention = ms(retention);
-        let mut args: Vec<&[u8]> = vec![token.as_bytes(), &record, &retention];
-        // The lock's fencing counter and queue, and their arguments, with hand-off on.
-        let companions = self.handoff_keys(key);
-        let handoff_args = self.handoff_args();
-        if let Some(companions) = &companions {
-            keys.extend([companions.fence(), companions.queue()]);
-            args.extend([&handoff_args[0][..], &handoff_args[1][..]]);
-        }
-        let (done, _): (i64, _) = self.invoke(&COMPLETE, &keys, &args, false).await?;
-        Ok(done == 1)
+        let op = Op::Complete {
+            key: key.clone(),
+            token: token.clone(),
+            record,
+            keep,
+        };
+        Ok(self.submit(op).await?.code == 1)
     }
 }
 

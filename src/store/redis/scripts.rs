@@ -17,10 +17,8 @@ use super::{
 use crate::store::StoreError;
 
 pub(super) struct Scripts {
-    pub(super) acquire: Script,
-    pub(super) renew: Script,
-    pub(super) renew_many: Script,
-    pub(super) release: Script,
+    /// A batch of acquires, releases, renewals and idempotent completions.
+    pub(super) ops: Script,
     /// This store's loads of each script, by hash (see `RedisStore::reload`).
     loads: Mutex<HashMap<String, Load>>,
 }
@@ -37,42 +35,24 @@ struct Load {
 /// The longest a shared script load may take before the next call that needs it starts another.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The fencing token function, first in every script that takes or gives up a lock.
-const FENCE_LUA: &str = include_str!("scripts/fence.lua");
-
-/// The hand-off functions, inserted at a lock script's `-- @handoff` line (after its fast path).
-const HANDOFF_LUA: &str = include_str!("scripts/handoff.lua");
-
-/// A script that takes or gives up a lock: the fencing function, then `body` with the hand-off
-/// functions in place of its `-- @handoff` line.
-fn lock_script(body: &str) -> String {
-    debug_assert!(
-        body.contains("-- @handoff\n"),
-        "a lock script without -- @handoff"
-    );
-    format!(
-        "{FENCE_LUA}{}",
-        body.replacen("-- @handoff\n", HANDOFF_LUA, 1)
-    )
-}
+/// The functions of the batch script, then its reader, in the order they are defined.
+const OPS_PARTS: [&str; 7] = [
+    include_str!("scripts/fence.lua"),
+    include_str!("scripts/handoff.lua"),
+    include_str!("scripts/acquire.lua"),
+    include_str!("scripts/release.lua"),
+    include_str!("scripts/renew.lua"),
+    include_str!("scripts/record_complete.lua"),
+    include_str!("scripts/ops.lua"),
+];
 
 /// Every script a [`RedisStore`] runs, by name, put together once per process.
-pub(super) static LUA: LazyLock<[(&str, String); 6]> = LazyLock::new(|| {
+pub(super) static LUA: LazyLock<[(&str, String); 2]> = LazyLock::new(|| {
     [
-        ("acquire", lock_script(include_str!("scripts/acquire.lua"))),
-        ("release", lock_script(include_str!("scripts/release.lua"))),
-        ("renew", include_str!("scripts/renew.lua").to_owned()),
-        (
-            "renew_many",
-            include_str!("scripts/renew_many.lua").to_owned(),
-        ),
+        ("ops", OPS_PARTS.concat()),
         (
             "record_lookup",
             include_str!("scripts/record_lookup.lua").to_owned(),
-        ),
-        (
-            "record_complete",
-            lock_script(include_str!("scripts/record_complete.lua")),
         ),
     ]
 });
@@ -88,10 +68,7 @@ pub(crate) fn lua(name: &str) -> &'static str {
 impl Scripts {
     pub(super) fn new() -> Arc<Self> {
         Arc::new(Self {
-            acquire: Script::new(lua("acquire")),
-            renew: Script::new(lua("renew")),
-            renew_many: Script::new(lua("renew_many")),
-            release: Script::new(lua("release")),
+            ops: Script::new(lua("ops")),
             loads: Mutex::default(),
         })
     }
@@ -120,6 +97,16 @@ impl RedisStore {
         for arg in args {
             eval.arg(*arg);
         }
+        self.invoke_cmd(script, eval, replicate).await
+    }
+
+    /// [`invoke`](Self::invoke) for an `EVALSHA` of `script` the caller put together.
+    pub(super) async fn invoke_cmd<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        eval: Cmd,
+        replicate: bool,
+    ) -> Result<(T, Option<i64>), StoreError> {
         let wait = self.replicas.filter(|_| replicate);
         let pipe = wait.map(|acks| {
             let mut pipe = redis::pipe();
