@@ -49,7 +49,6 @@ fn config(name: &str, processes: u8, faults: Faults) -> Config {
         delays: true,
         start_together: false,
         completes: vec![],
-        batches: vec![],
         key_agrees: true,
         fallback_timer: true,
         sources: Sources::crate_scripts(),
@@ -176,14 +175,13 @@ fn four_processes_with_two_hung() {
     holds(c);
 }
 
-/// The idempotency layer's release (`complete.lua`, the record and the release in one script)
-/// and batched renewal (`renew_many.lua`) in place of `release.lua` and `renew.lua`.
+/// The idempotency layer's release (`complete`: the record and the release in one operation)
+/// in place of the plain release.
 #[test]
-fn idempotency_release_and_batched_renewal() {
-    let mut c = config("3 processes, complete.lua + renew_many.lua", 3, faults(1));
+fn idempotency_release() {
+    let mut c = config("3 processes, complete", 3, faults(1));
     c.start_together = true;
     c.completes = vec![0, 1, 2];
-    c.batches = vec![0, 1, 2];
     holds(c);
 }
 
@@ -199,8 +197,8 @@ fn a_release_without_its_token_check_breaks_exclusion() {
     c.faults.lose = false;
     c.start_together = true;
     c.delays = false;
-    c.sources.release = broken(
-        &c.sources.release,
+    c.sources.ops = broken(
+        &c.sources.ops,
         "local held = redis.call('GET', lock) == token",
         "local held = redis.call('GET', lock) ~= false",
     );
@@ -224,8 +222,8 @@ fn a_hand_over_past_the_head_breaks_first_come_first_served() {
     let skip_head = "local head = redis.call('LPOP', queue)\n    \
         if head and redis.call('LLEN', queue) > 0 then\n      \
         redis.call('RPUSH', queue, head)\n      head = redis.call('LPOP', queue)\n    end";
-    c.sources.release = broken(
-        &c.sources.release,
+    c.sources.ops = broken(
+        &c.sources.ops,
         "local head = redis.call('LPOP', queue)",
         skip_head,
     );
@@ -241,8 +239,8 @@ fn an_acquire_that_ignores_the_queue_lets_newcomers_barge() {
     c.faults.give_up = false;
     c.faults.lose = false;
     c.delays = false;
-    c.sources.acquire = broken(
-        &c.sources.acquire,
+    c.sources.ops = broken(
+        &c.sources.ops,
         "if took and (not queue or redis.call('LLEN', queue) == 0) then",
         "if took then",
     );
@@ -255,10 +253,9 @@ fn a_fencing_counter_that_does_not_count_breaks_fencing_order() {
     let mut c = config("broken: fencing counter does not count", 3, faults(0));
     c.start_together = true;
     c.delays = false;
-    let from = "local fence = math.max(last + 1, micros)";
-    let to = "local fence = math.max(last, micros, 1)";
-    c.sources.acquire = broken(&c.sources.acquire, from, to);
-    c.sources.release = broken(&c.sources.release, from, to);
+    let from = "local fence = math.max(last + 1, fence_now)";
+    let to = "local fence = math.max(last, fence_now, 1)";
+    c.sources.ops = broken(&c.sources.ops, from, to);
     assert_eq!(fails(c).0, Property::FencingOrder);
 }
 
@@ -290,8 +287,8 @@ fn a_hand_over_that_skips_dead_waiters_without_asking_still_holds() {
     c.faults.lose = false;
     c.start_together = true;
     c.delays = false;
-    c.sources.release = broken(
-        &c.sources.release,
+    c.sources.ops = broken(
+        &c.sources.ops,
         "if redis.call('PUBSUB', 'NUMSUB', channel)[2] > 0 then",
         "if true then",
     );
@@ -314,7 +311,6 @@ async fn the_model_redis_answers_as_redis_server_does() {
     assert!(report.violation.is_none(), "{report}");
     let mut c = config("3 processes, together, 1 failure (replayed)", 3, faults(1));
     c.start_together = true;
-    c.batches = vec![0, 1, 2];
     let mut other = Model::new(c);
     assert!(check_model(&mut other).violation.is_none());
     let a = model::differential::replay(&model, &server.url(), 1500).await;

@@ -79,11 +79,8 @@ pub(crate) struct Faults {
 /// The scripts the model runs: the crate's, or a deliberately broken variant.
 #[derive(Clone, Debug)]
 pub(crate) struct Sources {
-    pub(crate) acquire: String,
-    pub(crate) release: String,
-    pub(crate) renew: String,
-    pub(crate) renew_many: String,
-    pub(crate) complete: String,
+    /// The batch script every lock operation goes through (a model request is a batch of one).
+    pub(crate) ops: String,
 }
 
 impl Sources {
@@ -95,13 +92,7 @@ impl Sources {
                 .map(|(_, source)| source.to_owned())
                 .unwrap_or_else(|| panic!("the crate has no script {name}"))
         };
-        Self {
-            acquire: get("acquire"),
-            release: get("release"),
-            renew: get("renew"),
-            renew_many: get("renew_many"),
-            complete: get("record_complete"),
-        }
+        Self { ops: get("ops") }
     }
 }
 
@@ -123,8 +114,6 @@ pub(crate) struct Config {
     pub(crate) start_together: bool,
     /// Processes that release with the idempotency layer's `complete.lua` instead.
     pub(crate) completes: Vec<u8>,
-    /// Processes that renew with `renew_many.lua` (a batch) instead of `renew.lua`.
-    pub(crate) batches: Vec<u8>,
     /// Check that a process that believes it holds the key holds it in Redis (stronger than
     /// exclusion, and so found a step earlier).
     pub(crate) key_agrees: bool,
@@ -335,11 +324,7 @@ pub(crate) struct Model {
 }
 
 struct Scripts {
-    acquire: usize,
-    release: usize,
-    renew: usize,
-    renew_many: usize,
-    complete: usize,
+    ops: usize,
 }
 
 pub(crate) struct Keys {
@@ -353,6 +338,11 @@ pub(crate) struct Keys {
     record_value: Val,
     zero: Val,
     one: Val,
+    /// The batch script's operation kinds.
+    kind_acquire: Val,
+    kind_release: Val,
+    kind_renew: Val,
+    kind_complete: Val,
     /// `tokens[p][acq]`, `acq` from 1.
     tokens: Vec<Vec<Val>>,
     pub(crate) channels: Vec<Val>,
@@ -382,11 +372,7 @@ impl Model {
         let mut redis = Redis::new(Rc::clone(&interner));
         let s = &config.sources;
         let scripts = Scripts {
-            acquire: redis.load("acquire.lua", &s.acquire),
-            release: redis.load("release.lua", &s.release),
-            renew: redis.load("renew.lua", &s.renew),
-            renew_many: redis.load("renew_many.lua", &s.renew_many),
-            complete: redis.load("complete.lua", &s.complete),
+            ops: redis.load("ops.lua", &s.ops),
         };
         let keys = {
             let mut i = interner.borrow_mut();
@@ -403,6 +389,10 @@ impl Model {
                 record_value: id("record"),
                 zero: id("0"),
                 one: id("1"),
+                kind_acquire: id("a"),
+                kind_release: id("r"),
+                kind_renew: id("n"),
+                kind_complete: id("c"),
                 tokens: (0..config.processes)
                     .map(|p| {
                         (0..=config.acquisitions)
@@ -416,7 +406,7 @@ impl Model {
             }
         };
         let mut groups: Vec<Vec<u8>> = Vec::new();
-        let role = |p: u8| (config.completes.contains(&p), config.batches.contains(&p));
+        let role = |p: u8| config.completes.contains(&p);
         for p in 0..config.processes {
             match groups.iter_mut().find(|g| role(g[0]) == role(p)) {
                 Some(g) => g.push(p),
@@ -875,38 +865,36 @@ impl Model {
         let t = self.config.timing;
         let token = k.tokens[usize::from(p)][usize::from(req.acq)];
         let channel = k.channels[usize::from(p)];
-        let (script, keys, args) = match req.op {
+        // The batch script's arguments: hand-off on, the claim window, the counters' retention,
+        // then the one operation (see `ops.lua`).
+        let mut args = vec![k.one, k.claim, k.retention];
+        let keys = match req.op {
             Op::Acquire { stamp, rescan } => {
                 let stamp = self.interner.borrow_mut().id(stamp_text(stamp).as_bytes());
-                (
-                    self.scripts.acquire,
-                    vec![k.lock, k.fence, k.queue],
-                    vec![
-                        token,
-                        k.ttl,
-                        k.retention,
-                        k.claim,
-                        stamp,
-                        channel,
-                        if rescan { k.one } else { k.zero },
-                    ],
-                )
+                args.extend([
+                    k.kind_acquire,
+                    token,
+                    k.ttl,
+                    stamp,
+                    channel,
+                    if rescan { k.one } else { k.zero },
+                ]);
+                vec![k.lock, k.fence, k.queue]
             }
-            Op::Renew if self.config.batches.contains(&p) => {
-                (self.scripts.renew_many, vec![k.lock], vec![k.ttl, token])
+            Op::Renew => {
+                args.extend([k.kind_renew, token, k.ttl]);
+                vec![k.lock]
             }
-            Op::Renew => (self.scripts.renew, vec![k.lock], vec![token, k.ttl]),
-            Op::Release if self.config.completes.contains(&p) => (
-                self.scripts.complete,
-                vec![k.lock, k.record, k.fence, k.queue],
-                vec![token, k.record_value, k.retention, k.claim, k.retention],
-            ),
-            Op::Release => (
-                self.scripts.release,
-                vec![k.lock, k.fence, k.queue],
-                vec![token, k.claim, k.retention],
-            ),
+            Op::Release if self.config.completes.contains(&p) => {
+                args.extend([k.kind_complete, token, k.record_value, k.retention]);
+                vec![k.lock, k.record, k.fence, k.queue]
+            }
+            Op::Release => {
+                args.extend([k.kind_release, token]);
+                vec![k.lock, k.fence, k.queue]
+            }
         };
+        let script = self.scripts.ops;
         let subscribed: Vec<Val> = s
             .procs
             .iter()
@@ -939,8 +927,7 @@ impl Model {
                 v[0].int().expect("acquire code"),
                 v[1].int().expect("acquire value"),
             ),
-            (Op::Renew, Reply::Array(v)) if v.len() == 1 => (v[0].int().expect("renewed"), 0),
-            (_, Reply::Int(n)) => (*n, 0),
+            (_, Reply::Array(v)) if v.len() == 2 => (v[0].int().expect("an answer"), 0),
             (op, other) => panic!("unexpected answer {} to {op:?}", show(other)),
         };
         let reply = (

@@ -8,9 +8,13 @@
 //! the number of requests, and each operation's share of Redis's per-command cost (reading,
 //! parsing, dispatch, the reply) falls with the batch's size.
 //!
-//! Order is kept: one call at a time per store, operations in arrival order within it. An
-//! acquire whose caller gave up before its batch was sent is left out; once sent, its release
-//! (which the caller's guard sends) comes in a later call, after it.
+//! Order is kept: on one connection, one call at a time, operations in arrival order within
+//! it. An acquire whose caller gave up before its batch was sent is left out; once sent, its
+//! release (which the caller's guard sends) comes in a later call, after it. Through a bb8
+//! pool, a few calls go at once ([`Committer::POOL_WINDOW`]), each on its own connection, so
+//! that a stalled checkout does not hold up the others; a release may then overtake its own
+//! acquire if the caller gave up on it while it was in flight, as it could before batching,
+//! and the key is then held until its TTL.
 
 use std::{
     sync::{Arc, Mutex, PoisonError, atomic::Ordering},
@@ -18,7 +22,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind};
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::{runtime::Handle, sync::oneshot};
 
 use super::{
@@ -95,15 +99,21 @@ pub(super) struct Answer {
 }
 
 /// The queue of one store (shared by its clones).
-#[derive(Default)]
 pub(super) struct Committer {
+    /// The most calls in flight at once: 1 on one connection (Redis answers in order, and a
+    /// stalled call stalls the connection anyway), more through a pool, whose connections
+    /// answer independently, so that one stalled checkout or connection does not hold up the
+    /// others.
+    window: usize,
     state: Mutex<State>,
 }
 
 #[derive(Default)]
 struct State {
-    /// A call is in flight, or a task is sending the queue.
-    busy: bool,
+    /// Calls in flight: lone operations sent from their callers' futures, and the task
+    /// sending the queue (one, while `driving`).
+    in_flight: usize,
+    driving: bool,
     queue: Vec<Queued>,
 }
 
@@ -113,8 +123,42 @@ struct Queued {
 }
 
 impl Committer {
+    /// The calls a pool store keeps in flight before operations queue for a batch.
+    pub(super) const POOL_WINDOW: usize = 4;
+
+    pub(super) fn new(window: usize) -> Self {
+        Self {
+            window: window.max(1),
+            state: Mutex::default(),
+        }
+    }
+
+    pub(super) fn window(&self) -> usize {
+        self.window
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A call ended: starts the task that sends the queue if there is one to send and nobody
+    /// sending it.
+    fn ended(&self, store: &RedisStore) {
+        let mut state = self.state();
+        state.in_flight -= 1;
+        if state.queue.is_empty() || state.driving {
+            return;
+        }
+        match Handle::try_current() {
+            Ok(handle) => {
+                state.driving = true;
+                state.in_flight += 1;
+                drop(state);
+                handle.spawn(drive(store.clone()));
+            }
+            // No runtime to send it on (it is shutting down): the queued callers hear that.
+            Err(_) => state.queue.clear(),
+        }
     }
 }
 
@@ -127,12 +171,13 @@ impl RedisStore {
         }
         let turn = {
             let mut state = self.committer.state();
-            if state.busy {
+            // Behind a queue, an operation joins it, so that operations go in arrival order.
+            if state.in_flight >= self.committer.window || !state.queue.is_empty() {
                 let (reply, answer) = oneshot::channel();
                 state.queue.push(Queued { op, reply });
                 Turn::Queued(answer)
             } else {
-                state.busy = true;
+                state.in_flight += 1;
                 Turn::Lead(op)
             }
         };
@@ -153,31 +198,15 @@ impl RedisStore {
     }
 }
 
-/// Hands the queue over when the lone operation's call ends, answered or dropped: to a task
-/// that sends it, or to nobody if it is empty.
+/// Ends a lone operation's call, answered or dropped, and hands the queue to a task that sends
+/// it, if there is one.
 struct Lead<'a> {
     store: &'a RedisStore,
 }
 
 impl Drop for Lead<'_> {
     fn drop(&mut self) {
-        let mut state = self.store.committer.state();
-        if state.queue.is_empty() {
-            state.busy = false;
-            return;
-        }
-        drop(state);
-        match Handle::try_current() {
-            Ok(handle) => {
-                handle.spawn(drive(self.store.clone()));
-            }
-            // No runtime to send it on (it is shutting down): the queued callers hear that.
-            Err(_) => {
-                let mut state = self.store.committer.state();
-                state.busy = false;
-                state.queue.clear();
-            }
-        }
+        self.store.committer.ended(self.store);
     }
 }
 
@@ -189,7 +218,8 @@ async fn drive(store: RedisStore) {
     impl Drop for Stop<'_> {
         fn drop(&mut self) {
             let mut state = self.0.committer.state();
-            state.busy = false;
+            state.driving = false;
+            state.in_flight -= 1;
             state.queue.clear();
         }
     }
@@ -200,7 +230,8 @@ async fn drive(store: RedisStore) {
             // Callers that gave up (dropped) before their batch was sent are left out.
             state.queue.retain(|q| !q.reply.is_closed());
             if state.queue.is_empty() {
-                state.busy = false;
+                state.driving = false;
+                state.in_flight -= 1;
                 std::mem::forget(stop);
                 return;
             }
@@ -393,18 +424,12 @@ impl RedisStore {
             }
         }
         let replicate = ops.iter().any(Op::replicates);
-        let answer: Result<(Vec<i64>, Option<i64>), StoreError> =
+        let answer: Result<(Vec<Value>, Option<i64>), StoreError> =
             self.invoke_cmd(&self.scripts.ops, eval, replicate).await;
         match answer {
-            Ok((numbers, acks)) if numbers.len() == 2 * ops.len() => numbers
+            Ok((values, acks)) if values.len() == 2 * ops.len() => values
                 .chunks_exact(2)
-                .map(|pair| {
-                    Ok(Answer {
-                        code: pair[0],
-                        n: pair[1],
-                        acks,
-                    })
-                })
+                .map(|pair| answer_of(&pair[0], &pair[1], acks))
                 .collect(),
             Ok(_) => {
                 let error = StoreError::msg(
@@ -417,6 +442,28 @@ impl RedisStore {
         }
     }
 }
+
+/// One operation's answer in the batch script's reply: its code and number, or (code -1)
+/// Redis's refusal of that operation alone.
+fn answer_of(code: &Value, n: &Value, acks: Option<i64>) -> Result<Answer, StoreError> {
+    let code = match code {
+        Value::Int(code) => *code,
+        _ => return Err(StoreError::msg(StoreErrorKind::Backend, UNREADABLE)),
+    };
+    match n {
+        Value::Int(n) if code >= 0 => Ok(Answer { code, n: *n, acks }),
+        Value::BulkString(message) if code == -1 => Err(StoreError::msg(
+            StoreErrorKind::Backend,
+            format!(
+                "Redis refused the lock operation: {}",
+                String::from_utf8_lossy(message)
+            ),
+        )),
+        _ => Err(StoreError::msg(StoreErrorKind::Backend, UNREADABLE)),
+    }
+}
+
+const UNREADABLE: &str = "the lock script's answer could not be read";
 
 /// Whether `error` is Redis refusing a script over keys of several hash slots.
 fn is_cross_slot(error: &StoreError) -> bool {

@@ -413,7 +413,7 @@ impl RedisStore {
 
     /// A group-commit queue of its own, for a copy with other settings.
     fn own_queue(mut self) -> Self {
-        self.committer = Arc::default();
+        self.committer = Arc::new(Committer::new(self.committer.window()));
         self
     }
 
@@ -432,6 +432,10 @@ impl RedisStore {
     }
 
     fn with(transport: Transport) -> Self {
+        let window = match transport {
+            Transport::Pool(_) => Committer::POOL_WINDOW,
+            _ => 1,
+        };
         Self {
             transport,
             scripts: Scripts::new(),
@@ -445,7 +449,7 @@ impl RedisStore {
             handoff: None,
             claim_window: DEFAULT_CLAIM_WINDOW,
             client: None,
-            committer: Arc::default(),
+            committer: Arc::new(Committer::new(window)),
         }
     }
 }

@@ -13,9 +13,19 @@
 -- | `n` renew | lock | token, ttl ms |
 -- | `c` complete | lock, record (, fencing counter, queue) | token, record, record ttl ms |
 --
--- Returns two numbers per operation: for an acquire its code and number (see `acquire`), for the
--- others 1 or 0, then 0. Every key of one call is in one hash slot on a cluster (the caller
--- groups operations by slot).
+-- Returns two values per operation: for an acquire its code and number (see `acquire`), for the
+-- others 1 or 0, then 0; for an operation Redis refused (a key of the wrong type, say), -1 and
+-- Redis's message. One operation's error does not stop the others, and the fencing counters
+-- are saved whatever happened. Every key of one call is in one hash slot on a cluster (the
+-- caller groups operations by slot).
+local function run(f, ...)
+  local ok, code, n = pcall(f, ...)
+  if ok then
+    return code, n or 0
+  end
+  return -1, type(code) == 'table' and code.err or tostring(code)
+end
+
 local handoff = ARGV[1] == '1'
 local claim, retention = ARGV[2], ARGV[3]
 local out = {}
@@ -31,34 +41,35 @@ while a <= #ARGV do
     else
       k = k + 2
     end
-    code, n = acquire(lock, fence_key, queue, ARGV[a + 1], ARGV[a + 2], retention, claim,
+    code, n = run(acquire, lock, fence_key, queue, ARGV[a + 1], ARGV[a + 2], retention, claim,
       ARGV[a + 3], ARGV[a + 4], ARGV[a + 5])
     a = a + 6
   elseif kind == 'r' then
     if handoff then
-      code = release(KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a + 1], claim, retention)
+      code, n = run(release, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a + 1], claim, retention)
       k = k + 3
     else
-      code = release(KEYS[k], nil, nil, ARGV[a + 1], claim, retention)
+      code, n = run(release, KEYS[k], nil, nil, ARGV[a + 1], claim, retention)
       k = k + 1
     end
     a = a + 2
   elseif kind == 'n' then
-    code = renew(KEYS[k], ARGV[a + 1], ARGV[a + 2])
+    code, n = run(renew, KEYS[k], ARGV[a + 1], ARGV[a + 2])
     k = k + 1
     a = a + 3
   elseif kind == 'c' then
     if handoff then
-      code = complete(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1], ARGV[a + 2],
-        ARGV[a + 3], claim, retention)
+      code, n = run(complete, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1],
+        ARGV[a + 2], ARGV[a + 3], claim, retention)
       k = k + 4
     else
-      code = complete(KEYS[k], KEYS[k + 1], nil, nil, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
-        claim, retention)
+      code, n = run(complete, KEYS[k], KEYS[k + 1], nil, nil, ARGV[a + 1], ARGV[a + 2],
+        ARGV[a + 3], claim, retention)
       k = k + 2
     end
     a = a + 4
   else
+    save_fences()
     return redis.error_reply('ERR tower-lock: unknown operation ' .. tostring(kind))
   end
   out[#out + 1] = code
