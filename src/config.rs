@@ -130,26 +130,35 @@ pub struct LockConfigBuilder {
     serde(default, deny_unknown_fields)
 )]
 struct Settings {
-    #[cfg_attr(feature = "serde", serde(rename = "ttl_ms", with = "ms"))]
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "ttl_ms", with = "crate::serde_ms::ms")
+    )]
     ttl: Duration,
     #[cfg_attr(
         feature = "serde",
-        serde(rename = "renew_interval_ms", with = "opt_ms")
+        serde(rename = "renew_interval_ms", with = "crate::serde_ms::opt_ms")
     )]
     renew_interval: Option<Duration>,
     wait: Wait,
-    #[cfg_attr(feature = "serde", serde(rename = "max_hold_ms", with = "ms"))]
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "max_hold_ms", with = "crate::serde_ms::ms")
+    )]
     max_hold: Duration,
-    #[cfg_attr(feature = "serde", serde(rename = "store_timeout_ms", with = "ms"))]
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "store_timeout_ms", with = "crate::serde_ms::ms")
+    )]
     store_timeout: Duration,
     key_prefix: String,
     max_key_len: usize,
     on_lease_lost: OnLeaseLost,
     hold_until_body_end: bool,
     key_display: KeyDisplay,
-    #[cfg_attr(feature = "serde", serde(with = "status"))]
+    #[cfg_attr(feature = "serde", serde(with = "crate::serde_ms::status"))]
     contended_status: StatusCode,
-    #[cfg_attr(feature = "serde", serde(with = "status"))]
+    #[cfg_attr(feature = "serde", serde(with = "crate::serde_ms::status"))]
     unavailable_status: StatusCode,
 }
 
@@ -314,74 +323,6 @@ impl Settings {
             }
         }
         self.wait.validate()
-    }
-}
-
-#[cfg(feature = "serde")]
-pub(crate) mod ms {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub(crate) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        u64::deserialize(d).map(Duration::from_millis)
-    }
-}
-
-#[cfg(feature = "serde")]
-pub(crate) mod opt_ms {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub(crate) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        match d {
-            Some(d) => super::ms::serialize(d, s),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Option<Duration>, D::Error> {
-        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
-    }
-}
-
-#[cfg(feature = "serde")]
-pub(crate) mod ms_list {
-    use serde::{Deserialize, Deserializer, Serializer, ser::SerializeSeq};
-    use std::time::Duration;
-
-    pub(crate) fn serialize<S: Serializer>(v: &[Duration], s: S) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(v.len()))?;
-        for d in v {
-            seq.serialize_element(&u64::try_from(d.as_millis()).unwrap_or(u64::MAX))?;
-        }
-        seq.end()
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Duration>, D::Error> {
-        Ok(Vec::<u64>::deserialize(d)?
-            .into_iter()
-            .map(Duration::from_millis)
-            .collect())
-    }
-}
-
-#[cfg(feature = "serde")]
-mod status {
-    use http::StatusCode;
-    use serde::{Deserialize, Deserializer, Serializer, de::Error};
-
-    pub(super) fn serialize<S: Serializer>(v: &StatusCode, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u16(v.as_u16())
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<StatusCode, D::Error> {
-        StatusCode::from_u16(u16::deserialize(d)?).map_err(D::Error::custom)
     }
 }
 

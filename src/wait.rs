@@ -100,7 +100,7 @@ enum Backoff {
     Constant {
         #[cfg_attr(
             feature = "serde",
-            serde(rename = "delay_ms", with = "crate::config::ms")
+            serde(rename = "delay_ms", with = "crate::serde_ms::ms")
         )]
         delay: Duration,
         #[cfg_attr(feature = "serde", serde(default))]
@@ -109,12 +109,12 @@ enum Backoff {
     Exponential {
         #[cfg_attr(
             feature = "serde",
-            serde(rename = "initial_ms", with = "crate::config::ms")
+            serde(rename = "initial_ms", with = "crate::serde_ms::ms")
         )]
         initial: Duration,
         #[cfg_attr(
             feature = "serde",
-            serde(rename = "max_ms", with = "crate::config::ms")
+            serde(rename = "max_ms", with = "crate::serde_ms::ms")
         )]
         max: Duration,
         #[cfg_attr(feature = "serde", serde(default = "two"))]
@@ -125,7 +125,7 @@ enum Backoff {
     Fixed {
         #[cfg_attr(
             feature = "serde",
-            serde(rename = "delays_ms", with = "crate::config::ms_list")
+            serde(rename = "delays_ms", with = "crate::serde_ms::ms_list")
         )]
         delays: Vec<Duration>,
         #[cfg_attr(feature = "serde", serde(default))]

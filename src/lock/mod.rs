@@ -1,6 +1,57 @@
 //! [`LockLayer`]: a distributed lock around each request.
 //!
-//! See the [crate docs](crate) for an example and the path of a request.
+//! The layer derives a key from each request (a [`KeySource`](crate::KeySource)), takes a
+//! lease on it through its [`Locker`](crate::Locker) before the inner service runs, keeps it
+//! renewed while the service runs, and releases it when the response is ready (or, with
+//! [`hold_until_body_end`](crate::LockConfig::hold_until_body_end), when the body has been
+//! streamed), or when the request is dropped. See the [crate docs](crate) for the path of a
+//! request, the responses and the defaults.
+//!
+//! ```
+//! # #[cfg(feature = "axum")] {
+//! use axum::{Router, extract::Path, routing::post};
+//! use tower_lock::{Key, Lease, LockLayer, MemoryStore};
+//!
+//! async fn purchase(lease: Lease, Path(sku): Path<String>) -> String {
+//!     format!("bought {sku} under fencing token {}", lease.fencing_token())
+//! }
+//!
+//! let app: Router = Router::new()
+//!     .route("/items/{sku}/purchase", post(purchase))
+//!     .route_layer(LockLayer::new(MemoryStore::new(), Key::path_param("sku")));
+//! # }
+//! ```
+//!
+//! # `layer` or `route_layer`
+//!
+//! Under axum, add the layer with `Router::route_layer` or `Router::layer` (or on a
+//! `MethodRouter`). Either way it runs after routing: [`Key::path_param`](crate::Key::path_param) sees the parameters
+//! and keys are scoped by the matched route template. What differs is what else it wraps:
+//!
+//! - `Router::layer` also wraps the router's fallback. A request that matched no route reaches
+//!   the key source with no route template: [`Key::path_param`](crate::Key::path_param) passes it through unlocked, so
+//!   the router's 404 (or your fallback) answers. Other sources key it like any request (scoped
+//!   by the method alone), so a required header missing on an unknown path is a 400.
+//! - Both wrap every route of the router: a route without the parameter (`/health` beside
+//!   `/items/{sku}`) is a 500 from [`Key::path_param`](crate::Key::path_param), taken for a typo in the name, unless the
+//!   source is [`optional`](crate::key::PathParamKey::optional).
+//! - A request whose path matched but whose method did not goes to the method router's 405
+//!   fallback, which `Router::layer`, `Router::route_layer` and `MethodRouter::layer` wrap too;
+//!   axum gives the layer no sign of it, so it is keyed like any request (in its own scope,
+//!   `DELETE /items/{sku}`, so it never waits for the route's `POST`s). Only
+//!   `MethodRouter::route_layer` leaves that fallback out.
+//! - A service nested with `nest_service` gets no route template from axum either: under a
+//!   layer of the outer router, [`Key::path_param`](crate::Key::path_param) passes its requests through (add the layer
+//!   inside the nested router instead).
+//!
+//! A layer wrapping the whole router from outside (`ServiceBuilder` around the `Router`) runs
+//! before routing: no path parameters ([`Key::path_param`](crate::Key::path_param) answers 500), and keys scoped by
+//! method alone unless you set a [namespace](LockLayer::namespace).
+//!
+//! Order it inside timeouts and outside anything that must run under the lock. A
+//! `TimeoutLayer` outside it bounds wait plus handler; when it fires, the future is dropped and
+//! the lease is released in a spawned task.
+//!
 
 mod body;
 #[cfg(feature = "axum")]

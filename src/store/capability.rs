@@ -1,22 +1,5 @@
-//! What a store can do beyond [`LockStore`]'s four operations: the crate's own stores' extras,
-//! reached through [`LockStore::capabilities`].
-//!
-//! | capability | what it gives | stores |
-//! |---|---|---|
-//! | batched renewal | the renewals that fall due together in one call | `RedisStore` (one script per batch, or per hash slot), `ClusterStore`, `SentinelStore`, `RedlockStore` (one batch per node) |
-//! | hand-off | a first-come-first-served queue per key: a release hands the key to the next waiter | `RedisStore::connect`, `SentinelStore` |
-//! | release notices | waiters of this process woken by a release | `MemoryStore` |
-//! | idempotency records | records written in the same atomic step as the release | `MemoryStore`, `RedisStore`, `ClusterStore`, `SentinelStore` |
-//!
-//! `docs/TOPOLOGY.md` has the same matrix, with why each missing cell is missing;
-//! `tests/capabilities.rs` checks both against the stores. A store without a capability still
-//! works everywhere: renewals go one by one, waiters pace themselves by their wait policy, and
-//! only the idempotency layer needs records (a compile-time bound, [`IdempotencyStore`]).
-//!
-//! The operations themselves are crate-private: they carry protocol details (hand-off
-//! signals, record encodings) that no caller needs and that change with the scripts.
-//!
-//! [`IdempotencyStore`]: crate::IdempotencyStore
+//! What a store can do beyond [`LockStore`]'s four operations: [`Capabilities`], the
+//! crate-private traits behind it, and [`Backend`], the engine's view of a store.
 
 use std::{fmt, future::Future, pin::Pin, sync::Arc, task, time::Duration};
 
@@ -26,8 +9,22 @@ use tokio::time::Instant;
 use super::{BoxFuture, LockStore, StoreError};
 use crate::{key::LockKey, token::Token};
 
-/// What a store can do beyond the four operations of [`LockStore`]; see the
-/// [module docs](self).
+/// What a store can do beyond the four operations of [`LockStore`].
+///
+/// | capability | what it gives | stores |
+/// |---|---|---|
+/// | batched renewal | the renewals that fall due together in one call | `RedisStore` (one script per batch, or per hash slot), `ClusterStore`, `SentinelStore`, `RedlockStore` (one batch per node) |
+/// | hand-off | a first-come-first-served queue per key: a release hands the key to the next waiter | `RedisStore::connect`, `SentinelStore` |
+/// | release notices | waiters of this process woken by a release | `MemoryStore` |
+/// | idempotency records | records written in the same atomic step as the release | `MemoryStore`, `RedisStore`, `ClusterStore`, `SentinelStore` |
+///
+/// `docs/TOPOLOGY.md` has the same matrix, with why each missing cell is missing, and
+/// `tests/capabilities.rs` holds both against the stores. A store without a capability still
+/// works everywhere: renewals go one by one, waiters pace themselves by their wait policy, and
+/// only the idempotency layer needs records (a compile-time bound,
+/// [`IdempotencyStore`](crate::IdempotencyStore)). The operations themselves are crate-private:
+/// they carry protocol details (hand-off signals, record encodings) that change with the
+/// scripts.
 ///
 /// A store that wraps another forwards it (`self.inner.capabilities()`), and so keeps every
 /// capability of what it wraps. Stores written outside this crate have none

@@ -78,7 +78,7 @@ const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 ///
 /// As with [`RedisStore::connect`], a released key is handed straight to the next waiter
 /// ([`handoff`](Self::handoff), on by default), and a locker's renewals go to the master in one
-/// script per batch ([`LockStore::renew_many`]; a batch that fails the way a failover makes
+/// script per batch (see [`Capabilities`]; a batch that fails the way a failover makes
 /// calls fail is sent once more to the new master, like every other call). The store has one
 /// hand-off channel and one subscription, on the current master: when the store follows a
 /// failover it moves the subscription to the new master; until that is up, waiters do not

@@ -222,7 +222,7 @@ impl RedisStore {
     /// at most `timeout`, with `WAIT` (sent in the same round trip).
     ///
     /// Fewer acknowledgements make the acquire fail: the key is released and the layer answers
-    /// 503 (a [`StoreError`] of kind [`Unavailable`](StoreErrorKind::Unavailable)); a renewal
+    /// 503 (a [`StoreError`] of kind [`Unavailable`](super::StoreErrorKind::Unavailable)); a renewal
     /// that is not acknowledged in time is an error, retried while the lease is valid. `WAIT`
     /// holds the connection until it answers, so with one multiplexed connection concurrent
     /// requests queue behind it; keep `timeout` small (the replication round trip, a few ms on

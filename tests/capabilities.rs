@@ -1,0 +1,307 @@
+//! The capability matrix of `docs/TOPOLOGY.md` ("What each store can do") is true: each row
+//! against the store's `capabilities()`, and each *yes* by its behaviour on that store, on real
+//! servers.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use axum::{Router, body::Body, http::Request, routing::post};
+use tower::ServiceExt;
+use tower_lock::{
+    ClusterStore, IdempotencyLayer, IdempotencyStore, LockConfig, LockStore, Locker, MemoryStore,
+    RedisStore, RedlockStore, SentinelStore, Wait, idempotency::SharedKeySpace,
+    store::Capabilities,
+};
+use tower_lock_testkit::{RedisCluster, RedisServer, SentinelSetup, calls_of, key_slot};
+
+/// The matrix's columns, in order.
+const COLUMNS: [&str; 4] = [
+    "batched renewal",
+    "hand-off",
+    "release notices",
+    "idempotency records",
+];
+
+/// The matrix as `docs/TOPOLOGY.md` has it: each row's store, then yes or no per column.
+fn documented() -> HashMap<String, [bool; 4]> {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/TOPOLOGY.md")).unwrap();
+    let section = doc
+        .split("\n## What each store can do\n")
+        .nth(1)
+        .expect("docs/TOPOLOGY.md has the section");
+    let mut lines = section.lines().skip_while(|l| !l.starts_with("| store |"));
+    let header: Vec<&str> = cells(lines.next().expect("the table"));
+    assert_eq!(header[1..], COLUMNS, "the matrix's columns changed");
+    lines
+        .skip(1)
+        .take_while(|l| l.starts_with('|'))
+        .map(|line| {
+            let cells = cells(line);
+            let yes = |i: usize| match cells[i + 1].split(':').next().unwrap().trim() {
+                "yes" => true,
+                "no" => false,
+                other => panic!("{line}: a cell reads {other:?}, not yes or no"),
+            };
+            (cells[0].to_owned(), [yes(0), yes(1), yes(2), yes(3)])
+        })
+        .collect()
+}
+
+fn cells(line: &str) -> Vec<&str> {
+    line.trim_matches('|').split('|').map(str::trim).collect()
+}
+
+fn flags(caps: &Capabilities) -> [bool; 4] {
+    [
+        caps.batched_renewal(),
+        caps.hand_off(),
+        caps.release_notices(),
+        caps.idempotency_records(),
+    ]
+}
+
+/// The documented row of `store` matches what it says of itself.
+fn row(store: &str, caps: &Capabilities) -> [bool; 4] {
+    let documented = documented();
+    let row = *documented
+        .get(store)
+        .unwrap_or_else(|| panic!("no row for {store} in docs/TOPOLOGY.md"));
+    assert_eq!(
+        flags(caps),
+        row,
+        "{store}: capabilities() says {caps:?}, the matrix {row:?}"
+    );
+    row
+}
+
+fn short_leases() -> LockConfig {
+    LockConfig::builder()
+        .ttl(Duration::from_millis(600))
+        .wait(Wait::none())
+        .build()
+        .unwrap()
+}
+
+/// Renewals that fall due together go in one call: 20 leases renewed 3 times cost the
+/// `servers` at most a third as many scripts as renewals (one by one, 60). (A round's renewals fall due over the few
+/// milliseconds the acquisitions took, so they may go in a few batches.) `keys` picks the lease values (all in one hash slot,
+/// for a cluster).
+async fn batched_renewal(store: impl LockStore, servers: &[&RedisServer], keys: Vec<String>) {
+    let locker = Locker::with_config(store, short_leases());
+    let mut guards = Vec::new();
+    for value in &keys {
+        guards.push(
+            locker
+                .acquire(locker.key("caps", value).unwrap())
+                .await
+                .unwrap(),
+        );
+    }
+    let mut before = Vec::new();
+    for server in servers {
+        before.push(calls_of(server, "evalsha").await);
+    }
+    // Renewed every 200 ms: three rounds.
+    tokio::time::sleep(Duration::from_millis(650)).await;
+    let renewals: u32 = guards.iter().map(|g| g.renewals()).sum();
+    assert!(
+        renewals >= 20 * 3,
+        "only {renewals} renewals for {} leases",
+        keys.len()
+    );
+    for (server, before) in servers.iter().zip(before) {
+        let scripts = calls_of(server, "evalsha").await - before;
+        assert!(
+            scripts * 3 <= u64::from(renewals),
+            "{scripts} scripts for {renewals} renewals on port {}: not batched",
+            server.port()
+        );
+    }
+    for guard in guards {
+        assert!(guard.release().await.unwrap());
+    }
+}
+
+/// A waiter whose retry timer is 10 s gets the key the moment the holder lets go: the store
+/// hands it over (or announces the release). `waiter_store` is a store of its own (another
+/// process's), or the holder's (this process's waiters).
+async fn served_at_release(holder_store: impl LockStore, waiter_store: impl LockStore) {
+    let holder = Locker::with_config(holder_store, short_leases());
+    let patient = LockConfig::builder()
+        .wait(Wait::constant(Duration::from_secs(10)).deadline(Duration::from_secs(20)))
+        .build()
+        .unwrap();
+    let waiter = Locker::with_config(waiter_store, patient);
+    let held = holder
+        .acquire(holder.key("caps", "one").unwrap())
+        .await
+        .unwrap();
+    let waiting = tokio::spawn(async move {
+        let guard = waiter
+            .acquire(waiter.key("caps", "one").unwrap())
+            .await
+            .unwrap();
+        let at = Instant::now();
+        guard.release().await.unwrap();
+        at
+    });
+    // Queued (or registered for the release) by now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    assert!(held.release().await.unwrap());
+    let served = waiting.await.unwrap();
+    let after = served.saturating_duration_since(released);
+    assert!(
+        after < Duration::from_secs(2),
+        "the waiter was served {after:?} after the release: by its timer"
+    );
+}
+
+/// `IdempotencyLayer` runs on the store: a retry gets the recorded response, the handler runs
+/// once.
+async fn records(store: impl IdempotencyStore) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route(
+            "/pay",
+            post({
+                let runs = Arc::clone(&runs);
+                move || async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    (axum::http::StatusCode::CREATED, "paid")
+                }
+            }),
+        )
+        .route_layer(IdempotencyLayer::new(store, SharedKeySpace));
+    let request = || {
+        Request::post("/pay")
+            .header("idempotency-key", "caps-0123456789abcdef")
+            .body(Body::from("{}"))
+            .unwrap()
+    };
+    let first = app.clone().oneshot(request()).await.unwrap();
+    assert_eq!(first.status(), 201);
+    let retry = app.clone().oneshot(request()).await.unwrap();
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran again");
+}
+
+fn twenty() -> Vec<String> {
+    (0..20).map(|i| format!("k{i}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_store() {
+    let store = MemoryStore::new();
+    let [batched, hand_off, notices, keeps] = row("`MemoryStore`", &store.capabilities());
+    assert!(!batched && !hand_off && notices && keeps);
+    served_at_release(store.clone(), store.clone()).await;
+    records(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_connected() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(server.url()).await.unwrap();
+    let [batched, hand_off, notices, keeps] = row("`RedisStore::connect`", &store.capabilities());
+    assert!(batched && hand_off && !notices && keeps);
+    batched_renewal(store.clone(), &[&server], twenty()).await;
+    let other = RedisStore::connect(server.url()).await.unwrap();
+    wait_for_subscriptions(&server, 2).await;
+    served_at_release(store.clone(), other).await;
+    records(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_from_a_connection() {
+    let server = RedisServer::start();
+    let manager = redis::aio::ConnectionManager::new(redis::Client::open(server.url()).unwrap())
+        .await
+        .unwrap();
+    let store = RedisStore::from_connection_manager(manager);
+    let [batched, hand_off, notices, keeps] = row(
+        "`RedisStore` from a connection, manager or pool",
+        &store.capabilities(),
+    );
+    assert!(batched && !hand_off && !notices && keeps);
+    batched_renewal(store.clone(), &[&server], twenty()).await;
+    records(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_store() {
+    let nodes = [
+        RedisServer::start(),
+        RedisServer::start(),
+        RedisServer::start(),
+    ];
+    let store = RedlockStore::connect(nodes.iter().map(RedisServer::url))
+        .await
+        .unwrap();
+    let [batched, hand_off, notices, keeps] = row("`RedlockStore`", &store.capabilities());
+    assert!(batched && !hand_off && !notices && !keeps);
+    batched_renewal(store, &nodes.iter().collect::<Vec<_>>(), twenty()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_store() {
+    let cluster = tokio::task::block_in_place(|| RedisCluster::start(3, 0));
+    let store = ClusterStore::connect(cluster.urls()).await.unwrap();
+    let [batched, hand_off, notices, keys] = row("`ClusterStore`", &store.capabilities());
+    assert!(batched && !hand_off && !notices && keys);
+    // Twenty keys of one hash slot: a batch per slot, so one script per round.
+    let locker = Locker::new(MemoryStore::new());
+    let slot_of = |value: &str| key_slot(locker.key("caps", value).unwrap().as_bytes());
+    let slot = slot_of("k0");
+    let values: Vec<String> = (0..)
+        .map(|i| format!("k{i}"))
+        .filter(|v| slot_of(v) == slot)
+        .take(20)
+        .collect();
+    let master = cluster.master_of(slot);
+    batched_renewal(store.clone(), &[master], values).await;
+    records(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_store() {
+    let setup = tokio::task::block_in_place(|| SentinelSetup::start(Duration::from_secs(5)));
+    let connect = || {
+        SentinelStore::connect(
+            setup.sentinel_urls(),
+            tower_lock_testkit::sentinel::MASTER_NAME,
+        )
+    };
+    let store = connect().await.unwrap();
+    let [batched, hand_off, notices, keeps] = row("`SentinelStore`", &store.capabilities());
+    assert!(batched && hand_off && !notices && keeps);
+    batched_renewal(store.clone(), &[&setup.master], twenty()).await;
+    let other = connect().await.unwrap();
+    wait_for_subscriptions(&setup.master, 2).await;
+    served_at_release(store.clone(), other).await;
+    records(store).await;
+}
+
+/// Until `n` stores' hand-off subscriptions are up on `server`.
+async fn wait_for_subscriptions(server: &RedisServer, n: usize) {
+    let started = Instant::now();
+    loop {
+        let channels = server.cli(&["PUBSUB", "CHANNELS", "tower-lock:handoff:*"]);
+        if channels.lines().filter(|l| !l.is_empty()).count() >= n {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "hand-off subscriptions not up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
