@@ -1,6 +1,8 @@
 //! The crate's lock protocol as the "same scripts" baseline of scenario a sends it by hand: the
-//! crate's own acquire and release scripts, exactly as `RedisStore` assembles and sends them
-//! (`RedisStore::lua_scripts()`), with the keys and arguments the layer sends.
+//! crate's own batch script (`ops`), exactly as `RedisStore` assembles and sends it
+//! (`RedisStore::lua_scripts()`), with the keys and arguments the layer sends for a lone acquire
+//! and a lone release, one call per operation, as the layer sends them when requests come one
+//! at a time. (Under load the layer sends several operations per call; the baseline does not.)
 //!
 //! The arguments' values are stand-ins for what the layer sends with its default config (the
 //! crate does not expose its claim window, stamps or channel names). Before scenario a runs,
@@ -41,17 +43,16 @@ fn crate_script(name: &str) -> Script {
     Script::new(source)
 }
 
-/// The "same scripts" baseline's acquire and release: the crate's.
+/// The "same scripts" baseline's acquire and release: the crate's batch script, one operation
+/// per call.
 pub(crate) struct CrateScripts {
-    acquire: Script,
-    release: Script,
+    ops: Script,
 }
 
 impl CrateScripts {
     pub(crate) fn new() -> Self {
         Self {
-            acquire: crate_script("acquire"),
-            release: crate_script("release"),
+            ops: crate_script("ops"),
         }
     }
 
@@ -63,14 +64,16 @@ impl CrateScripts {
         key: &str,
         token: &Token,
     ) -> RedisResult<bool> {
-        self.acquire
+        self.ops
             .key(key)
             .key(FENCE_COUNTER)
             .key(format!("{key}{QUEUE_SUFFIX}"))
+            .arg("1")
+            .arg(CLAIM_MS)
+            .arg(FENCE_RETENTION_MS)
+            .arg("a")
             .arg(token.as_bytes())
             .arg(TTL_MS)
-            .arg(FENCE_RETENTION_MS)
-            .arg(CLAIM_MS)
             .arg(STAMP)
             .arg(CHANNEL)
             .arg("0")
@@ -86,41 +89,43 @@ impl CrateScripts {
         key: &str,
         token: &Token,
     ) -> RedisResult<i64> {
-        self.release
+        self.ops
             .key(key)
             .key(FENCE_COUNTER)
             .key(format!("{key}{QUEUE_SUFFIX}"))
-            .arg(token.as_bytes())
+            .arg("1")
             .arg(CLAIM_MS)
             .arg(FENCE_RETENTION_MS)
-            .invoke_async::<i64>(conn)
+            .arg("r")
+            .arg(token.as_bytes())
+            .invoke_async::<(i64, i64)>(conn)
             .await
+            .map(|(released, _)| released)
     }
 }
 
-/// What each argument of a script is, and whether it differs per call (then only its length
-/// must match).
+/// The batch script's arguments before its operations.
+const BATCH: [(&str, bool); 3] = [
+    ("hand-off flag", false),
+    ("claim window, ms", false),
+    ("fence retention, ms", false),
+];
+
+/// What each argument of a lone acquire and a lone release is, after [`BATCH`], and whether it
+/// differs per call (then only its length must match).
 const ARGUMENTS: [(&str, &[(&str, bool)]); 2] = [
     (
         "acquire",
         &[
+            ("operation kind", false),
             ("token", true),
             ("TTL, ms", false),
-            ("fence retention, ms", false),
-            ("claim window, ms", false),
             ("waiter's stamp", true),
             ("hand-off channel", true),
             ("rescan flag", false),
         ],
     ),
-    (
-        "release",
-        &[
-            ("token", true),
-            ("claim window, ms", false),
-            ("fence retention, ms", false),
-        ],
-    ),
+    ("release", &[("operation kind", false), ("token", true)]),
 ];
 
 /// Compares the scripts one uncontended request sent through the layer (`layer`) and through
@@ -141,12 +146,13 @@ pub(crate) fn compare(layer: &[Vec<String>], baseline: &[Vec<String>]) -> Result
              {layer:?}, the baseline {baseline:?}"
         ));
     }
+    let sha = crate_script("ops").get_hash().to_owned();
     for (((name, arguments), l), b) in ARGUMENTS.iter().zip(&layer_scripts).zip(&baseline_scripts) {
-        let sha = crate_script(name).get_hash().to_owned();
+        let arguments: Vec<(&str, bool)> = BATCH.iter().chain(arguments.iter()).copied().collect();
         for (who, sent) in [("layer", l), ("baseline", b)] {
             if sent.get(1) != Some(&sha) {
                 return Err(format!(
-                    "the {who}'s {name} is not the crate's {name} script ({sha}): {sent:?}"
+                    "the {who}'s {name} is not the crate's batch script ({sha}): {sent:?}"
                 ));
             }
             // `EVALSHA <sha> 3 <lock> <fence> <queue> <arguments>...`

@@ -133,7 +133,7 @@ pub(crate) async fn replay(model: &Model, url: &str, limit: usize) -> usize {
             }
         }
         let server = Seen {
-            reply: server_reply(name, &reply),
+            reply: server_reply(name, &args, &reply),
             keys: read_back(model, &mut conn).await,
             messages,
         };
@@ -294,27 +294,42 @@ fn model_reply(reply: &Reply) -> String {
     }
 }
 
-/// The server's answer, in the model's terms: `{1, fence}` less the counter's offset,
-/// `{0 or 2, PTTL}` in ticks.
-fn server_reply(script: &str, reply: &Value) -> String {
+/// The server's answer, in the model's terms: two numbers per operation of the batch, where an
+/// acquire's `{1, fence}` loses the counter's offset and its `{0 or 2, PTTL}` is in ticks.
+fn server_reply(script: &str, args: &[Vec<u8>], reply: &Value) -> String {
     let int = |v: &Value| match v {
         Value::Int(n) => *n,
         other => panic!("{script} answered {other:?}"),
     };
-    match reply {
-        Value::Int(n) => n.to_string(),
-        Value::Array(items) if script == "acquire.lua" => {
-            let (code, n) = (int(&items[0]), int(&items[1]));
-            let n = if code == 1 { n - BASE } else { ticks(n) };
-            format!("{code},{n}")
-        }
-        Value::Array(items) => items
-            .iter()
-            .map(|v| int(v).to_string())
-            .collect::<Vec<_>>()
-            .join(","),
-        other => panic!("{script} answered {other:?}"),
+    let Value::Array(items) = reply else {
+        panic!("{script} answered {reply:?}")
+    };
+    // The kinds of the batch's operations, in order, read as the script reads its arguments.
+    let mut kinds = Vec::new();
+    let mut a = 3;
+    while a < args.len() {
+        let kind = args[a].clone();
+        a += match kind.as_slice() {
+            b"a" => 6,
+            b"r" => 2,
+            b"n" => 3,
+            b"c" => 4,
+            other => panic!("{script}: unknown operation {other:?}"),
+        };
+        kinds.push(kind);
     }
+    assert_eq!(items.len(), 2 * kinds.len(), "{script} answered {reply:?}");
+    let mut out = Vec::new();
+    for (pair, kind) in items.chunks(2).zip(&kinds) {
+        let (code, n) = (int(&pair[0]), int(&pair[1]));
+        let n = match (kind.as_slice(), code) {
+            (b"a", 1) => n - BASE,
+            (b"a", _) => ticks(n),
+            _ => n,
+        };
+        out.push(format!("{code},{n}"));
+    }
+    out.join(",")
 }
 
 /// A hand-off message from the server, in the model's terms: `g<id><claim>:<fence>` or

@@ -45,17 +45,26 @@ pub(super) trait Ops: LockStore {
         hand_off.queue_watch(key, token)
     }
 
-    /// Batched renewal, one answer per lease.
-    fn renew_many(
+    /// Renewals of `leases` sent at once, one answer per lease: with group commit, the first
+    /// goes out alone and the others together, in calls of one script each.
+    async fn renew_many(
         &self,
         leases: &[(LockKey, Token)],
         ttl: Duration,
-    ) -> BoxFuture<Vec<Result<bool, StoreError>>> {
-        let batch = self
-            .capabilities()
-            .renew_many
-            .expect("the store renews in batches");
-        batch.renew_many(leases.to_vec(), ttl)
+    ) -> Vec<Result<bool, StoreError>>
+    where
+        Self: Sync,
+    {
+        assert!(
+            self.capabilities().group_commit,
+            "the store commits in groups"
+        );
+        futures_util::future::join_all(
+            leases
+                .iter()
+                .map(|(key, token)| self.renew(key, token, ttl)),
+        )
+        .await
     }
 
     /// The idempotency record of `key`.
