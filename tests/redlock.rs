@@ -256,9 +256,9 @@ async fn validity_and_quorum_max_fencing_token() {
     let mut fences = Vec::new();
     for server in &backend.0 {
         let mut conn = server.client().await;
-        // The counter of the key's hash slot: the only one on this server.
+        // The server's fencing counter (one per server that does not hash keys to slots).
         let counters: Vec<String> = redis::cmd("KEYS")
-            .arg("tower-lock:fence:*")
+            .arg("tower-lock:fence*")
             .query_async(&mut conn)
             .await
             .unwrap();
@@ -278,7 +278,7 @@ async fn validity_and_quorum_max_fencing_token() {
     // stay comparable.
     let mut conn = backend.0[0].client().await;
     let counters: Vec<String> = redis::cmd("KEYS")
-        .arg("tower-lock:fence:*")
+        .arg("tower-lock:fence*")
         .query_async(&mut conn)
         .await
         .unwrap();

@@ -69,6 +69,9 @@ pub(crate) fn run(redis: &RedisServer, s: &Settings) -> Vec<Vec<(Variant, HttpSa
     for run in 0..s.runs {
         let mut samples = Vec::new();
         for variant in VARIANTS {
+            if !s.wants_variant(variant.short()) {
+                continue;
+            }
             runtime().block_on(flushall(&url));
             let sample = http_run(variant, redis, s, &script);
             eprintln!(

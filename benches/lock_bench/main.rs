@@ -32,6 +32,8 @@
 //! | `BENCH_ONLY` | scenario letters to run, e.g. `ac` (default: all of `abcde`) |
 //! | `BENCH_NOTE` | a note printed at the top of the report (e.g. "machine was busy") |
 //! | `BENCH_OUTPUT` | report path (default `docs/BENCHMARKS.md`) |
+//! | `BENCH_VARIANTS` | HTTP variants to run, e.g. `layer,baseline` (for profiling; the report needs all) |
+//! | `BENCH_HTTP_S` | seconds each HTTP variant is measured (default 5, quick 2) |
 //! | `BENCH_RSLOCK_RETRY_MS` | rslock's retry delay in the contended scenario (default 20) |
 //!
 //! Only 127.0.0.1 is contacted; every process started here is stopped before it exits.
@@ -68,6 +70,8 @@ pub(crate) struct Settings {
     pub(crate) quick: bool,
     pub(crate) full: bool,
     pub(crate) only: String,
+    /// `BENCH_VARIANTS`: the HTTP variants to run (short names, comma-separated), for profiling.
+    pub(crate) variants: Option<Vec<String>>,
     pub(crate) warmup_s: u64,
     pub(crate) http_s: u64,
     pub(crate) count_s: u64,
@@ -126,8 +130,12 @@ impl Settings {
             only: std::env::var("BENCH_ONLY")
                 .unwrap_or_else(|_| "abcde".to_owned())
                 .to_ascii_lowercase(),
+            variants: std::env::var("BENCH_VARIANTS")
+                .ok()
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| v.split(',').map(|s| s.trim().to_owned()).collect()),
             warmup_s: 1,
-            http_s: if quick { 2 } else { 5 },
+            http_s: env_num("BENCH_HTTP_S", if quick { 2 } else { 5 }),
             count_s: 1,
             cycles: Duration::from_secs(if quick { 2 } else { 5 }),
             cycle_count_ops: 2_000,
@@ -152,6 +160,12 @@ impl Settings {
 
     fn wants(&self, scenario: char) -> bool {
         self.only.contains(scenario)
+    }
+
+    pub(crate) fn wants_variant(&self, short: &str) -> bool {
+        self.variants
+            .as_ref()
+            .is_none_or(|v| v.iter().any(|name| name == short))
     }
 }
 

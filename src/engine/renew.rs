@@ -5,7 +5,7 @@ use std::{
     fmt,
     future::Future,
     pin::Pin,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex, OnceLock, PoisonError},
     task::{Context, Poll, ready},
     time::Duration,
 };
@@ -59,6 +59,31 @@ pub(crate) struct RenewalSettings {
     pub(crate) max_hold: Option<Duration>,
 }
 
+/// `at`, moved earlier to the last tick of a grid shared by the process: a power of two of
+/// milliseconds, at most 8 ms and at most an eighth of `interval` (none below 8 ms intervals).
+/// Leases that fall due within one tick renew together, so group commit sends them in one
+/// call instead of one each as their due times trickle in; each renews at most that much early.
+/// Never moved to now or before (a retry due within a tick stays where it is).
+fn on_grid(at: Instant, interval: Duration) -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    let eighth = interval.as_millis() / 8;
+    if eighth == 0 || at <= epoch {
+        return at;
+    }
+    let tick = 1u128 << eighth.min(8).ilog2();
+    let since = (at - epoch).as_millis();
+    let Ok(ms) = u64::try_from(since - since % tick) else {
+        return at;
+    };
+    let earlier = epoch + Duration::from_millis(ms);
+    if earlier <= Instant::now() {
+        at
+    } else {
+        earlier
+    }
+}
+
 impl Renewer {
     pub(crate) fn new(
         store: Arc<Backend>,
@@ -69,7 +94,7 @@ impl Renewer {
     ) -> Self {
         let acquired_at = lease.acquired_instant();
         let hold_until = settings.max_hold.map(|d| acquired_at + d);
-        let first = acquired_at + settings.interval;
+        let first = on_grid(acquired_at + settings.interval, settings.interval);
         let first = renew_by.map_or(first, |by| first.min(by));
         let first = hold_until.map_or(first, |h| first.min(h));
         Self {
@@ -87,6 +112,7 @@ impl Renewer {
     }
 
     fn schedule(&mut self, at: Instant) {
+        let at = on_grid(at, self.interval);
         let at = self.hold_until.map_or(at, |h| at.min(h));
         self.next_at = at;
         if let Some(sleep) = &mut self.sleep {

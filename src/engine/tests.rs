@@ -123,8 +123,16 @@ async fn renewals_are_due_every_third_of_the_ttl_from_when_they_were_sent() {
         .map(|(at, _)| at - started)
         .collect();
     assert_eq!(renewals.len(), 3, "{renewals:?}");
+    // Each due a third of the TTL after the last was sent, moved at most one tick (8 ms) earlier
+    // onto the grid that lets leases falling due together renew in one call.
+    let mut sent = Duration::ZERO;
     for (i, at) in renewals.iter().enumerate() {
-        assert_eq!(*at, (i as u32 + 1) * 1000 * MS, "renewal {i}");
+        let due = sent + 1000 * MS;
+        assert!(
+            *at <= due && *at + 8 * MS >= due,
+            "renewal {i} at {at:?}, due {due:?}"
+        );
+        sent = *at;
     }
     assert_eq!(guard.renewals(), 3);
     assert!(guard.time_left() > 2000 * MS);
@@ -160,7 +168,7 @@ async fn a_lease_the_store_no_longer_holds_is_lost_at_the_next_renewal() {
     store.set_forget(true);
     assert_eq!(guard.lost().await, LostReason::NotHeld);
     let at = started.elapsed();
-    assert!(at >= 1000 * MS && at <= 1003 * MS, "lost at {at:?}");
+    assert!(at >= 992 * MS && at <= 1003 * MS, "lost at {at:?}");
     assert!(guard.is_lost());
     assert_eq!(guard.time_left(), Duration::ZERO);
 }

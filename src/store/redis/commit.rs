@@ -27,7 +27,7 @@ use tokio::{runtime::Handle, sync::oneshot};
 
 use super::{
     RedisStore,
-    keys::{CompanionKeys, ms, record_key},
+    keys::{CompanionKeys, ms, record_key, shared_fence},
 };
 use crate::{
     key::LockKey,
@@ -265,13 +265,15 @@ impl RedisStore {
     /// slots); an answer for each, in order.
     async fn send(&self, ops: Vec<Op>) -> Vec<Result<Answer, StoreError>> {
         let n = ops.len();
-        if n == 1 {
-            return vec![self.call_one(&ops[0]).await];
-        }
         if !self.slot_bound.load(Ordering::Relaxed) {
-            let answers = self.call(&ops).await;
+            let answers = if n == 1 {
+                vec![self.call_one(&ops[0]).await]
+            } else {
+                self.call(&ops).await
+            };
             // Refused before it ran, by a server that hashes keys to slots (a cluster-mode
-            // server behind a plain connection): from now on, one call per slot.
+            // server behind a plain connection): from now on, one call per slot, with the
+            // fencing counter of each slot.
             if !answers
                 .iter()
                 .all(|a| matches!(a, Err(e) if is_cross_slot(e)))
@@ -283,6 +285,9 @@ impl RedisStore {
                  now on"
             );
             self.slot_bound.store(true, Ordering::Relaxed);
+        }
+        if n == 1 {
+            return vec![self.call_one(&ops[0]).await];
         }
         // By slot, each slot's operations in their order; the slots' calls at once.
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
@@ -344,6 +349,18 @@ impl RedisStore {
     /// on and an acquire or renewal among them).
     async fn call(&self, ops: &[Op]) -> Vec<Result<Answer, StoreError>> {
         let handoff = self.handoff.is_some();
+        // One fencing counter for the whole server unless it hashes keys to slots: a batch of
+        // acquires then reads and writes one counter (per prefix), not one per slot.
+        let slot_bound = self.slot_bound.load(Ordering::Relaxed);
+        let mut shared: Vec<(&[u8], Vec<u8>)> = Vec::new();
+        if !slot_bound {
+            for op in ops {
+                let prefix = op.key().prefix();
+                if !shared.iter().any(|(p, _)| *p == prefix) {
+                    shared.push((prefix, shared_fence(prefix)));
+                }
+            }
+        }
         let companions: Vec<Option<CompanionKeys>> = ops
             .iter()
             .map(|op| match op {
@@ -368,14 +385,24 @@ impl RedisStore {
                 keys.push(record);
             }
             if let Some(companions) = companions {
+                let fence: &[u8] = if slot_bound {
+                    companions.fence()
+                } else {
+                    let prefix = op.key().prefix();
+                    let (_, name) = shared
+                        .iter()
+                        .find(|(p, _)| *p == prefix)
+                        .expect("every prefix of the batch has its counter");
+                    name
+                };
                 match op {
                     Op::Acquire { .. } => {
-                        keys.push(companions.fence());
+                        keys.push(fence);
                         if handoff {
                             keys.push(companions.queue());
                         }
                     }
-                    _ => keys.extend([companions.fence(), companions.queue()]),
+                    _ => keys.extend([fence, companions.queue()]),
                 }
             }
         }

@@ -9,6 +9,16 @@ use crate::{concat::Concat, key::LockKey};
 /// `<prefix>fence:{<tag>}`, with the hash tag of the lock keys it counts for.
 const FENCE_COUNTER: &[u8] = b"fence:";
 
+/// Name of the one fencing counter of a server that does not hash keys to slots, after the lock
+/// keys' prefix: `<prefix>fence`. A batch of acquires then reads and writes one counter, not one
+/// per slot.
+const SHARED_FENCE_COUNTER: &[u8] = b"fence";
+
+/// The shared fencing counter of the lock keys with `prefix` (see [`SHARED_FENCE_COUNTER`]).
+pub(super) fn shared_fence(prefix: &[u8]) -> Vec<u8> {
+    [prefix, SHARED_FENCE_COUNTER].concat()
+}
+
 /// Suffix of the hand-off queue's key, next to the lock key (same hash slot).
 const QUEUE_SUFFIX: &[u8] = b":queue";
 

@@ -146,6 +146,7 @@ impl RedisStore {
             .map_err(redis_error)?;
         let store = Self::from_connection_manager(manager).with_client(client);
         store.check_eviction().await;
+        store.check_slots().await;
         Ok(store)
     }
 
@@ -408,6 +409,25 @@ impl RedisStore {
                 error = &error as &dyn std::error::Error,
                 "could not ask the Redis server for its maxmemory-policy"
             ),
+        }
+    }
+
+    /// Asks the server whether it hashes keys to slots (`cluster_enabled:1` in `INFO cluster`: a
+    /// cluster-mode server behind a plain connection), so that the first batch is sent one
+    /// script per slot with each slot's fencing counter rather than refused as `CROSSSLOT`. A
+    /// server that does not answer within a second is found out by its first refusal instead.
+    pub(crate) async fn check_slots(&self) {
+        let mut info = redis::cmd("INFO");
+        info.arg("cluster");
+        let asked =
+            tokio::time::timeout(EVICTION_CHECK_TIMEOUT, self.query(Request::Cmd(&info))).await;
+        if let Ok(Ok(Ok(answer))) = asked
+            && info_text(answer)
+                .lines()
+                .any(|line| line.trim() == "cluster_enabled:1")
+        {
+            self.slot_bound
+                .store(true, std::sync::atomic::Ordering::Relaxed);
         }
     }
 

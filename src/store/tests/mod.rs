@@ -186,12 +186,15 @@ pub(super) async fn handoff_subscriptions(server: &RedisServer, n: usize) -> Vec
     }
 }
 
-/// Whether `key` is one of the fencing counters (one per hash slot, `tower-lock:fence:{<n>}`),
-/// the only keys a released lock leaves behind.
+/// Whether `key` is one of the fencing counters (`tower-lock:fence` on a server that does not
+/// hash keys to slots, else one per hash slot, `tower-lock:fence:{<n>}`), the only keys a
+/// released lock leaves behind.
 pub(super) fn is_fence_counter(key: &[u8]) -> bool {
-    key.strip_prefix(b"tower-lock:fence:{")
-        .and_then(|rest| rest.strip_suffix(b"}"))
-        .is_some_and(|n| !n.is_empty() && n.iter().all(u8::is_ascii_digit))
+    key == b"tower-lock:fence"
+        || key
+            .strip_prefix(b"tower-lock:fence:{")
+            .and_then(|rest| rest.strip_suffix(b"}"))
+            .is_some_and(|n| !n.is_empty() && n.iter().all(u8::is_ascii_digit))
 }
 
 /// Every key on `server`, whatever its prefix.
