@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Reproduces docs/BENCHMARKS.md (issue 4's benchmark, benches/lock_bench/): about 7 minutes on
+# Reproduces docs/BENCHMARKS.md (the project's benchmark, benches/lock_bench/): about 10 minutes on
 # 2 cores, plus the first build. On a fresh Debian machine (as root) it first installs `wrk` and
 # `redis-server`; the benchmark starts its own redis-server on a free loopback port and stops it.
 # Settings go through the environment: BENCH_RUNS (default 3), BENCH_QUICK=1 (a short smoke run),
-# BENCH_FULL (default 1 here: the memory flatness run sends the 1M requests issue 4 asks of the
-# report; BENCH_FULL=0 for 100k), BENCH_ONLY=abcde, BENCH_NOTE="...".
+# BENCH_FULL (default 1 here: the memory flatness run sends the 1M requests the flatness target asks of the
+# report; BENCH_FULL=0 for 100k), BENCH_ONLY=abcdef, BENCH_NOTE="...".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

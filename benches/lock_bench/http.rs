@@ -32,7 +32,7 @@ use crate::{
     protocol::{self, CrateScripts},
 };
 
-/// wrk's shape, as in the issue.
+/// wrk's shape: 2 threads, 50 connections.
 pub(crate) const WRK: Wrk = Wrk {
     threads: 2,
     connections: 50,
@@ -40,7 +40,7 @@ pub(crate) const WRK: Wrk = Wrk {
 
 /// A wrk script that sends each request to a path of its own (`/items/<key>/purchase`), so
 /// every request locks a distinct key.
-const WRK_SCRIPT: &str = r#"-- Written by benches/lock_bench/http.rs: one distinct key per request.
+pub(crate) const WRK_SCRIPT: &str = r#"-- Written by benches/lock_bench/http.rs: one distinct key per request.
 local threads = 0
 function setup(thread)
   threads = threads + 1
@@ -108,7 +108,7 @@ fn check_same_scripts(redis: &RedisServer) {
 
 /// The client commands one uncontended request through `variant` sends, after a warm-up
 /// request (script loads, hand-off subscription), on an emptied server.
-async fn sent_by(variant: Variant, redis: &RedisServer) -> Vec<Vec<String>> {
+pub(crate) async fn sent_by(variant: Variant, redis: &RedisServer) -> Vec<Vec<String>> {
     let url = redis.url();
     flushall(&url).await;
     let app = http_app(variant, &url, Arc::new(AtomicU64::new(0))).await;
@@ -269,7 +269,7 @@ async fn pooled_handler(
     Ok("ok")
 }
 
-async fn http_app(variant: Variant, url: &str, requests: Arc<AtomicU64>) -> Router {
+pub(crate) async fn http_app(variant: Variant, url: &str, requests: Arc<AtomicU64>) -> Router {
     let router = match variant {
         Variant::Hello => Router::new().route(ROUTE, post(|| async { "ok" })),
         Variant::Baseline | Variant::BaselineScripts => {

@@ -1,5 +1,6 @@
-//! The benchmark for issue 4: HTTP overhead, uncontended lock cycles, contended hand-off,
-//! renewal at scale and memory, each next to a hand-written baseline or the `rslock` peer.
+//! The project's benchmark: HTTP overhead, uncontended lock cycles, contended hand-off,
+//! renewal at scale, memory and group commit, each next to a hand-written baseline or the
+//! `rslock` peer.
 //!
 //! `cargo bench --bench lock_bench` (or `scripts/bench.sh`, which installs `wrk` and
 //! `redis-server` first) starts its own `redis-server` on a free loopback port, runs every
@@ -16,6 +17,7 @@
 //! | `contended.rs` | c. contended hand-off, in one process and over child processes |
 //! | `renewal.rs` | d. renewal of 10,000 leases |
 //! | `memory.rs`, `alloc.rs` | e. memory, with a counting global allocator |
+//! | `group.rs` | f. group commit: 1, 50 and 256 connections, latency, Redis CPU, `WAIT` |
 //! | `protocol.rs` | the crate's scripts as the "same scripts" baseline sends them, and the drift check |
 //! | `report.rs`, `targets.rs`, `stats.rs`, `machine.rs` | the Markdown report |
 //! | `common.rs` | what several scenarios share |
@@ -29,7 +31,7 @@
 //! | `BENCH_RUNS` | runs per scenario (default 3) |
 //! | `BENCH_QUICK=1` | shortened durations, for a smoke run |
 //! | `BENCH_FULL=1` | the memory flatness run sends 1M requests instead of 100k |
-//! | `BENCH_ONLY` | scenario letters to run, e.g. `ac` (default: all of `abcde`) |
+//! | `BENCH_ONLY` | scenario letters to run, e.g. `ac` (default: all of `abcdef`) |
 //! | `BENCH_NOTE` | a note printed at the top of the report (e.g. "machine was busy") |
 //! | `BENCH_OUTPUT` | report path (default `docs/BENCHMARKS.md`) |
 //! | `BENCH_VARIANTS` | HTTP variants to run, e.g. `layer,baseline` (for profiling; the report needs all) |
@@ -42,6 +44,7 @@ mod alloc;
 mod common;
 mod contended;
 mod cycles;
+mod group;
 mod http;
 mod machine;
 mod memory;
@@ -128,7 +131,7 @@ impl Settings {
             quick,
             full,
             only: std::env::var("BENCH_ONLY")
-                .unwrap_or_else(|_| "abcde".to_owned())
+                .unwrap_or_else(|_| "abcdef".to_owned())
                 .to_ascii_lowercase(),
             variants: std::env::var("BENCH_VARIANTS")
                 .ok()
@@ -215,6 +218,9 @@ fn main() {
     }
     if s.wants('e') {
         results.memory = memory::run(&rt, &redis, &s);
+    }
+    if s.wants('f') {
+        results.group = group::run(&redis, &s);
     }
     rt.block_on(flushall(&url));
     rt.shutdown_timeout(Duration::from_secs(2));

@@ -31,6 +31,7 @@ pub(crate) struct Results {
     pub(crate) contended: Vec<(usize, usize, Peer, Vec<ContendedSample>)>,
     pub(crate) renewal: Vec<RenewalSample>,
     pub(crate) memory: Vec<MemorySample>,
+    pub(crate) group: crate::group::GroupResults,
 }
 
 pub(crate) struct Meta {
@@ -63,7 +64,7 @@ fn render(s: &Settings, meta: &Meta, r: &Results) -> String {
     }
     let _ = writeln!(
         w,
-        "Written by `benches/lock_bench/` (issue 4) on {}, in {:.0} s. Each figure is the median \
+        "Written by `benches/lock_bench/` on {}, in {:.0} s. Each figure is the median \
          of {} run(s), with the minimum and maximum across runs in parentheses. The load generator \
          (wrk or the bench's own tasks), the server under test and `redis-server` share the \
          machine, over loopback; `redis-server` runs in a session of its own (`setsid`), as a \
@@ -112,6 +113,7 @@ fn render(s: &Settings, meta: &Meta, r: &Results) -> String {
     render_contended(w, s, r);
     render_renewal(w, s, r);
     render_memory(w, s, r);
+    crate::group::render(w, s, &r.group);
 
     let _ = writeln!(w, "## Not covered\n");
     let _ = writeln!(

