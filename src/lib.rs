@@ -132,6 +132,8 @@ pub use response::{ProblemJson, RejectionResponse};
 pub use store::ClusterStore;
 #[cfg(feature = "sentinel")]
 pub use store::SentinelStore;
+#[cfg(feature = "tls")]
+pub use store::TlsConfig;
 pub use store::{LockStore, MemoryStore, RedisStore, RedlockStore};
 pub use token::Token;
 pub use wait::Wait;

@@ -6,7 +6,7 @@ use redis::{
     Cmd, ErrorKind, Pipeline, RedisError, Script, ServerErrorKind, Value,
     aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection},
 };
-use std::time::Duration;
+use std::{borrow::Cow, time::Duration};
 
 use super::RedisStore;
 use crate::store::{StoreError, StoreErrorKind};
@@ -121,20 +121,143 @@ pub(super) fn manager_config() -> ConnectionManagerConfig {
 }
 
 pub(crate) fn redis_error(e: RedisError) -> StoreError {
-    let kind = if e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain) {
-        // Refused unrun, during a slot migration: see `StoreErrorKind::TryAgain`. Redis's other
-        // "not now" answers (`LOADING`, `CLUSTERDOWN`, `MASTERDOWN`) mean an outage: 503 at once.
-        StoreErrorKind::TryAgain
-    } else if e.is_timeout() {
+    let (kind, cause) = classify(&e);
+    let message: Cow<'static, str> = match (kind, cause) {
+        // Refused unrun, during a slot migration: see `StoreErrorKind::TryAgain`.
+        (StoreErrorKind::TryAgain, _) => {
+            "the Redis lock store asked to try again (a slot in migration)".into()
+        }
+        (_, Some(cause)) => format!("the Redis lock store failed: {cause}").into(),
+        (_, None) => "the Redis lock store failed".into(),
+    };
+    StoreError::new(kind, message, e)
+}
+
+/// A failed attempt to connect to `target` ("the Redis server at host:port"), with a message
+/// that names the cause: the credentials, the TLS certificate (whose, and what is wrong with
+/// it), an address that does not answer. The URL is never in it: `target` is an address.
+pub(crate) fn connect_error(target: &str, e: RedisError) -> StoreError {
+    let (kind, cause) = classify(&e);
+    let cause = cause.unwrap_or(match kind {
+        StoreErrorKind::Timeout => "it did not answer in time".into(),
+        StoreErrorKind::Unavailable if e.is_connection_refusal() => {
+            "nothing listens there (connection refused)".into()
+        }
+        StoreErrorKind::Unavailable if e.is_connection_dropped() => {
+            // What a TLS-only port does to a client that does not speak TLS.
+            "it closed the connection (a TLS port reached with `redis://` instead of \
+             `rediss://` does that)"
+                .into()
+        }
+        StoreErrorKind::Unavailable => "it cannot be reached".into(),
+        _ => "it answered with an error".into(),
+    });
+    StoreError::new(kind, format!("cannot connect to {target}: {cause}"), e)
+}
+
+/// The kind of a Redis error, and for the kinds that say what to fix (credentials, TLS,
+/// settings) a cause that names it.
+fn classify(e: &RedisError) -> (StoreErrorKind, Option<Cow<'static, str>>) {
+    if e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain) {
+        // Redis's other "not now" answers (`LOADING`, `CLUSTERDOWN`, `MASTERDOWN`) mean an
+        // outage: 503 at once.
+        return (StoreErrorKind::TryAgain, None);
+    }
+    #[cfg(feature = "tls")]
+    if let Some(cause) = tls_cause(e) {
+        return (StoreErrorKind::Tls, Some(cause));
+    }
+    let auth = match (e.kind(), e.code()) {
+        (_, Some("NOAUTH")) => Some("the server requires a password, and none was given (NOAUTH)"),
+        (_, Some("WRONGPASS")) => Some(
+            "the server refused the user name or password, or the user is disabled (WRONGPASS)",
+        ),
+        (ErrorKind::AuthenticationFailed, _) => {
+            Some("the server refused the user name or password, or the user is disabled")
+        }
+        _ => None,
+    };
+    if let Some(cause) = auth {
+        return (StoreErrorKind::Authentication, Some(cause.into()));
+    }
+    if e.kind() == ErrorKind::InvalidClientConfig {
+        let cause = match e.detail() {
+            // The redis crate's details name a setting, never its value.
+            Some(detail) => format!("invalid connection settings: {detail}").into(),
+            None => "invalid connection settings".into(),
+        };
+        return (StoreErrorKind::Config, Some(cause));
+    }
+    let kind = if e.is_timeout() {
         StoreErrorKind::Timeout
     } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
         StoreErrorKind::Unavailable
     } else {
         StoreErrorKind::Backend
     };
-    let message = match kind {
-        StoreErrorKind::TryAgain => "the Redis lock store asked to try again (a slot in migration)",
-        _ => "the Redis lock store failed",
-    };
-    StoreError::new(kind, message, e)
+    (kind, None)
+}
+
+/// What went wrong with TLS, if `e` is a TLS failure: rustls's error, found in the chain of
+/// sources (the redis crate keeps the I/O error of the handshake, which wraps it).
+#[cfg(feature = "tls")]
+fn tls_cause(e: &RedisError) -> Option<Cow<'static, str>> {
+    use rustls::{AlertDescription as Alert, CertificateError as Cert, Error as Tls};
+
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = next {
+        let tls = error.downcast_ref::<Tls>().or_else(|| {
+            error
+                .downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::get_ref)
+                .and_then(|inner| inner.downcast_ref::<Tls>())
+        });
+        if let Some(tls) = tls {
+            return Some(match tls {
+                Tls::InvalidCertificate(Cert::UnknownIssuer | Cert::BadSignature) => {
+                    "the server's TLS certificate is not signed by a trusted CA (is the CA \
+                     bundle the one that signed it?)"
+                        .into()
+                }
+                Tls::InvalidCertificate(
+                    Cert::NotValidForName | Cert::NotValidForNameContext { .. },
+                ) => "the server's TLS certificate is for another host name or address".into(),
+                Tls::InvalidCertificate(
+                    Cert::Expired
+                    | Cert::ExpiredContext { .. }
+                    | Cert::NotValidYet
+                    | Cert::NotValidYetContext { .. },
+                ) => "the server's TLS certificate has expired or is not valid yet".into(),
+                Tls::InvalidCertificate(other) => {
+                    format!("the server's TLS certificate is invalid ({other:?})").into()
+                }
+                Tls::AlertReceived(Alert::CertificateRequired) => {
+                    "the server requires a client certificate (mutual TLS), and none was given"
+                        .into()
+                }
+                Tls::AlertReceived(
+                    Alert::UnknownCA
+                    | Alert::BadCertificate
+                    | Alert::CertificateUnknown
+                    | Alert::CertificateRevoked
+                    | Alert::CertificateExpired
+                    | Alert::AccessDenied,
+                ) => "the server refused the client certificate (mutual TLS)".into(),
+                Tls::AlertReceived(alert) => {
+                    format!("the server ended the TLS handshake ({alert:?})").into()
+                }
+                Tls::InvalidMessage(_)
+                | Tls::InappropriateMessage { .. }
+                | Tls::InappropriateHandshakeMessage { .. } => {
+                    "the TLS handshake failed (is the port a TLS port?)".into()
+                }
+                other => format!("TLS failed ({other})").into(),
+            });
+        }
+        if error.is::<rustls::pki_types::InvalidDnsNameError>() {
+            return Some("the host is not a valid TLS server name".into());
+        }
+        next = error.source();
+    }
+    None
 }

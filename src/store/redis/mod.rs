@@ -30,13 +30,18 @@ use redis::{
 };
 use tokio::sync::OnceCell;
 
-pub(crate) use self::{connection::redis_error, handoff::Handoff};
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
+pub(crate) use self::server_name_of as server_name;
 use self::{
     connection::{Request, Transport, manager_config},
     keys::ms,
     native::{NativeRelease, NativeState, info_text},
     replicas::ReplicaAcks,
     scripts::{LUA, Scripts},
+};
+pub(crate) use self::{
+    connection::{connect_error, redis_error},
+    handoff::Handoff,
 };
 use super::{
     Acquire, Capabilities, LockStore, StoreError,
@@ -124,7 +129,18 @@ impl RedisStore {
     ///
     /// The connection times out connecting after 1 s and waiting for a reply after 2 s; the
     /// layer bounds each operation more tightly still (its wait deadline and store timeout).
-    /// Fails if the server cannot be reached now.
+    /// Fails if the server cannot be reached now, with a [`StoreError`] whose kind and message
+    /// name the cause: [`Authentication`](super::StoreErrorKind::Authentication) (a wrong
+    /// password or user), [`Tls`](super::StoreErrorKind::Tls) (an untrusted certificate, one
+    /// for another host, a refused client certificate),
+    /// [`Unavailable`](super::StoreErrorKind::Unavailable) or
+    /// [`Timeout`](super::StoreErrorKind::Timeout) (nothing answers),
+    /// [`Config`](super::StoreErrorKind::Config) (a URL that does not parse). The message
+    /// shows the server's address, never the URL's password.
+    ///
+    /// A `rediss://` URL connects over TLS (the `tls` feature), trusting the operating
+    /// system's CA store; for a private CA or a client certificate, see
+    /// [`connect_with_tls`](Self::connect_with_tls).
     ///
     /// Once connected, it asks the server for its eviction policy (`INFO memory`) and logs a
     /// warning if the server may evict lock keys (any `maxmemory-policy` but `noeviction`; see
@@ -133,13 +149,33 @@ impl RedisStore {
         Ok(Self::connect_plain(url).await?.handoff(true))
     }
 
+    /// Like [`connect`](Self::connect), over TLS with `tls`'s CA bundle and client certificate
+    /// (the `tls` feature). `url` is a `rediss://` URL; the hand-off's own connection uses the
+    /// same settings.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_lock::{RedisStore, store::TlsConfig};
+    ///
+    /// let tls = TlsConfig::new().ca_cert_file("/etc/redis/tls/ca.pem");
+    /// let store = RedisStore::connect_with_tls("rediss://:secret@10.0.0.1:6380/", &tls).await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    pub async fn connect_with_tls<T: IntoConnectionInfo>(
+        url: T,
+        tls: &super::TlsConfig,
+    ) -> Result<Self, StoreError> {
+        Self::connect(tls.connection_info(url)?).await
+    }
+
     /// Like [`connect`](Self::connect), without hand-off (for Redlock's nodes and Sentinel's
     /// masters, which do not queue).
     pub(crate) async fn connect_plain<T: IntoConnectionInfo>(url: T) -> Result<Self, StoreError> {
-        let client = Client::open(url).map_err(redis_error)?;
+        let (client, target) = open(url)?;
         let manager = ConnectionManager::new_with_config(client.clone(), manager_config())
             .await
-            .map_err(redis_error)?;
+            .map_err(|e| connect_error(&target, e))?;
         let store = Self::from_connection_manager(manager).with_client(client);
         store.check_eviction().await;
         Ok(store)
@@ -148,9 +184,9 @@ impl RedisStore {
     /// Like [`connect`](Self::connect), but connects at the first command instead of now, and
     /// without hand-off (for Redlock's nodes, which do not queue).
     pub(crate) fn connect_lazy<T: IntoConnectionInfo>(url: T) -> Result<Self, StoreError> {
-        let client = Client::open(url).map_err(redis_error)?;
+        let (client, target) = open(url)?;
         let manager = ConnectionManager::new_lazy_with_config(client.clone(), manager_config())
-            .map_err(redis_error)?;
+            .map_err(|e| connect_error(&target, e))?;
         Ok(Self::from_connection_manager(manager).with_client(client))
     }
 
@@ -436,6 +472,27 @@ impl RedisStore {
             client: None,
         }
     }
+}
+
+/// A client for `url`, and how messages name its server ("the Redis server at host:port",
+/// never the URL, which may hold a password). Installs the TLS crypto provider for a
+/// `rediss://` URL.
+fn open<T: IntoConnectionInfo>(url: T) -> Result<(Client, String), StoreError> {
+    let info = url.into_connection_info().map_err(redis_error)?;
+    #[cfg(feature = "tls")]
+    super::prepare_tls(&info);
+    let target = server_name_of(&info);
+    let client = Client::open(info).map_err(|e| connect_error(&target, e))?;
+    Ok((client, target))
+}
+
+/// "the Redis server at host:port", for messages.
+pub(crate) fn server_name_of(info: &redis::ConnectionInfo) -> String {
+    let tls = match info.addr() {
+        redis::ConnectionAddr::TcpTls { .. } => " (TLS)",
+        _ => "",
+    };
+    format!("the Redis server at {}{tls}", info.addr())
 }
 
 impl LockStore for RedisStore {
