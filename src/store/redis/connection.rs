@@ -175,7 +175,17 @@ fn classify(e: &RedisError) -> (StoreErrorKind, Option<Cow<'static, str>>) {
         (ErrorKind::AuthenticationFailed, _) => {
             Some("the server refused the user name or password, or the user is disabled")
         }
-        _ => None,
+        // Where the redis crate kept only the text of the cause (a cluster's first
+        // connections).
+        _ => e.detail().and_then(|text| {
+            if text.contains("NOAUTH") {
+                Some("the server requires a password, and none was given (NOAUTH)")
+            } else if text.contains("WRONGPASS") || text.contains("uthentication failed") {
+                Some("the server refused the user name or password, or the user is disabled")
+            } else {
+                None
+            }
+        }),
     };
     if let Some(cause) = auth {
         return (StoreErrorKind::Authentication, Some(cause.into()));
@@ -199,65 +209,94 @@ fn classify(e: &RedisError) -> (StoreErrorKind, Option<Cow<'static, str>>) {
 }
 
 /// What went wrong with TLS, if `e` is a TLS failure: rustls's error, found in the chain of
-/// sources (the redis crate keeps the I/O error of the handshake, which wraps it).
+/// sources (the redis crate keeps the I/O error of the handshake, which wraps it), or, where
+/// the redis crate kept only its text (a cluster's first connections), read from that.
 #[cfg(feature = "tls")]
 fn tls_cause(e: &RedisError) -> Option<Cow<'static, str>> {
-    use rustls::{AlertDescription as Alert, CertificateError as Cert, Error as Tls};
+    use std::{error::Error, sync::Arc};
 
-    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    /// rustls's error in `error`, unwrapping the layers that `source()` passes over (an `Arc`
+    /// the redis crate shares its cause in, an `io::Error` that wraps another).
+    fn rustls_error<'a>(error: &'a (dyn Error + 'static)) -> Option<&'a rustls::Error> {
+        if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        if let Some(arc) = error.downcast_ref::<Arc<dyn Error + Send + Sync>>() {
+            return rustls_error(&**arc);
+        }
+        let inner = error.downcast_ref::<std::io::Error>()?.get_ref()?;
+        rustls_error(inner)
+    }
+
+    let mut next: Option<&(dyn Error + 'static)> = Some(e);
     while let Some(error) = next {
-        let tls = error.downcast_ref::<Tls>().or_else(|| {
-            error
-                .downcast_ref::<std::io::Error>()
-                .and_then(std::io::Error::get_ref)
-                .and_then(|inner| inner.downcast_ref::<Tls>())
-        });
-        if let Some(tls) = tls {
-            return Some(match tls {
-                Tls::InvalidCertificate(Cert::UnknownIssuer | Cert::BadSignature) => {
-                    "the server's TLS certificate is not signed by a trusted CA (is the CA \
-                     bundle the one that signed it?)"
-                        .into()
-                }
-                Tls::InvalidCertificate(
-                    Cert::NotValidForName | Cert::NotValidForNameContext { .. },
-                ) => "the server's TLS certificate is for another host name or address".into(),
-                Tls::InvalidCertificate(
-                    Cert::Expired
-                    | Cert::ExpiredContext { .. }
-                    | Cert::NotValidYet
-                    | Cert::NotValidYetContext { .. },
-                ) => "the server's TLS certificate has expired or is not valid yet".into(),
-                Tls::InvalidCertificate(other) => {
-                    format!("the server's TLS certificate is invalid ({other:?})").into()
-                }
-                Tls::AlertReceived(Alert::CertificateRequired) => {
-                    "the server requires a client certificate (mutual TLS), and none was given"
-                        .into()
-                }
-                Tls::AlertReceived(
-                    Alert::UnknownCA
-                    | Alert::BadCertificate
-                    | Alert::CertificateUnknown
-                    | Alert::CertificateRevoked
-                    | Alert::CertificateExpired
-                    | Alert::AccessDenied,
-                ) => "the server refused the client certificate (mutual TLS)".into(),
-                Tls::AlertReceived(alert) => {
-                    format!("the server ended the TLS handshake ({alert:?})").into()
-                }
-                Tls::InvalidMessage(_)
-                | Tls::InappropriateMessage { .. }
-                | Tls::InappropriateHandshakeMessage { .. } => {
-                    "the TLS handshake failed (is the port a TLS port?)".into()
-                }
-                other => format!("TLS failed ({other})").into(),
-            });
+        match rustls_error(error) {
+            Some(rustls::Error::InvalidCertificate(cert)) => {
+                return Some(certificate_cause(&format!("{cert:?}")));
+            }
+            Some(rustls::Error::AlertReceived(alert)) => {
+                return Some(alert_cause(&format!("{alert:?}")));
+            }
+            Some(
+                rustls::Error::InvalidMessage(_)
+                | rustls::Error::InappropriateMessage { .. }
+                | rustls::Error::InappropriateHandshakeMessage { .. },
+            ) => return Some("the TLS handshake failed (is the port a TLS port?)".into()),
+            Some(other) => return Some(format!("TLS failed ({other})").into()),
+            None => {}
         }
         if error.is::<rustls::pki_types::InvalidDnsNameError>() {
             return Some("the host is not a valid TLS server name".into());
         }
         next = error.source();
     }
-    None
+    // rustls's `Display` of the two errors that matter most.
+    let text = e.detail()?;
+    let name = |prefix: &str| {
+        let rest = &text[text.find(prefix)? + prefix.len()..];
+        Some(
+            rest.split(|c: char| !c.is_ascii_alphanumeric())
+                .next()?
+                .to_owned(),
+        )
+    };
+    if let Some(cert) = name("invalid peer certificate: ") {
+        return Some(certificate_cause(&cert));
+    }
+    name("received fatal alert: ").map(|alert| alert_cause(&alert))
+}
+
+/// What is wrong with the server's certificate, by the name of rustls's `CertificateError`.
+#[cfg(feature = "tls")]
+fn certificate_cause(name: &str) -> Cow<'static, str> {
+    match name {
+        "UnknownIssuer" | "BadSignature" => "the server's TLS certificate is not signed by a \
+                                             trusted CA (is the CA bundle the one that signed it?)"
+            .into(),
+        n if n.starts_with("NotValidForName") => {
+            "the server's TLS certificate is for another host name or address".into()
+        }
+        n if n.starts_with("Expired") || n.starts_with("NotValidYet") => {
+            "the server's TLS certificate has expired or is not valid yet".into()
+        }
+        other => format!("the server's TLS certificate is invalid ({other})").into(),
+    }
+}
+
+/// What the server's TLS alert means, by the name of rustls's `AlertDescription`.
+#[cfg(feature = "tls")]
+fn alert_cause(name: &str) -> Cow<'static, str> {
+    match name {
+        "CertificateRequired" => {
+            "the server requires a client certificate (mutual TLS), and none was given".into()
+        }
+        "UnknownCA"
+        | "BadCertificate"
+        | "CertificateUnknown"
+        | "CertificateRevoked"
+        | "CertificateExpired"
+        | "UnsupportedCertificate"
+        | "AccessDenied" => "the server refused the client certificate (mutual TLS)".into(),
+        other => format!("the server ended the TLS handshake ({other})").into(),
+    }
 }

@@ -177,6 +177,7 @@ impl RedisStore {
             .await
             .map_err(|e| connect_error(&target, e))?;
         let store = Self::from_connection_manager(manager).with_client(client);
+        store.check_login(&target).await?;
         store.check_eviction().await;
         Ok(store)
     }
@@ -439,6 +440,19 @@ impl RedisStore {
                 error = &error as &dyn std::error::Error,
                 "could not ask the Redis server for its maxmemory-policy"
             ),
+        }
+    }
+
+    /// Sends `PING` and fails if the server wants credentials it did not get: a connection to
+    /// a server with a password succeeds without one (nothing is sent before the first
+    /// command), and would fail every request. Any other refusal (an ACL user without
+    /// `+ping`) is not this check's business.
+    async fn check_login(&self, target: &str) -> Result<(), StoreError> {
+        match self.query(Request::Cmd(&redis::cmd("PING"))).await? {
+            Err(e) if redis_error(e.clone()).kind() == super::StoreErrorKind::Authentication => {
+                Err(connect_error(target, e))
+            }
+            _ => Ok(()),
         }
     }
 
