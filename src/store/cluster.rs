@@ -78,7 +78,7 @@ impl ClusterStore {
             .into_iter()
             .map(|seed| seed.into_connection_info().map_err(redis_error))
             .collect::<Result<Vec<_>, _>>()?;
-        Self::connect_seeds(seeds, |builder| Ok(builder)).await
+        Self::connect_seeds(seeds, Ok).await
     }
 
     /// Like [`connect`](Self::connect), over TLS with `tls`'s CA bundle and client certificate
