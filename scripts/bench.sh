@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces docs/BENCHMARKS.md (issue 4's benchmark, benches/lock_bench.rs): about 7 minutes on
+# Reproduces docs/BENCHMARKS.md (issue 4's benchmark, benches/lock_bench/): about 7 minutes on
 # 2 cores, plus the first build. On a fresh Debian machine (as root) it first installs `wrk` and
 # `redis-server`; the benchmark starts its own redis-server on a free loopback port and stops it.
 # Settings go through the environment: BENCH_RUNS (default 3), BENCH_QUICK=1 (a short smoke run),

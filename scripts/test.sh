@@ -19,4 +19,6 @@ echo "using $(redis-server --version)" >&2
 
 # The crate without its default features still builds (tower-only users).
 cargo check --no-default-features --quiet
+# The test kit's own unit tests (its MONITOR and wrk parsers); the crate's suite follows.
+cargo test -p tower-lock-testkit --quiet
 cargo test --all-features "$@"

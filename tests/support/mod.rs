@@ -227,7 +227,7 @@ impl Tally {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Topologies: a master with replicas, independent masters (Redlock), a cluster.
+// Backends on topologies the kit starts: independent masters (Redlock), a cluster.
 
 /// Independent masters for a Redlock store.
 pub struct Redlock(pub Vec<RedisServer>);
