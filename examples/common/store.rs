@@ -213,9 +213,11 @@ impl Tls {
         #[cfg(not(feature = "tls"))]
         {
             if ca.is_some() || cert.is_some() || key.is_some() {
-                return Err("REDIS_CA_CERT, REDIS_CLIENT_CERT and REDIS_CLIENT_KEY need the `tls` \
+                return Err(
+                    "REDIS_CA_CERT, REDIS_CLIENT_CERT and REDIS_CLIENT_KEY need the `tls` \
                             feature: cargo run --features tls ..."
-                    .into());
+                        .into(),
+                );
             }
             Ok(Self {})
         }
@@ -273,11 +275,13 @@ async fn cluster(urls: Vec<String>, tls: &Tls) -> Result<Chosen, Box<dyn Error>>
         builder = builder.certs(tls.config.certificates().map_err(|e| chain(&e))?);
     }
     let described = urls.iter().map(|u| redacted(u)).collect::<Vec<_>>();
-    let conn = builder
-        .build()?
-        .get_async_connection()
-        .await
-        .map_err(|e| format!("the Redis Cluster at {}: {}", described.join(","), chain(&e)))?;
+    let conn = builder.build()?.get_async_connection().await.map_err(|e| {
+        format!(
+            "the Redis Cluster at {}: {}",
+            described.join(","),
+            chain(&e)
+        )
+    })?;
     Ok(Chosen {
         store: Store::Cluster(tower_lock::ClusterStore::from_connection(conn.clone())),
         data: Some(DataConnection::Cluster(conn)),
