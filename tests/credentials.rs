@@ -21,7 +21,7 @@ use std::{
 };
 
 use axum::http::StatusCode;
-use instances::{Instance, example_binary};
+use instances::example_binary;
 use support::{Counter, counter_app, purchase, send};
 use tower_lock::{Key, LockConfig, LockLayer, LockStore, RedisStore, RedlockStore, Wait};
 use tower_lock_testkit::{RedisServer, process::Process};
@@ -386,6 +386,7 @@ async fn examples_fail_at_start_up_with_the_cause() {
 #[cfg(feature = "tls")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn examples_work_over_mutual_tls_and_hide_the_password() {
+    use instances::Instance;
     use tower_lock_testkit::{TestCerts, TlsOptions, http::Http};
     let certs = TestCerts::generate();
     let server = RedisServer::options()

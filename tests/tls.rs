@@ -474,6 +474,10 @@ async fn bad_tls_settings_are_errors_that_name_the_file() {
     ))
     .await;
     assert_cause(&error, StoreErrorKind::Config, "rediss://");
+    // Certificates are always verified: `#insecure` is refused.
+    let insecure = format!("{}#insecure", server.url());
+    let error = timed(RedisStore::connect(insecure.as_str())).await;
+    assert_cause(&error, StoreErrorKind::Config, "#insecure");
     // And a `redis://` URL on a TLS-only port: the server hangs up.
     let error = timed(RedisStore::connect(plain.as_str())).await;
     assert_cause(&error, StoreErrorKind::Unavailable, "rediss://");

@@ -10,7 +10,7 @@ use redis::{
 
 use super::{
     Acquire, Capabilities, Eviction, LockStore, RedisStore, StoreError, StoreErrorKind,
-    redis::{connect_error, redis_error, server_name},
+    redis::{connect_error, redis_error, refuse_insecure, server_name},
 };
 use crate::{key::LockKey, token::Token};
 
@@ -125,8 +125,11 @@ impl ClusterStore {
                 seeds.len() - 1
             ),
         };
-        #[cfg(feature = "tls")]
-        seeds.iter().for_each(super::prepare_tls);
+        for seed in &seeds {
+            refuse_insecure(seed)?;
+            #[cfg(feature = "tls")]
+            super::prepare_tls(seed);
+        }
         let builder = ClusterClient::builder(seeds)
             .connection_timeout(Duration::from_secs(1))
             .response_timeout(Duration::from_secs(2))

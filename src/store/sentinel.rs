@@ -23,7 +23,7 @@ use redis::{
 use super::{
     Acquire, BoxFuture, Capabilities, Eviction, LockStore, RedisStore, Route, StoreError,
     StoreErrorKind,
-    redis::{Handoff, connect_error, redis_error, server_name},
+    redis::{Handoff, connect_error, redis_error, refuse_insecure, server_name},
 };
 use crate::{key::LockKey, token::Token};
 
@@ -264,8 +264,11 @@ impl SentinelStore {
             .map(|url| url.into_connection_info().map_err(redis_error))
             .collect::<Result<Vec<_>, _>>()?;
         let target = sentinels_name(&sentinels, master_name);
-        #[cfg(feature = "tls")]
-        sentinels.iter().for_each(super::prepare_tls);
+        for sentinel in &sentinels {
+            refuse_insecure(sentinel)?;
+            #[cfg(feature = "tls")]
+            super::prepare_tls(sentinel);
+        }
         // A `String`: the redis crate takes one, or `impl AsRef<str>` with its `tls-rustls`
         // feature on (which another crate in the build may turn on).
         #[allow(clippy::unnecessary_to_owned)]

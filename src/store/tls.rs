@@ -26,7 +26,10 @@ use rustls::{
     sign::CertifiedKey,
 };
 
-use super::{StoreError, StoreErrorKind, redis::redis_error};
+use super::{
+    StoreError, StoreErrorKind,
+    redis::{redis_error, refuse_insecure},
+};
 
 /// TLS settings for the connections to Redis: a private CA bundle, and a client certificate
 /// and key for mutual TLS (the `tls` feature).
@@ -68,6 +71,16 @@ use super::{StoreError, StoreErrorKind, redis::redis_error};
 /// client_cert = "/etc/redis/tls/client.pem"
 /// client_key = "/etc/redis/tls/client.key"
 /// ```
+///
+/// # The crypto provider
+///
+/// rustls does the TLS, with the *ring* crypto provider, which the crate installs as the
+/// process's default before its first TLS connection unless the application installed one
+/// already: an application that wants aws-lc-rs (for FIPS, say) installs it first and keeps
+/// it. Either way rustls never has to guess, which it cannot when a build enables both of its
+/// providers ("Could not automatically determine the process-level CryptoProvider").
+/// Certificates are always verified: no setting turns that off (a `rediss://...#insecure`
+/// URL is refused).
 #[derive(Clone, Default)]
 #[cfg_attr(
     feature = "serde",
@@ -161,7 +174,8 @@ impl TlsConfig {
     /// `ClusterClientBuilder::certs`, a `SentinelClientBuilder`, `Client::build_with_tls`).
     ///
     /// Also installs the crate's crypto provider as the process's default unless one is
-    /// installed already (see the [module docs](self)), so that a client built with them does
+    /// installed already (see [the crypto provider](TlsConfig#the-crypto-provider)), so that a
+    /// client built with them does
     /// not panic in rustls.
     pub fn certificates(&self) -> Result<TlsCertificates, StoreError> {
         let provider = crypto_provider();
@@ -250,6 +264,7 @@ impl TlsConfig {
 
     /// `info` with these settings; see [`connection_info`](Self::connection_info).
     pub(crate) fn apply(&self, info: ConnectionInfo) -> Result<ConnectionInfo, StoreError> {
+        refuse_insecure(&info)?;
         match info.addr() {
             ConnectionAddr::TcpTls { .. } => {
                 let certificates = self.certificates()?;

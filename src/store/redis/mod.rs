@@ -32,6 +32,8 @@ use tokio::sync::OnceCell;
 
 #[cfg(any(feature = "cluster", feature = "sentinel"))]
 pub(crate) use self::server_name_of as server_name;
+#[cfg(any(feature = "cluster", feature = "sentinel", feature = "tls"))]
+pub(crate) use self::verified as refuse_insecure;
 use self::{
     connection::{Request, Transport, manager_config},
     keys::ms,
@@ -493,11 +495,28 @@ impl RedisStore {
 /// `rediss://` URL.
 fn open<T: IntoConnectionInfo>(url: T) -> Result<(Client, String), StoreError> {
     let info = url.into_connection_info().map_err(redis_error)?;
+    verified(&info)?;
     #[cfg(feature = "tls")]
     super::prepare_tls(&info);
     let target = server_name_of(&info);
     let client = Client::open(info).map_err(|e| connect_error(&target, e))?;
     Ok((client, target))
+}
+
+/// Refuses a TLS address whose certificate would not be verified (`rediss://...#insecure`):
+/// anyone on the path could then read the password and forge the locks' answers.
+pub(crate) fn verified(info: &redis::ConnectionInfo) -> Result<(), StoreError> {
+    match info.addr() {
+        redis::ConnectionAddr::TcpTls { insecure: true, .. } => Err(StoreError::msg(
+            super::StoreErrorKind::Config,
+            format!(
+                "{} is given with `#insecure`: the lock store does not connect without \
+                 verifying the server's certificate (give its CA bundle instead)",
+                server_name_of(info)
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// "the Redis server at host:port", for messages.
