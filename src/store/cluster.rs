@@ -143,7 +143,11 @@ impl ClusterStore {
             .await
             .map_err(|e| connect_error(&target, e))?;
         let store = Self::from_connection(connection);
-        store.inner.check_eviction().await;
+        store
+            .inner
+            .check_eviction()
+            .await
+            .map_err(|e| e.while_connecting(&target))?;
         Ok(store)
     }
 

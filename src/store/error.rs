@@ -86,6 +86,16 @@ impl StoreError {
     pub fn kind(&self) -> StoreErrorKind {
         self.kind
     }
+
+    /// This error, as the reason connecting to `target` ("the Redis server at host:port")
+    /// failed: its kind, and a message that says both.
+    pub(crate) fn while_connecting(self, target: &str) -> Self {
+        Self {
+            kind: self.kind,
+            message: format!("cannot connect to {target}: {}", self.message).into(),
+            source: self.source,
+        }
+    }
 }
 
 impl fmt::Debug for StoreError {

@@ -127,7 +127,8 @@ pub(crate) fn redis_error(e: RedisError) -> StoreError {
         (StoreErrorKind::TryAgain, _) => {
             "the Redis lock store asked to try again (a slot in migration)".into()
         }
-        (_, Some(cause)) => format!("the Redis lock store failed: {cause}").into(),
+        // The cause says what to fix, and that it is the server's answer.
+        (_, Some(cause)) => cause,
         (_, None) => "the Redis lock store failed".into(),
     };
     StoreError::new(kind, message, e)

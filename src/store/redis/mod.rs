@@ -179,8 +179,10 @@ impl RedisStore {
             .await
             .map_err(|e| connect_error(&target, e))?;
         let store = Self::from_connection_manager(manager).with_client(client);
-        store.check_login(&target).await?;
-        store.check_eviction().await;
+        store
+            .check_eviction()
+            .await
+            .map_err(|e| e.while_connecting(&target))?;
         Ok(store)
     }
 
@@ -410,6 +412,10 @@ impl RedisStore {
                 })
                 .collect(),
             Ok(answer) => vec![ServerEviction::from_info(None, &info_text(answer))],
+            // Refused for want of credentials: the store cannot work at all.
+            Err(e) if redis_error(e.clone()).kind() == super::StoreErrorKind::Authentication => {
+                return Err(redis_error(e));
+            }
             // Refused (an ACL without `+info`, a proxy that filters it): unknown.
             Err(e) if e.kind() != ErrorKind::Io && !e.is_timeout() => vec![ServerEviction {
                 addr: None,
@@ -421,9 +427,11 @@ impl RedisStore {
     }
 
     /// Reads the eviction policy of the server(s) and logs a warning for each that may evict;
-    /// never fails, and gives up after a second (a server that does not answer is logged at
-    /// debug), so that connecting takes at most that much longer.
-    pub(crate) async fn check_eviction(&self) {
+    /// gives up after a second (a server that does not answer is logged at debug), so that
+    /// connecting takes at most that much longer. Fails only when the server refuses for want
+    /// of credentials (`NOAUTH`: a connection made without a password succeeds, and nothing
+    /// is sent before the first command), which would fail every request.
+    pub(crate) async fn check_eviction(&self) -> Result<(), StoreError> {
         let addr = self
             .client
             .as_ref()
@@ -437,25 +445,16 @@ impl RedisStore {
                     server.log(addr.as_deref());
                 }
             }
+            Err(error) if error.kind() == super::StoreErrorKind::Authentication => {
+                return Err(error);
+            }
             Err(error) => tracing::debug!(
                 server = addr.as_deref().unwrap_or("?"),
                 error = &error as &dyn std::error::Error,
                 "could not ask the Redis server for its maxmemory-policy"
             ),
         }
-    }
-
-    /// Sends `PING` and fails if the server wants credentials it did not get: a connection to
-    /// a server with a password succeeds without one (nothing is sent before the first
-    /// command), and would fail every request. Any other refusal (an ACL user without
-    /// `+ping`) is not this check's business.
-    async fn check_login(&self, target: &str) -> Result<(), StoreError> {
-        match self.query(Request::Cmd(&redis::cmd("PING"))).await? {
-            Err(e) if redis_error(e.clone()).kind() == super::StoreErrorKind::Authentication => {
-                Err(connect_error(target, e))
-            }
-            _ => Ok(()),
-        }
+        Ok(())
     }
 
     fn with_client(mut self, client: Client) -> Self {
