@@ -21,6 +21,8 @@ mod redis;
 mod redlock;
 #[cfg(feature = "sentinel")]
 mod sentinel;
+#[cfg(test)]
+mod tests;
 #[cfg(feature = "tls")]
 mod tls;
 
