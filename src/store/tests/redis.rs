@@ -27,6 +27,24 @@ async fn stores(server: &RedisServer, n: usize) -> Vec<RedisStore> {
     out
 }
 
+/// A store on `server` whose hand-off subscription is up and has had its waiters check again
+/// (the [`Signal::Retry`] a subscription sends every registered waiter when it comes up), so
+/// that a waiter registered from now on hears only what is meant for it. A waiter that queued
+/// while Redis already listed the channel but before the store had sent that signal would take
+/// it for its first.
+async fn settled_store(server: &RedisServer) -> RedisStore {
+    let store = RedisStore::connect(server.url()).await.unwrap();
+    // Registered at once, before the subscription (a few round trips away) can be up.
+    let probe = Token::generate().unwrap();
+    let mut watch = store
+        .queue_watch(&key("probe", "settled"), &probe)
+        .expect("hand-off is on");
+    // None within 1 s: the subscription came up before the probe registered, and told its
+    // waiters then.
+    let _ = tokio::time::timeout(Duration::from_secs(1), watch.signal()).await;
+    store
+}
+
 /// A queued caller that finds the key free (its holder's lease ran out) with only crashed
 /// waiters ahead of it takes the key itself: it is the first live waiter. It is not passed
 /// over for a live waiter behind it, nor sent to the back of the queue.
@@ -193,7 +211,7 @@ async fn batched_renewals_on_a_cluster_mode_server_answer_each_lease() {
 async fn every_script_stays_in_one_slot_on_a_cluster_mode_server() {
     let server = one_node_cluster();
     let a = RedisStore::connect(server.url()).await.unwrap();
-    let b = RedisStore::connect(server.url()).await.unwrap();
+    let b = settled_store(&server).await;
     handoff_subscriptions(&server, 2).await;
     let key = LockKey::new("tower-lock:", "POST /items/{sku}/purchase", b"sku-1", 64).unwrap();
     let ttl = Duration::from_secs(10);
