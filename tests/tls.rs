@@ -3,8 +3,9 @@
 //! store (`RedisStore` over its default transport and over a bb8 pool, `RedlockStore`,
 //! `ClusterStore` with `--tls-cluster yes`, `SentinelStore` with TLS sentinels and
 //! `--tls-replication yes`), with and without client certificates (`--tls-auth-clients yes`),
-//! running the exclusion test, whose negative control is here too; and every failure at
-//! start-up, each a typed error that names its cause, within seconds.
+//! running the exclusion test, with its negative controls (no layer; a layer whose instances
+//! lock in two TLS servers that do not share their locks); and every failure at start-up, each
+//! a typed error that names its cause, within seconds.
 #![cfg(feature = "tls")]
 
 mod suite;
@@ -173,6 +174,25 @@ async fn without_the_lock_updates_are_lost() {
     suite::without_the_lock_updates_are_lost().await;
 }
 
+/// The negative control over TLS: the same load, through the layer and over mutual TLS, but
+/// with each instance locking in a TLS server of its own, loses updates. The exclusion the
+/// tests above see comes from the one server the instances share, not from the TLS round
+/// trips spacing the requests out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_in_two_unshared_tls_servers_lose_updates() {
+    let certs = TestCerts::generate();
+    let tls = tls_config(&certs, true);
+    let a = Redis {
+        server: tls_server(&certs, true),
+        tls: tls.clone(),
+    };
+    let b = Redis {
+        server: tls_server(&certs, true),
+        tls,
+    };
+    suite::unshared_stores_lose_updates(a, b).await;
+}
+
 #[cfg(feature = "cluster")]
 mod cluster {
     use super::*;
@@ -213,6 +233,18 @@ mod cluster {
         let cluster = start(&certs, true);
         let tls = tls_config(&certs, true);
         suite::exclusion(Cluster { cluster, tls }).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unreachable_cluster_is_unavailable() {
+        let certs = TestCerts::generate();
+        let seed = format!("rediss://127.0.0.1:{}/", free_port());
+        let error = timed(ClusterStore::connect_with_tls(
+            [seed.as_str()],
+            &tls_config(&certs, false),
+        ))
+        .await;
+        assert_cause(&error, StoreErrorKind::Unavailable, "Redis Cluster");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -300,6 +332,20 @@ mod sentinel {
         let setup = start(&certs, true);
         let tls = tls_config(&certs, true);
         suite::exclusion(Sentinel { setup, tls }).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn unreachable_sentinels_are_unavailable() {
+        let certs = TestCerts::generate();
+        let sentinel = format!("rediss://127.0.0.1:{}/", free_port());
+        let error = timed(SentinelStore::connect_with_tls(
+            [sentinel.as_str()],
+            MASTER_NAME,
+            RedisConnectionInfo::default(),
+            &tls_config(&certs, false),
+        ))
+        .await;
+        assert_cause(&error, StoreErrorKind::Unavailable, "sentinels");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -532,9 +578,44 @@ async fn a_wrong_or_missing_password_is_an_authentication_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_is_unavailable() {
-    let url = format!("redis://127.0.0.1:{}/", free_port());
+    let port = free_port();
+    let url = format!("redis://127.0.0.1:{port}/");
     let error = timed(RedisStore::connect(url.as_str())).await;
     assert_cause(&error, StoreErrorKind::Unavailable, "nothing listens there");
     let error = timed(RedlockStore::connect([url.as_str()])).await;
     assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+    let tls_url = format!("rediss://127.0.0.1:{port}/");
+    let certs = TestCerts::generate();
+    let error = timed(RedisStore::connect_with_tls(
+        tls_url.as_str(),
+        &tls_config(&certs, false),
+    ))
+    .await;
+    assert_cause(&error, StoreErrorKind::Unavailable, "nothing listens there");
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("127.0.0.1:{port} (TLS)")),
+        "{error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_port_reached_over_tls_asks_whether_it_is_a_tls_port() {
+    let certs = TestCerts::generate();
+    let server = RedisServer::start();
+    let url = format!("rediss://127.0.0.1:{}/", server.port());
+    let error = timed(RedisStore::connect_with_tls(
+        url.as_str(),
+        &tls_config(&certs, false),
+    ))
+    .await;
+    // redis-server takes the handshake for an inline command and waits for its end of line,
+    // unless the handshake's random bytes hold one: then it answers with an error, which is no
+    // TLS. Either way the message asks the question.
+    assert!(
+        matches!(error.kind(), StoreErrorKind::Tls | StoreErrorKind::Timeout),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("is it a TLS port?"), "{error}");
 }

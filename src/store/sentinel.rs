@@ -23,7 +23,7 @@ use redis::{
 use super::{
     Acquire, BoxFuture, Capabilities, Eviction, LockStore, RedisStore, Route, StoreError,
     StoreErrorKind,
-    redis::{Handoff, connect_error, redis_error, refuse_insecure, server_name},
+    redis::{Handoff, TLS_MARK, connect_error, redis_error, refuse_insecure, server_name},
 };
 use crate::{key::LockKey, token::Token};
 
@@ -626,9 +626,13 @@ impl SentinelStore {
 /// "the master <name> through the sentinels at a:1, b:2", for messages.
 fn sentinels_name(sentinels: &[redis::ConnectionInfo], master_name: &str) -> String {
     let addrs: Vec<String> = sentinels.iter().map(|s| s.addr().to_string()).collect();
+    let tls = sentinels
+        .iter()
+        .any(|s| matches!(s.addr(), redis::ConnectionAddr::TcpTls { .. }));
     format!(
-        "the master {master_name:?} through the Redis sentinels at {}",
-        addrs.join(", ")
+        "the master {master_name:?} through the Redis sentinels at {}{}",
+        addrs.join(", "),
+        if tls { TLS_MARK } else { "" }
     )
 }
 

@@ -134,12 +134,23 @@ pub(crate) fn redis_error(e: RedisError) -> StoreError {
     StoreError::new(kind, message, e)
 }
 
+/// What marks a TLS address in the names of servers (`target`s): "the Redis server at
+/// host:port (TLS)".
+pub(crate) const TLS_MARK: &str = " (TLS)";
+
 /// A failed attempt to connect to `target` ("the Redis server at host:port"), with a message
 /// that names the cause: the credentials, the TLS certificate (whose, and what is wrong with
 /// it), an address that does not answer. The URL is never in it: `target` is an address.
 pub(crate) fn connect_error(target: &str, e: RedisError) -> StoreError {
     let (kind, cause) = classify(&e);
     let cause = cause.unwrap_or(match kind {
+        // A Redis port that does not speak TLS takes the handshake for the start of a command
+        // and waits for the rest of it.
+        StoreErrorKind::Timeout if target.contains(TLS_MARK) => {
+            "it did not answer in time (over TLS: a port that does not speak TLS does not \
+             answer the handshake; is it a TLS port?)"
+                .into()
+        }
         StoreErrorKind::Timeout => "it did not answer in time".into(),
         StoreErrorKind::Unavailable if e.is_connection_refusal() => {
             "nothing listens there (connection refused)".into()
@@ -242,7 +253,11 @@ fn tls_cause(e: &RedisError) -> Option<Cow<'static, str>> {
                 rustls::Error::InvalidMessage(_)
                 | rustls::Error::InappropriateMessage { .. }
                 | rustls::Error::InappropriateHandshakeMessage { .. },
-            ) => return Some("the TLS handshake failed (is the port a TLS port?)".into()),
+            ) => {
+                return Some(
+                    "the TLS handshake failed (the answer is not TLS: is it a TLS port?)".into(),
+                );
+            }
             Some(other) => return Some(format!("TLS failed ({other})").into()),
             None => {}
         }

@@ -30,10 +30,6 @@ use redis::{
 };
 use tokio::sync::OnceCell;
 
-#[cfg(any(feature = "cluster", feature = "sentinel"))]
-pub(crate) use self::server_name_of as server_name;
-#[cfg(any(feature = "cluster", feature = "sentinel", feature = "tls"))]
-pub(crate) use self::verified as refuse_insecure;
 use self::{
     connection::{Request, Transport, manager_config},
     keys::ms,
@@ -42,7 +38,7 @@ use self::{
     scripts::{LUA, Scripts},
 };
 pub(crate) use self::{
-    connection::{connect_error, redis_error},
+    connection::{TLS_MARK, connect_error, redis_error},
     handoff::Handoff,
 };
 use super::{
@@ -494,24 +490,24 @@ impl RedisStore {
 /// `rediss://` URL.
 fn open<T: IntoConnectionInfo>(url: T) -> Result<(Client, String), StoreError> {
     let info = url.into_connection_info().map_err(redis_error)?;
-    verified(&info)?;
+    refuse_insecure(&info)?;
     #[cfg(feature = "tls")]
     super::prepare_tls(&info);
-    let target = server_name_of(&info);
+    let target = server_name(&info);
     let client = Client::open(info).map_err(|e| connect_error(&target, e))?;
     Ok((client, target))
 }
 
 /// Refuses a TLS address whose certificate would not be verified (`rediss://...#insecure`):
 /// anyone on the path could then read the password and forge the locks' answers.
-pub(crate) fn verified(info: &redis::ConnectionInfo) -> Result<(), StoreError> {
+pub(crate) fn refuse_insecure(info: &redis::ConnectionInfo) -> Result<(), StoreError> {
     match info.addr() {
         redis::ConnectionAddr::TcpTls { insecure: true, .. } => Err(StoreError::msg(
             super::StoreErrorKind::Config,
             format!(
                 "{} is given with `#insecure`: the lock store does not connect without \
                  verifying the server's certificate (give its CA bundle instead)",
-                server_name_of(info)
+                server_name(info)
             ),
         )),
         _ => Ok(()),
@@ -519,9 +515,9 @@ pub(crate) fn verified(info: &redis::ConnectionInfo) -> Result<(), StoreError> {
 }
 
 /// "the Redis server at host:port", for messages.
-pub(crate) fn server_name_of(info: &redis::ConnectionInfo) -> String {
+pub(crate) fn server_name(info: &redis::ConnectionInfo) -> String {
     let tls = match info.addr() {
-        redis::ConnectionAddr::TcpTls { .. } => " (TLS)",
+        redis::ConnectionAddr::TcpTls { .. } => TLS_MARK,
         _ => "",
     };
     format!("the Redis server at {}{tls}", info.addr())
