@@ -1,9 +1,9 @@
 //! Credentials are never printed. Every store (Redis with a password and with an ACL user,
-//! over plain TCP and over mutual TLS; Redlock; Cluster; Sentinel) runs locked requests, meets
-//! a server that dies, and fails to connect with a wrong password, while everything the crate
-//! and the redis crate log is captured at TRACE (the `log` records too), with every `Debug` and
-//! `Display` of the stores, their errors and their settings, and every metric label: no
-//! password appears in any of them.
+//! over plain TCP and over mutual TLS; Redlock; Cluster and Sentinel, over plain TCP and over
+//! mutual TLS) runs locked requests, meets a server that dies, and fails to connect with a
+//! wrong password, while everything the crate and the redis crate log is captured at TRACE
+//! (the `log` records too), with every `Debug` and `Display` of the stores, their errors and
+//! their settings, and every metric label: no password appears in any of them.
 //!
 //! And the examples: `inventory` and `payments` over `rediss://` with a private CA and mutual
 //! TLS serve requests and print the URL as `rediss://:***@...`, at `RUST_LOG=trace`; with a
@@ -167,6 +167,64 @@ async fn scenario(seen: &mut Seen) {
                 .await
                 .unwrap_err(),
         );
+
+        // A cluster and a Sentinel setup over mutual TLS, with a password: their clients are
+        // built differently (certificates and credentials given to a builder).
+        let tls_options = || {
+            RedisServer::options()
+                .tls(TlsOptions::new(&certs).auth_clients(true))
+                .password(PASSWORD)
+        };
+        #[cfg(feature = "cluster")]
+        {
+            let options = tls_options();
+            let cluster = tokio::task::block_in_place(|| {
+                tower_lock_testkit::RedisCluster::start_with(options, 3, 0)
+            });
+            assert!(cluster.urls()[0].contains(PASSWORD));
+            let store = tower_lock::ClusterStore::connect_with_tls(cluster.urls(), &tls)
+                .await
+                .unwrap();
+            traffic(store, seen).await;
+            let wrong: Vec<String> = cluster
+                .urls()
+                .iter()
+                .map(|u| u.replace(PASSWORD, WRONG_PASSWORD))
+                .collect();
+            seen.error(
+                &tower_lock::ClusterStore::connect_with_tls(wrong, &tls)
+                    .await
+                    .unwrap_err(),
+            );
+        }
+        #[cfg(feature = "sentinel")]
+        {
+            use tower_lock::{SentinelStore, redis::RedisConnectionInfo};
+            use tower_lock_testkit::sentinel::{MASTER_NAME, SentinelSetup};
+            let options = tls_options();
+            let setup = tokio::task::block_in_place(|| {
+                SentinelSetup::start_with(options, Duration::from_secs(5))
+            });
+            let master = |password: &str| RedisConnectionInfo::default().set_password(password);
+            let store = SentinelStore::connect_with_tls(
+                setup.sentinel_urls(),
+                MASTER_NAME,
+                master(PASSWORD),
+                &tls,
+            )
+            .await
+            .unwrap();
+            traffic(store, seen).await;
+            let error = SentinelStore::connect_with_tls(
+                setup.sentinel_urls(),
+                MASTER_NAME,
+                master(WRONG_PASSWORD),
+                &tls,
+            )
+            .await
+            .unwrap_err();
+            seen.error(&error);
+        }
     }
 
     #[cfg(feature = "cluster")]
@@ -378,6 +436,33 @@ async fn examples_fail_at_start_up_with_the_cause() {
             &[("REDIS_URL", &mutual.url()), ("REDIS_CA_CERT", &ca)],
         );
         assert!(out.contains("requires a client certificate"), "{out}");
+        let out = fails(
+            &example_binary("payments"),
+            &[("REDIS_URL", &tls_server.url()), ("REDIS_CA_CERT", &other)],
+        );
+        assert!(out.contains("not signed by a trusted CA"), "{out}");
+
+        // A cluster over TLS (`LOCK_STORE=cluster`), with a wrong password.
+        #[cfg(feature = "cluster")]
+        {
+            let options = RedisServer::options()
+                .tls(TlsOptions::new(&certs))
+                .password(PASSWORD);
+            let cluster = tokio::task::block_in_place(|| {
+                tower_lock_testkit::RedisCluster::start_with(options, 3, 0)
+            });
+            let wrong = cluster.urls().join(",").replace(PASSWORD, WRONG_PASSWORD);
+            let out = fails(
+                &binary,
+                &[
+                    ("LOCK_STORE", "cluster"),
+                    ("REDIS_URLS", &wrong),
+                    ("REDIS_CA_CERT", &ca),
+                ],
+            );
+            assert!(out.contains("refused the user name or password"), "{out}");
+            assert!(out.contains("Redis Cluster through"), "{out}");
+        }
     }
 }
 
@@ -422,6 +507,40 @@ async fn examples_work_over_mutual_tls_and_hide_the_password() {
     let listed = http.request("GET", "/payments", None).await.unwrap();
     assert_eq!(listed.status, 200, "{:?}", listed.json());
 
+    // And on a cluster over mutual TLS (`LOCK_STORE=cluster`): locks and stock in the cluster.
+    #[cfg(feature = "cluster")]
+    let clustered = {
+        let options = RedisServer::options()
+            .tls(TlsOptions::new(&certs).auth_clients(true))
+            .password(PASSWORD);
+        let cluster = tokio::task::block_in_place(|| {
+            tower_lock_testkit::RedisCluster::start_with(options, 3, 0)
+        });
+        let seeds = cluster.urls().join(",");
+        let mut env = env.to_vec();
+        env.extend([("LOCK_STORE", "cluster"), ("REDIS_URLS", seeds.as_str())]);
+        let instance = Instance::start("", &env);
+        instances::set_stock(instance.port, "pear", 3).await;
+        let mut http = Http::new(instance.port);
+        let bought = http
+            .request("POST", "/items/pear/purchase", None)
+            .await
+            .unwrap();
+        assert_eq!(bought.status, 200, "{:?}", bought.json());
+        assert_eq!(bought.json()["stock"], 2);
+        let output = instance.output();
+        assert!(
+            output.contains("Redis Cluster seeded by rediss://:***@"),
+            "{output}"
+        );
+        (cluster, instance)
+    };
+    #[cfg(feature = "cluster")]
+    {
+        let output = clustered.1.output();
+        assert!(!output.contains(SECRET), "a password in:\n{output}");
+        clustered.1.assert_no_panic();
+    }
     for instance in [&inventory, &payments] {
         let output = instance.output();
         assert!(

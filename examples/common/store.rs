@@ -240,6 +240,19 @@ impl Tls {
         return RedlockStore::connect(urls).await;
     }
 
+    /// `ClusterStore::connect`, with the TLS settings.
+    #[cfg(feature = "cluster")]
+    pub async fn cluster_store(
+        &self,
+        urls: &[String],
+    ) -> Result<tower_lock::ClusterStore, StoreError> {
+        let urls = urls.iter().map(String::as_str);
+        #[cfg(feature = "tls")]
+        return tower_lock::ClusterStore::connect_with_tls(urls, &self.config).await;
+        #[cfg(not(feature = "tls"))]
+        return tower_lock::ClusterStore::connect(urls).await;
+    }
+
     /// The address and settings of `url`, with the TLS settings.
     pub fn connection_info(&self, url: &str) -> Result<redis::ConnectionInfo, String> {
         #[cfg(feature = "tls")]
@@ -264,6 +277,11 @@ async fn cluster(urls: Vec<String>, tls: &Tls) -> Result<Chosen, Box<dyn Error>>
     if urls.is_empty() {
         return Err("LOCK_STORE=cluster needs REDIS_URLS (comma-separated seed nodes)".into());
     }
+    let store = tls
+        .cluster_store(&urls)
+        .await
+        .map_err(|e| format!("REDIS_URLS: {}", chain(&e)))?;
+    // The data: a cluster connection of its own, with the same settings.
     let seeds = urls
         .iter()
         .map(|url| tls.connection_info(url))
@@ -277,13 +295,13 @@ async fn cluster(urls: Vec<String>, tls: &Tls) -> Result<Chosen, Box<dyn Error>>
     let described = urls.iter().map(|u| redacted(u)).collect::<Vec<_>>();
     let conn = builder.build()?.get_async_connection().await.map_err(|e| {
         format!(
-            "the Redis Cluster at {}: {}",
+            "the data connection to the Redis Cluster at {}: {}",
             described.join(","),
             chain(&e)
         )
     })?;
     Ok(Chosen {
-        store: Store::Cluster(tower_lock::ClusterStore::from_connection(conn.clone())),
+        store: Store::Cluster(store),
         data: Some(DataConnection::Cluster(conn)),
         description: format!(
             "locks and data in the Redis Cluster seeded by {}",
