@@ -23,8 +23,9 @@ fi
 echo "using $(redis-server --version)" >&2
 echo "using $(openssl version)" >&2
 
-# The crate without its default features still builds (tower-only users).
+# The crate without its default features still builds (tower-only users), and with TLS alone.
 cargo check --no-default-features --quiet
+cargo check --no-default-features --features tls --quiet
 # The test kit's own unit tests (its MONITOR and wrk parsers); the crate's suite follows.
 cargo test -p tower-lock-testkit --quiet
 cargo test --all-features "$@"
