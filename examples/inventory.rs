@@ -23,12 +23,27 @@
 //! |---|---|---|
 //! | `REDIS_URL` | unset | unset: locks and stock live in this process (`MemoryStore`), so run one instance; set (e.g. `redis://127.0.0.1:6379/`): both live in Redis, so any number of instances can share them |
 //! | `LOCK_STORE`, `REDIS_URLS`, `LOCK_WAIT_REPLICAS` | | other topologies: Redlock over several masters, Redis Cluster, replica acknowledgement; see `examples/common/store.rs` and `docs/TOPOLOGY.md` (the stock stays on `REDIS_URL` or the first of `REDIS_URLS`, or in the cluster) |
+//! | `REDIS_CA_CERT` | unset | for `rediss://` URLs (built with `--features tls`): a PEM file of the CA(s) to trust instead of the system's |
+//! | `REDIS_CLIENT_CERT`, `REDIS_CLIENT_KEY` | unset | PEM files of a client certificate and its key, for a Redis that requires one (mutual TLS) |
 //! | `HOST` | `127.0.0.1` | address to bind |
 //! | `PORT` | `3000` | port to bind |
 //! | `LOCK_TTL_MS` | `10000` | lease time to live; renewed every third of it while a purchase runs |
 //! | `LOCK_WAIT_MS` | `2000` | how long a purchase waits for a held lock before answering 409; `0` fails fast |
 //! | `LOCK` | `on` | `off` serves the purchase route without the lock |
 //! | `RUST_LOG` | `info` | log filter |
+//!
+//! Over TLS, with a private CA and a client certificate (mutual TLS):
+//!
+//! ```sh
+//! REDIS_URL=rediss://:secret@redis.internal:6380/ REDIS_CA_CERT=ca.pem \
+//!   REDIS_CLIENT_CERT=client.pem REDIS_CLIENT_KEY=client.key \
+//!   cargo run --features tls --example inventory
+//! ```
+//!
+//! The banner shows the URL as `rediss://:***@redis.internal:6380/`: no password is printed or
+//! logged. A connection that fails at start-up (a wrong password, an untrusted certificate or
+//! one for another host, a server that does not answer) ends the process at once with status 1
+//! and a message that names the cause.
 //!
 //! Built with `--features metrics`, it also serves `GET /metrics` (Prometheus text format; every
 //! metric is listed in `docs/OBSERVABILITY.md`).

@@ -14,6 +14,12 @@
 //! Redis have gone to sleep, as they do between the requests of a quiet service. The hand-off
 //! times from the holder's call to `release` to the moment the waiter (another store, queued
 //! in Redis) has its guard.
+//!
+//! A `rediss://` URL (with `--features tls`) takes `REDIS_CA_CERT`, `REDIS_CLIENT_CERT` and
+//! `REDIS_CLIENT_KEY` as the other examples do (`examples/common/store.rs`).
+
+#[path = "common/store.rs"]
+mod store;
 
 use std::{
     env,
@@ -21,7 +27,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tower_lock::{LockConfig, Locker, RedisStore, Wait};
+use tower_lock::{LockConfig, Locker, Wait};
 
 const ROUNDS: usize = 2_000;
 
@@ -56,8 +62,14 @@ async fn run(url: String) -> Result<(), Box<dyn Error + Send + Sync>> {
         )
         .build()?;
     let config = || config.clone();
-    let a = Locker::with_config(RedisStore::connect(url.as_str()).await?, config());
-    let b = Locker::with_config(RedisStore::connect(url.as_str()).await?, config());
+    let tls = store::Tls::from_env()?;
+    let connect = || async {
+        tls.redis_store(&url)
+            .await
+            .map_err(|e| format!("REDIS_URL {}: {}", store::redacted(&url), store::chain(&e)))
+    };
+    let a = Locker::with_config(connect().await?, config());
+    let b = Locker::with_config(connect().await?, config());
     // Warm-up: scripts loaded, server detected.
     for locker in [&a, &b] {
         locker

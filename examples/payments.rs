@@ -36,6 +36,8 @@
 //! |---|---|---|
 //! | `REDIS_URL` | unset | unset: locks, idempotency records and payments live in this process (`MemoryStore`), so run one instance; set: all three live in Redis, shared by every instance |
 //! | `LOCK_STORE`, `REDIS_URLS`, `LOCK_WAIT_REPLICAS` | | other topologies (`redis` with replica acknowledgement, `cluster`; not `redlock`, which cannot keep records atomically with a release): see `examples/common/store.rs` and `docs/TOPOLOGY.md` |
+//! | `REDIS_CA_CERT` | unset | for `rediss://` URLs (built with `--features tls`): a PEM file of the CA(s) to trust instead of the system's |
+//! | `REDIS_CLIENT_CERT`, `REDIS_CLIENT_KEY` | unset | PEM files of a client certificate and its key, for a Redis that requires one (mutual TLS) |
 //! | `HOST` | `127.0.0.1` | address to bind |
 //! | `PORT` | `3000` | port to bind |
 //! | `LOCK_TTL_MS` | `10000` | lease time to live (a crashed request's key frees itself after it) |
@@ -43,6 +45,19 @@
 //! | `RETENTION_S` | `86400` | how long a finished request's response is replayed |
 //! | `IDEMPOTENCY` (or `LOCK`) | `on` | `off` serves `POST /payments` without the layer |
 //! | `RUST_LOG` | `info` | log filter |
+//!
+//! Over TLS, with a private CA and a client certificate (mutual TLS):
+//!
+//! ```sh
+//! REDIS_URL=rediss://:secret@redis.internal:6380/ REDIS_CA_CERT=ca.pem \
+//!   REDIS_CLIENT_CERT=client.pem REDIS_CLIENT_KEY=client.key \
+//!   cargo run --features tls --example payments
+//! ```
+//!
+//! The banner shows the URL as `rediss://:***@redis.internal:6380/`: no password is printed or
+//! logged. A connection that fails at start-up (a wrong password, an untrusted certificate or
+//! one for another host, a server that does not answer) ends the process at once with status 1
+//! and a message that names the cause.
 //!
 //! Built with `--features metrics`, it also serves `GET /metrics` (Prometheus text format; every
 //! metric is listed in `docs/OBSERVABILITY.md`).

@@ -16,6 +16,7 @@
 //! | variable | default | meaning |
 //! |---|---|---|
 //! | `REDIS_URL` | unset | unset: one process runs 3 instances as tasks over a `MemoryStore`, which only coordinates tasks in that process; set: this process is one instance, coordinating with every other one that uses the same Redis |
+//! | `REDIS_CA_CERT`, `REDIS_CLIENT_CERT`, `REDIS_CLIENT_KEY` | unset | for a `rediss://` URL (with `--features tls`): a CA bundle to trust instead of the system's, and a client certificate and key (mutual TLS); see `examples/common/store.rs` |
 //! | `INSTANCE_ID` | the process id | name printed with each run |
 //! | `JOB_EVERY_MS` | `1000` | period of the job |
 //! | `LOCK_TTL_MS` | `3000` | lease time to live: how long a dead holder keeps the job |
@@ -43,6 +44,8 @@
 
 #[path = "common/app.rs"]
 mod app;
+#[path = "common/store.rs"]
+mod store;
 
 use std::{env, error::Error, process::ExitCode, time::Duration};
 
@@ -51,7 +54,7 @@ use tokio::{
     task::JoinSet,
     time::{MissedTickBehavior, interval, sleep},
 };
-use tower_lock::{Lease, LeaseGuard, LockConfig, Locker, MemoryStore, RedisStore, Wait};
+use tower_lock::{Lease, LeaseGuard, LockConfig, Locker, MemoryStore, Wait};
 
 /// How many instances the in-memory demo runs.
 const MEMORY_INSTANCES: usize = 3;
@@ -105,14 +108,16 @@ async fn run() -> Result<(), BoxError> {
             }
         }
         Some(url) => {
-            let store = RedisStore::connect(url.as_str())
+            let redis_store = store::Tls::from_env()?
+                .redis_store(url)
                 .await
-                .map_err(|e| format!("cannot connect to REDIS_URL={url}: {e}"))?;
-            let locker = Locker::with_config(store, config);
+                .map_err(|e| format!("REDIS_URL {}: {}", store::redacted(url), store::chain(&e)))?;
+            let locker = Locker::with_config(redis_store, config);
             println!(
-                "instance {} (pid {}) coordinates through Redis at {url}",
+                "instance {} (pid {}) coordinates through Redis at {}",
                 settings.instance_id,
-                std::process::id()
+                std::process::id(),
+                store::redacted(url)
             );
             instance(settings.instance_id.clone(), locker, settings, stop_rx).await?;
         }

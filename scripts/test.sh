@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
 # Runs the whole test suite. On a fresh Debian machine (as root) it first installs
-# redis-server; the tests then start their own servers on free loopback ports and stop them.
+# redis-server (Debian's build speaks TLS) and openssl (the TLS tests make their certificates
+# with it); the tests then start their own servers on free loopback ports and stop them.
 # Extra arguments go to `cargo test` (e.g. `scripts/test.sh --test redis`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
-  echo "redis-server or redis-cli not found; installing them from Debian's packages" >&2
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "not found: ${missing[*]}; installing from Debian's packages" >&2
   if [ "$(id -u)" -ne 0 ]; then
-    echo "error: installing redis-server needs root (or install it yourself: apt-get install -y redis-server)" >&2
+    echo "error: installing them needs root (or install them yourself: apt-get install -y ${missing[*]})" >&2
     exit 1
   fi
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq redis-server redis-tools >/dev/null
+  apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 echo "using $(redis-server --version)" >&2
+echo "using $(openssl version)" >&2
 
-# The crate without its default features still builds (tower-only users).
+# The crate without its default features still builds (tower-only users), and with TLS alone.
 cargo check --no-default-features --quiet
+cargo check --no-default-features --features tls --quiet
 # The test kit's own unit tests (its MONITOR and wrk parsers); the crate's suite follows.
 cargo test -p tower-lock-testkit --quiet
 cargo test --all-features "$@"

@@ -81,6 +81,9 @@
 //! - `serde`: [`LockConfig`] and [`Wait`] deserialize from any serde format.
 //! - `cluster`: `ClusterStore`, for Redis Cluster.
 //! - `sentinel`: `SentinelStore`, for a master monitored by Redis Sentinel (follows failovers).
+//! - `tls`: TLS to Redis for every store (`rediss://` URLs), through rustls with the *ring*
+//!   crypto provider, and `TlsConfig` for a private CA bundle and a client certificate (mutual
+//!   TLS): each store's `connect_with_tls`. See `docs/SECURITY.md`.
 //! - `metrics`: counters, histograms and a gauge for every lease through the
 //!   [`metrics`](https://docs.rs/metrics) facade (see `docs/OBSERVABILITY.md`).
 //!
@@ -132,6 +135,8 @@ pub use response::{ProblemJson, RejectionResponse};
 pub use store::ClusterStore;
 #[cfg(feature = "sentinel")]
 pub use store::SentinelStore;
+#[cfg(feature = "tls")]
+pub use store::TlsConfig;
 pub use store::{LockStore, MemoryStore, RedisStore, RedlockStore};
 pub use token::Token;
 pub use wait::Wait;

@@ -141,6 +141,9 @@ async fn other_store_errors_answer_at_once() {
         StoreErrorKind::Unavailable,
         StoreErrorKind::Timeout,
         StoreErrorKind::Backend,
+        StoreErrorKind::Authentication,
+        StoreErrorKind::Tls,
+        StoreErrorKind::Config,
     ] {
         let store = Refusing::new(kind, 1);
         let locker = Locker::with_config(store.clone(), config(bounded()));

@@ -8,9 +8,17 @@
 //! | `REDIS_URLS` | unset | comma-separated URLs: Redlock masters, or cluster seed nodes |
 //! | `LOCK_WAIT_REPLICAS` | `0` | with `redis`: `WAIT` for this many replicas after each acquire and renewal (503 when fewer acknowledge) |
 //! | `LOCK_WAIT_REPLICAS_MS` | `100` | how long `WAIT` may take |
+//! | `REDIS_CA_CERT` | unset | a PEM file of the CA(s) to trust for `rediss://` URLs instead of the system's (needs `--features tls`) |
+//! | `REDIS_CLIENT_CERT`, `REDIS_CLIENT_KEY` | unset | PEM files of a client certificate and its key, for servers that require one (`tls-auth-clients yes`: mutual TLS; needs `--features tls`) |
 //!
 //! The examples' own data (stock, payments) stays on one Redis: `REDIS_URL`, else the first of
-//! `REDIS_URLS`; with `cluster`, in the cluster.
+//! `REDIS_URLS`; with `cluster`, in the cluster. TLS (a `rediss://` URL, with the `tls`
+//! feature) applies to the data connection too.
+//!
+//! A URL is never printed with its password: banners and errors show
+//! `redis://user:***@host:port/` ([`redacted`]). A connection that fails at start-up is an
+//! error that names its cause (credentials, TLS certificate, an address that does not answer),
+//! and the example exits with status 1.
 #![allow(dead_code)]
 
 use std::{env, error::Error, time::Duration};
@@ -19,7 +27,11 @@ use redis::{
     Cmd, Pipeline, RedisFuture, Value,
     aio::{ConnectionLike, ConnectionManager},
 };
-use tower_lock::{KeySource, LockConfig, LockLayer, MemoryStore, RedisStore, RedlockStore};
+#[cfg(feature = "tls")]
+use tower_lock::store::TlsConfig;
+use tower_lock::{
+    KeySource, LockConfig, LockLayer, MemoryStore, RedisStore, RedlockStore, store::StoreError,
+};
 
 /// A connection for the example's own data: one Redis, or the cluster.
 #[derive(Clone)]
@@ -114,6 +126,7 @@ pub async fn from_env() -> Result<Chosen, Box<dyn Error>> {
     let first = url.clone().or_else(|| urls.first().cloned());
     let replicas: usize = parse_env("LOCK_WAIT_REPLICAS", 0)?;
     let replica_timeout = Duration::from_millis(parse_env("LOCK_WAIT_REPLICAS_MS", 100)?);
+    let tls = Tls::from_env()?;
     if replicas > 0 && kind != "redis" {
         return Err(format!("LOCK_WAIT_REPLICAS applies to LOCK_STORE=redis, not {kind}").into());
     }
@@ -125,17 +138,18 @@ pub async fn from_env() -> Result<Chosen, Box<dyn Error>> {
         }),
         "redis" => {
             let url = first.ok_or("LOCK_STORE=redis needs REDIS_URL (or REDIS_URLS)")?;
-            let mut store = RedisStore::connect(url.as_str())
+            let mut store = tls
+                .redis_store(&url)
                 .await
-                .map_err(|e| format!("cannot connect to {url}: {e}"))?;
-            let mut description = format!("locks and data in Redis at {url}");
+                .map_err(|e| format!("REDIS_URL {}: {}", redacted(&url), chain(&e)))?;
+            let mut description = format!("locks and data in Redis at {}", redacted(&url));
             if replicas > 0 {
                 store = store.wait_for_replicas(replicas, replica_timeout);
                 description += &format!(", each lease acknowledged by {replicas} replica(s)");
             }
             Ok(Chosen {
                 store: Store::Redis(store),
-                data: Some(single(&url).await?),
+                data: Some(tls.single(&url).await?),
                 description,
             })
         }
@@ -143,21 +157,23 @@ pub async fn from_env() -> Result<Chosen, Box<dyn Error>> {
             if urls.is_empty() {
                 return Err("LOCK_STORE=redlock needs REDIS_URLS (comma-separated masters)".into());
             }
-            let store = RedlockStore::connect(urls.iter().map(String::as_str))
+            let store = tls
+                .redlock_store(&urls)
                 .await
-                .map_err(|e| format!("cannot reach a quorum of REDIS_URLS: {e}"))?;
+                .map_err(|e| format!("REDIS_URLS: {}", chain(&e)))?;
             let data_url = first.expect("REDIS_URLS is not empty");
             Ok(Chosen {
                 description: format!(
-                    "locks on a Redlock quorum of {} of {} masters; data in Redis at {data_url}",
+                    "locks on a Redlock quorum of {} of {} masters; data in Redis at {}",
                     store.quorum(),
-                    urls.len()
+                    urls.len(),
+                    redacted(&data_url)
                 ),
                 store: Store::Redlock(store),
-                data: Some(single(&data_url).await?),
+                data: Some(tls.single(&data_url).await?),
             })
         }
-        "cluster" => cluster(urls).await,
+        "cluster" => cluster(urls, &tls).await,
         other => Err(format!(
             "LOCK_STORE={other:?} is invalid: use memory, redis, redlock or cluster"
         )
@@ -165,31 +181,166 @@ pub async fn from_env() -> Result<Chosen, Box<dyn Error>> {
     }
 }
 
-async fn single(url: &str) -> Result<DataConnection, Box<dyn Error>> {
-    let conn = redis::Client::open(url)?.get_connection_manager().await?;
-    Ok(DataConnection::Single(conn))
+/// The TLS settings from `REDIS_CA_CERT`, `REDIS_CLIENT_CERT` and `REDIS_CLIENT_KEY`, and the
+/// connections made with them.
+pub struct Tls {
+    #[cfg(feature = "tls")]
+    config: TlsConfig,
+}
+
+impl Tls {
+    /// Reads the variables; without the `tls` feature, any of them set is an error.
+    pub fn from_env() -> Result<Self, String> {
+        let var = |name: &str| env::var(name).ok().filter(|v| !v.is_empty());
+        let (ca, cert, key) = (
+            var("REDIS_CA_CERT"),
+            var("REDIS_CLIENT_CERT"),
+            var("REDIS_CLIENT_KEY"),
+        );
+        #[cfg(feature = "tls")]
+        {
+            let mut config = TlsConfig::new();
+            if let Some(ca) = ca {
+                config = config.ca_cert_file(ca);
+            }
+            config = match (cert, key) {
+                (Some(cert), Some(key)) => config.client_cert_files(cert, key),
+                (None, None) => config,
+                _ => return Err("REDIS_CLIENT_CERT and REDIS_CLIENT_KEY go together".into()),
+            };
+            Ok(Self { config })
+        }
+        #[cfg(not(feature = "tls"))]
+        {
+            if ca.is_some() || cert.is_some() || key.is_some() {
+                return Err(
+                    "REDIS_CA_CERT, REDIS_CLIENT_CERT and REDIS_CLIENT_KEY need the `tls` \
+                            feature: cargo run --features tls ..."
+                        .into(),
+                );
+            }
+            Ok(Self {})
+        }
+    }
+
+    /// `RedisStore::connect`, with the TLS settings.
+    pub async fn redis_store(&self, url: &str) -> Result<RedisStore, StoreError> {
+        #[cfg(feature = "tls")]
+        return RedisStore::connect_with_tls(url, &self.config).await;
+        #[cfg(not(feature = "tls"))]
+        return RedisStore::connect(url).await;
+    }
+
+    /// `RedlockStore::connect`, with the TLS settings.
+    pub async fn redlock_store(&self, urls: &[String]) -> Result<RedlockStore, StoreError> {
+        let urls = urls.iter().map(String::as_str);
+        #[cfg(feature = "tls")]
+        return RedlockStore::connect_with_tls(urls, &self.config).await;
+        #[cfg(not(feature = "tls"))]
+        return RedlockStore::connect(urls).await;
+    }
+
+    /// `ClusterStore::connect`, with the TLS settings.
+    #[cfg(feature = "cluster")]
+    pub async fn cluster_store(
+        &self,
+        urls: &[String],
+    ) -> Result<tower_lock::ClusterStore, StoreError> {
+        let urls = urls.iter().map(String::as_str);
+        #[cfg(feature = "tls")]
+        return tower_lock::ClusterStore::connect_with_tls(urls, &self.config).await;
+        #[cfg(not(feature = "tls"))]
+        return tower_lock::ClusterStore::connect(urls).await;
+    }
+
+    /// The address and settings of `url`, with the TLS settings.
+    pub fn connection_info(&self, url: &str) -> Result<redis::ConnectionInfo, String> {
+        #[cfg(feature = "tls")]
+        let info = self.config.connection_info(url).map_err(|e| chain(&e));
+        #[cfg(not(feature = "tls"))]
+        let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| chain(&e));
+        info.map_err(|e| format!("{}: {e}", redacted(url)))
+    }
+
+    /// A connection for the example's data, to `url`.
+    pub async fn single(&self, url: &str) -> Result<DataConnection, Box<dyn Error>> {
+        let conn = redis::Client::open(self.connection_info(url)?)?
+            .get_connection_manager()
+            .await
+            .map_err(|e| format!("the data connection to {}: {}", redacted(url), chain(&e)))?;
+        Ok(DataConnection::Single(conn))
+    }
 }
 
 #[cfg(feature = "cluster")]
-async fn cluster(urls: Vec<String>) -> Result<Chosen, Box<dyn Error>> {
+async fn cluster(urls: Vec<String>, tls: &Tls) -> Result<Chosen, Box<dyn Error>> {
     if urls.is_empty() {
         return Err("LOCK_STORE=cluster needs REDIS_URLS (comma-separated seed nodes)".into());
     }
-    let client = redis::cluster::ClusterClient::new(urls.iter().map(String::as_str))?;
-    let conn = client.get_async_connection().await?;
+    let store = tls
+        .cluster_store(&urls)
+        .await
+        .map_err(|e| format!("REDIS_URLS: {}", chain(&e)))?;
+    // The data: a cluster connection of its own, with the same settings.
+    let seeds = urls
+        .iter()
+        .map(|url| tls.connection_info(url))
+        .collect::<Result<Vec<_>, _>>()?;
+    #[allow(unused_mut)]
+    let mut builder = redis::cluster::ClusterClient::builder(seeds);
+    #[cfg(feature = "tls")]
+    if urls.iter().any(|url| url.starts_with("rediss://")) {
+        builder = builder.certs(tls.config.certificates().map_err(|e| chain(&e))?);
+    }
+    let described = urls.iter().map(|u| redacted(u)).collect::<Vec<_>>();
+    let conn = builder.build()?.get_async_connection().await.map_err(|e| {
+        format!(
+            "the data connection to the Redis Cluster at {}: {}",
+            described.join(","),
+            chain(&e)
+        )
+    })?;
     Ok(Chosen {
-        store: Store::Cluster(tower_lock::ClusterStore::from_connection(conn.clone())),
+        store: Store::Cluster(store),
         data: Some(DataConnection::Cluster(conn)),
         description: format!(
             "locks and data in the Redis Cluster seeded by {}",
-            urls.join(",")
+            described.join(",")
         ),
     })
 }
 
 #[cfg(not(feature = "cluster"))]
-async fn cluster(_urls: Vec<String>) -> Result<Chosen, Box<dyn Error>> {
+async fn cluster(_urls: Vec<String>, _tls: &Tls) -> Result<Chosen, Box<dyn Error>> {
     Err("LOCK_STORE=cluster needs the `cluster` feature: cargo run --features cluster ...".into())
+}
+
+/// `url` with its password, if any, shown as `***`: `redis://user:***@host:port/db`.
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "(a URL that does not parse)".to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+            let hidden = if userinfo.contains(':') { ":***" } else { "" };
+            format!("{scheme}://{user}{hidden}@{host}{tail}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// An error and its sources, one after the other: `a: b: c`.
+pub fn chain(error: &dyn Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text += &format!(": {e}");
+        source = e.source();
+    }
+    text
 }
 
 fn parse_env<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String>

@@ -2,10 +2,15 @@
 
 use std::{fmt, time::Duration};
 
-use redis::{IntoConnectionInfo, cluster::ClusterClient, cluster_async::ClusterConnection};
+use redis::{
+    IntoConnectionInfo,
+    cluster::{ClusterClient, ClusterClientBuilder},
+    cluster_async::ClusterConnection,
+};
 
 use super::{
-    Acquire, Capabilities, Eviction, LockStore, RedisStore, StoreError, redis::redis_error,
+    Acquire, Capabilities, Eviction, LockStore, RedisStore, StoreError, StoreErrorKind,
+    redis::{connect_error, redis_error, refuse_insecure, server_name},
 };
 use crate::{key::LockKey, token::Token};
 
@@ -69,16 +74,80 @@ impl ClusterStore {
     pub async fn connect<T: IntoConnectionInfo>(
         seeds: impl IntoIterator<Item = T>,
     ) -> Result<Self, StoreError> {
-        let client = ClusterClient::builder(seeds)
+        let seeds = seeds
+            .into_iter()
+            .map(|seed| seed.into_connection_info().map_err(redis_error))
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::connect_seeds(seeds, Ok).await
+    }
+
+    /// Like [`connect`](Self::connect), over TLS with `tls`'s CA bundle and client certificate
+    /// for the seeds and every node the client finds (the `tls` feature, and nodes started with
+    /// `tls-cluster yes`); the seeds are `rediss://` URLs.
+    #[cfg(feature = "tls")]
+    pub async fn connect_with_tls<T: IntoConnectionInfo>(
+        seeds: impl IntoIterator<Item = T>,
+        tls: &super::TlsConfig,
+    ) -> Result<Self, StoreError> {
+        let seeds = seeds
+            .into_iter()
+            .map(|seed| tls.connection_info(seed))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tls_seeds = seeds
+            .iter()
+            .any(|seed| matches!(seed.addr(), redis::ConnectionAddr::TcpTls { .. }));
+        Self::connect_seeds(seeds, |builder| {
+            // The cluster's nodes are reached with the client's settings, not the seeds'.
+            Ok(if tls_seeds {
+                builder.certs(tls.certificates()?)
+            } else {
+                builder
+            })
+        })
+        .await
+    }
+
+    async fn connect_seeds(
+        seeds: Vec<redis::ConnectionInfo>,
+        configure: impl FnOnce(ClusterClientBuilder) -> Result<ClusterClientBuilder, StoreError>,
+    ) -> Result<Self, StoreError> {
+        let target = match seeds.as_slice() {
+            [] => {
+                return Err(StoreError::msg(
+                    StoreErrorKind::Config,
+                    "a cluster store needs at least one seed URL",
+                ));
+            }
+            [one] => format!("the Redis Cluster through {}", server_name(one)),
+            [first, ..] => format!(
+                "the Redis Cluster through {} and {} other seed(s)",
+                server_name(first),
+                seeds.len() - 1
+            ),
+        };
+        for seed in &seeds {
+            refuse_insecure(seed)?;
+            #[cfg(feature = "tls")]
+            super::prepare_tls(seed);
+        }
+        let builder = ClusterClient::builder(seeds)
             .connection_timeout(Duration::from_secs(1))
             .response_timeout(Duration::from_secs(2))
             .min_retry_wait(RETRY_WAIT_MS.start)
-            .max_retry_wait(RETRY_WAIT_MS.end)
+            .max_retry_wait(RETRY_WAIT_MS.end);
+        let client = configure(builder)?
             .build()
-            .map_err(redis_error)?;
-        let connection = client.get_async_connection().await.map_err(redis_error)?;
+            .map_err(|e| connect_error(&target, e))?;
+        let connection = client
+            .get_async_connection()
+            .await
+            .map_err(|e| connect_error(&target, e))?;
         let store = Self::from_connection(connection);
-        store.inner.check_eviction().await;
+        store
+            .inner
+            .check_eviction()
+            .await
+            .map_err(|e| e.while_connecting(&target))?;
         Ok(store)
     }
 

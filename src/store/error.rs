@@ -20,6 +20,18 @@ pub enum StoreErrorKind {
     TryAgain,
     /// No randomness was available to draw a lock token.
     Entropy,
+    /// The store refused the credentials: a wrong password or user name, a disabled user
+    /// (`WRONGPASS`), or none given to a server that requires one (`NOAUTH`). Retrying does
+    /// not help; the message never contains the credentials.
+    Authentication,
+    /// TLS with the store failed: its certificate is not signed by a trusted CA, names another
+    /// host, or has expired; it refused the client certificate, or asked for one that was not
+    /// given (mutual TLS); the port does not speak TLS; or the TLS settings themselves (a CA
+    /// bundle, a client certificate or key) could not be read or used. Retrying does not help.
+    Tls,
+    /// The connection settings are invalid: a URL that does not parse, or TLS settings for a
+    /// `redis://` URL (which would not use them). Retrying does not help.
+    Config,
 }
 
 /// A lock store failed to answer. The layer turns it into a 503 with `Retry-After`.
@@ -73,6 +85,16 @@ impl StoreError {
     /// What kind of failure this is.
     pub fn kind(&self) -> StoreErrorKind {
         self.kind
+    }
+
+    /// This error, as the reason connecting to `target` ("the Redis server at host:port")
+    /// failed: its kind, and a message that says both.
+    pub(crate) fn while_connecting(self, target: &str) -> Self {
+        Self {
+            kind: self.kind,
+            message: format!("cannot connect to {target}: {}", self.message).into(),
+            source: self.source,
+        }
     }
 }
 

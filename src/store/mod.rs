@@ -23,6 +23,8 @@ mod redlock;
 mod sentinel;
 #[cfg(test)]
 mod tests;
+#[cfg(feature = "tls")]
+mod tls;
 
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
@@ -42,6 +44,10 @@ pub use self::redis::RedisStore;
 pub use self::redlock::RedlockStore;
 #[cfg(feature = "sentinel")]
 pub use self::sentinel::SentinelStore;
+#[cfg(feature = "tls")]
+pub use self::tls::TlsConfig;
+#[cfg(feature = "tls")]
+pub(crate) use self::tls::prepare as prepare_tls;
 use crate::{key::LockKey, token::Token};
 
 /// The answer to an acquire attempt.

@@ -109,7 +109,10 @@ impl RedlockStore {
     /// Connects to every master at once, each with [`RedisStore::connect`]'s transport.
     ///
     /// Succeeds when a quorum is reachable now; the others are connected at their first use
-    /// and reconnect by themselves.
+    /// and reconnect by themselves. A node that answers but refuses the connection for a reason
+    /// that time does not fix (its credentials, its TLS certificate, an invalid URL: a
+    /// [`StoreError`] of kind `Authentication`, `Tls` or `Config`) fails the whole connect,
+    /// quorum or not: it would never take part.
     pub async fn connect<T: IntoConnectionInfo>(
         urls: impl IntoIterator<Item = T>,
     ) -> Result<Self, StoreError> {
@@ -117,9 +120,27 @@ impl RedlockStore {
             .into_iter()
             .map(|url| url.into_connection_info().map_err(redis_error))
             .collect::<Result<Vec<_>, _>>()?;
+        Self::connect_infos(infos).await
+    }
+
+    /// Like [`connect`](Self::connect), over TLS with `tls`'s CA bundle and client certificate
+    /// for every node (the `tls` feature); the URLs are `rediss://` URLs.
+    #[cfg(feature = "tls")]
+    pub async fn connect_with_tls<T: IntoConnectionInfo>(
+        urls: impl IntoIterator<Item = T>,
+        tls: &super::TlsConfig,
+    ) -> Result<Self, StoreError> {
+        let infos = urls
+            .into_iter()
+            .map(|url| tls.connection_info(url))
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::connect_infos(infos).await
+    }
+
+    async fn connect_infos(infos: Vec<redis::ConnectionInfo>) -> Result<Self, StoreError> {
         if infos.is_empty() {
             return Err(StoreError::msg(
-                StoreErrorKind::Backend,
+                StoreErrorKind::Config,
                 "a Redlock store needs at least one Redis URL",
             ));
         }
@@ -131,6 +152,7 @@ impl RedlockStore {
         for (info, node) in infos.into_iter().zip(connected) {
             match node {
                 Ok(node) => nodes.push(node),
+                Err(error) if settled(&error) => return Err(error),
                 Err(error) => {
                     nodes.push(RedisStore::connect_lazy(info)?);
                     first_error.get_or_insert(error);
@@ -228,6 +250,14 @@ impl RedlockStore {
         }))
         .await;
     }
+}
+
+/// Whether a node's connection failed for a reason that waiting does not fix.
+fn settled(error: &StoreError) -> bool {
+    matches!(
+        error.kind(),
+        StoreErrorKind::Authentication | StoreErrorKind::Tls | StoreErrorKind::Config
+    )
 }
 
 /// The first error, wrapped in one that says how many nodes answered.

@@ -15,11 +15,15 @@ use redis::{
     Client, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind,
     sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType},
 };
+#[cfg(feature = "tls")]
+use redis::{
+    ConnectionAddr, ConnectionInfo, RedisConnectionInfo, TlsMode, sentinel::SentinelClientBuilder,
+};
 
 use super::{
     Acquire, BoxFuture, Capabilities, Eviction, LockStore, RedisStore, Route, StoreError,
     StoreErrorKind,
-    redis::{Handoff, redis_error},
+    redis::{Handoff, TLS_MARK, connect_error, redis_error, refuse_insecure, server_name},
 };
 use crate::{key::LockKey, token::Token};
 
@@ -109,6 +113,8 @@ struct Inner {
 struct Lookup {
     client: SentinelClient,
     last: Option<Instant>,
+    /// How messages name the sentinels (their addresses, never their URLs).
+    target: String,
 }
 
 impl Lookup {
@@ -116,7 +122,7 @@ impl Lookup {
     async fn master(&mut self) -> Result<Client, StoreError> {
         self.last = Some(Instant::now());
         match tokio::time::timeout(LOOKUP_TIMEOUT, self.client.async_get_client()).await {
-            Ok(found) => found.map_err(redis_error),
+            Ok(found) => found.map_err(|e| connect_error(&self.target, e)),
             Err(_) => Err(StoreError::msg(
                 StoreErrorKind::Timeout,
                 format!("the Redis sentinels did not name a master within {LOOKUP_TIMEOUT:?}"),
@@ -144,7 +150,10 @@ impl Master {
             .map_err(|_| {
                 StoreError::msg(
                     StoreErrorKind::Timeout,
-                    format!("could not connect to the Redis master within {LOOKUP_TIMEOUT:?}"),
+                    format!(
+                        "could not connect to the Redis master, {}, within {LOOKUP_TIMEOUT:?}",
+                        server_name(info)
+                    ),
                 )
             })??;
         Ok(Self::new(store, info.addr().to_string(), client.clone()))
@@ -250,17 +259,124 @@ impl SentinelStore {
         master_name: &str,
         master: SentinelNodeConnectionInfo,
     ) -> Result<Self, StoreError> {
+        let sentinels = sentinels
+            .into_iter()
+            .map(|url| url.into_connection_info().map_err(redis_error))
+            .collect::<Result<Vec<_>, _>>()?;
+        let target = sentinels_name(&sentinels, master_name);
+        for sentinel in &sentinels {
+            refuse_insecure(sentinel)?;
+            #[cfg(feature = "tls")]
+            super::prepare_tls(sentinel);
+        }
         // A `String`: the redis crate takes one, or `impl AsRef<str>` with its `tls-rustls`
         // feature on (which another crate in the build may turn on).
         #[allow(clippy::unnecessary_to_owned)]
         let client = SentinelClient::build(
-            sentinels.into_iter().collect(),
+            sentinels,
             master_name.to_owned(),
             Some(master),
             SentinelServerType::Master,
         )
-        .map_err(redis_error)?;
-        let mut lookup = Lookup { client, last: None };
+        .map_err(|e| connect_error(&target, e))?;
+        Self::from_client(client, master_name, target).await
+    }
+
+    /// Like [`connect_with`](Self::connect_with), over TLS to the master (this one and every
+    /// later one) with `master`'s credentials and database, and to the sentinels (whose URLs
+    /// are then `rediss://` URLs), with `tls`'s CA bundle and client certificate for both (the
+    /// `tls` feature). The servers run with `tls-replication yes`, so that the sentinels know
+    /// their TLS ports.
+    ///
+    /// The master's settings are a [`RedisConnectionInfo`], not a
+    /// [`SentinelNodeConnectionInfo`] (which keeps its settings to itself, so that they could
+    /// not be carried over to the TLS client); every sentinel has the same user and password
+    /// (those of the first URL; URLs that differ are a [`Config`](StoreErrorKind::Config)
+    /// error).
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_lock::{SentinelStore, redis::RedisConnectionInfo, store::TlsConfig};
+    ///
+    /// let tls = TlsConfig::new().ca_cert_file("/etc/redis/tls/ca.pem");
+    /// let master = RedisConnectionInfo::default().set_password("secret");
+    /// let store =
+    ///     SentinelStore::connect_with_tls(["rediss://10.0.0.1:26380/"], "mymaster", master, &tls)
+    ///         .await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    pub async fn connect_with_tls<T: IntoConnectionInfo>(
+        sentinels: impl IntoIterator<Item = T>,
+        master_name: &str,
+        master: RedisConnectionInfo,
+        tls: &super::TlsConfig,
+    ) -> Result<Self, StoreError> {
+        let sentinels: Vec<ConnectionInfo> = sentinels
+            .into_iter()
+            .map(|url| tls.connection_info(url))
+            .collect::<Result<_, _>>()?;
+        let target = sentinels_name(&sentinels, master_name);
+        let Some(first) = sentinels.first().map(|s| s.redis_settings().clone()) else {
+            return Err(StoreError::msg(
+                StoreErrorKind::Config,
+                "a Sentinel store needs at least one sentinel URL",
+            ));
+        };
+        if sentinels.iter().any(|s| {
+            s.redis_settings().username() != first.username()
+                || s.redis_settings().password() != first.password()
+        }) {
+            return Err(StoreError::msg(
+                StoreErrorKind::Config,
+                "the sentinel URLs have different users or passwords: with TLS, every sentinel \
+                 is reached with the same ones",
+            ));
+        }
+        let tls_sentinels = sentinels
+            .iter()
+            .any(|s| matches!(s.addr(), ConnectionAddr::TcpTls { .. }));
+        let certificates = tls.certificates()?;
+        let mut builder = SentinelClientBuilder::new(
+            sentinels.into_iter().map(|s| s.addr().clone()),
+            master_name,
+            SentinelServerType::Master,
+        )
+        .map_err(|e| connect_error(&target, e))?
+        .set_client_to_redis_tls_mode(TlsMode::Secure)
+        .set_client_to_redis_certificates(certificates.clone())
+        .set_client_to_redis_db(master.db())
+        .set_client_to_redis_protocol(master.protocol());
+        if let Some(username) = master.username() {
+            builder = builder.set_client_to_redis_username(username);
+        }
+        if let Some(password) = master.password() {
+            builder = builder.set_client_to_redis_password(password);
+        }
+        if tls_sentinels {
+            builder = builder.set_client_to_sentinel_certificates(certificates);
+        }
+        if let Some(username) = first.username() {
+            builder = builder.set_client_to_sentinel_username(username);
+        }
+        if let Some(password) = first.password() {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+        let client = builder.build().map_err(|e| connect_error(&target, e))?;
+        Self::from_client(client, master_name, target).await
+    }
+
+    /// Asks the sentinels `client` reaches for the master and connects to it.
+    async fn from_client(
+        client: SentinelClient,
+        master_name: &str,
+        target: String,
+    ) -> Result<Self, StoreError> {
+        let mut lookup = Lookup {
+            client,
+            last: None,
+            target,
+        };
         let master = Master::connect(&lookup.master().await?).await?;
         // Hand-off is on, as for `RedisStore::connect`: subscribed on this master now, and on
         // each master the store follows later.
@@ -505,6 +621,19 @@ impl SentinelStore {
         drop(settings);
         Some(next)
     }
+}
+
+/// "the master <name> through the sentinels at a:1, b:2", for messages.
+fn sentinels_name(sentinels: &[redis::ConnectionInfo], master_name: &str) -> String {
+    let addrs: Vec<String> = sentinels.iter().map(|s| s.addr().to_string()).collect();
+    let tls = sentinels
+        .iter()
+        .any(|s| matches!(s.addr(), redis::ConnectionAddr::TcpTls { .. }));
+    format!(
+        "the master {master_name:?} through the Redis sentinels at {}{}",
+        addrs.join(", "),
+        if tls { TLS_MARK } else { "" }
+    )
 }
 
 fn millis(d: Duration) -> u64 {

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::server::{RedisServer, redis_cli};
+use crate::server::{RedisServer, ServerOptions};
 
 /// A Redis Cluster node started alone, owning every slot (`CLUSTER ADDSLOTSRANGE 0 16383`): a
 /// "cluster mode, one shard" server, as managed services offer, to reach through a plain
@@ -54,16 +54,25 @@ impl RedisCluster {
     /// Starts `masters * (1 + replicas)` nodes (node timeout 1 s), creates the cluster and waits
     /// until every node reports `cluster_state:ok`.
     pub fn start(masters: usize, replicas: usize) -> Self {
+        Self::start_with(RedisServer::options(), masters, replicas)
+    }
+
+    /// Like [`start`](Self::start), every node started with `options` (their TLS, with
+    /// `--tls-cluster yes`, and password).
+    pub fn start_with(options: ServerOptions, masters: usize, replicas: usize) -> Self {
         let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
             .map(|_| {
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "1000",
-                ])
+                options
+                    .clone()
+                    .args(&[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "1000",
+                    ])
+                    .start()
             })
             .collect();
         let addrs: Vec<String> = nodes
@@ -74,7 +83,7 @@ impl RedisCluster {
         let mut args = vec!["--cluster", "create"];
         args.extend(addrs.iter().map(String::as_str));
         args.extend(["--cluster-replicas", &replicas, "--cluster-yes"]);
-        redis_cli(&args);
+        nodes[0].cli(&args);
         let cluster = Self { nodes };
         cluster.wait_until_ok();
         cluster

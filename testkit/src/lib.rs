@@ -7,6 +7,7 @@
 //! | [`server`] | one [`RedisServer`] on a free loopback port; replicas; `redis-cli` |
 //! | [`cluster`] | a [`RedisCluster`] of masters and replicas, or one node owning every slot |
 //! | [`sentinel`] | a master, its replica and three sentinels ([`SentinelSetup`]) |
+//! | [`tls`] | a private CA and its certificates ([`TestCerts`], by `openssl`); servers that speak TLS only ([`TlsOptions`]) |
 //! | [`proxy`] | a [`Proxy`] between a client and a server, to inject network faults |
 //! | [`stats`] | what a server counted: `INFO commandstats` and `INFO errorstats` |
 //! | [`monitor`] | client-issued commands, counted (or recorded) over `MONITOR` |
@@ -46,6 +47,7 @@ pub mod proxy;
 pub mod sentinel;
 pub mod server;
 pub mod stats;
+pub mod tls;
 pub mod wrk;
 
 pub use cluster::{RedisCluster, key_slot, one_node_cluster};
@@ -54,3 +56,4 @@ pub use proxy::Proxy;
 pub use sentinel::SentinelSetup;
 pub use server::{RedisServer, ServerOptions, redis_cli};
 pub use stats::{calls_of, errors_of};
+pub use tls::{TestCerts, TlsOptions};

@@ -193,6 +193,53 @@ impl Process {
         None
     }
 
+    /// Runs `command` (stdin closed) to its end, for at most `within` (then SIGKILLs it):
+    /// its exit status (`None` if it had to be killed), everything it printed on stdout and
+    /// stderr, and how long it ran. Panics if it cannot be spawned.
+    pub fn run(mut command: Command, what: &str, within: Duration) -> Finished {
+        let started = Instant::now();
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+        let readers: Vec<_> = [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ]
+        .into_iter()
+        .map(|mut stream| {
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                let _ = stream.read_to_string(&mut text);
+                text
+            })
+        })
+        .collect();
+        let status = loop {
+            if let Some(status) = child.try_wait().ok().flatten() {
+                break Some(status);
+            }
+            if started.elapsed() > within {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let took = started.elapsed();
+        let output = readers
+            .into_iter()
+            .map(|reader| reader.join().unwrap_or_default())
+            .collect();
+        Finished {
+            status,
+            output,
+            took,
+        }
+    }
+
     /// `kill -9`: the process dies without cleaning anything up.
     pub fn kill(&mut self) {
         kill(&mut self.child);
@@ -209,6 +256,17 @@ impl Process {
             .as_mut()
             .is_some_and(|c| c.try_wait().ok().flatten().is_none())
     }
+}
+
+/// How a process [`Process::run`] ran ended.
+#[derive(Debug)]
+pub struct Finished {
+    /// Its exit status; `None` if it did not end in time and was killed.
+    pub status: Option<std::process::ExitStatus>,
+    /// Everything it printed, stdout then stderr.
+    pub output: String,
+    /// How long it ran.
+    pub took: Duration,
 }
 
 impl Drop for Process {

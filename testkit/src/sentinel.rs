@@ -10,8 +10,9 @@ use std::{
 
 use crate::{
     port::free_port,
-    process::{kill, ping, scratch_dir, wait_until_up},
-    server::{RedisServer, cli_on},
+    process::{kill, scratch_dir, wait_until_up},
+    server::{Access, RedisServer, ServerOptions},
+    tls::TlsOptions,
 };
 
 /// The name the sentinels monitor the master under.
@@ -23,6 +24,7 @@ pub struct SentinelServer {
     child: Option<Child>,
     port: u16,
     dir: PathBuf,
+    tls: Option<TlsOptions>,
 }
 
 impl SentinelServer {
@@ -30,23 +32,47 @@ impl SentinelServer {
     /// down after `down_after` without an answer. Panics, loudly, if `redis-server` cannot run
     /// as a sentinel.
     pub fn start(master_port: u16, down_after: Duration) -> Self {
+        Self::start_with(master_port, None, None, down_after)
+    }
+
+    /// Like [`start`](Self::start), for a master that speaks TLS (`tls`: the sentinel then
+    /// speaks TLS only too, and reaches the servers over TLS) or needs `password`.
+    pub fn start_with(
+        master_port: u16,
+        tls: Option<&TlsOptions>,
+        password: Option<&str>,
+        down_after: Duration,
+    ) -> Self {
         let dir = scratch_dir("sentinel");
         for _ in 0..5 {
             let port = free_port();
             let conf = dir.join("sentinel.conf");
+            let mut extra = String::new();
+            match tls {
+                None => extra += &format!("port {port}\n"),
+                Some(tls) => {
+                    for (name, value) in tls.server_settings(port) {
+                        extra += &format!("{name} {value}\n");
+                    }
+                }
+            }
             std::fs::write(
                 &conf,
                 format!(
-                    "port {port}\n\
+                    "{extra}\
                      bind 127.0.0.1\n\
                      daemonize no\n\
                      dir {dir}\n\
                      sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
                      sentinel down-after-milliseconds {MASTER_NAME} {down_after}\n\
                      sentinel failover-timeout {MASTER_NAME} 2000\n\
-                     sentinel parallel-syncs {MASTER_NAME} 1\n",
+                     sentinel parallel-syncs {MASTER_NAME} 1\n\
+                     {auth}",
                     dir = dir.display(),
                     down_after = down_after.as_millis(),
+                    auth = password
+                        .map(|p| format!("sentinel auth-pass {MASTER_NAME} {p}\n"))
+                        .unwrap_or_default(),
                 ),
             )
             .expect("cannot write a sentinel config file");
@@ -67,6 +93,7 @@ impl SentinelServer {
                 child: Some(child),
                 port,
                 dir: dir.clone(),
+                tls: tls.cloned(),
             };
             if sentinel.wait_until_up() {
                 return sentinel;
@@ -78,7 +105,16 @@ impl SentinelServer {
 
     fn wait_until_up(&mut self) -> bool {
         let port = self.port;
-        wait_until_up(&mut self.child, "sentinel", port, || ping(port))
+        let access = self.access();
+        wait_until_up(&mut self.child, "sentinel", port, || access.ping())
+    }
+
+    fn access(&self) -> Access {
+        Access {
+            port: self.port,
+            tls: self.tls.clone(),
+            password: None,
+        }
     }
 
     /// The port it listens on, on 127.0.0.1.
@@ -86,14 +122,14 @@ impl SentinelServer {
         self.port
     }
 
-    /// `redis://127.0.0.1:<port>/`.
+    /// `redis://127.0.0.1:<port>/` (`rediss://` with TLS).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        self.access().url()
     }
 
     /// `redis-cli -p <port> <args>` against this sentinel.
     pub fn cli(&self, args: &[&str]) -> String {
-        cli_on(self.port, args)
+        self.access().cli(args)
     }
 
     /// One field of `SENTINEL MASTER mymaster` (redis-cli prints it as alternating lines).
@@ -142,10 +178,23 @@ impl SentinelSetup {
     /// sentinels (what a failover needs), for at most 15 s. The sentinels fail over after the
     /// master has not answered for `down_after`.
     pub fn start(down_after: Duration) -> Self {
-        let master = RedisServer::start();
+        Self::start_with(RedisServer::options(), down_after)
+    }
+
+    /// Like [`start`](Self::start), the master and its replica started with `options` (their
+    /// TLS and password; the sentinels then speak TLS too, and know the password).
+    pub fn start_with(options: ServerOptions, down_after: Duration) -> Self {
+        let master = options.start();
         let replica = RedisServer::replica_of(&master);
         let sentinels: Vec<SentinelServer> = (0..3)
-            .map(|_| SentinelServer::start(master.port(), down_after))
+            .map(|_| {
+                SentinelServer::start_with(
+                    master.port(),
+                    master.tls(),
+                    master.password(),
+                    down_after,
+                )
+            })
             .collect();
         let setup = Self {
             master,

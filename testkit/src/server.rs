@@ -6,8 +6,6 @@
 //! missing `redis-server` or `redis-cli` is a loud panic that says how to install it.
 
 use std::{
-    io::{Read, Write},
-    net::TcpStream,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -16,6 +14,7 @@ use std::{
 use crate::{
     port::free_port,
     process::{kill, ping, scratch_dir, wait_until_up},
+    tls::TlsOptions,
 };
 
 /// A `redis-server` this process started, on a free loopback port; SIGKILLed on drop.
@@ -35,6 +34,8 @@ pub struct RedisServer {
 pub struct ServerOptions {
     args: Vec<String>,
     own_session: bool,
+    tls: Option<TlsOptions>,
+    password: Option<String>,
 }
 
 impl ServerOptions {
@@ -53,6 +54,21 @@ impl ServerOptions {
     /// tests do not care. Needs `setsid` (util-linux).
     pub fn own_session(mut self, own: bool) -> Self {
         self.own_session = own;
+        self
+    }
+
+    /// Speaks TLS only (`--port 0 --tls-port <port>`; see [`TlsOptions`]), for replication and
+    /// the cluster bus too. The kit's own connections ([`RedisServer::client`],
+    /// [`RedisServer::cli`], its probes) present the test client certificate.
+    pub fn tls(mut self, tls: TlsOptions) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Requires `password` for the default user (`--requirepass`, and `--masterauth` for a
+    /// replica); the kit's own connections and [`RedisServer::url`] give it.
+    pub fn password(mut self, password: &str) -> Self {
+        self.password = Some(password.to_owned());
         self
     }
 
@@ -101,8 +117,25 @@ impl RedisServer {
         } else {
             Command::new("redis-server")
         };
+        match &self.options.tls {
+            None => {
+                command.args(["--port", &self.port.to_string()]);
+            }
+            Some(tls) => {
+                for (name, value) in tls.server_settings(self.port) {
+                    command.arg(format!("--{name}")).arg(value);
+                }
+                if self.options.args.iter().any(|a| a == "--cluster-enabled") {
+                    command.args(["--tls-cluster", "yes"]);
+                }
+            }
+        }
+        if let Some(password) = &self.options.password {
+            command
+                .args(["--requirepass", password])
+                .args(["--masterauth", password]);
+        }
         let child = command
-            .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
@@ -130,7 +163,8 @@ impl RedisServer {
             });
         self.child = Some(child);
         let port = self.port;
-        if wait_until_up(&mut self.child, "redis-server", port, || ping(port)) {
+        let access = self.access();
+        if wait_until_up(&mut self.child, "redis-server", port, || access.ping()) {
             return true;
         }
         self.kill();
@@ -142,9 +176,29 @@ impl RedisServer {
         self.port
     }
 
-    /// `redis://127.0.0.1:<port>/`.
+    /// `redis://127.0.0.1:<port>/`; `rediss://` with TLS; with the password, if it has one
+    /// (`redis://:<password>@127.0.0.1:<port>/`).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        self.access().url()
+    }
+
+    /// Its password, if it has one.
+    pub fn password(&self) -> Option<&str> {
+        self.options.password.as_deref()
+    }
+
+    /// Its TLS options, if it speaks TLS.
+    pub fn tls(&self) -> Option<&TlsOptions> {
+        self.options.tls.as_ref()
+    }
+
+    /// How the kit reaches it.
+    pub(crate) fn access(&self) -> Access {
+        Access {
+            port: self.port,
+            tls: self.options.tls.clone(),
+            password: self.options.password.clone(),
+        }
     }
 
     /// Its scratch directory (its working directory; removed on drop): a place for files that
@@ -177,10 +231,11 @@ impl RedisServer {
         }
     }
 
-    /// A plain connection for inspecting or tampering with the server.
+    /// A connection for inspecting or tampering with the server (over TLS, with the password,
+    /// when it has them).
     pub async fn client(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.url())
-            .unwrap()
+        self.access()
+            .client()
             .get_multiplexed_async_connection()
             .await
             .expect("cannot connect to the test redis-server")
@@ -191,7 +246,13 @@ impl RedisServer {
         // Diskless sync waits 5 s by default for more replicas to join; no need here.
         master.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
         let port = master.port().to_string();
-        let replica = Self::start_with(&["--replicaof", "127.0.0.1", &port]);
+        // With the master's TLS and password.
+        let options = ServerOptions {
+            tls: master.options.tls.clone(),
+            password: master.options.password.clone(),
+            ..ServerOptions::default()
+        };
+        let replica = options.args(&["--replicaof", "127.0.0.1", &port]).start();
         replica.wait_for_info("master_link_status:up");
         master.wait_for_replica_acks(1);
         replica
@@ -201,41 +262,36 @@ impl RedisServer {
     /// only once it has sent its first `REPLCONF ACK`, up to a second later).
     pub fn wait_for_replica_acks(&self, n: usize) {
         let start = Instant::now();
-        let probe = format!("INCR replication-probe\r\nWAIT {n} 100\r\n");
+        let client = self.access().client();
         loop {
-            let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-            stream
-                .set_read_timeout(Some(Duration::from_secs(2)))
-                .unwrap();
-            stream.write_all(probe.as_bytes()).unwrap();
-            let mut reply = Vec::new();
-            let mut buf = [0u8; 64];
-            // Two integer replies: ":<counter>\r\n:<acks>\r\n".
-            while reply.iter().filter(|&&b| b == b'\n').count() < 2 {
-                let read = stream.read(&mut buf).unwrap();
-                assert!(read > 0, "port {}: connection closed", self.port);
-                reply.extend_from_slice(&buf[..read]);
-            }
-            let text = String::from_utf8_lossy(&reply);
-            let acks: usize = text
-                .lines()
-                .nth(1)
-                .and_then(|l| l.trim().strip_prefix(':')?.parse().ok())
-                .unwrap_or(0);
+            let mut conn = client
+                .get_connection_with_timeout(Duration::from_secs(2))
+                .unwrap_or_else(|e| panic!("port {}: {e}", self.port));
+            conn.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            // A write, then WAIT on the same connection: how many replicas acknowledged it.
+            let (_, acks): (i64, usize) = redis::pipe()
+                .cmd("INCR")
+                .arg("replication-probe")
+                .cmd("WAIT")
+                .arg(n)
+                .arg(100)
+                .query(&mut conn)
+                .unwrap_or_else(|e| panic!("port {}: {e}", self.port));
             if acks >= n {
                 return;
             }
             assert!(
                 start.elapsed() < Duration::from_secs(10),
-                "port {}: {n} replicas never acknowledged: {text}",
+                "port {}: {n} replicas never acknowledged ({acks} did)",
                 self.port
             );
         }
     }
 
-    /// `redis-cli -p <port> <args>` against this server.
+    /// `redis-cli -p <port> <args>` against this server (over TLS, with the password, when it
+    /// has them).
     pub fn cli(&self, args: &[&str]) -> String {
-        cli_on(self.port, args)
+        self.access().cli(args)
     }
 
     /// Polls `INFO` until it contains `needle`, for at most 10 s.
@@ -280,10 +336,73 @@ pub fn redis_cli(args: &[&str]) -> String {
     text
 }
 
-/// `redis-cli -p <port> <args>`.
-pub(crate) fn cli_on(port: u16, args: &[&str]) -> String {
-    let port = port.to_string();
-    let mut all = vec!["-p", &port];
-    all.extend_from_slice(args);
-    redis_cli(&all)
+/// How the kit reaches a server (or a sentinel): its port, its TLS, its password.
+#[derive(Debug, Clone)]
+pub(crate) struct Access {
+    pub(crate) port: u16,
+    pub(crate) tls: Option<TlsOptions>,
+    pub(crate) password: Option<String>,
+}
+
+impl Access {
+    pub(crate) fn url(&self) -> String {
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        let auth = match &self.password {
+            Some(password) => format!(":{password}@"),
+            None => String::new(),
+        };
+        format!("{scheme}://{auth}127.0.0.1:{}/", self.port)
+    }
+
+    /// A client for the kit's own connections.
+    pub(crate) fn client(&self) -> redis::Client {
+        match &self.tls {
+            None => redis::Client::open(self.url()),
+            Some(tls) => redis::Client::build_with_tls(self.url(), tls.redis_certificates()),
+        }
+        .expect("a valid test server URL")
+    }
+
+    /// Whether it answers `PING`. Over TLS, through `redis-cli`, which checks the certificate
+    /// but not the host name it is for (so that a server with the certificate for another host
+    /// starts too).
+    pub(crate) fn ping(&self) -> bool {
+        if self.tls.is_none() && self.password.is_none() {
+            return ping(self.port);
+        }
+        let mut args = self.cli_args();
+        args.push("PING".to_owned());
+        Command::new("redis-cli")
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .is_ok_and(|out| out.status.success() && out.stdout.starts_with(b"PONG"))
+    }
+
+    /// `redis-cli` with the arguments that reach it, then `args`.
+    pub(crate) fn cli(&self, args: &[&str]) -> String {
+        let mut all = self.cli_args();
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        redis_cli(&all.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+
+    /// `-p <port>`, and the TLS and password arguments.
+    pub(crate) fn cli_args(&self) -> Vec<String> {
+        let mut args = vec!["-p".to_owned(), self.port.to_string()];
+        if let Some(tls) = &self.tls {
+            args.extend(tls.cli_args());
+        }
+        if let Some(password) = &self.password {
+            args.extend([
+                "-a".to_owned(),
+                password.clone(),
+                "--no-auth-warning".to_owned(),
+            ]);
+        }
+        args
+    }
 }

@@ -31,33 +31,36 @@ pub fn scale() -> usize {
 /// `scripts/test.sh` uses (so under `cargo test --all-features` it is already up to date).
 pub fn inventory_binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let output = Command::new(cargo)
-            .args([
-                "build",
-                "--example",
-                "inventory",
-                "--all-features",
-                "--message-format=json-render-diagnostics",
-            ])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("cannot run `cargo build --example inventory`");
-        assert!(
-            output.status.success(),
-            "`cargo build --example inventory` failed"
-        );
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        stdout
-            .lines()
-            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-            .filter(|msg| msg["target"]["name"] == "inventory")
-            .find_map(|msg| msg["executable"].as_str().map(PathBuf::from))
-            .expect("cargo did not report the inventory executable")
-    })
-    .clone()
+    BIN.get_or_init(|| example_binary("inventory")).clone()
+}
+
+/// The example `name`'s binary, built with `--all-features` (as `scripts/test.sh` builds
+/// everything).
+pub fn example_binary(name: &str) -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let output = Command::new(cargo)
+        .args([
+            "build",
+            "--example",
+            name,
+            "--all-features",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run `cargo build --example {name}`: {e}"));
+    assert!(
+        output.status.success(),
+        "`cargo build --example {name}` failed"
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    stdout
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|msg| msg["target"]["name"] == name)
+        .find_map(|msg| msg["executable"].as_str().map(PathBuf::from))
+        .unwrap_or_else(|| panic!("cargo did not report the {name} executable"))
 }
 
 /// One `inventory` process on a free loopback port; SIGKILLed on drop.
@@ -69,9 +72,15 @@ pub struct Instance {
 impl Instance {
     /// Starts an instance with `REDIS_URL=redis_url` and `env`, and waits for "listening on".
     pub fn start(redis_url: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_binary(inventory_binary(), redis_url, env)
+    }
+
+    /// Like [`start`](Self::start), for the example at `binary` (one that prints "listening on"
+    /// once it serves: `inventory`, `payments`).
+    pub fn start_binary(binary: PathBuf, redis_url: &str, env: &[(&str, &str)]) -> Self {
         for _ in 0..5 {
             let port = free_port();
-            let mut command = Command::new(inventory_binary());
+            let mut command = Command::new(&binary);
             command
                 .env_clear()
                 .env("REDIS_URL", redis_url)
@@ -79,14 +88,14 @@ impl Instance {
                 .env("HOST", "127.0.0.1")
                 .env("RUST_LOG", "warn")
                 .envs(env.iter().copied());
-            let what = format!("the inventory example on port {port}");
+            let what = format!("{} on port {port}", binary.display());
             if let Some(process) =
                 Process::start(command, &what, "listening on", Duration::from_secs(30))
             {
                 return Self { process, port };
             }
         }
-        panic!("the inventory example did not start on any of 5 free ports");
+        panic!("{} did not start on any of 5 free ports", binary.display());
     }
 
     /// `kill -9`: the process dies without releasing anything.

@@ -106,6 +106,32 @@ pub async fn without_the_lock_updates_are_lost() {
     assert!(counter.overlaps.load(Ordering::SeqCst) > 0);
 }
 
+/// The negative control for `exclusion` through a store reached some other way (over TLS,
+/// say): the same load through two layers whose stores do not share their locks (`a` and `b`
+/// are two servers, each instance locking in its own) loses updates. So the requests do go
+/// through such stores concurrently, and an `exclusion` test through them can fail.
+pub async fn unshared_stores_lose_updates<A: Backend, B: Backend>(a: A, b: B) {
+    let counter = Counter::new();
+    let apps = [
+        counter_app(
+            Arc::clone(&counter),
+            Some(layer(&a, patient().build().unwrap()).await),
+        ),
+        counter_app(
+            Arc::clone(&counter),
+            Some(layer(&b, patient().build().unwrap()).await),
+        ),
+    ];
+    let tally = load(&apps, EXCLUSION_REQUESTS, "hot", 1).await;
+    assert_eq!(tally.ok, EXCLUSION_REQUESTS, "{tally:?}");
+    let value = counter.value.load(Ordering::SeqCst);
+    assert!(
+        value < EXCLUSION_REQUESTS as u64,
+        "no update lost with two unshared stores: {value}"
+    );
+    assert!(counter.overlaps.load(Ordering::SeqCst) > 0);
+}
+
 /// A handler running 5x the TTL keeps its lease: the second request waits until it is done.
 pub async fn renewal_keeps_long_handlers_exclusive<B: Backend>(backend: B) {
     let config = patient().ttl(Duration::from_millis(200)).build().unwrap();

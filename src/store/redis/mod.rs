@@ -37,7 +37,10 @@ use self::{
     replicas::ReplicaAcks,
     scripts::{LUA, Scripts},
 };
-pub(crate) use self::{connection::redis_error, handoff::Handoff};
+pub(crate) use self::{
+    connection::{TLS_MARK, connect_error, redis_error},
+    handoff::Handoff,
+};
 use super::{
     Acquire, Capabilities, LockStore, StoreError,
     eviction::{Eviction, ServerEviction},
@@ -128,7 +131,18 @@ impl RedisStore {
     ///
     /// The connection times out connecting after 1 s and waiting for a reply after 2 s; the
     /// layer bounds each operation more tightly still (its wait deadline and store timeout).
-    /// Fails if the server cannot be reached now.
+    /// Fails if the server cannot be reached now, with a [`StoreError`] whose kind and message
+    /// name the cause: [`Authentication`](super::StoreErrorKind::Authentication) (a wrong
+    /// password or user), [`Tls`](super::StoreErrorKind::Tls) (an untrusted certificate, one
+    /// for another host, a refused client certificate),
+    /// [`Unavailable`](super::StoreErrorKind::Unavailable) or
+    /// [`Timeout`](super::StoreErrorKind::Timeout) (nothing answers),
+    /// [`Config`](super::StoreErrorKind::Config) (a URL that does not parse). The message
+    /// shows the server's address, never the URL's password.
+    ///
+    /// A `rediss://` URL connects over TLS (the `tls` feature), trusting the operating
+    /// system's CA store; for a private CA or a client certificate, see
+    /// [`connect_with_tls`](Self::connect_with_tls).
     ///
     /// Once connected, it asks the server for its eviction policy (`INFO memory`) and logs a
     /// warning if the server may evict lock keys (any `maxmemory-policy` but `noeviction`; see
@@ -137,15 +151,38 @@ impl RedisStore {
         Ok(Self::connect_plain(url).await?.handoff(true))
     }
 
+    /// Like [`connect`](Self::connect), over TLS with `tls`'s CA bundle and client certificate
+    /// (the `tls` feature). `url` is a `rediss://` URL; the hand-off's own connection uses the
+    /// same settings.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_lock::{RedisStore, store::TlsConfig};
+    ///
+    /// let tls = TlsConfig::new().ca_cert_file("/etc/redis/tls/ca.pem");
+    /// let store = RedisStore::connect_with_tls("rediss://:secret@10.0.0.1:6380/", &tls).await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    pub async fn connect_with_tls<T: IntoConnectionInfo>(
+        url: T,
+        tls: &super::TlsConfig,
+    ) -> Result<Self, StoreError> {
+        Self::connect(tls.connection_info(url)?).await
+    }
+
     /// Like [`connect`](Self::connect), without hand-off (for Redlock's nodes and Sentinel's
     /// masters, which do not queue).
     pub(crate) async fn connect_plain<T: IntoConnectionInfo>(url: T) -> Result<Self, StoreError> {
-        let client = Client::open(url).map_err(redis_error)?;
+        let (client, target) = open(url)?;
         let manager = ConnectionManager::new_with_config(client.clone(), manager_config())
             .await
-            .map_err(redis_error)?;
+            .map_err(|e| connect_error(&target, e))?;
         let store = Self::from_connection_manager(manager).with_client(client);
-        store.check_eviction().await;
+        store
+            .check_eviction()
+            .await
+            .map_err(|e| e.while_connecting(&target))?;
         store.check_slots().await;
         Ok(store)
     }
@@ -153,9 +190,9 @@ impl RedisStore {
     /// Like [`connect`](Self::connect), but connects at the first command instead of now, and
     /// without hand-off (for Redlock's nodes, which do not queue).
     pub(crate) fn connect_lazy<T: IntoConnectionInfo>(url: T) -> Result<Self, StoreError> {
-        let client = Client::open(url).map_err(redis_error)?;
+        let (client, target) = open(url)?;
         let manager = ConnectionManager::new_lazy_with_config(client.clone(), manager_config())
-            .map_err(redis_error)?;
+            .map_err(|e| connect_error(&target, e))?;
         Ok(Self::from_connection_manager(manager).with_client(client))
     }
 
@@ -377,6 +414,10 @@ impl RedisStore {
                 })
                 .collect(),
             Ok(answer) => vec![ServerEviction::from_info(None, &info_text(answer))],
+            // Refused for want of credentials: the store cannot work at all.
+            Err(e) if redis_error(e.clone()).kind() == super::StoreErrorKind::Authentication => {
+                return Err(redis_error(e));
+            }
             // Refused (an ACL without `+info`, a proxy that filters it): unknown.
             Err(e) if e.kind() != ErrorKind::Io && !e.is_timeout() => vec![ServerEviction {
                 addr: None,
@@ -388,9 +429,11 @@ impl RedisStore {
     }
 
     /// Reads the eviction policy of the server(s) and logs a warning for each that may evict;
-    /// never fails, and gives up after a second (a server that does not answer is logged at
-    /// debug), so that connecting takes at most that much longer.
-    pub(crate) async fn check_eviction(&self) {
+    /// gives up after a second (a server that does not answer is logged at debug), so that
+    /// connecting takes at most that much longer. Fails only when the server refuses for want
+    /// of credentials (`NOAUTH`: a connection made without a password succeeds, and nothing
+    /// is sent before the first command), which would fail every request.
+    pub(crate) async fn check_eviction(&self) -> Result<(), StoreError> {
         let addr = self
             .client
             .as_ref()
@@ -404,12 +447,16 @@ impl RedisStore {
                     server.log(addr.as_deref());
                 }
             }
+            Err(error) if error.kind() == super::StoreErrorKind::Authentication => {
+                return Err(error);
+            }
             Err(error) => tracing::debug!(
                 server = addr.as_deref().unwrap_or("?"),
                 error = &error as &dyn std::error::Error,
                 "could not ask the Redis server for its maxmemory-policy"
             ),
         }
+        Ok(())
     }
 
     /// Asks the server whether it hashes keys to slots (`cluster_enabled:1` in `INFO cluster`: a
@@ -472,6 +519,44 @@ impl RedisStore {
             committer: Arc::new(Committer::new(window)),
         }
     }
+}
+
+/// A client for `url`, and how messages name its server ("the Redis server at host:port",
+/// never the URL, which may hold a password). Installs the TLS crypto provider for a
+/// `rediss://` URL.
+fn open<T: IntoConnectionInfo>(url: T) -> Result<(Client, String), StoreError> {
+    let info = url.into_connection_info().map_err(redis_error)?;
+    refuse_insecure(&info)?;
+    #[cfg(feature = "tls")]
+    super::prepare_tls(&info);
+    let target = server_name(&info);
+    let client = Client::open(info).map_err(|e| connect_error(&target, e))?;
+    Ok((client, target))
+}
+
+/// Refuses a TLS address whose certificate would not be verified (`rediss://...#insecure`):
+/// anyone on the path could then read the password and forge the locks' answers.
+pub(crate) fn refuse_insecure(info: &redis::ConnectionInfo) -> Result<(), StoreError> {
+    match info.addr() {
+        redis::ConnectionAddr::TcpTls { insecure: true, .. } => Err(StoreError::msg(
+            super::StoreErrorKind::Config,
+            format!(
+                "{} is given with `#insecure`: the lock store does not connect without \
+                 verifying the server's certificate (give its CA bundle instead)",
+                server_name(info)
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// "the Redis server at host:port", for messages.
+pub(crate) fn server_name(info: &redis::ConnectionInfo) -> String {
+    let tls = match info.addr() {
+        redis::ConnectionAddr::TcpTls { .. } => TLS_MARK,
+        _ => "",
+    };
+    format!("the Redis server at {}{tls}", info.addr())
 }
 
 impl LockStore for RedisStore {
