@@ -119,10 +119,10 @@ mod token;
 mod wait;
 
 pub use config::{KeyDisplay, LockConfig, LockConfigBuilder, OnLeaseLost};
-pub use engine::{LeaseGuard, Locker};
+pub use engine::{Acquiring, LeaseGuard, Locker};
 pub use error::{ConfigError, LockError, LostReason};
 pub use idempotency::{IdempotencyConfig, IdempotencyLayer, IdempotencyStore};
-pub use key::{Key, KeySource};
+pub use key::{Key, KeySet, KeySource};
 pub use lease::Lease;
 #[cfg(feature = "axum")]
 pub use lock::MissingLease;

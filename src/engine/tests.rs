@@ -285,7 +285,11 @@ async fn a_request_hold_is_lost_at_its_max_hold() {
     let locker = locker(&store, config(3000 * MS, Wait::none()));
     let started = Instant::now();
     let mut hold = locker
-        .hold(locker.key("t", "k").unwrap(), Span::none(), Some(2500 * MS))
+        .hold(
+            locker.key("t", "k").unwrap().into(),
+            Span::none(),
+            locker.terms(Some(2500 * MS)),
+        )
         .await
         .unwrap();
     let reason = std::future::poll_fn(|cx| hold.poll_lost(cx)).await;

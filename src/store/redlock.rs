@@ -1,5 +1,7 @@
 //! Redlock: one lease held on a majority of independent Redis masters.
 
+mod set;
+
 use std::{fmt, sync::Arc, time::Duration};
 
 use futures_util::future::join_all;
@@ -327,10 +329,13 @@ impl LockStore for RedlockStore {
     }
 
     /// Batched renewal: one batch per node (each node's own batched renewal), all nodes at
-    /// once, and a quorum decided per lease as [`renew`](LockStore::renew) decides it.
+    /// once, and a quorum decided per lease as [`renew`](LockStore::renew) decides it. Key
+    /// sets: the set in one script per node, and a quorum on the set.
     fn capabilities(&self) -> Capabilities {
+        let this = Arc::new(self.clone());
         Capabilities {
-            renew_many: Some(Arc::new(self.clone())),
+            renew_many: Some(this.clone()),
+            key_sets: Some(this),
             ..Capabilities::none()
         }
     }

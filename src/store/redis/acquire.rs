@@ -119,10 +119,10 @@ impl Answer {
 
 /// Where a waiter joins a hand-off queue: its entry is its token, `stamp` and `channel`.
 pub(super) struct Place<'a> {
-    stamp: [u8; 16],
-    channel: &'a [u8],
+    pub(super) stamp: [u8; 16],
+    pub(super) channel: &'a [u8],
     /// A later attempt, which may find the waiter queued already.
-    rescan: bool,
+    pub(super) rescan: bool,
 }
 
 impl RedisStore {

@@ -16,6 +16,7 @@ mod records;
 mod renew;
 mod replicas;
 mod scripts;
+mod set;
 
 use std::{
     fmt,
@@ -194,7 +195,8 @@ impl RedisStore {
     }
 
     /// The Lua scripts this store runs, by name, exactly as it sends them (`acquire`,
-    /// `release`, `renew`, `renew_many`, `record_lookup`, `record_complete`): for a security
+    /// `release`, `renew`, `renew_many`, `record_lookup`, `record_complete`, and for leases on
+    /// several keys `acquire_set` and `release_set`): for a security
     /// review, an ACL audit (see `docs/TOPOLOGY.md`), or a tool that sends them by hand.
     ///
     /// ```
@@ -525,13 +527,15 @@ impl LockStore for RedisStore {
     }
 
     /// Batched renewal; hand-off (stores made by [`connect`](Self::connect), unless turned
-    /// off); idempotency records.
+    /// off); idempotency records; key sets (one script; one per hash slot, slot by slot, where
+    /// the server hashes keys to slots).
     fn capabilities(&self) -> Capabilities {
         let this = Arc::new(self.clone());
         Capabilities {
             renew_many: Some(this.clone()),
             hand_off: self.handoff.is_some().then(|| this.clone() as _),
-            records: Some(this),
+            records: Some(this.clone()),
+            key_sets: Some(this),
             ..Capabilities::none()
         }
     }

@@ -134,7 +134,7 @@ impl RedisStore {
 }
 
 /// Whether Redis refused a script because its keys hash to several slots (`CROSSSLOT`).
-fn is_cross_slot(error: &StoreError) -> bool {
+pub(super) fn is_cross_slot(error: &StoreError) -> bool {
     std::error::Error::source(error)
         .and_then(|source| source.downcast_ref::<RedisError>())
         .is_some_and(|e| e.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot))

@@ -21,6 +21,8 @@ pub(super) struct Scripts {
     pub(super) renew: Script,
     pub(super) renew_many: Script,
     pub(super) release: Script,
+    pub(super) acquire_set: Script,
+    pub(super) release_set: Script,
     /// This store's loads of each script, by hash (see `RedisStore::reload`).
     loads: Mutex<HashMap<String, Load>>,
 }
@@ -57,7 +59,7 @@ fn lock_script(body: &str) -> String {
 }
 
 /// Every script a [`RedisStore`] runs, by name, put together once per process.
-pub(super) static LUA: LazyLock<[(&str, String); 6]> = LazyLock::new(|| {
+pub(super) static LUA: LazyLock<[(&str, String); 8]> = LazyLock::new(|| {
     [
         ("acquire", lock_script(include_str!("scripts/acquire.lua"))),
         ("release", lock_script(include_str!("scripts/release.lua"))),
@@ -73,6 +75,14 @@ pub(super) static LUA: LazyLock<[(&str, String); 6]> = LazyLock::new(|| {
         (
             "record_complete",
             lock_script(include_str!("scripts/record_complete.lua")),
+        ),
+        (
+            "acquire_set",
+            lock_script(include_str!("scripts/acquire_set.lua")),
+        ),
+        (
+            "release_set",
+            lock_script(include_str!("scripts/release_set.lua")),
         ),
     ]
 });
@@ -92,6 +102,8 @@ impl Scripts {
             renew: Script::new(lua("renew")),
             renew_many: Script::new(lua("renew_many")),
             release: Script::new(lua("release")),
+            acquire_set: Script::new(lua("acquire_set")),
+            release_set: Script::new(lua("release_set")),
             loads: Mutex::default(),
         })
     }
