@@ -2,9 +2,10 @@
 
 use std::{
     fmt,
-    future::{Future, IntoFuture},
+    future::Future,
     pin::Pin,
     sync::Arc,
+    task::{Context, Poll},
     time::Duration,
 };
 
@@ -23,8 +24,8 @@ use crate::{
     wait::Wait,
 };
 
-/// An acquire on a [`Locker`], from [`Locker::acquire`]: await it for a [`LeaseGuard`], or
-/// first set what this call asks for instead of the locker's settings.
+/// An acquire on a [`Locker`], from [`Locker::acquire`]: a future of a [`LeaseGuard`]. Before
+/// it is awaited, it can be told what this call asks for instead of the locker's settings.
 ///
 /// ```
 /// use std::time::Duration;
@@ -46,6 +47,16 @@ use crate::{
 /// The guard is released when dropped: `let _ = locker.acquire(key).await?` releases at once.
 #[must_use = "an acquire does nothing until awaited (or `run`, or `try_once`)"]
 pub struct Acquiring {
+    state: State,
+}
+
+enum State {
+    /// Not polled yet: what it will ask for.
+    Start(Option<Request>),
+    Running(Pin<Box<dyn Future<Output = Result<LeaseGuard, LockError>> + Send>>),
+}
+
+struct Request {
     locker: Locker,
     keys: KeySet,
     terms: Terms,
@@ -54,22 +65,43 @@ pub struct Acquiring {
 impl Acquiring {
     pub(super) fn new(locker: Locker, keys: KeySet, terms: Terms) -> Self {
         Self {
-            locker,
-            keys,
-            terms,
+            state: State::Start(Some(Request {
+                locker,
+                keys,
+                terms,
+            })),
+        }
+    }
+
+    /// What it asks for, until it is first polled.
+    fn request(&mut self) -> Option<&mut Request> {
+        match &mut self.state {
+            State::Start(request) => request.as_mut(),
+            State::Running(_) => None,
+        }
+    }
+
+    fn take(self) -> Request {
+        match self.state {
+            State::Start(Some(request)) => request,
+            _ => panic!("an `Acquiring` used after it was polled"),
         }
     }
 
     /// Waits for the keys by this policy instead of the locker's.
     pub fn wait(mut self, wait: Wait) -> Self {
-        self.terms = self.terms.with_wait(wait);
+        if let Some(r) = self.request() {
+            r.terms = r.terms.clone().with_wait(wait);
+        }
         self
     }
 
     /// Holds the lease with this time to live (at least 10 ms) instead of the locker's,
     /// renewed every third of it.
     pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.terms = self.terms.with_ttl(ttl);
+        if let Some(r) = self.request() {
+            r.terms = r.terms.clone().with_ttl(ttl);
+        }
         self
     }
 
@@ -78,7 +110,9 @@ impl Acquiring {
     /// [`run`](Self::run) cancels its work and releases the keys. Background leases have no
     /// longest hold unless a call sets one.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.terms.max_hold = Some(max_hold);
+        if let Some(r) = self.request() {
+            r.terms.max_hold = Some(max_hold);
+        }
         self
     }
 
@@ -94,11 +128,11 @@ impl Acquiring {
 
     /// Runs `work` under the lease; see [`Locker::run`].
     pub async fn run<F: Future>(self, work: F) -> Result<F::Output, LockError> {
-        let Self {
+        let Request {
             locker,
             keys,
             terms,
-        } = self;
+        } = self.take();
         let span = lease_span(&locker, &keys);
         let mut hold = match locker.hold(keys, span.clone(), terms).await {
             Ok(hold) => hold.aborting(),
@@ -134,28 +168,33 @@ impl Acquiring {
     }
 }
 
-impl IntoFuture for Acquiring {
+impl Future for Acquiring {
     type Output = Result<LeaseGuard, LockError>;
-    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send>>;
 
-    fn into_future(self) -> Self::IntoFuture {
-        let Self {
-            locker,
-            keys,
-            terms,
-        } = self;
-        let span = lease_span(&locker, &keys);
-        let hold = locker.hold(keys, span.clone(), terms);
-        let engine = Arc::clone(locker.shared());
-        Box::pin(async move {
-            match hold.await {
-                Ok(hold) => Ok(LeaseGuard::new(hold, engine)),
-                Err(error) => {
-                    telemetry::record_not_acquired(&span, &error);
-                    Err(error)
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let State::Start(request) = &mut self.state {
+            let Request {
+                locker,
+                keys,
+                terms,
+            } = request.take().expect("an `Acquiring` polled after it was taken");
+            let span = lease_span(&locker, &keys);
+            let hold = locker.hold(keys, span.clone(), terms);
+            let engine = Arc::clone(locker.shared());
+            self.state = State::Running(Box::pin(async move {
+                match hold.await {
+                    Ok(hold) => Ok(LeaseGuard::new(hold, engine)),
+                    Err(error) => {
+                        telemetry::record_not_acquired(&span, &error);
+                        Err(error)
+                    }
                 }
-            }
-        })
+            }));
+        }
+        match &mut self.state {
+            State::Running(acquire) => acquire.as_mut().poll(cx),
+            State::Start(_) => unreachable!("started above"),
+        }
     }
 }
 
@@ -169,9 +208,13 @@ fn lease_span(locker: &Locker, keys: &KeySet) -> tracing::Span {
 
 impl fmt::Debug for Acquiring {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Acquiring")
-            .field("keys", &self.keys)
-            .field("terms", &self.terms)
-            .finish_non_exhaustive()
+        match &self.state {
+            State::Start(Some(request)) => f
+                .debug_struct("Acquiring")
+                .field("keys", &request.keys)
+                .field("terms", &request.terms)
+                .finish_non_exhaustive(),
+            _ => f.debug_struct("Acquiring").finish_non_exhaustive(),
+        }
     }
 }
