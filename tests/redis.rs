@@ -23,6 +23,11 @@ suite::tests!(
     max_hold_bounds_a_request,
     singleton_guard,
     own_token_acquires_again,
+    sets_exclude_each_other_and_single_keys,
+    sets_in_opposite_orders_never_deadlock,
+    a_set_takes_all_its_keys_or_none,
+    a_set_makes_a_single_key_wait,
+    a_set_is_not_starved_by_single_keys,
 );
 
 /// `RedisStore` without hand-off (its acquire script takes another path for a held key).
