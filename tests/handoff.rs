@@ -1068,17 +1068,20 @@ async fn set_against_a_stream(server: &RedisServer, set_store: RedisStore) -> Re
             .deadline(Duration::from_secs(3)),
     );
     let started = Instant::now();
-    let answer = set_locker.acquire([other.clone(), hot.clone()]).await;
-    let waited = started.elapsed();
-    if let Ok(guard) = answer {
-        assert_eq!(guard.keys().len(), 2);
-        assert!(guard.release().await.unwrap());
-    }
+    let answer = match set_locker.acquire([other.clone(), hot.clone()]).await {
+        Ok(guard) => {
+            let waited = started.elapsed();
+            assert_eq!(guard.keys().len(), 2);
+            assert!(guard.release().await.unwrap());
+            Ok(waited)
+        }
+        Err(error) => Err(error),
+    };
     stop.store(true, Ordering::SeqCst);
     for s in streams {
         assert!(s.await.unwrap() > 0);
     }
-    answer.map(|_| waited)
+    answer
 }
 
 /// A set waits in the queue of the key it cannot have, like a single key: a stream of
