@@ -50,6 +50,8 @@ fn config(name: &str, processes: u8, faults: Faults) -> Config {
         start_together: false,
         completes: vec![],
         batches: vec![],
+        sets: vec![],
+        second_key: vec![],
         key_agrees: true,
         fallback_timer: true,
         sources: Sources::crate_scripts(),

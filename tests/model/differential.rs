@@ -227,7 +227,7 @@ async fn read_back(
 ) -> Vec<(String, String, Option<i64>)> {
     let k = &model.keys;
     let mut out = Vec::new();
-    for key in [k.lock, k.fence, k.queue, k.record] {
+    for key in [k.locks[0], k.locks[1], k.fence, k.queues[0], k.queues[1], k.record] {
         let name = model.interner.borrow().get(key).to_vec();
         let kind: String = redis::cmd("TYPE")
             .arg(&name)
@@ -270,7 +270,7 @@ fn model_keys(model: &Model, db: &Db) -> Vec<(String, String, Option<i64>)> {
     let k = &model.keys;
     let text = |v: Val| String::from_utf8_lossy(model.interner.borrow().get(v)).into_owned();
     let mut out = Vec::new();
-    for key in [k.lock, k.fence, k.queue, k.record] {
+    for key in [k.locks[0], k.locks[1], k.fence, k.queues[0], k.queues[1], k.record] {
         if let Some((v, e)) = db.string(key) {
             out.push((text(key), text(v), e.map(i64::from)));
         } else if let Some(list) = db.list(key) {
