@@ -139,6 +139,9 @@ pub(crate) struct Config {
     pub(crate) sets: Vec<u8>,
     /// Processes that take key Y alone (the others, but sets, take X).
     pub(crate) second_key: Vec<u8>,
+    /// Set processes that pass their keys in the other order, Y then X (never the crate's
+    /// clients, which take every set in lock order: only to show that the order matters).
+    pub(crate) reversed: Vec<u8>,
     /// Check that a process that believes it holds the key holds it in Redis (stronger than
     /// exclusion, and so found a step earlier).
     pub(crate) key_agrees: bool,
@@ -443,6 +446,7 @@ impl Model {
                 config.batches.contains(&p),
                 config.sets.contains(&p),
                 config.second_key.contains(&p),
+                config.reversed.contains(&p),
             )
         };
         for p in 0..config.processes {
@@ -925,9 +929,12 @@ impl Model {
         let (lock, queue) = (k.locks[key], k.queues[key]);
         // A set's keys, each with the fencing counter and its queue, as `RedisStore` passes them
         // (`src/store/redis/set.rs` `set_script`, `release_keys`).
-        let set_keys = vec![
+        let mut set_keys = vec![
             k.locks[0], k.fence, k.queues[0], k.locks[1], k.fence, k.queues[1],
         ];
+        if self.config.reversed.contains(&p) {
+            set_keys.rotate_left(3);
+        }
         let (script, keys, args) = match req.op {
             Op::Acquire { stamp, rescan } if set => {
                 let stamp = self.interner.borrow_mut().id(stamp_text(stamp).as_bytes());
@@ -1141,6 +1148,13 @@ impl Model {
                 // the queue kept for it).
                 let (code, value, third) = answer.reply;
                 let expires_in = (value >= 0).then_some(value as i16);
+                let reversed = self.config.reversed.contains(&p);
+                // Fences (and the blocked key) in the order the keys were passed.
+                let (value, third) = match (code, reversed) {
+                    (1, true) => (third, value),
+                    (_, true) => (value, 3 - third),
+                    _ => (value, third),
+                };
                 match code {
                     1 => {
                         q.phase = Phase::Holding(Hold {
