@@ -266,6 +266,7 @@ fn sets_in_opposite_orders_wait_for_each_other_forever() {
     c.delays = false;
     let (property, trace) = fails(c);
     assert_eq!(property, Property::NoStarvation, "{trace}");
+    assert!(trace.contains("queued for key Y"), "{trace}");
 }
 
 /// A set that takes free keys without looking at their queues: it barges past a waiter when
@@ -436,8 +437,16 @@ async fn the_model_redis_answers_as_redis_server_does() {
     c.batches = vec![0, 1, 2];
     let mut other = Model::new(c);
     assert!(check_model(&mut other).violation.is_none());
+    let mut c = config("set + X + Y, together, 1 failure (replayed)", 3, faults(1));
+    c.sets = vec![0];
+    c.second_key = vec![2];
+    c.start_together = true;
+    c.delays = false;
+    let mut sets = Model::new(c);
+    assert!(check_model(&mut sets).violation.is_none());
     let a = model::differential::replay(&model, &server.url(), 1500).await;
     let b = model::differential::replay(&other, &server.url(), 1500).await;
-    println!("{a} + {b} script runs agree with redis-server");
-    assert!(a > 500 && b > 500, "{a} + {b}");
+    let c = model::differential::replay(&sets, &server.url(), 1500).await;
+    println!("{a} + {b} + {c} script runs agree with redis-server");
+    assert!(a > 500 && b > 500 && c > 500, "{a} + {b} + {c}");
 }

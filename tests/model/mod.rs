@@ -234,9 +234,11 @@ pub(crate) fn check_model(model: &mut Model) -> Report {
         offsets.push(edges.len());
         i += 1;
     }
+    let mut cycle_found = false;
     if violation.is_none()
         && let Some(cycle) = find_cycle(&offsets, &edges)
     {
+        cycle_found = true;
         let message = format!(
             "a run that never ends: a cycle of {} states (no progress is certain)",
             cycle.len()
@@ -248,8 +250,13 @@ pub(crate) fn check_model(model: &mut Model) -> Report {
         Violation {
             property,
             // The graph's states have their processes in canonical order: the message is
-            // worked out again on the trace's own states, whose names the trace uses.
-            message: named.unwrap_or(message),
+            // worked out again on the trace's own states, whose names the trace uses (but for
+            // a cycle, which no state shows by itself).
+            message: if cycle_found {
+                message
+            } else {
+                named.unwrap_or(message)
+            },
             trace,
         }
     });
