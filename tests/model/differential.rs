@@ -295,7 +295,7 @@ fn model_reply(reply: &Reply) -> String {
 }
 
 /// The server's answer, in the model's terms: `{1, fence}` less the counter's offset,
-/// `{0 or 2, PTTL}` in ticks.
+/// `{0 or 2, PTTL}` in ticks; for a set, `{1, fence, fence}` and `{0, 2 or 3, PTTL, key}`.
 fn server_reply(script: &str, reply: &Value) -> String {
     let int = |v: &Value| match v {
         Value::Int(n) => *n,
@@ -307,6 +307,14 @@ fn server_reply(script: &str, reply: &Value) -> String {
             let (code, n) = (int(&items[0]), int(&items[1]));
             let n = if code == 1 { n - BASE } else { ticks(n) };
             format!("{code},{n}")
+        }
+        Value::Array(items) if script == "acquire_set.lua" => {
+            let code = int(&items[0]);
+            let rest: Vec<String> = match code {
+                1 => items[1..].iter().map(|v| (int(v) - BASE).to_string()).collect(),
+                _ => vec![ticks(int(&items[1])).to_string(), int(&items[2]).to_string()],
+            };
+            format!("{code},{}", rest.join(","))
         }
         Value::Array(items) => items
             .iter()
