@@ -1,6 +1,8 @@
 //! The capability matrix of `docs/TOPOLOGY.md` ("What each store can do") is true: each row
 //! against the store's `capabilities()`, and each *yes* by its behaviour on that store, on real
-//! servers.
+//! servers. It needs every store, so the cluster and sentinel features.
+
+#![cfg(all(feature = "cluster", feature = "sentinel"))]
 
 use std::{
     collections::HashMap,

@@ -1,8 +1,9 @@
 //! `ClusterStore` on a real Redis Cluster on loopback (`redis-server --cluster-enabled yes`,
 //! `redis-cli --cluster create`): the exclusion suite, the keys of one route spread over every
-//! master, batched renewals one script per slot, a lease whose slot migrates to another master
-//! (ASK, then MOVED), acquires in a slot that migrates under load (TRYAGAIN), and a master
-//! killed with its replica promoted.
+//! master, a lease whose slot migrates to another master (ASK, then MOVED), acquires in a slot
+//! that migrates under load (TRYAGAIN), and a master killed with its replica promoted. The
+//! store's crate-private batched renewal (one script per slot) is tested in the crate,
+//! `src/store/tests/cluster.rs`.
 #![cfg(feature = "cluster")]
 
 mod suite;
@@ -454,72 +455,6 @@ fn skus_in_one_slot(first: &str, n: usize) -> (u16, Vec<String>) {
         i += 1;
     }
     (slot, skus)
-}
-
-/// Scripts the cluster's masters ran so far (`EVALSHA` calls).
-async fn scripts_run(cluster: &RedisCluster) -> u64 {
-    let mut n = 0;
-    for master in cluster.masters() {
-        n += calls_of(master, "evalsha").await;
-    }
-    n
-}
-
-/// A cluster renews a batch one script per hash slot, each on its slot's master: leases that
-/// share a slot share a script, and every lease gets its own answer, in order.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn batched_renewals_go_one_script_per_slot() {
-    let backend = Cluster(RedisCluster::start(3, 0));
-    let store = backend.store().await.native_commands(false);
-    let ttl = Duration::from_secs(30);
-    // Three slots with four leases each, and ten leases of slots of their own.
-    let mut skus = Vec::new();
-    for first in ["a", "b", "c"] {
-        skus.extend(skus_in_one_slot(first, 4).1);
-    }
-    skus.extend((0..10).map(|i| format!("single-{i}")));
-    let slots: std::collections::HashSet<u16> = skus
-        .iter()
-        .map(|s| key_slot(route_key(s).as_bytes()))
-        .collect();
-    let mut leases = Vec::new();
-    for sku in &skus {
-        let (key, token) = (route_key(sku), Token::generate().unwrap());
-        acquired(store.acquire(&key, &token, ttl).await.unwrap());
-        leases.push((key, token));
-    }
-    // Once, so that every master has the scripts loaded (a first EVALSHA meets NOSCRIPT).
-    for answer in store.renew_many(&leases, ttl).await {
-        assert!(answer.unwrap());
-    }
-    // One lease is not ours (any more): its own answer says so.
-    leases[5].1 = Token::generate().unwrap();
-    let before = scripts_run(&backend.0).await;
-    let renewed = store.renew_many(&leases, Duration::from_secs(60)).await;
-    let after = scripts_run(&backend.0).await;
-    for (i, answer) in renewed.iter().enumerate() {
-        assert_eq!(
-            answer.as_ref().ok(),
-            Some(&(i != 5)),
-            "lease {i}: {answer:?}"
-        );
-    }
-    assert_eq!(
-        after - before,
-        slots.len() as u64,
-        "one script per slot: {} leases in {} slots",
-        leases.len(),
-        slots.len()
-    );
-    let pttl = |key: &LockKey| {
-        let node = backend.0.master_of(key_slot(key.as_bytes()));
-        node.cli(&["PTTL", std::str::from_utf8(key.as_bytes()).unwrap()])
-            .trim()
-            .parse::<i64>()
-            .unwrap()
-    };
-    assert!(pttl(&leases[0].0) > 40_000, "not renewed");
-    assert!(pttl(&leases[5].0) <= 30_000, "renewed with another's token");
 }
 
 /// Acquires in a slot that migrates under load: while the slot is migrating, every acquire of a

@@ -1,6 +1,9 @@
 //! Hand-off between processes on Redis: a waiter queues in Redis, and the holder's release hands
 //! the key straight to the head of the queue (`RedisStore::handoff`, on by default). Each store
-//! here stands for a separate process (its own connections, its own `Locker`).
+//! here stands for a separate process (its own connections, its own `Locker`). The store's
+//! crate-private queue operations on their own are tested in the crate
+//! (`src/store/tests/redis.rs`), and the locker's side of a hand-off after a store error in
+//! `src/engine/tests.rs`.
 
 mod support;
 
@@ -13,9 +16,7 @@ use std::{
 };
 
 use support::{LockKeys, handoff_subscriptions};
-use tower_lock::{
-    LockConfig, LockError, LockStore, Locker, RedisStore, Token, Wait, key::LockKey, store::Acquire,
-};
+use tower_lock::{LockConfig, LockError, LockStore, Locker, RedisStore, Token, Wait, key::LockKey};
 use tower_lock_testkit::{Proxy, RedisServer, calls_of, redis_cli};
 
 /// A wait policy whose timer would make any timer-woken waiter take seconds.
@@ -440,93 +441,6 @@ async fn two_hung_waiters_in_a_row_cost_two_claim_windows() {
     );
 }
 
-/// A queued caller that finds the key free (its holder's lease ran out) with only crashed
-/// waiters ahead of it takes the key itself: it is the first live waiter. It is not passed
-/// over for a live waiter behind it, nor sent to the back of the queue.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_queued_caller_that_finds_the_key_free_keeps_its_place() {
-    let server = RedisServer::start();
-    let caller = RedisStore::connect(server.url()).await.unwrap();
-    let caller_channel = handoff_subscriptions(&server, 1).await.remove(0);
-    let behind = RedisStore::connect(server.url()).await.unwrap();
-    let behind_channel = handoff_subscriptions(&server, 2)
-        .await
-        .into_iter()
-        .find(|c| *c != caller_channel)
-        .unwrap();
-    let k = key(&locker(caller.clone(), slow_timer()));
-    let (mine, theirs) = (Token::generate().unwrap(), Token::generate().unwrap());
-    let as_str = |t: &Token| String::from_utf8(t.as_bytes().to_vec()).unwrap();
-    push_entries(
-        &server,
-        &k,
-        &[
-            entry(
-                "deaddeaddeaddeaddeaddeaddeaddead",
-                "tower-lock:handoff:gone",
-            ),
-            entry(&as_str(&mine), &caller_channel),
-            entry(&as_str(&theirs), &behind_channel),
-        ],
-    )
-    .await;
-    // The key is free: the lease of the holder these waiters queued behind ran out.
-    let answer = caller
-        .enqueue(&k, &mine, Duration::from_secs(10))
-        .await
-        .unwrap();
-    assert!(matches!(answer, Acquire::Acquired { .. }), "{answer:?}");
-    let mut conn = server.client().await;
-    let holder: Option<Vec<u8>> = redis::cmd("GET")
-        .arg(k.as_bytes())
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(holder.as_deref(), Some(mine.as_bytes()));
-    let queue: Vec<String> = redis::cmd("LRANGE")
-        .arg(queue_key(&k))
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(queue, [entry(&as_str(&theirs), &behind_channel)]);
-    drop(behind);
-}
-
-/// The same enqueue sent twice (a request re-sent after its reply was lost) while the key is
-/// held: both answer `Queued`; the release hands the key to the waiter, its claim answers
-/// `Acquired` and takes its token out of the queue entirely, so after its own release the key
-/// is free for others (not handed to the waiter's token a second time).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_resent_enqueue_is_handed_the_key_once() {
-    let server = RedisServer::start();
-    let all = stores(&server, 3).await;
-    let (holder, waiter, other) = (&all[0], &all[1], &all[2]);
-    let k = key(&locker(holder.clone(), slow_timer()));
-    let ttl = Duration::from_secs(10);
-    let (h, w, o) = (
-        Token::generate().unwrap(),
-        Token::generate().unwrap(),
-        Token::generate().unwrap(),
-    );
-    assert!(matches!(
-        holder.acquire(&k, &h, ttl).await.unwrap(),
-        Acquire::Acquired { .. }
-    ));
-    for _ in 0..2 {
-        let answer = waiter.enqueue(&k, &w, ttl).await.unwrap();
-        assert!(matches!(answer, Acquire::Queued { .. }), "{answer:?}");
-    }
-    assert!(holder.release(&k, &h).await.unwrap());
-    let answer = waiter.enqueue(&k, &w, ttl).await.unwrap();
-    assert!(matches!(answer, Acquire::Acquired { .. }), "{answer:?}");
-    assert_eq!(queue_len(&server, &k).await, 0);
-    assert!(waiter.release(&k, &w).await.unwrap());
-    let answer = other.acquire(&k, &o, ttl).await.unwrap();
-    assert!(matches!(answer, Acquire::Acquired { .. }), "{answer:?}");
-}
-
 /// A lost hand-off message (here: the queue deleted, so the release frees the key instead)
 /// costs the waiter at most the holder's remaining TTL, not its whole wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -907,127 +821,6 @@ async fn a_fixed_schedule_bounds_a_queued_wait() {
     queued(&server, &k, 0).await;
     held.release().await.unwrap();
     assert!(server.lock_keys().await.is_empty(), "keys left behind");
-}
-
-/// A store scripted by hand, for the locker's side of a hand-off: the first attempt queues, the
-/// second fails, the third acquires; the first token's watch holds a stale hand-off.
-#[derive(Clone, Default)]
-struct Scripted {
-    enqueued: Arc<Mutex<Vec<Vec<u8>>>>,
-    released: Arc<Mutex<Vec<Vec<u8>>>>,
-}
-
-struct Signals(tokio::sync::mpsc::UnboundedReceiver<tower_lock::store::Signal>);
-
-impl tower_lock::store::QueueSignals for Signals {
-    fn poll_signal(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<tower_lock::store::Signal> {
-        match self.0.poll_recv(cx) {
-            std::task::Poll::Ready(Some(signal)) => std::task::Poll::Ready(signal),
-            _ => std::task::Poll::Pending,
-        }
-    }
-}
-
-impl tower_lock::LockStore for Scripted {
-    async fn acquire(
-        &self,
-        _key: &LockKey,
-        _token: &tower_lock::Token,
-        _ttl: Duration,
-    ) -> Result<tower_lock::store::Acquire, tower_lock::store::StoreError> {
-        unreachable!("a waiting locker enqueues")
-    }
-
-    async fn enqueue(
-        &self,
-        _key: &LockKey,
-        token: &tower_lock::Token,
-        _ttl: Duration,
-    ) -> Result<tower_lock::store::Acquire, tower_lock::store::StoreError> {
-        use tower_lock::store::{Acquire, StoreError, StoreErrorKind};
-        let mut enqueued = self.enqueued.lock().unwrap();
-        enqueued.push(token.as_bytes().to_vec());
-        match enqueued.len() {
-            1 => Ok(Acquire::Queued {
-                expires_in: Some(Duration::from_secs(5)),
-            }),
-            2 => Err(StoreError::msg(StoreErrorKind::Unavailable, "down")),
-            _ => Ok(Acquire::Acquired { fencing_token: 42 }),
-        }
-    }
-
-    fn queue_watch(
-        &self,
-        _key: &LockKey,
-        _token: &tower_lock::Token,
-    ) -> Option<tower_lock::store::QueueWatch> {
-        use tower_lock::store::Signal;
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        // Check again now (the second attempt fails), then: a hand-off that the release sent
-        // after that failure has already passed on.
-        tx.send(Signal::Retry).unwrap();
-        tx.send(Signal::Granted {
-            fencing_token: 9,
-            valid_until: tokio::time::Instant::now() + Duration::from_secs(10),
-        })
-        .unwrap();
-        Some(tower_lock::store::QueueWatch::new(Signals(rx)))
-    }
-
-    async fn renew(
-        &self,
-        _key: &LockKey,
-        _token: &tower_lock::Token,
-        _ttl: Duration,
-    ) -> Result<bool, tower_lock::store::StoreError> {
-        Ok(true)
-    }
-
-    async fn release(
-        &self,
-        _key: &LockKey,
-        token: &tower_lock::Token,
-    ) -> Result<bool, tower_lock::store::StoreError> {
-        self.released
-            .lock()
-            .unwrap()
-            .push(token.as_bytes().to_vec());
-        Ok(false)
-    }
-}
-
-/// After a store error while queued (waiting forever), the waiter's release leaves the queue or
-/// passes on a key handed to it meanwhile; the waiter goes on with a fresh token, so a stale
-/// hand-off message for the old token is never taken for its own (two holders at once).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_store_error_a_stale_handoff_is_not_taken() {
-    let store = Scripted::default();
-    let locker = Locker::with_config(
-        store.clone(),
-        LockConfig::builder()
-            .wait(Wait::constant(Duration::from_millis(10)).forever())
-            .build()
-            .unwrap(),
-    );
-    let guard = locker
-        .acquire(locker.key("handoff", "scripted").unwrap())
-        .await
-        .unwrap();
-    assert_eq!(guard.fencing_token(), 42, "took the stale hand-off");
-    let enqueued = store.enqueued.lock().unwrap().clone();
-    assert_eq!(enqueued.len(), 3);
-    assert_eq!(enqueued[0], enqueued[1]);
-    assert_ne!(enqueued[1], enqueued[2], "went on with the old token");
-    // The failed attempt's token was released (leaving the queue).
-    let started = Instant::now();
-    while !store.released.lock().unwrap().contains(&enqueued[0]) {
-        assert!(started.elapsed() < Duration::from_secs(2), "never released");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    guard.release().await.unwrap();
 }
 
 // ---------------------------------------------------------------------------------------------

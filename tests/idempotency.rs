@@ -1,6 +1,8 @@
 //! `IdempotencyLayer` on `MemoryStore` and on a real `redis-server` (each Redis test starts its
 //! own on a free loopback port): every row of the module docs' response table, plus drops,
-//! streamed bodies, expiry, principals, and the atomic record-and-release.
+//! streamed bodies, expiry, principals, and the atomic record-and-release. The stores'
+//! crate-private record operations (`complete`, `lookup`) are tested in the crate,
+//! `src/store/tests/`.
 
 mod support;
 
@@ -25,11 +27,8 @@ use bytes::Bytes;
 use serde::Deserialize;
 use support::{Backend, LockKeys, Memory, Redis, send};
 use tower_lock::{
-    IdempotencyConfig, IdempotencyLayer, IdempotencyStore, Lease, LockConfig, LockStore, Token,
-    Wait,
+    IdempotencyConfig, IdempotencyLayer, IdempotencyStore, Lease, LockConfig, Wait,
     idempotency::{Always, Fingerprint, IdempotencyKey, NotError, SharedKeySpace},
-    key::LockKey,
-    store::Acquire,
 };
 
 const KEY: &str = "8e03978e-40d5-43e8-bc93-6894a57f9324";
@@ -757,63 +756,6 @@ where
     assert_eq!(runs.started.load(Ordering::SeqCst), 1);
 }
 
-/// The store's `complete`: only the lock's holder writes the record, and the record appears
-/// exactly as the lock goes.
-async fn complete_is_one_step_for_the_holder<B: Backend>(backend: B)
-where
-    B::Store: IdempotencyStore,
-{
-    let store = backend.store().await;
-    let key = LockKey::new("tower-lock:", "idempotency", b"k", 64).unwrap();
-    let ttl = Duration::from_secs(10);
-    let retention = Duration::from_secs(60);
-    let (mine, other) = (Token::generate().unwrap(), Token::generate().unwrap());
-    assert!(matches!(
-        store.acquire(&key, &mine, ttl).await.unwrap(),
-        Acquire::Acquired { .. }
-    ));
-    let record = Bytes::from_static(b"record");
-    assert!(
-        !store
-            .complete(&key, &other, record.clone(), retention)
-            .await
-            .unwrap()
-    );
-    assert_eq!(
-        store.lookup(&key).await.unwrap(),
-        None,
-        "a stranger wrote the record"
-    );
-    assert!(
-        matches!(
-            store.acquire(&key, &other, ttl).await.unwrap(),
-            Acquire::Contended { .. }
-        ),
-        "a stranger released the lock"
-    );
-    assert!(
-        store
-            .complete(&key, &mine, record.clone(), retention)
-            .await
-            .unwrap()
-    );
-    assert_eq!(store.lookup(&key).await.unwrap(), Some(record));
-    assert!(
-        matches!(
-            store.acquire(&key, &other, ttl).await.unwrap(),
-            Acquire::Acquired { .. }
-        ),
-        "the lock was not released"
-    );
-    assert!(
-        !store
-            .complete(&key, &mine, Bytes::new(), retention)
-            .await
-            .unwrap(),
-        "completed twice"
-    );
-}
-
 macro_rules! suite {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -848,7 +790,6 @@ suite!(
     streamed_body_is_replayed,
     expired_record_frees_the_key,
     principals_do_not_share_records,
-    complete_is_one_step_for_the_holder,
     client_errors_are_stored_unless_the_predicate_says_not,
     another_clients_key_and_body_get_their_own_run,
     shared_key_space_is_one_space_for_everyone,

@@ -23,10 +23,9 @@
 //! what is left out, and the figures.
 
 mod model;
-mod support;
 
 use model::{Config, Faults, Model, Property, Report, Sources, Timing, check, check_model};
-use support::RedisServer;
+use tower_lock_testkit::RedisServer;
 
 fn faults(budget: u8) -> Faults {
     Faults {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use support::{Backend, Counter, LockKeys, Redis, body_json, counter_app, purchase, send};
 use tower_lock::{Key, LockConfig, LockLayer, LockStore, OnLeaseLost, RedisStore, Token, Wait};
-use tower_lock_testkit::{RedisServer, errors_of, key_slot, one_node_cluster};
+use tower_lock_testkit::{RedisServer, one_node_cluster};
 
 suite::tests!(
     Redis::new();
@@ -319,7 +319,8 @@ async fn every_key(conn: &mut redis::aio::MultiplexedConnection) -> Vec<Vec<u8>>
 
 /// Only the holder's token renews or releases; fencing tokens keep increasing even after the
 /// counter key is gone; keys never leave the prefix, whatever bytes the value holds; released
-/// locks leave nothing behind but the one fencing counter.
+/// locks leave nothing behind but the one fencing counter. (Keys queued for and handed over,
+/// through the crate-private hand-off queue: `src/store/tests/redis.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_semantics() {
     use tower_lock::{key::LockKey, store::Acquire};
@@ -402,36 +403,6 @@ async fn store_semantics() {
     };
     assert!(fencing_token > f3, "{fencing_token} after {f3}");
     assert!(store.release(&key, &a).await.unwrap());
-
-    // Distinct keys, some of them contended (queued, then handed over): nothing is left per key
-    // once they are released, only the counters of the slots they fell in.
-    support::handoff_subscriptions(&backend.0, 1).await;
-    for i in 0..50 {
-        let key = LockKey::new("tower-lock:", "t", format!("k{i}").as_bytes(), 64).unwrap();
-        let Acquire::Acquired { fencing_token } = store.acquire(&key, &a, ttl).await.unwrap()
-        else {
-            panic!("not acquired")
-        };
-        let last = fencing_token;
-        if i % 5 == 0 {
-            let queued = store.enqueue(&key, &b, ttl).await.unwrap();
-            assert!(matches!(queued, Acquire::Queued { .. }), "{queued:?}");
-            assert!(store.release(&key, &a).await.unwrap());
-            let Acquire::Acquired { fencing_token } = store.enqueue(&key, &b, ttl).await.unwrap()
-            else {
-                panic!("the hand-off was not claimed")
-            };
-            assert!(fencing_token > last, "{fencing_token} after {last}");
-            assert!(store.release(&key, &b).await.unwrap());
-        } else {
-            assert!(store.release(&key, &a).await.unwrap());
-        }
-    }
-    let keys = every_key(&mut conn).await;
-    assert!(
-        keys.iter().all(|k| support::is_fence_counter(k)),
-        "left behind: {keys:?}"
-    );
 }
 
 /// Two services over two connections: the lock excludes across them, not just within one.
@@ -613,48 +584,14 @@ async fn renewals_are_batched() {
 
 /// A cluster-mode server reached through a plain connection (a managed "cluster mode, one
 /// shard" Redis, one node owning every slot) refuses a script over keys of several slots
-/// (CROSSSLOT): batched renewals of leases in different slots go one script per slot, each
-/// lease answered for itself, directly and through a locker whose leases expire without them.
+/// (CROSSSLOT): batched renewals of leases in different slots go one script per slot, so a
+/// locker whose leases expire without them keeps every lease. (The store's batch itself, each
+/// lease answered for itself: `src/store/tests/redis.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_renewals_on_a_cluster_mode_server() {
-    use tower_lock::{Locker, key::LockKey, store::Acquire};
+    use tower_lock::Locker;
 
     let server = one_node_cluster();
-    let store = RedisStore::connect(server.url()).await.unwrap();
-    let ttl = Duration::from_secs(30);
-    let mut leases = Vec::new();
-    for i in 0..40 {
-        let key = LockKey::new("tower-lock:", "t", format!("k{i}").as_bytes(), 64).unwrap();
-        let token = Token::generate().unwrap();
-        let answer = store.acquire(&key, &token, ttl).await.unwrap();
-        assert!(matches!(answer, Acquire::Acquired { .. }), "{answer:?}");
-        leases.push((key, token));
-    }
-    let slots: std::collections::HashSet<u16> = leases
-        .iter()
-        .map(|(key, _)| key_slot(key.as_bytes()))
-        .collect();
-    assert!(slots.len() > 30, "the leases share slots: {}", slots.len());
-    // One lease is not ours (any more): its own answer says so.
-    leases[7].1 = Token::generate().unwrap();
-    let renewed = store.renew_many(&leases, Duration::from_secs(60)).await;
-    for (i, answer) in renewed.iter().enumerate() {
-        assert_eq!(
-            answer.as_ref().ok(),
-            Some(&(i != 7)),
-            "lease {i}: {answer:?}"
-        );
-    }
-    // The server did refuse the batch as one script.
-    assert!(errors_of(&server, "CROSSSLOT") >= 1);
-    let mut conn = server.client().await;
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg(leases[0].0.as_bytes())
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert!(pttl > 40_000, "not renewed: {pttl}");
-
     // Leases of 300 ms, renewed every 100 ms in batches, for a second: none is lost.
     let config = LockConfig::builder()
         .ttl(Duration::from_millis(300))
@@ -674,45 +611,4 @@ async fn batched_renewals_on_a_cluster_mode_server() {
     for guard in guards {
         assert!(guard.release().await.unwrap());
     }
-}
-
-/// Every script keeps to one hash slot, so a cluster-mode server behind a plain connection runs
-/// them all: a key of a route template with braces is taken, queued for, handed over on release,
-/// claimed, renewed, and released with its idempotency record; none is refused as CROSSSLOT.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_script_stays_in_one_slot_on_a_cluster_mode_server() {
-    use tower_lock::{
-        idempotency::IdempotencyStore,
-        key::LockKey,
-        store::{Acquire, Signal},
-    };
-
-    let server = one_node_cluster();
-    let a = RedisStore::connect(server.url()).await.unwrap();
-    let b = RedisStore::connect(server.url()).await.unwrap();
-    support::handoff_subscriptions(&server, 2).await;
-    let key = LockKey::new("tower-lock:", "POST /items/{sku}/purchase", b"sku-1", 64).unwrap();
-    let ttl = Duration::from_secs(10);
-    let (holder, waiter) = (Token::generate().unwrap(), Token::generate().unwrap());
-    let answer = a.acquire(&key, &holder, ttl).await.unwrap();
-    assert!(matches!(answer, Acquire::Acquired { .. }), "{answer:?}");
-    let answer = b.enqueue(&key, &waiter, ttl).await.unwrap();
-    assert!(matches!(answer, Acquire::Queued { .. }), "{answer:?}");
-    let mut watch = b.queue_watch(&key, &waiter).expect("hand-off is on");
-    assert!(a.release(&key, &holder).await.unwrap());
-    let signal = tokio::time::timeout(Duration::from_secs(2), watch.signal())
-        .await
-        .expect("no hand-off");
-    assert!(matches!(signal, Signal::Granted { .. }), "{signal:?}");
-    let answer = b.enqueue(&key, &waiter, ttl).await.unwrap();
-    assert!(matches!(answer, Acquire::Acquired { .. }), "{answer:?}");
-    assert!(b.renew(&key, &waiter, ttl).await.unwrap());
-    let record = bytes::Bytes::from_static(b"the response");
-    assert!(
-        b.complete(&key, &waiter, record.clone(), Duration::from_secs(60))
-            .await
-            .unwrap()
-    );
-    assert_eq!(b.lookup(&key).await.unwrap(), Some(record));
-    assert_eq!(errors_of(&server, "CROSSSLOT"), 0);
 }

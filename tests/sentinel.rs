@@ -1,7 +1,9 @@
 //! `SentinelStore` on a real master, replica and three sentinels on loopback (`redis-server
 //! <conf> --sentinel`): the exclusion suite, a master killed and its replica promoted, a
-//! manual failover that demotes a live master, and hand-off and batched renewals across a
-//! failover.
+//! manual failover that demotes a live master, and hand-off across a failover. The store's
+//! crate-private operations across a failover (waiters queued before it queueing again,
+//! batched renewals sent again to the new master) are tested in the crate,
+//! `src/store/tests/sentinel.rs`.
 #![cfg(feature = "sentinel")]
 
 mod suite;
@@ -16,10 +18,10 @@ use support::{Backend, LockKeys, handoff_subscriptions};
 use tower_lock::{
     LockConfig, LockStore, Locker, SentinelStore, Token, Wait,
     key::LockKey,
-    store::{Acquire, Signal, StoreErrorKind},
+    store::{Acquire, StoreErrorKind},
 };
 use tower_lock_testkit::{
-    RedisServer, calls_of,
+    RedisServer,
     sentinel::{MASTER_NAME, SentinelSetup},
 };
 
@@ -282,15 +284,6 @@ async fn queue_entries(server: &RedisServer, key: &LockKey) -> Vec<Vec<u8>> {
         .unwrap()
 }
 
-/// The tokens queued for `key` on `server`, in queue order.
-async fn queued_tokens(server: &RedisServer, key: &LockKey) -> Vec<Vec<u8>> {
-    queue_entries(server, key)
-        .await
-        .into_iter()
-        .map(|e| e[..32].to_vec())
-        .collect()
-}
-
 /// Waits until `n` waiters are queued for `key` on `server`, for at most 5 s.
 async fn queued(server: &RedisServer, key: &LockKey, n: usize) {
     let started = Instant::now();
@@ -304,25 +297,6 @@ async fn queued(server: &RedisServer, key: &LockKey, n: usize) {
             "expected {n} queued waiters, found {len}"
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
-
-/// Calls `enqueue` until it answers that the waiter is queued, through store errors (while
-/// there is no master) and "held" answers (while the store's subscription is not up on the new
-/// master yet, waiters do not queue), for at most 10 s.
-async fn enqueue_until_queued(store: &SentinelStore, key: &LockKey, token: &Token) {
-    let started = Instant::now();
-    loop {
-        let answer = store.enqueue(key, token, Duration::from_secs(30)).await;
-        if let Ok(Acquire::Queued { .. }) = answer {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "not queued (master {}): {answer:?}",
-            store.master_addr()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -398,142 +372,4 @@ async fn handoff_follows_a_killed_master() {
         setup.replica.lock_keys().await.is_empty(),
         "keys left behind"
     );
-}
-
-/// Waiters queued before a failover, registered with their stores' hand-off, queue again on
-/// the new master when they check: those whose entries the promoted replica has keep their
-/// places, one whose entry it lacks (as if not replicated in time) is queued again at the back,
-/// once; the release on the new master hands the key to each in that order, heard by the
-/// registrations made before the failover.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn queued_waiters_queue_again_on_the_new_master() {
-    let mut setup =
-        tokio::task::block_in_place(|| SentinelSetup::start(Duration::from_millis(500)));
-    let urls = setup.sentinel_urls();
-    let one = SentinelStore::connect(urls.clone(), MASTER_NAME)
-        .await
-        .unwrap();
-    let two = SentinelStore::connect(urls, MASTER_NAME).await.unwrap();
-    handoff_subscriptions(&setup.master, 2).await;
-    let ttl = Duration::from_secs(30);
-    let k = key("queued-across");
-    let holder = Token::generate().unwrap();
-    acquired(one.acquire(&k, &holder, ttl).await.unwrap());
-    let waiters: Vec<(&SentinelStore, Token)> = [&two, &one, &two]
-        .into_iter()
-        .map(|s| (s, Token::generate().unwrap()))
-        .collect();
-    let mut watches = Vec::new();
-    for (store, token) in &waiters {
-        let answer = store.enqueue(&k, token, ttl).await.unwrap();
-        assert!(matches!(answer, Acquire::Queued { .. }), "{answer:?}");
-        watches.push(store.queue_watch(&k, token).unwrap());
-    }
-    let tokens: Vec<Vec<u8>> = waiters.iter().map(|(_, t)| t.as_bytes().to_vec()).collect();
-    // Replicated: the replica has the lease and the queue.
-    let started = Instant::now();
-    while queued_tokens(&setup.replica, &k).await != tokens {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "queue not replicated"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(
-        get(&setup.replica, &k).await.as_deref(),
-        Some(holder.as_bytes())
-    );
-
-    setup.master.kill();
-    let new = setup.replica.port();
-    tokio::task::block_in_place(|| setup.wait_for_master(new, Duration::from_secs(10)));
-    // The second waiter's entry did not reach the new master.
-    let lost = queue_entries(&setup.replica, &k).await.remove(1);
-    let mut conn = setup.replica.client().await;
-    let _: () = redis::cmd("LREM")
-        .arg([k.as_bytes(), b":queue"].concat())
-        .arg(0)
-        .arg(lost)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    // Each waiter was told to check again (its subscription broke), and does.
-    for watch in &mut watches {
-        let signal = tokio::time::timeout(Duration::from_secs(5), watch.signal())
-            .await
-            .expect("a waiter was not told to check again");
-        assert_eq!(signal, Signal::Retry);
-    }
-    for (store, token) in waiters.iter().chain(&waiters) {
-        enqueue_until_queued(store, &k, token).await;
-    }
-    assert_eq!(
-        queued_tokens(&setup.replica, &k).await,
-        [tokens[0].clone(), tokens[2].clone(), tokens[1].clone()],
-        "places not kept, or the lost entry not queued again once"
-    );
-
-    assert!(one.release(&k, &holder).await.unwrap());
-    for i in [0, 2, 1] {
-        let (store, token) = &waiters[i];
-        let started = Instant::now();
-        loop {
-            let signal = tokio::time::timeout(Duration::from_secs(1), watches[i].signal())
-                .await
-                .unwrap_or_else(|_| panic!("waiter {i} was not handed the key within 1 s"));
-            if matches!(signal, Signal::Granted { .. }) {
-                break;
-            }
-            assert!(started.elapsed() < Duration::from_secs(1), "{signal:?}");
-        }
-        acquired(store.enqueue(&k, token, ttl).await.unwrap());
-        assert!(store.release(&k, token).await.unwrap());
-    }
-    assert!(
-        setup.replica.lock_keys().await.is_empty(),
-        "keys left behind"
-    );
-}
-
-/// Renewals are batched on a Sentinel master as on a single one (one script per batch), and a
-/// batch that meets a killed master is sent again to the promoted replica in the same call.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn renewals_are_batched_across_a_failover() {
-    let mut setup =
-        tokio::task::block_in_place(|| SentinelSetup::start(Duration::from_millis(500)));
-    let store = SentinelStore::connect(setup.sentinel_urls(), MASTER_NAME)
-        .await
-        .unwrap();
-    // Acquired with the replica's acknowledgement, so that they survive the failover.
-    let acked = store
-        .clone()
-        .wait_for_replicas(1, Duration::from_millis(500));
-    let ttl = Duration::from_secs(30);
-    let mut leases = Vec::new();
-    for i in 0..20 {
-        let (k, token) = (key(&format!("batch-{i}")), Token::generate().unwrap());
-        acquired(acked.acquire(&k, &token, ttl).await.unwrap());
-        leases.push((k, token));
-    }
-    let store = acked.wait_for_replicas(0, Duration::ZERO);
-    let renewed = |answers: Vec<Result<bool, tower_lock::store::StoreError>>| {
-        answers.into_iter().all(|a| matches!(a, Ok(true)))
-    };
-    // The first batch loads the script (EVALSHA, NOSCRIPT, SCRIPT LOAD, EVALSHA).
-    assert!(renewed(store.renew_many(&leases, ttl).await));
-    let before = calls_of(&setup.master, "evalsha").await;
-    assert!(renewed(store.renew_many(&leases, ttl).await));
-    assert_eq!(calls_of(&setup.master, "evalsha").await - before, 1);
-
-    setup.master.kill();
-    let new = setup.replica.port();
-    tokio::task::block_in_place(|| setup.wait_for_master(new, Duration::from_secs(10)));
-    // The store is still on the dead master: the batch fails there and goes to the new one.
-    assert_ne!(store.master_addr(), format!("127.0.0.1:{new}"));
-    let answers = store.renew_many(&leases, ttl).await;
-    assert!(renewed(answers.clone()), "{answers:?}");
-    assert_eq!(store.master_addr(), format!("127.0.0.1:{new}"));
-    let before = calls_of(&setup.replica, "evalsha").await;
-    assert!(renewed(store.renew_many(&leases, ttl).await));
-    assert_eq!(calls_of(&setup.replica, "evalsha").await - before, 1);
 }

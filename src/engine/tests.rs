@@ -2,16 +2,30 @@
 //! local queue and the background renewal, on paused time, so a lifecycle bug shows up in
 //! milliseconds. (Redis behaviour is tested against a real `redis-server`, in `tests/`.)
 
-use std::time::Duration;
+use std::{
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::{Context, Poll},
+    time::Duration,
+};
 
-use tokio::time::{Instant, advance, sleep};
+use tokio::{
+    sync::mpsc,
+    time::{Instant, advance, sleep},
+};
 use tracing::Span;
 
 use super::Locker;
 use crate::{
     config::LockConfig,
     error::{LockError, LostReason},
+    key::LockKey,
+    store::{
+        Acquire, Attempt, BoxFuture, Capabilities, HandOff, LockStore, QueueSignals, QueueWatch,
+        Signal, StoreError, StoreErrorKind,
+    },
     testing::{Call, Scripted},
+    token::Token,
     wait::Wait,
 };
 
@@ -488,4 +502,123 @@ async fn run_cancels_its_work_when_the_lease_is_lost() {
         .unwrap_err();
     assert!(matches!(error, LockError::LeaseLost(LostReason::MaxHold)), "{error:?}");
     assert_eq!(store.inner.held(), 0);
+}
+
+/// A store scripted by hand, for the locker's side of a hand-off: the first attempt queues, the
+/// second fails, the third acquires; the first token's watch holds a stale hand-off.
+#[derive(Clone, Default)]
+struct Queueing {
+    enqueued: Arc<Mutex<Vec<Vec<u8>>>>,
+    released: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+/// The scripted watch's signals.
+struct Signals(mpsc::UnboundedReceiver<Signal>);
+
+impl QueueSignals for Signals {
+    fn poll_signal(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Signal> {
+        match self.0.poll_recv(cx) {
+            Poll::Ready(Some(signal)) => Poll::Ready(signal),
+            _ => Poll::Pending,
+        }
+    }
+}
+
+impl LockStore for Queueing {
+    async fn acquire(
+        &self,
+        _key: &LockKey,
+        _token: &Token,
+        _ttl: Duration,
+    ) -> Result<Acquire, StoreError> {
+        unreachable!("a waiting locker enqueues")
+    }
+
+    async fn renew(
+        &self,
+        _key: &LockKey,
+        _token: &Token,
+        _ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        Ok(true)
+    }
+
+    async fn release(&self, _key: &LockKey, token: &Token) -> Result<bool, StoreError> {
+        self.released
+            .lock()
+            .unwrap()
+            .push(token.as_bytes().to_vec());
+        Ok(false)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            hand_off: Some(Arc::new(self.clone())),
+            ..Capabilities::none()
+        }
+    }
+}
+
+impl HandOff for Queueing {
+    fn enqueue(
+        self: Arc<Self>,
+        _key: LockKey,
+        token: Token,
+        _ttl: Duration,
+    ) -> BoxFuture<Result<Attempt, StoreError>> {
+        let mut enqueued = self.enqueued.lock().unwrap();
+        enqueued.push(token.as_bytes().to_vec());
+        let answer = match enqueued.len() {
+            1 => Ok(Attempt::Queued {
+                expires_in: Some(5000 * MS),
+            }),
+            2 => Err(StoreError::msg(StoreErrorKind::Unavailable, "down")),
+            _ => Ok(Attempt::Acquired { fencing_token: 42 }),
+        };
+        Box::pin(std::future::ready(answer))
+    }
+
+    fn queue_watch(&self, _key: &LockKey, _token: &Token) -> Option<QueueWatch> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        // Check again now (the second attempt fails), then: a hand-off that the release sent
+        // after that failure has already passed on.
+        tx.send(Signal::Retry).unwrap();
+        tx.send(Signal::Granted {
+            fencing_token: 9,
+            valid_until: Instant::now() + 10_000 * MS,
+        })
+        .unwrap();
+        Some(QueueWatch::new(Signals(rx)))
+    }
+}
+
+/// After a store error while queued (waiting forever), the waiter's release leaves the queue or
+/// passes on a key handed to it meanwhile; the waiter goes on with a fresh token, so a stale
+/// hand-off message for the old token is never taken for its own (two holders at once).
+#[tokio::test(start_paused = true)]
+async fn after_a_store_error_a_stale_handoff_is_not_taken() {
+    let store = Queueing::default();
+    let locker = Locker::with_config(
+        store.clone(),
+        LockConfig::builder()
+            .wait(Wait::constant(10 * MS).forever())
+            .build()
+            .unwrap(),
+    );
+    let guard = locker
+        .acquire(locker.key("handoff", "scripted").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(guard.fencing_token(), 42, "took the stale hand-off");
+    let enqueued = store.enqueued.lock().unwrap().clone();
+    assert_eq!(enqueued.len(), 3);
+    assert_eq!(enqueued[0], enqueued[1]);
+    assert_ne!(enqueued[1], enqueued[2], "went on with the old token");
+    // The failed attempt's token was released (leaving the queue).
+    let started = Instant::now();
+    while !store.released.lock().unwrap().contains(&enqueued[0]) {
+        assert!(started.elapsed() < 2000 * MS, "never released");
+        sleep(5 * MS).await;
+    }
+    guard.release().await.unwrap();
 }

@@ -21,6 +21,8 @@ mod redis;
 mod redlock;
 #[cfg(feature = "sentinel")]
 mod sentinel;
+#[cfg(test)]
+mod tests;
 
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 

@@ -155,7 +155,7 @@ impl LockStore for Scripted {
                 .state
                 .records
                 .load(Ordering::Relaxed)
-                .then(|| this as _),
+                .then_some(this as _),
             ..Capabilities::none()
         }
     }
