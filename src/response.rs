@@ -236,7 +236,12 @@ mod tests {
         let large = LockError::Key(KeyRejection::body_too_large(10));
         assert_eq!(status_for(&large, c, u), StatusCode::PAYLOAD_TOO_LARGE);
         let r = ProblemJson.response(&large, StatusCode::PAYLOAD_TOO_LARGE);
-        assert!(json(&r)["type"].as_str().unwrap().ends_with("#request-body-too-large"));
+        assert!(
+            json(&r)["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("#request-body-too-large")
+        );
         let misconfigured = LockError::Key(KeyRejection::misconfigured("x"));
         assert_eq!(
             status_for(&misconfigured, c, u),

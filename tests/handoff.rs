@@ -828,7 +828,12 @@ async fn a_fixed_schedule_bounds_a_queued_wait() {
 
 /// Loops holding `key` for `hold` through `locker` until `stop`; answers how many times it
 /// held it.
-fn stream(locker: Locker, key: LockKey, hold: Duration, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<u64> {
+fn stream(
+    locker: Locker,
+    key: LockKey,
+    hold: Duration,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<u64> {
     tokio::spawn(async move {
         let mut held = 0;
         while !stop.load(Ordering::SeqCst) {
@@ -844,14 +849,24 @@ fn stream(locker: Locker, key: LockKey, hold: Duration, stop: Arc<AtomicBool>) -
 /// How a set of `hot` and another key fares against three processes that take `hot` in turns,
 /// back to back, through the queue (the key is never free: each release hands it to the next):
 /// the set's locker on `set_store`.
-async fn set_against_a_stream(server: &RedisServer, set_store: RedisStore) -> Result<Duration, LockError> {
+async fn set_against_a_stream(
+    server: &RedisServer,
+    set_store: RedisStore,
+) -> Result<Duration, LockError> {
     let all = stores(server, 3).await;
     let stop = Arc::new(AtomicBool::new(false));
     let hot = LockKey::new("tower-lock:", "handoff", b"hot", 64).unwrap();
     let other = LockKey::new("tower-lock:", "handoff", b"other", 64).unwrap();
     let streams: Vec<_> = all
         .into_iter()
-        .map(|s| stream(locker(s, slow_timer()), hot.clone(), Duration::from_millis(20), Arc::clone(&stop)))
+        .map(|s| {
+            stream(
+                locker(s, slow_timer()),
+                hot.clone(),
+                Duration::from_millis(20),
+                Arc::clone(&stop),
+            )
+        })
         .collect();
     // The stream is under way: two waiters queued behind the holder.
     queued(server, &hot, 2).await;
@@ -893,7 +908,10 @@ async fn a_set_takes_its_turn_in_the_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_that_does_not_queue_is_starved() {
     let server = RedisServer::start();
-    let set_store = RedisStore::connect(server.url()).await.unwrap().handoff(false);
+    let set_store = RedisStore::connect(server.url())
+        .await
+        .unwrap()
+        .handoff(false);
     let answer = set_against_a_stream(&server, set_store).await;
     assert!(
         matches!(answer, Err(LockError::Contended { .. })),
@@ -943,8 +961,14 @@ async fn a_waiting_set_keeps_the_keys_before_the_one_it_waits_for() {
     });
     queued(&server, &first, 1).await;
     assert!(holder.release().await.unwrap());
-    tokio::time::timeout(Duration::from_secs(5), set_task).await.unwrap().unwrap();
-    tokio::time::timeout(Duration::from_secs(5), single_task).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), set_task)
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), single_task)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(*order.lock().unwrap(), ["set", "single"]);
     let left = server.lock_keys().await;
     assert!(left.is_empty(), "left behind: {left:?}");
@@ -982,6 +1006,10 @@ async fn a_set_that_gives_up_hands_on_what_it_kept() {
     );
     // Handed on by the set's release when it gave up (at 600 ms), not by a timer.
     assert!(waited < Duration::from_secs(2), "waited {waited:?}");
-    assert_eq!(queue_len(&server, &second).await, 0, "the set stayed queued");
+    assert_eq!(
+        queue_len(&server, &second).await,
+        0,
+        "the set stayed queued"
+    );
     assert!(single.release().await.unwrap());
 }

@@ -307,7 +307,6 @@ fn a_set_release_without_its_token_check_breaks_exclusion() {
     assert_eq!(property, Property::KeyAgrees, "{trace}");
 }
 
-
 /// A release that does not check the token: a waiter that gives up sends its release while
 /// another process holds the key, and the release hands the holder's key to the next waiter.
 #[test]

@@ -177,7 +177,9 @@ impl Future for Acquiring {
                 locker,
                 keys,
                 terms,
-            } = request.take().expect("an `Acquiring` polled after it was taken");
+            } = request
+                .take()
+                .expect("an `Acquiring` polled after it was taken");
             let span = lease_span(&locker, &keys);
             let hold = locker.hold(keys, span.clone(), terms);
             let engine = Arc::clone(locker.shared());

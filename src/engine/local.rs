@@ -388,7 +388,10 @@ mod tests {
         let soon = Some(Instant::now() + Duration::from_millis(5));
         let gave_up = queues.turns(&ab, soon).await;
         assert!(gave_up.is_err());
-        assert!(queues.turn(&a, soon).await.is_ok(), "the set kept its turn at a");
+        assert!(
+            queues.turn(&a, soon).await.is_ok(),
+            "the set kept its turn at a"
+        );
         drop(holder);
         assert_eq!(queues.len(), 0, "entries left behind");
     }

@@ -114,7 +114,11 @@ impl Locker {
     /// store errors are waited out (logged at warn) rather than returned. Needs a Tokio
     /// runtime.
     pub fn acquire(&self, keys: impl Into<KeySet>) -> Acquiring {
-        Acquiring::new(self.clone(), keys.into(), Terms::of(&self.engine.config, None))
+        Acquiring::new(
+            self.clone(),
+            keys.into(),
+            Terms::of(&self.engine.config, None),
+        )
     }
 
     /// Acquires `keys` as one lease if they are all free now, without waiting: `Ok(None)` when

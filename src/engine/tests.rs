@@ -380,9 +380,18 @@ async fn an_empty_set_or_one_above_max_keys_is_refused_before_the_store_is_asked
         .acquire(crate::key::KeySet::new([]))
         .await
         .unwrap_err();
-    assert!(matches!(&error, LockError::Key(r) if r.is_client_error()), "{error:?}");
-    let error = locker.acquire(keys(&locker, &["a", "b", "c"])).await.unwrap_err();
-    assert!(matches!(&error, LockError::Key(r) if r.detail().contains("at most 2")), "{error:?}");
+    assert!(
+        matches!(&error, LockError::Key(r) if r.is_client_error()),
+        "{error:?}"
+    );
+    let error = locker
+        .acquire(keys(&locker, &["a", "b", "c"]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, LockError::Key(r) if r.detail().contains("at most 2")),
+        "{error:?}"
+    );
     assert_eq!(store.calls().len(), 0);
 }
 
@@ -397,7 +406,11 @@ async fn try_acquire_does_not_wait() {
     let both = keys(&other, &["k", "free"]);
     assert!(other.try_acquire(both.clone()).await.unwrap().is_none());
     assert_eq!(started.elapsed(), Duration::ZERO, "it waited");
-    assert_eq!(store.inner.held(), 1, "the free key of the set stayed taken");
+    assert_eq!(
+        store.inner.held(),
+        1,
+        "the free key of the set stayed taken"
+    );
     assert!(held.release().await.unwrap());
     let guard = other.try_acquire(both).await.unwrap().expect("free now");
     assert_eq!(guard.keys().len(), 2);
@@ -454,7 +467,9 @@ async fn run_returns_the_work_and_releases() {
     let held = locker.acquire(set.as_slice()[0].clone()).await.unwrap();
     let ran = std::sync::atomic::AtomicBool::new(false);
     let error = locker
-        .run(set, async { ran.store(true, std::sync::atomic::Ordering::SeqCst) })
+        .run(set, async {
+            ran.store(true, std::sync::atomic::Ordering::SeqCst)
+        })
         .await
         .unwrap_err();
     assert!(matches!(error, LockError::Contended { .. }), "{error:?}");
@@ -490,7 +505,10 @@ async fn run_cancels_its_work_when_the_lease_is_lost() {
     // At the first renewal (a third of the TTL, and the batcher's few milliseconds), whatever
     // the config's loss policy.
     assert!(started.elapsed() >= 1000 * MS && started.elapsed() < 1100 * MS);
-    assert!(dropped.load(std::sync::atomic::Ordering::SeqCst), "the work ran on");
+    assert!(
+        dropped.load(std::sync::atomic::Ordering::SeqCst),
+        "the work ran on"
+    );
 
     // At its max hold: the work is cancelled, and the keys released before the answer.
     store.set_forget(false);
@@ -500,7 +518,10 @@ async fn run_cancels_its_work_when_the_lease_is_lost() {
         .run(sleep(60_000 * MS))
         .await
         .unwrap_err();
-    assert!(matches!(error, LockError::LeaseLost(LostReason::MaxHold)), "{error:?}");
+    assert!(
+        matches!(error, LockError::LeaseLost(LostReason::MaxHold)),
+        "{error:?}"
+    );
     assert_eq!(store.inner.held(), 0);
 }
 

@@ -236,7 +236,9 @@ where
                     let mut request = Request::from_parts(parts, ReqBody::from(bytes));
                     request.extensions_mut().insert(idempotency_key);
                     let terms = layer.locker.terms(Some(config.lock().max_hold()));
-                    let acquire = layer.locker.hold(key.clone().into(), this.span.clone(), terms);
+                    let acquire = layer
+                        .locker
+                        .hold(key.clone().into(), this.span.clone(), terms);
                     this.state.set(State::Acquiring {
                         acquire: Box::pin(acquire),
                         pending: Some(Pending {

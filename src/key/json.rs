@@ -100,7 +100,9 @@ impl JsonKeys {
 enum Found {
     Values,
     /// Nothing at all (a member missing on the way, an empty array).
-    Nothing { at: String },
+    Nothing {
+        at: String,
+    },
 }
 
 /// Collects the values at `segments` under `value` into `out`; `path` is where `value` is.
@@ -253,7 +255,10 @@ mod tests {
             keys(&nested, r#"{"a/b":[{"c~d":"x"}]}"#).unwrap().unwrap(),
             ["x"]
         );
-        assert_eq!(keys(&Key::json(""), r#""whole""#).unwrap().unwrap(), ["whole"]);
+        assert_eq!(
+            keys(&Key::json(""), r#""whole""#).unwrap().unwrap(),
+            ["whole"]
+        );
     }
 
     #[test]
@@ -266,7 +271,10 @@ mod tests {
             (r#"{"items":[{"sku":"a"},{"qty":1}]}"#, "`/items/1/sku`"),
             (r#"{}"#, "`/items`"),
             (r#"{"items":{"sku":"a"}}"#, "`/items/*`"),
-            (r#"{"items":[{"sku":{"secret-value":1}}]}"#, "not a string or a number"),
+            (
+                r#"{"items":[{"sku":{"secret-value":1}}]}"#,
+                "not a string or a number",
+            ),
             (r#"{"items":[{"sku":null}]}"#, "not a string or a number"),
         ] {
             let error = keys(&cart, body).unwrap_err();

@@ -181,7 +181,10 @@ mod tests {
             .unwrap();
         assert_eq!(values.as_slice(), [Bytes::from("secret-value")]);
         let many = Key::from_fn_many(|_: &Parts| {
-            Ok(Some(KeyValues::from([Bytes::from_static(b"a"), Bytes::from_static(b"b")])))
+            Ok(Some(KeyValues::from([
+                Bytes::from_static(b"a"),
+                Bytes::from_static(b"b"),
+            ])))
         });
         assert_eq!(many.keys(&mut parts).unwrap().unwrap().len(), 2);
         assert!(!format!("{values:?}").contains("secret"), "values in Debug");

@@ -210,7 +210,11 @@ mod tests {
     fn one_key_and_none() {
         let one = KeySet::from(key("a"));
         assert_eq!(one.as_one(), Some(&key("a")));
-        assert_eq!(KeySet::from([key("a"), key("a")]), one, "a repeat is one key");
+        assert_eq!(
+            KeySet::from([key("a"), key("a")]),
+            one,
+            "a repeat is one key"
+        );
         assert_eq!(one.first(), Some(&key("a")));
         let none = KeySet::new([]);
         assert!(none.is_empty() && none.first().is_none());

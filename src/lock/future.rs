@@ -133,10 +133,7 @@ fn acquiring<S, ReqBody>(
     keys: KeySet,
     service: S,
     request: Request<ReqBody>,
-) -> (
-    State<S, ReqBody, S::Future, S::Response, S::Error>,
-    Span,
-)
+) -> (State<S, ReqBody, S::Future, S::Response, S::Error>, Span)
 where
     S: Service<Request<ReqBody>>,
 {

@@ -20,7 +20,10 @@ pub(crate) type Reading<B> = BoxFuture<Result<(Request<B>, Option<KeySet>), KeyR
 
 /// Starts reading `req`'s body, up to the layer's limit; refuses at once a body that declares
 /// more (413).
-pub(crate) fn read_keys<B>(state: Arc<LockState>, req: Request<B>) -> Result<Reading<B>, KeyRejection>
+pub(crate) fn read_keys<B>(
+    state: Arc<LockState>,
+    req: Request<B>,
+) -> Result<Reading<B>, KeyRejection>
 where
     B: Body + From<Bytes> + Send + 'static,
     B::Data: Send,
@@ -53,7 +56,10 @@ where
     while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
         let frame = frame.map_err(|error| {
             let error: BoxError = error.into();
-            tracing::debug!(error = &*error as &dyn std::error::Error, "request body unreadable");
+            tracing::debug!(
+                error = &*error as &dyn std::error::Error,
+                "request body unreadable"
+            );
             KeyRejection::invalid("the request body could not be read")
         })?;
         if let Ok(mut data) = frame.into_data() {

@@ -11,8 +11,7 @@ use http_body::Body;
 use tower::{BoxError, Service};
 
 use super::{
-    body::ResponseBody, future::ResponseFuture, layer::LockLayer, read::read_keys,
-    state::LockState,
+    body::ResponseBody, future::ResponseFuture, layer::LockLayer, read::read_keys, state::LockState,
 };
 use crate::{
     key::{FromBody, FromHead, KeySetSource},

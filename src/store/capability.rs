@@ -594,7 +594,9 @@ impl Backend {
                 let rollback = keys.as_slice()[..taken]
                     .iter()
                     .map(|key| Arc::clone(&store).release_unbounded(key.clone(), token.clone()));
-                for (key, answer) in keys.iter().zip(futures_util::future::join_all(rollback).await)
+                for (key, answer) in keys
+                    .iter()
+                    .zip(futures_util::future::join_all(rollback).await)
                 {
                     if let Err(error) = answer {
                         tracing::warn!(
@@ -626,7 +628,9 @@ impl Backend {
             None => {
                 let releases: Vec<_> = keys
                     .iter()
-                    .map(|key| Arc::clone(&self.store).release_unbounded(key.clone(), token.clone()))
+                    .map(|key| {
+                        Arc::clone(&self.store).release_unbounded(key.clone(), token.clone())
+                    })
                     .collect();
                 Box::pin(async move {
                     let mut all = true;
@@ -660,7 +664,6 @@ impl Backend {
     pub(crate) fn queue_watch(&self, key: &LockKey, token: &Token) -> Option<QueueWatch> {
         self.caps.hand_off.as_ref()?.queue_watch(key, token)
     }
-
 
     pub(crate) fn renew(
         &self,

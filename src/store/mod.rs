@@ -144,8 +144,11 @@ pub(crate) trait DynStore: Send + Sync + 'static {
         limit: Duration,
     ) -> BoxFuture<Result<bool, StoreError>>;
     /// A release, unbounded (the caller bounds it).
-    fn release_unbounded(self: Arc<Self>, key: LockKey, token: Token)
-    -> BoxFuture<Result<bool, StoreError>>;
+    fn release_unbounded(
+        self: Arc<Self>,
+        key: LockKey,
+        token: Token,
+    ) -> BoxFuture<Result<bool, StoreError>>;
     fn validity(&self, ttl: Duration) -> Duration;
 }
 

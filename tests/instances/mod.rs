@@ -69,12 +69,19 @@ pub struct Instance {
 impl Instance {
     /// Starts an instance with `REDIS_URL=redis_url` and `env`, and waits for "listening on".
     pub fn start(redis_url: &str, env: &[(&str, &str)]) -> Self {
+        let mut all = vec![("REDIS_URL", redis_url)];
+        all.extend_from_slice(env);
+        Self::start_env(&all)
+    }
+
+    /// Starts an instance with `env` alone (no `REDIS_URL` unless `env` sets it: the in-memory
+    /// store), and waits for "listening on".
+    pub fn start_env(env: &[(&str, &str)]) -> Self {
         for _ in 0..5 {
             let port = free_port();
             let mut command = Command::new(inventory_binary());
             command
                 .env_clear()
-                .env("REDIS_URL", redis_url)
                 .env("PORT", port.to_string())
                 .env("HOST", "127.0.0.1")
                 .env("RUST_LOG", "warn")

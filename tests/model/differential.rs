@@ -227,7 +227,14 @@ async fn read_back(
 ) -> Vec<(String, String, Option<i64>)> {
     let k = &model.keys;
     let mut out = Vec::new();
-    for key in [k.locks[0], k.locks[1], k.fence, k.queues[0], k.queues[1], k.record] {
+    for key in [
+        k.locks[0],
+        k.locks[1],
+        k.fence,
+        k.queues[0],
+        k.queues[1],
+        k.record,
+    ] {
         let name = model.interner.borrow().get(key).to_vec();
         let kind: String = redis::cmd("TYPE")
             .arg(&name)
@@ -270,7 +277,14 @@ fn model_keys(model: &Model, db: &Db) -> Vec<(String, String, Option<i64>)> {
     let k = &model.keys;
     let text = |v: Val| String::from_utf8_lossy(model.interner.borrow().get(v)).into_owned();
     let mut out = Vec::new();
-    for key in [k.locks[0], k.locks[1], k.fence, k.queues[0], k.queues[1], k.record] {
+    for key in [
+        k.locks[0],
+        k.locks[1],
+        k.fence,
+        k.queues[0],
+        k.queues[1],
+        k.record,
+    ] {
         if let Some((v, e)) = db.string(key) {
             out.push((text(key), text(v), e.map(i64::from)));
         } else if let Some(list) = db.list(key) {
@@ -311,8 +325,14 @@ fn server_reply(script: &str, reply: &Value) -> String {
         Value::Array(items) if script == "acquire_set.lua" => {
             let code = int(&items[0]);
             let rest: Vec<String> = match code {
-                1 => items[1..].iter().map(|v| (int(v) - BASE).to_string()).collect(),
-                _ => vec![ticks(int(&items[1])).to_string(), int(&items[2]).to_string()],
+                1 => items[1..]
+                    .iter()
+                    .map(|v| (int(v) - BASE).to_string())
+                    .collect(),
+                _ => vec![
+                    ticks(int(&items[1])).to_string(),
+                    int(&items[2]).to_string(),
+                ],
             };
             format!("{code},{}", rest.join(","))
         }

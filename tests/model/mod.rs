@@ -359,18 +359,16 @@ fn on_start(before: &State, p: u8, key: usize, fence: u32) -> Option<(Property, 
 fn on_given(before: &State, after: &State, key: usize, x: (u8, u8)) -> Option<(Property, String)> {
     let fifo = &before.fifo[key];
     let ahead = fifo.iter().position(|&f| f == x).unwrap_or(fifo.len());
-    fifo.as_slice()[..ahead]
-        .iter()
-        .find_map(|&(p, acq)| {
-            let w = &after.procs[p];
-            let waits = w.acq == acq
-                && w.status == Status::Alive
-                && !w.lost_message
-                && matches!(
-                    w.phase,
-                    Phase::Attempting { .. } | Phase::Waiting { .. } | Phase::Sleeping { .. }
-                );
-            waits.then(|| {
+    fifo.as_slice()[..ahead].iter().find_map(|&(p, acq)| {
+        let w = &after.procs[p];
+        let waits = w.acq == acq
+            && w.status == Status::Alive
+            && !w.lost_message
+            && matches!(
+                w.phase,
+                Phase::Attempting { .. } | Phase::Waiting { .. } | Phase::Sleeping { .. }
+            );
+        waits.then(|| {
             (
                 Property::Fifo,
                 format!(
@@ -383,7 +381,7 @@ fn on_given(before: &State, after: &State, key: usize, x: (u8, u8)) -> Option<(P
                 ),
             )
         })
-        })
+    })
 }
 
 /// In a state where nothing more can happen: a live process that has not finished.

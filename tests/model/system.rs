@@ -930,7 +930,12 @@ impl Model {
         // A set's keys, each with the fencing counter and its queue, as `RedisStore` passes them
         // (`src/store/redis/set.rs` `set_script`, `release_keys`).
         let mut set_keys = vec![
-            k.locks[0], k.fence, k.queues[0], k.locks[1], k.fence, k.queues[1],
+            k.locks[0],
+            k.fence,
+            k.queues[0],
+            k.locks[1],
+            k.fence,
+            k.queues[1],
         ];
         if self.config.reversed.contains(&p) {
             set_keys.rotate_left(3);
@@ -1033,11 +1038,9 @@ impl Model {
                 v[2].int().expect("acquire value"),
             ),
             // Renewed only if every key was (`src/engine/renew.rs` `renew_keys`).
-            (Op::Renew, Reply::Array(v)) if v.len() == usize::from(set) + 1 => (
-                i64::from(v.iter().all(|r| r.int() == Some(1))),
-                0,
-                0,
-            ),
+            (Op::Renew, Reply::Array(v)) if v.len() == usize::from(set) + 1 => {
+                (i64::from(v.iter().all(|r| r.int() == Some(1))), 0, 0)
+            }
             (_, Reply::Int(n)) => (*n, 0, 0),
             (op, other) => panic!("unexpected answer {} to {op:?}", show(other)),
         };
@@ -1294,7 +1297,6 @@ impl Model {
         succ(Step::Reply(p), n, started, describe.then_some(note))
     }
 
-
     /// The pub/sub message at the head of `p`'s subscription arrives: `Registry::deliver`.
     fn deliver(&mut self, s: &State, p: u8, describe: bool) -> Successor {
         let t = self.config.timing;
@@ -1353,7 +1355,10 @@ impl Model {
             // attempt claims it (and the other key, if it is free).
             Signal::Granted { .. } if self.config.sets.contains(&p) => {
                 let note = self.attempt(&mut n, p, describe);
-                format!("P{} is granted a key of its set: attempts again; {note}", p + 1)
+                format!(
+                    "P{} is granted a key of its set: attempts again; {note}",
+                    p + 1
+                )
             }
             Signal::Granted { fence, valid_until } => {
                 // 227-238: with at least MIN_HANDED_OVER left, run at once (`handed_over`,

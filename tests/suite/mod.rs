@@ -509,7 +509,9 @@ async fn shop_load(apps: &[axum::Router], n: usize, seed: u64) -> (Tally, Vec<(S
         for sku in &skus {
             *writes.entry((*sku).to_owned()).or_default() += 1;
         }
-        tasks.push(tokio::spawn(async move { send(&app, request).await.status() }));
+        tasks.push(tokio::spawn(
+            async move { send(&app, request).await.status() },
+        ));
     }
     let mut tally = Tally::default();
     for task in tasks {
@@ -540,7 +542,12 @@ pub async fn sets_exclude_each_other_and_single_keys<B: Backend>(backend: B) {
     ];
     let (tally, writes) = shop_load(&apps, SET_REQUESTS, 7).await;
     assert_eq!(tally.ok, SET_REQUESTS, "{}: {tally:?}", B::NAME);
-    assert_eq!(shop.overlaps(), 0, "{}: two holders of a SKU at once", B::NAME);
+    assert_eq!(
+        shop.overlaps(),
+        0,
+        "{}: two holders of a SKU at once",
+        B::NAME
+    );
     for (sku, n) in writes {
         let counter = &shop.skus[&sku];
         assert_eq!(
@@ -617,7 +624,10 @@ pub async fn a_set_takes_all_its_keys_or_none<B: Backend>(backend: B) {
     let guard = holder.acquire(key("b")).await.unwrap();
     let shop = Shop::new(SKUS);
     let now = LockConfig::builder().wait(Wait::none()).build().unwrap();
-    let app = shop_app(Arc::clone(&shop), Some(shop_locker(&backend, now.clone()).await));
+    let app = shop_app(
+        Arc::clone(&shop),
+        Some(shop_locker(&backend, now.clone()).await),
+    );
     for _ in 0..3 {
         let r = send(&app, order(&["a", "b", "c"], 0)).await;
         assert_eq!(r.status(), StatusCode::CONFLICT, "{}", B::NAME);
@@ -629,7 +639,13 @@ pub async fn a_set_takes_all_its_keys_or_none<B: Backend>(backend: B) {
         assert!(got.is_some(), "{}: a key of the set stayed taken", B::NAME);
         assert!(got.unwrap().release().await.unwrap());
     }
-    assert!(holder.try_acquire([key("a"), key("b")]).await.unwrap().is_none());
+    assert!(
+        holder
+            .try_acquire([key("a"), key("b")])
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert!(guard.release().await.unwrap());
     assert_eq!(
         send(&app, order(&["a", "b", "c"], 0)).await.status(),
@@ -662,15 +678,25 @@ pub async fn a_set_makes_a_single_key_wait<B: Backend>(backend: B) {
     wait_until(|| a.inside.load(Ordering::SeqCst) == 1).await;
     let r = send(&impatient, purchase("a", 0)).await;
     assert_eq!(r.status(), StatusCode::CONFLICT, "{}", B::NAME);
-    assert_eq!(send(&impatient, purchase("c", 0)).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&impatient, purchase("c", 0)).await.status(),
+        StatusCode::OK
+    );
     let started = Instant::now();
-    assert_eq!(send(&waiting, purchase("a", 0)).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&waiting, purchase("a", 0)).await.status(),
+        StatusCode::OK
+    );
     assert!(
         a.finished.load(Ordering::SeqCst) == 2,
         "{}: the purchase did not wait for the order",
         B::NAME
     );
-    assert!(started.elapsed() >= Duration::from_millis(200), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "{:?}",
+        started.elapsed()
+    );
     assert_eq!(held.await.unwrap(), StatusCode::OK);
     assert_eq!(shop.overlaps(), 0);
 }
@@ -700,7 +726,10 @@ pub async fn a_set_is_not_starved_by_single_keys<B: Backend>(backend: B) {
     wait_until(|| a.finished.load(Ordering::SeqCst) >= 10).await;
     let deadline = Duration::from_secs(10);
     let config = LockConfig::builder()
-        .wait(Wait::exponential(Duration::from_millis(1), Duration::from_millis(20)).deadline(deadline))
+        .wait(
+            Wait::exponential(Duration::from_millis(1), Duration::from_millis(20))
+                .deadline(deadline),
+        )
         .build()
         .unwrap();
     let app = shop_app(Arc::clone(&shop), Some(shop_locker(&backend, config).await));
@@ -715,7 +744,12 @@ pub async fn a_set_is_not_starved_by_single_keys<B: Backend>(backend: B) {
         tally.ok += t.ok;
         tally.conflict += t.conflict;
     }
-    assert_eq!(status, StatusCode::OK, "{}: starved for {waited:?}", B::NAME);
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "{}: starved for {waited:?}",
+        B::NAME
+    );
     assert!(waited < deadline / 2, "{}: waited {waited:?}", B::NAME);
     assert_eq!(tally.conflict, 0, "{}: {tally:?}", B::NAME);
     assert!(during >= 10, "the stream stopped");

@@ -14,7 +14,12 @@ use crate::{
 
 impl MemoryStore {
     /// Takes every key of `keys` for `token`, or none; see [`AcquireSet::acquire_set`].
-    pub(crate) fn acquire_set_now(&self, keys: &KeySet, token: &Token, ttl: Duration) -> SetAttempt {
+    pub(crate) fn acquire_set_now(
+        &self,
+        keys: &KeySet,
+        token: &Token,
+        ttl: Duration,
+    ) -> SetAttempt {
         let now = Instant::now();
         let mut leases = self.leases();
         for (blocked, key) in keys.iter().enumerate() {

@@ -14,8 +14,9 @@ use std::{
 use futures_util::future::join_all;
 
 use super::{
-    RedisStore, handoff,
+    RedisStore,
     acquire::Place,
+    handoff,
     keys::{CompanionKeys, ms},
     renew::is_cross_slot,
 };
@@ -92,15 +93,20 @@ impl RedisStore {
                     return Err(error);
                 }
                 Ok(Answer::Acquired(
-                    fences.iter().map(|&f| u64::try_from(f).unwrap_or(0)).collect(),
+                    fences
+                        .iter()
+                        .map(|&f| u64::try_from(f).unwrap_or(0))
+                        .collect(),
                 ))
             }
-            &[code @ (0 | 2 | 3), n, i] if (1..=keys.len() as i64).contains(&i) => Ok(Answer::Held {
-                code,
-                // PTTL is -1 for a key without expiry and -2 for a key that just vanished.
-                expires_in: u64::try_from(n).ok().map(Duration::from_millis),
-                blocked: (i - 1) as usize,
-            }),
+            &[code @ (0 | 2 | 3), n, i] if (1..=keys.len() as i64).contains(&i) => {
+                Ok(Answer::Held {
+                    code,
+                    // PTTL is -1 for a key without expiry and -2 for a key that just vanished.
+                    expires_in: u64::try_from(n).ok().map(Duration::from_millis),
+                    blocked: (i - 1) as usize,
+                })
+            }
             _ => Err(malformed()),
         }
     }
@@ -179,7 +185,10 @@ impl RedisStore {
                 None => None,
             };
             return Ok(
-                match self.set_script(keys.as_slice(), token, ttl, place.as_ref()).await? {
+                match self
+                    .set_script(keys.as_slice(), token, ttl, place.as_ref())
+                    .await?
+                {
                     Answer::Acquired(fencing_tokens) => SetAttempt::Acquired { fencing_tokens },
                     Answer::Held {
                         code: 2,
