@@ -55,26 +55,26 @@ impl LockState {
         values.map(|values| self.scoped(parts, &values)).transpose()
     }
 
-    /// `values` as lock keys: each scoped and prefixed, at most `max_keys` of them.
+    /// `values` as lock keys: each scoped and prefixed, at most `max_keys` distinct ones (a
+    /// value given twice is one key, and counts once).
     fn scoped(&self, parts: &Parts, values: &KeyValues) -> Result<KeySet, KeyRejection> {
-        let max = self.locker.config().max_keys();
-        match values.len() {
-            0 => return Err(KeyRejection::invalid("the request names no lock key")),
-            n if n > max => {
-                return Err(KeyRejection::invalid(format!(
-                    "the request names {n} lock keys; the limit is {max}"
-                )));
-            }
-            _ => {}
-        }
-        match values.as_slice() {
-            [value] => Ok(KeySet::from(self.key(parts, value)?)),
+        let keys = match values.as_slice() {
+            [] => return Err(KeyRejection::invalid("the request names no lock key")),
+            [value] => KeySet::from(self.key(parts, value)?),
             values => values
                 .iter()
                 .map(|value| self.key(parts, value))
                 .collect::<Result<Vec<_>, _>>()
-                .map(KeySet::from),
+                .map(KeySet::from)?,
+        };
+        let max = self.locker.config().max_keys();
+        if keys.len() > max {
+            return Err(KeyRejection::invalid(format!(
+                "the request names {} lock keys; the limit is {max}",
+                keys.len()
+            )));
         }
+        Ok(keys)
     }
 
     /// `value`'s lock key.
