@@ -60,6 +60,7 @@ async fn sets_of_keys() {
     suite::a_set_takes_all_its_keys_or_none(backend()).await;
     suite::a_set_makes_a_single_key_wait(backend()).await;
     suite::a_set_is_not_starved_by_single_keys(backend()).await;
+    suite::a_set_is_released_on_drop_and_panic(backend()).await;
 }
 
 /// The negative control for the set exclusion test.

@@ -29,6 +29,7 @@ suite::tests!(
     a_set_takes_all_its_keys_or_none,
     a_set_makes_a_single_key_wait,
     a_set_is_not_starved_by_single_keys,
+    a_set_is_released_on_drop_and_panic,
 );
 
 /// The negative control for the exclusion tests: the same load without the layer loses updates.

@@ -798,6 +798,102 @@ pub async fn a_set_is_not_starved_by_single_keys<B: Backend>(backend: B) {
     assert_eq!(shop.overlaps(), 0);
 }
 
+/// `POST /orders` (SKUs from the body, in [`SKU_NAMESPACE`]) that works `work_ms`, and panics
+/// for an order of the SKU `boom`; panics become 500s.
+fn orders_app(locker: Locker) -> axum::Router {
+    let layer = LockLayer::from_locker(locker, Key::json("/items/*/sku")).namespace(SKU_NAMESPACE);
+    axum::Router::new()
+        .route(
+            "/orders",
+            axum::routing::post(
+                |axum::extract::Query(work): axum::extract::Query<
+                    std::collections::HashMap<String, u64>,
+                >,
+                 body: String| async move {
+                    if body.contains("\"boom\"") {
+                        panic!("handler panicked on purpose");
+                    }
+                    let work_ms = work.get("work_ms").copied().unwrap_or(0);
+                    tokio::time::sleep(Duration::from_millis(work_ms)).await;
+                    "ok"
+                },
+            ),
+        )
+        .route_layer(layer)
+        .layer(tower_http::catch_panic::CatchPanicLayer::new())
+}
+
+/// Waits until `probe` can take every key of `skus` at once, for at most 2 s; answers how long.
+async fn freed(probe: &Locker, skus: &[&str]) -> Duration {
+    let keys: Vec<_> = skus
+        .iter()
+        .map(|s| probe.key(SKU_NAMESPACE, s).unwrap())
+        .collect();
+    let started = Instant::now();
+    loop {
+        if let Some(guard) = probe.try_acquire(keys.clone()).await.unwrap() {
+            assert!(guard.release().await.unwrap());
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "keys of {skus:?} still held"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// An order's every key is freed within milliseconds, not after the 30 s TTL, when its request
+/// is dropped (client gone) and when its handler panics; the service keeps serving.
+pub async fn a_set_is_released_on_drop_and_panic<B: Backend>(backend: B) {
+    let config = || {
+        LockConfig::builder()
+            .wait(Wait::none())
+            .ttl(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    };
+    let app = orders_app(shop_locker(&backend, config()).await);
+    let probe = shop_locker(&backend, config()).await;
+    let running = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, order(&["c", "a", "b"], 60_000)).await }
+    });
+    let key = probe.key(SKU_NAMESPACE, "b").unwrap();
+    let started = Instant::now();
+    while let Some(guard) = probe.try_acquire(key.clone()).await.unwrap() {
+        // Not taken yet.
+        assert!(guard.release().await.unwrap());
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the order never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    running.abort();
+    let took = freed(&probe, &["a", "b", "c"]).await;
+    assert!(
+        took < Duration::from_millis(500),
+        "{}: freed after {took:?}",
+        B::NAME
+    );
+
+    let r = send(&app, order(&["boom", "a", "d"], 0)).await;
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "{}", B::NAME);
+    let took = freed(&probe, &["boom", "a", "d"]).await;
+    assert!(
+        took < Duration::from_millis(500),
+        "{}: freed after {took:?}",
+        B::NAME
+    );
+    assert_eq!(
+        send(&app, order(&["a", "d"], 0)).await.status(),
+        StatusCode::OK,
+        "{}",
+        B::NAME
+    );
+}
+
 /// Polls `cond` until true, for at most 5 s.
 pub async fn wait_until(cond: impl Fn() -> bool) {
     let start = Instant::now();
