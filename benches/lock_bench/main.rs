@@ -1,5 +1,6 @@
 //! The benchmark for issue 4: HTTP overhead, uncontended lock cycles, contended hand-off,
-//! renewal at scale and memory, each next to a hand-written baseline or the `rslock` peer.
+//! renewal at scale and memory, each next to a hand-written baseline or the `rslock` peer; and
+//! orders of several keys against single purchases.
 //!
 //! `cargo bench --bench lock_bench` (or `scripts/bench.sh`, which installs `wrk` and
 //! `redis-server` first) starts its own `redis-server` on a free loopback port, runs every
@@ -16,6 +17,7 @@
 //! | `contended.rs` | c. contended hand-off, in one process and over child processes |
 //! | `renewal.rs` | d. renewal of 10,000 leases |
 //! | `memory.rs`, `alloc.rs` | e. memory, with a counting global allocator |
+//! | `sets.rs` | f. orders of 1, 2 and 3 keys against single purchases (wrk) |
 //! | `protocol.rs` | the crate's scripts as the "same scripts" baseline sends them, and the drift check |
 //! | `report.rs`, `targets.rs`, `stats.rs`, `machine.rs` | the Markdown report |
 //! | `common.rs` | what several scenarios share |
@@ -29,7 +31,7 @@
 //! | `BENCH_RUNS` | runs per scenario (default 3) |
 //! | `BENCH_QUICK=1` | shortened durations, for a smoke run |
 //! | `BENCH_FULL=1` | the memory flatness run sends 1M requests instead of 100k |
-//! | `BENCH_ONLY` | scenario letters to run, e.g. `ac` (default: all of `abcde`) |
+//! | `BENCH_ONLY` | scenario letters to run, e.g. `ac` (default: all of `abcdef`); the report keeps the sections of the others from the report it replaces |
 //! | `BENCH_NOTE` | a note printed at the top of the report (e.g. "machine was busy") |
 //! | `BENCH_OUTPUT` | report path (default `docs/BENCHMARKS.md`) |
 //! | `BENCH_RSLOCK_RETRY_MS` | rslock's retry delay in the contended scenario (default 20) |
@@ -46,6 +48,7 @@ mod memory;
 mod protocol;
 mod renewal;
 mod report;
+mod sets;
 mod stats;
 mod targets;
 
@@ -124,7 +127,7 @@ impl Settings {
             quick,
             full,
             only: std::env::var("BENCH_ONLY")
-                .unwrap_or_else(|_| "abcde".to_owned())
+                .unwrap_or_else(|_| "abcdef".to_owned())
                 .to_ascii_lowercase(),
             warmup_s: 1,
             http_s: if quick { 2 } else { 5 },
@@ -150,7 +153,7 @@ impl Settings {
         }
     }
 
-    fn wants(&self, scenario: char) -> bool {
+    pub(crate) fn wants(&self, scenario: char) -> bool {
         self.only.contains(scenario)
     }
 }
@@ -201,6 +204,9 @@ fn main() {
     }
     if s.wants('e') {
         results.memory = memory::run(&rt, &redis, &s);
+    }
+    if s.wants('f') {
+        results.sets = sets::run(&redis, &s);
     }
     rt.block_on(flushall(&url));
     rt.shutdown_timeout(Duration::from_secs(2));
