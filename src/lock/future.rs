@@ -127,13 +127,22 @@ where
     }
 }
 
+/// The state of a [`ResponseFuture`] for service `S`.
+type StateOf<S, ReqBody> = State<
+    S,
+    ReqBody,
+    <S as Service<Request<ReqBody>>>::Future,
+    <S as Service<Request<ReqBody>>>::Response,
+    <S as Service<Request<ReqBody>>>::Error,
+>;
+
 /// The acquiring state for `keys`, and the lease's span.
 fn acquiring<S, ReqBody>(
     state: Arc<LockState>,
     keys: KeySet,
     service: S,
     request: Request<ReqBody>,
-) -> (State<S, ReqBody, S::Future, S::Response, S::Error>, Span)
+) -> (StateOf<S, ReqBody>, Span)
 where
     S: Service<Request<ReqBody>>,
 {
