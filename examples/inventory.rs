@@ -1,11 +1,18 @@
-//! An inventory service whose purchase endpoint cannot oversell, even though its
-//! read-modify-write of the stock is deliberately not atomic.
+//! An inventory service whose purchase and order endpoints cannot oversell, even though their
+//! read-modify-writes of the stock are deliberately not atomic.
 //!
 //! `POST /items/{sku}/purchase` reads the stock, "works" for `work_ms` milliseconds, then writes
 //! the stock minus one: three separate steps, so two concurrent purchases of the last item would
 //! both succeed. A [`LockLayer`] keyed on the `sku` path parameter serializes purchases of the
 //! same SKU across every instance that shares the lock store; purchases of different SKUs still
 //! run in parallel. Run it with `LOCK=off` to see the oversell the lock prevents.
+//!
+//! `POST /orders` sells several SKUs at once, the same way: it locks every SKU of the order,
+//! reads every stock, works, writes every stock. Its layer reads the SKUs from the JSON body
+//! ([`Key::json`]) and takes them as one lease: all of them or none, in an order every instance
+//! agrees on, so two orders that name the same SKUs in opposite orders never deadlock. It locks
+//! each SKU with the same lock a purchase of that SKU takes (both layers share one [`Locker`]
+//! and lock in the namespace `sku`), so orders and purchases exclude each other too.
 //!
 //! # Routes
 //!
@@ -14,8 +21,26 @@
 //! | `PUT /items/{sku}` | `{"stock": N}` | 200 `{"sku","stock"}`; 400 on a bad body |
 //! | `GET /items/{sku}` | | 200 `{"sku","stock"}`; 404 for an unknown SKU |
 //! | `POST /items/{sku}/purchase?work_ms=N` | | 200 `{"sku","stock","fencing_token"}`; 404 unknown SKU; 422 out of stock; 409 lock held (from the layer) |
+//! | `POST /orders?work_ms=N` | `{"items": [{"sku": "a", "qty": 2}, {"sku": "b", "qty": 1}]}` | 200 `{"items": [{"sku","stock"}, ...], "fencing_tokens": {"<sku>": N, ...}}`; 400 bad body; 404 unknown SKU; 422 a SKU short of its quantity; 409 locks held (from the layer); 413 body too large |
 //!
 //! Every error is an `application/problem+json` body `{"type","title","status","detail"}`.
+//!
+//! # Orders
+//!
+//! - **Locks.** Every SKU of the order, as one lease, with the lock `POST /items/{sku}/purchase`
+//!   takes for that SKU. When they cannot all be had within `LOCK_WAIT_MS`, the answer is 409
+//!   (from the layer, with `Retry-After`) and none of them is kept.
+//! - **All or nothing.** Every stock is read first; if any SKU has less than its quantity, the
+//!   answer is 422 naming the SKUs short, and no stock changes. Otherwise every stock is written.
+//! - **The answer.** 200 with each SKU's stock left, in the order the body first names them, and
+//!   each SKU's fencing token (`{}` when the route runs without the lock, `LOCK=off`).
+//! - **Lines.** The same SKU twice counts as one line with the quantities added. A quantity is
+//!   a whole number from 1. At most 64 SKUs per order (the lock's `max_keys`).
+//! - **Bad bodies** are 400: not JSON, no `items` or none in it, an item without a `sku` (these
+//!   from the layer, which reads the SKUs before the handler runs: `#invalid-lock-key`), a SKU
+//!   that is not a string, a quantity missing or below 1 (`invalid-body` or `bad-request`, from
+//!   the handler, once the locks are taken). A body larger than 64 KiB is 413, a missing
+//!   `content-type: application/json` 415. An unknown SKU is 404, and nothing is sold.
 //!
 //! # Environment
 //!
@@ -27,9 +52,9 @@
 //! | `REDIS_CLIENT_CERT`, `REDIS_CLIENT_KEY` | unset | PEM files of a client certificate and its key, for a Redis that requires one (mutual TLS) |
 //! | `HOST` | `127.0.0.1` | address to bind |
 //! | `PORT` | `3000` | port to bind |
-//! | `LOCK_TTL_MS` | `10000` | lease time to live; renewed every third of it while a purchase runs |
-//! | `LOCK_WAIT_MS` | `2000` | how long a purchase waits for a held lock before answering 409; `0` fails fast |
-//! | `LOCK` | `on` | `off` serves the purchase route without the lock |
+//! | `LOCK_TTL_MS` | `10000` | lease time to live; renewed every third of it while a purchase or order runs |
+//! | `LOCK_WAIT_MS` | `2000` | how long a purchase or order waits for held locks before answering 409; `0` fails fast |
+//! | `LOCK` | `on` | `off` serves the purchase and order routes without the lock |
 //! | `RUST_LOG` | `info` | log filter |
 //!
 //! Over TLS, with a private CA and a client certificate (mutual TLS):
@@ -66,6 +91,21 @@
 //! succeed one after the other. With `LOCK=off`, set the stock to 1 and run the two purchases
 //! again: both answer 200 with `"stock":0`, and two items were sold from a stock of one.
 //!
+//! Then an order of two apples and a pear, and one the stock cannot serve:
+//!
+//! ```sh
+//! curl -s -X PUT localhost:3000/items/pear -H 'content-type: application/json' -d '{"stock": 1}'
+//! curl -s -X POST localhost:3000/orders -H 'content-type: application/json' \
+//!   -d '{"items": [{"sku": "apple", "qty": 2}, {"sku": "pear", "qty": 1}]}'
+//! # {"items":[{"sku":"apple","stock":2},{"sku":"pear","stock":0}],"fencing_tokens":{"apple":2,"pear":1}}
+//! curl -s -X POST localhost:3000/orders -H 'content-type: application/json' \
+//!   -d '{"items": [{"sku": "apple", "qty": 1}, {"sku": "pear", "qty": 1}]}'
+//! # 422: not enough stock of `pear`; nothing was sold (apple's stock stays 2)
+//! ```
+//!
+//! An order that names a SKU a purchase (or another order) holds waits for it, or answers 409
+//! with `LOCK_WAIT_MS=0`, as a second purchase does.
+//!
 //! To share the lock and the stock between instances, start Redis and two instances:
 //!
 //! ```sh
@@ -77,7 +117,7 @@
 
 use problem::Problem;
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     env,
     error::Error,
     process::ExitCode,
@@ -96,7 +136,7 @@ use axum::{
 };
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
-use tower_lock::{Key, Lease, LockConfig, Wait};
+use tower_lock::{Key, Lease, LockConfig, LockLayer, Locker, Wait};
 
 #[path = "common/app.rs"]
 mod app;
@@ -107,8 +147,14 @@ mod problem;
 #[path = "common/store.rs"]
 mod store;
 
-/// The longest `work_ms` a purchase accepts.
+/// The longest `work_ms` a purchase or order accepts.
 const MAX_WORK_MS: u64 = 60_000;
+
+/// The largest order body the lock layer reads for the order's SKUs (larger: 413).
+const MAX_ORDER_BODY: usize = 64 * 1024;
+
+/// The namespace purchases and orders lock SKUs in: one lock per SKU, whichever route takes it.
+const SKU_LOCKS: &str = "sku";
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -127,7 +173,14 @@ async fn run() -> Result<(), Box<dyn Error>> {
     // The lock layer and the stock are backed by the same kind of storage: in-process without
     // REDIS_URL, Redis with it (LOCK_STORE picks another topology: `examples/common/store.rs`).
     let chosen = store::from_env().await?;
-    let layer = chosen.lock_layer(Key::path_param("sku"), config);
+    // One locker for both locked routes, and one namespace: a purchase and an order lock a SKU
+    // with the same lock (and take their turns at it in this process in one queue).
+    let locker: Locker = chosen.locker(config);
+    let purchase_lock =
+        LockLayer::from_locker(locker.clone(), Key::path_param("sku")).namespace(SKU_LOCKS);
+    let order_lock = LockLayer::from_locker(locker, Key::json("/items/*/sku"))
+        .namespace(SKU_LOCKS)
+        .max_request_body(MAX_ORDER_BODY);
     let stock = match chosen.data {
         Some(conn) => {
             println!("{}", chosen.description);
@@ -142,16 +195,20 @@ async fn run() -> Result<(), Box<dyn Error>> {
         }
     };
 
-    // Only the purchase route is locked; reading and restocking are not.
-    let purchase_route = if settings.lock {
-        post(purchase).route_layer(layer)
+    // Only the purchase and order routes are locked; reading and restocking are not.
+    let (purchase_route, order_route) = if settings.lock {
+        (
+            post(purchase).route_layer(purchase_lock),
+            post(order).route_layer(order_lock),
+        )
     } else {
-        println!("LOCK=off: purchases run without the lock and can oversell");
-        post(purchase)
+        println!("LOCK=off: purchases and orders run without the lock and can oversell");
+        (post(purchase), post(order))
     };
     let app = Router::new()
         .route("/items/{sku}", put(set_stock).get(get_stock))
         .route("/items/{sku}/purchase", purchase_route)
+        .route("/orders", order_route)
         .merge(metrics::router()?)
         .fallback(|| async { Problem::not_found("no such route") })
         .with_state(stock);
@@ -256,6 +313,110 @@ async fn purchase(
         stock: left,
         fencing_token,
     }))
+}
+
+#[derive(Deserialize)]
+struct Order {
+    items: Vec<OrderLine>,
+}
+
+#[derive(Deserialize)]
+struct OrderLine {
+    sku: String,
+    qty: u64,
+}
+
+#[derive(Serialize)]
+struct Ordered {
+    /// The stock left of each SKU, in the order the body first names them.
+    items: Vec<Item>,
+    /// Each SKU's fencing token; empty when the route runs without the lock.
+    fencing_tokens: BTreeMap<String, u64>,
+}
+
+/// Sells every line of an order, or none: read every stock, work, write every stock, as
+/// separate steps. Nothing here is atomic; the lease on every SKU of the order is what keeps
+/// other orders and purchases of those SKUs from interleaving.
+async fn order(
+    State(stock): State<Stock>,
+    lease: Option<Lease>,
+    params: Result<Query<PurchaseParams>, QueryRejection>,
+    body: Result<Json<Order>, JsonRejection>,
+) -> Result<Json<Ordered>, Problem> {
+    let Query(params) = params.map_err(|e| Problem::bad_request(e.body_text()))?;
+    if params.work_ms > MAX_WORK_MS {
+        return Err(Problem::bad_request(format!(
+            "work_ms must be at most {MAX_WORK_MS}"
+        )));
+    }
+    let Json(order) = body.map_err(Problem::bad_json)?;
+    let lines = order_lines(order)?;
+
+    // 1. Read every stock; refuse the whole order if one SKU falls short.
+    let mut available = Vec::with_capacity(lines.len());
+    for (sku, _) in &lines {
+        available.push(stock.get(sku).await?.ok_or_else(|| unknown_sku(sku))?);
+    }
+    let short: Vec<String> = lines
+        .iter()
+        .zip(&available)
+        .filter(|((_, qty), left)| *left < qty)
+        .map(|((sku, qty), left)| format!("`{sku}` ({qty} ordered, {left} in stock)"))
+        .collect();
+    if !short.is_empty() {
+        return Err(Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "out-of-stock",
+            "Out of stock",
+            format!("not enough stock of {}; nothing was sold", short.join(", ")),
+        ));
+    }
+    // 2. Work.
+    tokio::time::sleep(Duration::from_millis(params.work_ms)).await;
+    // 3. Write every stock.
+    let mut items = Vec::with_capacity(lines.len());
+    for ((sku, qty), available) in lines.into_iter().zip(available) {
+        let left = available - qty;
+        stock.set(&sku, left).await?;
+        items.push(Item { sku, stock: left });
+    }
+
+    // Each SKU's token: the lease holds one key per SKU, its value the SKU.
+    let fencing_tokens: BTreeMap<String, u64> = lease
+        .iter()
+        .flat_map(Lease::fencing_tokens)
+        .filter_map(|(key, token)| Some((String::from_utf8(key.value().to_vec()).ok()?, token)))
+        .collect();
+    tracing::info!(skus = items.len(), ?fencing_tokens, "order sold");
+    Ok(Json(Ordered {
+        items,
+        fencing_tokens,
+    }))
+}
+
+/// The order's lines, the same SKU's merged (quantities added), in the order the body first
+/// names them; 400 for an order without lines or a quantity below 1.
+fn order_lines(order: Order) -> Result<Vec<(String, u64)>, Problem> {
+    if order.items.is_empty() {
+        return Err(Problem::bad_request("an order needs at least one item"));
+    }
+    let mut lines: Vec<(String, u64)> = Vec::with_capacity(order.items.len());
+    for OrderLine { sku, qty } in order.items {
+        if qty < 1 {
+            return Err(Problem::bad_request(format!(
+                "the quantity of `{sku}` must be at least 1"
+            )));
+        }
+        match lines.iter_mut().find(|(s, _)| *s == sku) {
+            Some((_, total)) => {
+                *total = total.checked_add(qty).ok_or_else(|| {
+                    Problem::bad_request(format!("the quantities of `{sku}` add up to too many"))
+                })?;
+            }
+            None => lines.push((sku, qty)),
+        }
+    }
+    Ok(lines)
 }
 
 fn unknown_sku(sku: &str) -> Problem {

@@ -66,6 +66,7 @@ pub enum KeyDisplay {
 /// | [`store_timeout`](Self::store_timeout) | 1 s | bound on each renew and release, and the least time an acquire attempt gets |
 /// | [`key_prefix`](Self::key_prefix) | `tower-lock:` | prepended to every key |
 /// | [`max_key_len`](Self::max_key_len) | 512 bytes | longer key values are a 400 |
+/// | [`max_keys`](Self::max_keys) | 64 | the most keys one lease may hold; more are a 400 |
 /// | [`on_lease_lost`](Self::on_lease_lost) | [`OnLeaseLost::Abort`] | abort (503) or continue |
 /// | [`hold_until_body_end`](Self::hold_until_body_end) | `false` | keep the lease until the response body is streamed |
 /// | [`key_display`](Self::key_display) | [`KeyDisplay::Hashed`] | how keys appear in spans |
@@ -153,6 +154,7 @@ struct Settings {
     store_timeout: Duration,
     key_prefix: String,
     max_key_len: usize,
+    max_keys: usize,
     on_lease_lost: OnLeaseLost,
     hold_until_body_end: bool,
     key_display: KeyDisplay,
@@ -172,6 +174,7 @@ impl Default for Settings {
             store_timeout: Duration::from_secs(1),
             key_prefix: "tower-lock:".to_owned(),
             max_key_len: 512,
+            max_keys: 64,
             on_lease_lost: OnLeaseLost::Abort,
             hold_until_body_end: false,
             key_display: KeyDisplay::Hashed,
@@ -224,6 +227,9 @@ settings! {
     key_prefix: impl Into<String> => Into::into, get &str => |s| s.key_prefix.as_str();
     /// Longest accepted key value, in bytes (default 512).
     max_key_len: usize => |v| v, get usize => |s| s.max_key_len;
+    /// The most keys one lease may hold: a request whose key source names more is a 400, a
+    /// [`Locker`](crate::Locker) acquire of more an error (default 64).
+    max_keys: usize => |v| v, get usize => |s| s.max_keys;
     /// What to do when a lease is lost mid-request (default [`OnLeaseLost::Abort`]).
     on_lease_lost: OnLeaseLost => |v| v, get OnLeaseLost => |s| s.on_lease_lost;
     /// Keep the lease, and renew it, until the response body has been streamed to its end,
@@ -314,6 +320,12 @@ impl Settings {
                 "the key length limit must be above 0",
             ));
         }
+        if self.max_keys == 0 {
+            return Err(ConfigError::new(
+                "max_keys",
+                "the most keys a lease may hold must be above 0",
+            ));
+        }
         for (field, status) in [
             ("contended_status", self.contended_status),
             ("unavailable_status", self.unavailable_status),
@@ -352,6 +364,7 @@ mod tests {
             (b().store_timeout(Duration::ZERO), "store_timeout"),
             (b().key_prefix("a{b"), "key_prefix"),
             (b().max_key_len(0), "max_key_len"),
+            (b().max_keys(0), "max_keys"),
             (b().contended_status(StatusCode::OK), "contended_status"),
             (b().wait(Wait::constant(Duration::ZERO)), "wait.delay"),
         ];

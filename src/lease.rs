@@ -12,13 +12,22 @@ use std::{
 use futures_util::task::AtomicWaker;
 use tokio::{sync::Notify, time::Instant};
 
-use crate::{error::LostReason, key::LockKey};
+use crate::{
+    error::LostReason,
+    key::{KeySet, LockKey},
+};
 
 /// A held lock, as the request handler (or background task) sees it.
 ///
 /// The layer puts a `Lease` into the request extensions; with the `axum` feature it is an
 /// extractor (`lease: Lease`, or `Option<Lease>` on routes where the layer may pass requests
 /// through). Cheap to clone: clones observe the same lease.
+///
+/// A lease holds one key or a set of them ([`keys`](Self::keys)), each with a fencing token
+/// of its own ([`fencing_tokens`](Self::fencing_tokens)); they were taken together and are
+/// renewed, lost and released together. [`key`](Self::key) and
+/// [`fencing_token`](Self::fencing_token) are those of the first key in lock order: of the
+/// only key, for a lease on one.
 ///
 /// ```
 /// # #[cfg(feature = "axum")] {
@@ -41,8 +50,8 @@ pub struct Lease {
 }
 
 struct Inner {
-    key: LockKey,
-    fencing_token: u64,
+    keys: KeySet,
+    fences: Fences,
     acquired_at: Instant,
     acquired_at_system: SystemTime,
     /// Nanoseconds after `acquired_at` when the lease runs out, as last confirmed by the store.
@@ -64,22 +73,51 @@ const REASONS: [LostReason; 3] = [
     LostReason::MaxHold,
 ];
 
+/// The fencing tokens of a lease's keys, in the keys' lock order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Fences {
+    One(u64),
+    Many(Box<[u64]>),
+}
+
+impl Fences {
+    pub(crate) fn as_slice(&self) -> &[u64] {
+        match self {
+            Self::One(token) => std::slice::from_ref(token),
+            Self::Many(tokens) => tokens,
+        }
+    }
+
+    /// The first key's.
+    pub(crate) fn first(&self) -> u64 {
+        self.as_slice().first().copied().unwrap_or(0)
+    }
+}
+
+impl From<u64> for Fences {
+    fn from(token: u64) -> Self {
+        Self::One(token)
+    }
+}
+
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Lease {
-    /// A lease just acquired at `acquired_at` for `ttl`.
+    /// A lease on `keys` just acquired at `acquired_at` for `ttl`, with a fencing token per key.
     pub(crate) fn new(
-        key: LockKey,
-        fencing_token: u64,
+        keys: impl Into<KeySet>,
+        fences: impl Into<Fences>,
         acquired_at: Instant,
         ttl: Duration,
     ) -> Self {
+        let (keys, fences) = (keys.into(), fences.into());
+        debug_assert_eq!(keys.len(), fences.as_slice().len());
         Self {
             inner: Arc::new(Inner {
-                key,
-                fencing_token,
+                keys,
+                fences,
                 acquired_at,
                 acquired_at_system: SystemTime::now(),
                 valid_until: AtomicU64::new(nanos(ttl)),
@@ -92,9 +130,18 @@ impl Lease {
         }
     }
 
-    /// The key this lease holds.
+    /// The key this lease holds: for a lease on several keys, the first in lock order (see
+    /// [`keys`](Self::keys)).
     pub fn key(&self) -> &LockKey {
-        &self.inner.key
+        self.inner
+            .keys
+            .first()
+            .expect("a lease holds at least one key")
+    }
+
+    /// Every key this lease holds, in lock order.
+    pub fn keys(&self) -> &KeySet {
+        &self.inner.keys
     }
 
     /// The fencing token: strictly greater than the token of every earlier holder of this key.
@@ -102,8 +149,40 @@ impl Lease {
     /// Pass it with every write the lock protects, and have the storage refuse a write whose
     /// token is lower than the highest it has seen: then a holder that stalled past its lease
     /// (a GC pause, a network partition) cannot overwrite its successor's work.
+    ///
+    /// For a lease on several keys, each key has a token of its own, and this is the first
+    /// key's ([`key`](Self::key)): fence the write to each resource with its own key's token,
+    /// from [`fencing_tokens`](Self::fencing_tokens) or [`fencing_token_of`](Self::fencing_token_of).
     pub fn fencing_token(&self) -> u64 {
-        self.inner.fencing_token
+        self.inner.fences.first()
+    }
+
+    /// Each key with its fencing token, in lock order.
+    ///
+    /// ```
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_lock::{Locker, MemoryStore};
+    ///
+    /// let locker = Locker::new(MemoryStore::new());
+    /// let guard = locker
+    ///     .acquire([locker.key("accounts", "alice")?, locker.key("accounts", "bob")?])
+    ///     .await?;
+    /// for (key, token) in guard.fencing_tokens() {
+    ///     println!("write {:?} with fencing token {token}", key.value());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn fencing_tokens(&self) -> impl ExactSizeIterator<Item = (&LockKey, u64)> + '_ {
+        self.inner
+            .keys
+            .iter()
+            .zip(self.inner.fences.as_slice().iter().copied())
+    }
+
+    /// The fencing token of `key`, if this lease holds it.
+    pub fn fencing_token_of(&self, key: &LockKey) -> Option<u64> {
+        let i = self.inner.keys.position(key)?;
+        self.inner.fences.as_slice().get(i).copied()
     }
 
     /// When the lease was acquired (wall clock).
@@ -218,8 +297,8 @@ impl Lease {
 impl fmt::Debug for Lease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lease")
-            .field("key", &self.inner.key)
-            .field("fencing_token", &self.inner.fencing_token)
+            .field("keys", &self.inner.keys)
+            .field("fencing_tokens", &self.inner.fences.as_slice())
             .field("time_left", &self.time_left())
             .field("lost", &self.lost_reason())
             .finish()
@@ -261,5 +340,33 @@ mod tests {
             LostReason::NotHeld,
             "lost() after the fact is ready"
         );
+    }
+
+    #[test]
+    fn a_lease_on_several_keys_has_a_token_per_key() {
+        let keys: KeySet = ["b", "a", "c"]
+            .iter()
+            .map(|v| LockKey::new("p:", "s", v.as_bytes(), 8).unwrap())
+            .collect();
+        let tokens: Vec<u64> = (0..keys.len() as u64).map(|i| 10 + i).collect();
+        let lease = Lease::new(
+            keys.clone(),
+            Fences::Many(tokens.clone().into()),
+            Instant::now(),
+            Duration::from_secs(1),
+        );
+        assert_eq!(lease.keys(), &keys);
+        assert_eq!(lease.key(), keys.first().unwrap());
+        assert_eq!(lease.fencing_token(), 10, "the first key's");
+        let pairs: Vec<(LockKey, u64)> = lease
+            .fencing_tokens()
+            .map(|(k, t)| (k.clone(), t))
+            .collect();
+        assert_eq!(pairs.len(), 3);
+        for (key, token) in pairs {
+            assert_eq!(lease.fencing_token_of(&key), Some(token));
+        }
+        let other = LockKey::new("p:", "s", b"z", 8).unwrap();
+        assert_eq!(lease.fencing_token_of(&other), None);
     }
 }

@@ -34,7 +34,9 @@
 //!    ([`Key::header`]), a path parameter ([`Key::path_param`]), the path, or any closure. It may
 //!    answer "no key" (the request passes through unlocked) or reject the request (400). The
 //!    value is scoped by the route (or a [namespace](LockLayer::namespace)) and prefixed; see
-//!    [`key`] for the layout and limits.
+//!    [`key`] for the layout and limits. A source may also name several keys
+//!    ([`key::KeySetSource`]) or read them from the body ([`Key::json`], [`Key::body`]): see
+//!    [below](#several-resources-per-request).
 //! 2. The [`Locker`] tries `acquire` on the [`LockStore`]: in Redis, `SET key token NX PX ttl`
 //!    with a fresh 128-bit token, plus a fencing token, in one round trip. If the key is held it
 //!    retries by the [`Wait`] policy until its deadline, then answers 409 with `Retry-After`. If
@@ -63,8 +65,73 @@
 //!
 //! [`Locker::acquire`] gives background work the same machinery: a [`LeaseGuard`] renewed by
 //! the locker's background task (one task per locker, however many leases), released on drop,
-//! reporting loss through [`Lease::lost`]. See
-//! `examples/singleton.rs` for a job that runs on exactly one instance.
+//! reporting loss through [`Lease::lost`]. Each call may set its own wait, TTL and longest hold
+//! ([`Acquiring`]); [`Locker::try_acquire`] does not wait; [`Locker::run`] runs a future under
+//! a lease and drops it if the lease is lost. See `examples/singleton.rs` for a job that runs on
+//! exactly one instance.
+//!
+//! # Several resources per request
+//!
+//! A checkout takes every SKU of its cart, a transfer both accounts. One lease then holds all
+//! their keys (a [`KeySet`]): taken together, all of them or none on each attempt, in *lock
+//! order*, one order that every process computes alike, so that two requests naming the same
+//! keys in different orders never deadlock; each key with a fencing token of its own
+//! ([`Lease::fencing_tokens`]); renewed, lost and released together. A checkout whose SKUs are
+//! in its JSON body, locked with the lock a single purchase of each SKU takes:
+//!
+//! ```
+//! # #[cfg(feature = "axum")] {
+//! use axum::{Router, extract::Path, routing::post};
+//! use tower_lock::{Key, Lease, LockLayer, Locker, MemoryStore};
+//!
+//! async fn checkout(lease: Lease) -> String {
+//!     format!("{} SKUs locked", lease.keys().len())
+//! }
+//!
+//! // One locker and one namespace for both routes: an order and a purchase of a SKU exclude
+//! // each other.
+//! let locker = Locker::new(MemoryStore::new());
+//! let purchase = LockLayer::from_locker(locker.clone(), Key::path_param("sku")).namespace("sku");
+//! // `{"items": [{"sku": "a", "qty": 2}, ...]}`: every `sku` of `items`. The layer reads the
+//! // body (at most `max_request_body`: larger is a 413), and the handler gets the same bytes.
+//! let cart = LockLayer::from_locker(locker, Key::json("/items/*/sku")).namespace("sku");
+//! let app: Router = Router::new()
+//!     .route(
+//!         "/items/{sku}/purchase",
+//!         post(|Path(sku): Path<String>| async move { sku }).route_layer(purchase),
+//!     )
+//!     .route("/checkout", post(checkout).route_layer(cart));
+//! # }
+//! ```
+//!
+//! Background work takes a set with [`Locker`] the same way. A transfer, under a lease on both
+//! accounts, which a transfer the other way round never waits for in a cycle:
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_lock::{Locker, MemoryStore, Wait};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let locker = Locker::new(MemoryStore::new());
+//! let (from, to) = (locker.key("accounts", "alice")?, locker.key("accounts", "bob")?);
+//! let moved = locker
+//!     .acquire([from, to])
+//!     .wait(Wait::constant(Duration::from_millis(20)).deadline(Duration::from_secs(5)))
+//!     // Dropped at once if the lease is lost: nothing runs on without the lock.
+//!     .run(async {
+//!         // Debit `from`, credit `to`.
+//!         5
+//!     })
+//!     .await?;
+//! assert_eq!(moved, 5);
+//! # Ok(()) }
+//! ```
+//!
+//! Waiting for a set neither deadlocks nor starves: in one process it takes its turn at each
+//! key in lock order; in a store that hands off, it waits in the queue of the first key it
+//! cannot have, keeping the keys before it. `docs/DECISIONS.md` ("Sets of keys, and waiting for
+//! them") says what each store does.
 //!
 //! # What the lock guarantees
 //!
@@ -122,10 +189,10 @@ mod token;
 mod wait;
 
 pub use config::{KeyDisplay, LockConfig, LockConfigBuilder, OnLeaseLost};
-pub use engine::{LeaseGuard, Locker};
+pub use engine::{Acquiring, LeaseGuard, Locker};
 pub use error::{ConfigError, LockError, LostReason};
 pub use idempotency::{IdempotencyConfig, IdempotencyLayer, IdempotencyStore};
-pub use key::{Key, KeySource};
+pub use key::{Key, KeySet, KeySource};
 pub use lease::Lease;
 #[cfg(feature = "axum")]
 pub use lock::MissingLease;

@@ -10,6 +10,7 @@
 //! | [`LockError::Store`] | 503 (`unavailable_status`) | `#lock-store-unavailable` | 1 |
 //! | [`LockError::LeaseLost`] | 503 (`unavailable_status`) | `#lease-lost` | 1 |
 //! | [`LockError::Key`], client's fault | 400 | `#invalid-lock-key` | none |
+//! | [`LockError::Key`], a body larger than a body key source reads | 413 | `#request-body-too-large` | none |
 //! | [`LockError::Key`], misconfigured route | 500 | `#lock-key-misconfigured` | none |
 //!
 //! Replace it with [`LockLayer::rejection_response`](crate::LockLayer::rejection_response): any
@@ -112,6 +113,12 @@ fn describe(error: &LockError) -> (&'static str, &'static str, String, Option<u6
             format!("the request was stopped because its lock was lost: {reason}; retry later"),
             Some(1),
         ),
+        LockError::Key(rejection) if rejection.is_body_too_large() => (
+            "request-body-too-large",
+            "Request body too large",
+            rejection.detail().to_owned(),
+            None,
+        ),
         LockError::Key(rejection) if rejection.is_client_error() => (
             "invalid-lock-key",
             "Invalid lock key",
@@ -136,6 +143,7 @@ pub(crate) fn status_for(
     match error {
         LockError::Contended { .. } => contended,
         LockError::Store(_) | LockError::LeaseLost(_) => unavailable,
+        LockError::Key(rejection) if rejection.is_body_too_large() => StatusCode::PAYLOAD_TOO_LARGE,
         LockError::Key(rejection) if rejection.is_client_error() => StatusCode::BAD_REQUEST,
         LockError::Key(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
@@ -224,6 +232,15 @@ mod tests {
         assert_eq!(
             status_for(&LockError::LeaseLost(LostReason::Expired), c, u),
             u
+        );
+        let large = LockError::Key(KeyRejection::body_too_large(10));
+        assert_eq!(status_for(&large, c, u), StatusCode::PAYLOAD_TOO_LARGE);
+        let r = ProblemJson.response(&large, StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(
+            json(&r)["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("#request-body-too-large")
         );
         let misconfigured = LockError::Key(KeyRejection::misconfigured("x"));
         assert_eq!(

@@ -1,6 +1,7 @@
 //! A least-privilege Redis user: the ACL rule that docs/TOPOLOGY.md gives for a
 //! `RedisStore::connect` store is enough for everything the crate sends (acquire, queueing,
-//! hand-off, renewal, release, a waiter that gives up, idempotency records), and Redis refuses
+//! hand-off, renewal, release, a waiter that gives up, idempotency records; for one key and for a
+//! set of them), and Redis refuses
 //! nothing (`ACL LOG` stays empty). Without the `PUBSUB NUMSUB` the hand-off asks, a release
 //! that hands over fails: the rule is not wider than it needs to be there.
 
@@ -120,6 +121,46 @@ async fn take_turns(a: &RedisStore, b: &RedisStore) -> Result<(), LockError> {
     match quitter.acquire(key(&quitter)).await {
         Err(LockError::Contended { .. }) => {}
         other => panic!("expected the waiter to give up, got {other:?}"),
+    }
+    held.release().await?;
+    take_turns_with_sets(a, b).await
+}
+
+/// The same for a lease on three keys: queued for the held one (keeping the keys before it),
+/// handed it, renewed, released; and a set that gives up while queued (leaving the queue,
+/// giving back what it kept). Answers the first error.
+async fn take_turns_with_sets(a: &RedisStore, b: &RedisStore) -> Result<(), LockError> {
+    let wait = Wait::constant(Duration::from_secs(5)).deadline(Duration::from_secs(10));
+    let holder = locker(a.clone(), Duration::from_secs(10), wait.clone());
+    let held = holder.acquire(key(&holder)).await?;
+    let waiter = locker(b.clone(), Duration::from_millis(600), wait);
+    let set = |locker: &Locker| -> Vec<LockKey> {
+        ["cold", "hot", "warm"]
+            .iter()
+            .map(|v| locker.key("acl", v).unwrap())
+            .collect()
+    };
+    let keys = set(&waiter);
+    let next = tokio::spawn(async move {
+        let guard = waiter.acquire(keys).await?;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let renewals = guard.lease().renewals();
+        guard.release().await?;
+        Ok::<u32, LockError>(renewals)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    held.release().await?;
+    let renewals = next.await.unwrap()?;
+    assert!(renewals >= 1, "the set was never renewed");
+    let held = holder.acquire(key(&holder)).await?;
+    let quitter = locker(
+        b.clone(),
+        Duration::from_secs(10),
+        Wait::constant(Duration::from_secs(5)).deadline(Duration::from_millis(300)),
+    );
+    match quitter.acquire(set(&quitter)).await {
+        Err(LockError::Contended { .. }) => {}
+        other => panic!("expected the set to give up, got {other:?}"),
     }
     held.release().await?;
     Ok(())

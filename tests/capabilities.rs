@@ -23,15 +23,16 @@ use tower_lock::{
 use tower_lock_testkit::{RedisCluster, RedisServer, SentinelSetup, calls_of, key_slot};
 
 /// The matrix's columns, in order.
-const COLUMNS: [&str; 4] = [
+const COLUMNS: [&str; 5] = [
     "group commit",
     "hand-off",
     "release notices",
     "idempotency records",
+    "key sets",
 ];
 
 /// The matrix as `docs/TOPOLOGY.md` has it: each row's store, then yes or no per column.
-fn documented() -> HashMap<String, [bool; 4]> {
+fn documented() -> HashMap<String, [bool; 5]> {
     let doc =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/TOPOLOGY.md")).unwrap();
     let section = doc
@@ -51,7 +52,10 @@ fn documented() -> HashMap<String, [bool; 4]> {
                 "no" => false,
                 other => panic!("{line}: a cell reads {other:?}, not yes or no"),
             };
-            (cells[0].to_owned(), [yes(0), yes(1), yes(2), yes(3)])
+            (
+                cells[0].to_owned(),
+                [yes(0), yes(1), yes(2), yes(3), yes(4)],
+            )
         })
         .collect()
 }
@@ -60,17 +64,18 @@ fn cells(line: &str) -> Vec<&str> {
     line.trim_matches('|').split('|').map(str::trim).collect()
 }
 
-fn flags(caps: &Capabilities) -> [bool; 4] {
+fn flags(caps: &Capabilities) -> [bool; 5] {
     [
         caps.group_commit(),
         caps.hand_off(),
         caps.release_notices(),
         caps.idempotency_records(),
+        caps.key_sets(),
     ]
 }
 
 /// The documented row of `store` matches what it says of itself.
-fn row(store: &str, caps: &Capabilities) -> [bool; 4] {
+fn row(store: &str, caps: &Capabilities) -> [bool; 5] {
     let documented = documented();
     let row = *documented
         .get(store)
@@ -175,6 +180,104 @@ async fn served_at_release(holder_store: impl LockStore, waiter_store: impl Lock
     );
 }
 
+/// `store`, counting the calls to its one-key `acquire`; everything else, capabilities
+/// included, is the wrapped store's.
+struct Counted<S> {
+    inner: S,
+    acquires: Arc<AtomicUsize>,
+}
+
+impl<S: LockStore> LockStore for Counted<S> {
+    async fn acquire(
+        &self,
+        key: &tower_lock::key::LockKey,
+        token: &tower_lock::Token,
+        ttl: Duration,
+    ) -> Result<tower_lock::store::Acquire, tower_lock::store::StoreError> {
+        self.acquires.fetch_add(1, Ordering::SeqCst);
+        self.inner.acquire(key, token, ttl).await
+    }
+
+    async fn renew(
+        &self,
+        key: &tower_lock::key::LockKey,
+        token: &tower_lock::Token,
+        ttl: Duration,
+    ) -> Result<bool, tower_lock::store::StoreError> {
+        self.inner.renew(key, token, ttl).await
+    }
+
+    async fn release(
+        &self,
+        key: &tower_lock::key::LockKey,
+        token: &tower_lock::Token,
+    ) -> Result<bool, tower_lock::store::StoreError> {
+        self.inner.release(key, token).await
+    }
+
+    fn validity(&self, ttl: Duration) -> Duration {
+        self.inner.validity(ttl)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+/// A set of three keys (`values`) is taken in one step: no call to the store's one-key
+/// `acquire` (which a store without key sets gets three of), a fencing token per key, and on
+/// the `servers` (every node, or the master of the keys' one slot) one script each; a set one
+/// of whose keys is held takes none of them.
+async fn key_sets(store: impl LockStore + Clone, servers: &[&RedisServer], values: [&str; 3]) {
+    let acquires = Arc::new(AtomicUsize::new(0));
+    let counted = Counted {
+        inner: store.clone(),
+        acquires: Arc::clone(&acquires),
+    };
+    let locker = Locker::with_config(counted, short_leases());
+    let keys: Vec<_> = values
+        .iter()
+        .map(|v| locker.key("caps", v).unwrap())
+        .collect();
+    // Once first, so that the script is loaded (a first `EVALSHA` meets `NOSCRIPT`).
+    assert!(
+        locker
+            .acquire(keys.clone())
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap()
+    );
+    let mut before = Vec::new();
+    for server in servers {
+        before.push(calls_of(server, "evalsha").await);
+    }
+    let guard = locker.acquire(keys.clone()).await.unwrap();
+    for (server, before) in servers.iter().zip(before) {
+        let scripts = calls_of(server, "evalsha").await - before;
+        assert_eq!(
+            scripts,
+            1,
+            "{scripts} scripts for one set on port {}",
+            server.port()
+        );
+    }
+    assert_eq!(acquires.load(Ordering::SeqCst), 0, "taken key by key");
+    assert_eq!(guard.fencing_tokens().len(), 3);
+    assert!(guard.release().await.unwrap());
+    // All or none.
+    let other = Locker::with_config(store, short_leases());
+    let held = other.acquire(keys[1].clone()).await.unwrap();
+    assert!(locker.try_acquire(keys.clone()).await.unwrap().is_none());
+    let free = [keys[0].clone(), keys[2].clone()];
+    let both = other.try_acquire(free).await.unwrap();
+    assert!(both.is_some(), "a key of the refused set stayed taken");
+    assert!(both.unwrap().release().await.unwrap());
+    assert!(held.release().await.unwrap());
+    assert_eq!(acquires.load(Ordering::SeqCst), 0, "taken key by key");
+}
+
 /// `IdempotencyLayer` runs on the store: a retry gets the recorded response, the handler runs
 /// once.
 async fn records(store: impl IdempotencyStore) {
@@ -212,9 +315,10 @@ fn twenty() -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_store() {
     let store = MemoryStore::new();
-    let [batched, hand_off, notices, keeps] = row("`MemoryStore`", &store.capabilities());
-    assert!(!batched && !hand_off && notices && keeps);
+    let [batched, hand_off, notices, keeps, sets] = row("`MemoryStore`", &store.capabilities());
+    assert!(!batched && !hand_off && notices && keeps && sets);
     served_at_release(store.clone(), store.clone()).await;
+    key_sets(store.clone(), &[], ["a", "b", "c"]).await;
     records(store).await;
 }
 
@@ -222,9 +326,11 @@ async fn memory_store() {
 async fn redis_store_connected() {
     let server = RedisServer::start();
     let store = RedisStore::connect(server.url()).await.unwrap();
-    let [batched, hand_off, notices, keeps] = row("`RedisStore::connect`", &store.capabilities());
-    assert!(batched && hand_off && !notices && keeps);
+    let [batched, hand_off, notices, keeps, sets] =
+        row("`RedisStore::connect`", &store.capabilities());
+    assert!(batched && hand_off && !notices && keeps && sets);
     group_commit(store.clone(), &[&server], twenty()).await;
+    key_sets(store.clone(), &[&server], ["a", "b", "c"]).await;
     let other = RedisStore::connect(server.url()).await.unwrap();
     wait_for_subscriptions(&server, 2).await;
     served_at_release(store.clone(), other).await;
@@ -238,12 +344,13 @@ async fn redis_store_from_a_connection() {
         .await
         .unwrap();
     let store = RedisStore::from_connection_manager(manager);
-    let [batched, hand_off, notices, keeps] = row(
+    let [batched, hand_off, notices, keeps, sets] = row(
         "`RedisStore` from a connection, manager or pool",
         &store.capabilities(),
     );
-    assert!(batched && !hand_off && !notices && keeps);
+    assert!(batched && !hand_off && !notices && keeps && sets);
     group_commit(store.clone(), &[&server], twenty()).await;
+    key_sets(store.clone(), &[&server], ["a", "b", "c"]).await;
     records(store).await;
 }
 
@@ -257,17 +364,19 @@ async fn redlock_store() {
     let store = RedlockStore::connect(nodes.iter().map(RedisServer::url))
         .await
         .unwrap();
-    let [batched, hand_off, notices, keeps] = row("`RedlockStore`", &store.capabilities());
-    assert!(batched && !hand_off && !notices && !keeps);
-    group_commit(store, &nodes.iter().collect::<Vec<_>>(), twenty()).await;
+    let [batched, hand_off, notices, keeps, sets] = row("`RedlockStore`", &store.capabilities());
+    assert!(batched && !hand_off && !notices && !keeps && sets);
+    let nodes: Vec<&RedisServer> = nodes.iter().collect();
+    group_commit(store.clone(), &nodes, twenty()).await;
+    key_sets(store, &nodes, ["a", "b", "c"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_store() {
     let cluster = tokio::task::block_in_place(|| RedisCluster::start(3, 0));
     let store = ClusterStore::connect(cluster.urls()).await.unwrap();
-    let [batched, hand_off, notices, keys] = row("`ClusterStore`", &store.capabilities());
-    assert!(batched && !hand_off && !notices && keys);
+    let [batched, hand_off, notices, keys, sets] = row("`ClusterStore`", &store.capabilities());
+    assert!(batched && !hand_off && !notices && keys && sets);
     // Twenty keys of one hash slot: a batch per slot, so one script per round.
     let locker = Locker::new(MemoryStore::new());
     let slot_of = |value: &str| key_slot(locker.key("caps", value).unwrap().as_bytes());
@@ -278,6 +387,9 @@ async fn cluster_store() {
         .take(20)
         .collect();
     let master = cluster.master_of(slot);
+    // Three keys of that slot: one script, on its master.
+    let three = [&*values[0], &*values[1], &*values[2]];
+    key_sets(store.clone(), &[master], three).await;
     group_commit(store.clone(), &[master], values).await;
     records(store).await;
 }
@@ -292,9 +404,10 @@ async fn sentinel_store() {
         )
     };
     let store = connect().await.unwrap();
-    let [batched, hand_off, notices, keeps] = row("`SentinelStore`", &store.capabilities());
-    assert!(batched && hand_off && !notices && keeps);
+    let [batched, hand_off, notices, keeps, sets] = row("`SentinelStore`", &store.capabilities());
+    assert!(batched && hand_off && !notices && keeps && sets);
     group_commit(store.clone(), &[&setup.master], twenty()).await;
+    key_sets(store.clone(), &[&setup.master], ["a", "b", "c"]).await;
     let other = connect().await.unwrap();
     wait_for_subscriptions(&setup.master, 2).await;
     served_at_release(store.clone(), other).await;

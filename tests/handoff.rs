@@ -822,3 +822,194 @@ async fn a_fixed_schedule_bounds_a_queued_wait() {
     held.release().await.unwrap();
     assert!(server.lock_keys().await.is_empty(), "keys left behind");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Sets of keys and the queue.
+
+/// Loops holding `key` for `hold` through `locker` until `stop`; answers how many times it
+/// held it.
+fn stream(
+    locker: Locker,
+    key: LockKey,
+    hold: Duration,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<u64> {
+    tokio::spawn(async move {
+        let mut held = 0;
+        while !stop.load(Ordering::SeqCst) {
+            let guard = locker.acquire(key.clone()).await.unwrap();
+            tokio::time::sleep(hold).await;
+            assert!(guard.release().await.unwrap());
+            held += 1;
+        }
+        held
+    })
+}
+
+/// How a set of `hot` and another key fares against three processes that take `hot` in turns,
+/// back to back, through the queue (the key is never free: each release hands it to the next):
+/// the set's locker on `set_store`.
+async fn set_against_a_stream(
+    server: &RedisServer,
+    set_store: RedisStore,
+) -> Result<Duration, LockError> {
+    let all = stores(server, 3).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let hot = LockKey::new("tower-lock:", "handoff", b"hot", 64).unwrap();
+    let other = LockKey::new("tower-lock:", "handoff", b"other", 64).unwrap();
+    let streams: Vec<_> = all
+        .into_iter()
+        .map(|s| {
+            stream(
+                locker(s, slow_timer()),
+                hot.clone(),
+                Duration::from_millis(20),
+                Arc::clone(&stop),
+            )
+        })
+        .collect();
+    // The stream is under way: two waiters queued behind the holder.
+    queued(server, &hot, 2).await;
+    let set_locker = locker(
+        set_store,
+        Wait::exponential(Duration::from_millis(1), Duration::from_millis(20))
+            .deadline(Duration::from_secs(3)),
+    );
+    let started = Instant::now();
+    let answer = match set_locker.acquire([other.clone(), hot.clone()]).await {
+        Ok(guard) => {
+            let waited = started.elapsed();
+            assert_eq!(guard.keys().len(), 2);
+            assert!(guard.release().await.unwrap());
+            Ok(waited)
+        }
+        Err(error) => Err(error),
+    };
+    stop.store(true, Ordering::SeqCst);
+    for s in streams {
+        assert!(s.await.unwrap() > 0);
+    }
+    answer
+}
+
+/// A set waits in the queue of the key it cannot have, like a single key: a stream of
+/// processes taking that key in turns, back to back, serves it in its turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_takes_its_turn_in_the_queue() {
+    let server = RedisServer::start();
+    let set_store = RedisStore::connect(server.url()).await.unwrap();
+    handoff_subscriptions(&server, 1).await;
+    let waited = set_against_a_stream(&server, set_store).await.unwrap();
+    assert!(waited < Duration::from_secs(1), "waited {waited:?}");
+}
+
+/// The negative control for `a_set_takes_its_turn_in_the_queue`: a set that does not queue (a
+/// store without hand-off, trying on its timer) never finds the key free, and gives up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_that_does_not_queue_is_starved() {
+    let server = RedisServer::start();
+    let set_store = RedisStore::connect(server.url())
+        .await
+        .unwrap()
+        .handoff(false);
+    let answer = set_against_a_stream(&server, set_store).await;
+    assert!(
+        matches!(answer, Err(LockError::Contended { .. })),
+        "{answer:?}"
+    );
+}
+
+/// A set waiting for its second key (in lock order) keeps the first for itself: a process that
+/// wants the first key meanwhile waits behind the set, and gets it when the set is done. Once
+/// the set has both it runs, and releasing hands each key on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_set_keeps_the_keys_before_the_one_it_waits_for() {
+    let server = RedisServer::start();
+    let all = stores(&server, 3).await;
+    let lockers: Vec<Locker> = all.into_iter().map(|s| locker(s, slow_timer())).collect();
+    let set = tower_lock::KeySet::from([
+        lockers[0].key("handoff", "x").unwrap(),
+        lockers[0].key("handoff", "y").unwrap(),
+    ]);
+    let (first, second) = (set.as_slice()[0].clone(), set.as_slice()[1].clone());
+    let holder = lockers[0].acquire(second.clone()).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let set_task = tokio::spawn({
+        let (locker, order, set) = (lockers[1].clone(), Arc::clone(&order), set.clone());
+        async move {
+            let guard = locker.acquire(set).await.unwrap();
+            order.lock().unwrap().push("set");
+            assert!(guard.release().await.unwrap());
+        }
+    });
+    queued(&server, &second, 1).await;
+    // The first key is the set's now: its token, not free.
+    let mut conn = server.client().await;
+    let kept: Option<Vec<u8>> = redis::cmd("GET")
+        .arg(first.as_bytes())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(kept.is_some(), "the set did not keep the first key");
+    let single_task = tokio::spawn({
+        let (locker, order, first) = (lockers[2].clone(), Arc::clone(&order), first.clone());
+        async move {
+            let guard = locker.acquire(first).await.unwrap();
+            order.lock().unwrap().push("single");
+            assert!(guard.release().await.unwrap());
+        }
+    });
+    queued(&server, &first, 1).await;
+    assert!(holder.release().await.unwrap());
+    tokio::time::timeout(Duration::from_secs(5), set_task)
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), single_task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(*order.lock().unwrap(), ["set", "single"]);
+    let left = server.lock_keys().await;
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// A set that gives up while queued leaves the queue and gives back the keys it kept: the
+/// process waiting behind it for one of them gets it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_that_gives_up_hands_on_what_it_kept() {
+    let server = RedisServer::start();
+    let all = stores(&server, 3).await;
+    let lockers: Vec<Locker> = all.into_iter().map(|s| locker(s, slow_timer())).collect();
+    let set = tower_lock::KeySet::from([
+        lockers[0].key("handoff", "x").unwrap(),
+        lockers[0].key("handoff", "y").unwrap(),
+    ]);
+    let (first, second) = (set.as_slice()[0].clone(), set.as_slice()[1].clone());
+    let _holder = lockers[0].acquire(second.clone()).await.unwrap();
+    let giving_up = tokio::spawn({
+        let (locker, set) = (lockers[1].clone(), set.clone());
+        async move {
+            locker
+                .acquire(set)
+                .wait(Wait::constant(Duration::from_secs(5)).deadline(Duration::from_millis(600)))
+                .await
+        }
+    });
+    queued(&server, &second, 1).await;
+    let started = Instant::now();
+    let single = lockers[2].acquire(first).await.unwrap();
+    let waited = started.elapsed();
+    assert!(
+        matches!(giving_up.await.unwrap(), Err(LockError::Contended { .. })),
+        "the set did not give up"
+    );
+    // Handed on by the set's release when it gave up (at 600 ms), not by a timer.
+    assert!(waited < Duration::from_secs(2), "waited {waited:?}");
+    assert_eq!(
+        queue_len(&server, &second).await,
+        0,
+        "the set stayed queued"
+    );
+    assert!(single.release().await.unwrap());
+}

@@ -48,6 +48,9 @@ fn config(name: &str, processes: u8, faults: Faults) -> Config {
         delays: true,
         start_together: false,
         completes: vec![],
+        sets: vec![],
+        second_key: vec![],
+        reversed: vec![],
         key_agrees: true,
         fallback_timer: true,
         sources: Sources::crate_scripts(),
@@ -184,7 +187,123 @@ fn idempotency_release() {
     holds(c);
 }
 
+// ---- Sets of keys: a process that takes both keys as one lease. ----
+
+/// A set of both keys and a process on each of them, arriving at any time, with network
+/// delays: exclusion, key agreement and fencing order on each key, first come first served on
+/// each key's queue (no single-key waiter passes a set queued before it, nor the set one queued
+/// before it), and every run ends with everyone served.
+#[test]
+fn a_set_and_a_process_on_each_of_its_keys() {
+    let mut c = config("set + X + Y, any arrival, delays", 3, faults(0));
+    c.sets = vec![0];
+    c.second_key = vec![2];
+    holds(c);
+}
+
+/// The same, contending from the start, with one failure of any kind: a set that crashes,
+/// hangs or gives up while it waits keeping a key, or loses the grant of one.
+#[test]
+fn a_set_and_a_process_on_each_of_its_keys_with_a_failure() {
+    let mut c = config("set + X + Y, together, 1 failure", 3, faults(1));
+    c.sets = vec![0];
+    c.second_key = vec![2];
+    c.start_together = true;
+    c.delays = false;
+    holds(c);
+}
+
+/// A set behind a stream: two processes that each take X twice, one after the other, and a
+/// set: the set is served in its turn, not passed by the stream.
+#[test]
+fn a_set_in_a_stream_of_single_keys() {
+    let mut c = config("set + X + X, 2 acquisitions each", 3, faults(0));
+    c.sets = vec![0];
+    c.acquisitions = 2;
+    c.start_together = true;
+    c.delays = false;
+    holds(c);
+}
+
+/// Two sets of the same two keys and a process on X, arriving at any time: never a cycle of
+/// waits (every run ends, everyone served). Extended: with one failure.
+#[test]
+fn two_sets_and_a_single_key() {
+    let budget = u8::from(extended());
+    let mut c = config("set + set + X, any arrival", 3, faults(budget));
+    c.sets = vec![0, 1];
+    c.delays = extended();
+    holds(c);
+}
+
+/// Four processes: a set, two on X, one on Y, contending from the start. Extended: arriving
+/// at any time.
+#[test]
+fn a_set_and_three_single_keys() {
+    let mut c = config("set + X + X + Y", 4, faults(0));
+    c.sets = vec![0];
+    c.second_key = vec![3];
+    c.start_together = !extended();
+    c.delays = false;
+    holds(c);
+}
+
 // ---- Deliberately broken scripts: each must produce a counterexample. ----
+
+/// Two sets that take their keys in opposite orders (a client change: the crate's clients take
+/// every set in lock order) and a process on each key: each set keeps the key it got first
+/// while it waits for the other's, and neither run ever ends.
+#[test]
+fn sets_in_opposite_orders_wait_for_each_other_forever() {
+    let mut c = config("broken: two sets in opposite orders", 4, faults(0));
+    c.sets = vec![0, 1];
+    c.reversed = vec![1];
+    c.second_key = vec![3];
+    c.start_together = true;
+    c.delays = false;
+    let (property, trace) = fails(c);
+    assert_eq!(property, Property::NoStarvation, "{trace}");
+    assert!(trace.contains("queued for key Y"), "{trace}");
+}
+
+/// A set that takes free keys without looking at their queues: it barges past a waiter when
+/// a hung holder's lease runs out.
+#[test]
+fn a_set_that_ignores_the_queues_barges() {
+    let mut c = config("broken: acquire_set ignores the queues", 3, faults(1));
+    c.sets = vec![0];
+    c.faults.crash = false;
+    c.faults.give_up = false;
+    c.faults.lose = false;
+    c.delays = false;
+    c.sources.acquire_set = broken(
+        &c.sources.acquire_set,
+        "if (holder and holder ~= token) or (handoff and redis.call('LLEN', queue_of(i)) > 0) then",
+        "if holder and holder ~= token then",
+    );
+    assert_eq!(fails(c).0, Property::Fifo);
+}
+
+/// A set release that does not check the token: a set that gives up releases a key another
+/// process holds.
+#[test]
+fn a_set_release_without_its_token_check_breaks_exclusion() {
+    let mut c = config("broken: release_set without token check", 3, faults(1));
+    c.sets = vec![0];
+    c.second_key = vec![2];
+    c.faults.crash = false;
+    c.faults.hang = false;
+    c.faults.lose = false;
+    c.start_together = true;
+    c.delays = false;
+    c.sources.release_set = broken(
+        &c.sources.release_set,
+        "  if redis.call('GET', lock) == token then\n    let_go",
+        "  if redis.call('GET', lock) then\n    let_go",
+    );
+    let (property, trace) = fails(c);
+    assert_eq!(property, Property::KeyAgrees, "{trace}");
+}
 
 /// A release that does not check the token: a waiter that gives up sends its release while
 /// another process holds the key, and the release hands the holder's key to the next waiter.
@@ -312,8 +431,16 @@ async fn the_model_redis_answers_as_redis_server_does() {
     c.start_together = true;
     let mut other = Model::new(c);
     assert!(check_model(&mut other).violation.is_none());
+    let mut c = config("set + X + Y, together, 1 failure (replayed)", 3, faults(1));
+    c.sets = vec![0];
+    c.second_key = vec![2];
+    c.start_together = true;
+    c.delays = false;
+    let mut sets = Model::new(c);
+    assert!(check_model(&mut sets).violation.is_none());
     let a = model::differential::replay(&model, &server.url(), 1500).await;
     let b = model::differential::replay(&other, &server.url(), 1500).await;
-    println!("{a} + {b} script runs agree with redis-server");
-    assert!(a > 500 && b > 500, "{a} + {b}");
+    let c = model::differential::replay(&sets, &server.url(), 1500).await;
+    println!("{a} + {b} + {c} script runs agree with redis-server");
+    assert!(a > 500 && b > 500 && c > 500, "{a} + {b} + {c}");
 }

@@ -23,6 +23,12 @@ suite::tests!(
     max_hold_bounds_a_request,
     singleton_guard,
     own_token_acquires_again,
+    sets_exclude_each_other_and_single_keys,
+    sets_in_opposite_orders_never_deadlock,
+    a_set_takes_all_its_keys_or_none,
+    a_set_makes_a_single_key_wait,
+    a_set_is_not_starved_by_single_keys,
+    a_set_is_released_on_drop_and_panic,
 );
 
 /// `RedisStore` without hand-off (its acquire script takes another path for a held key).
@@ -68,6 +74,69 @@ async fn steal_lock_keys(backend: Redis) -> Redis {
         .await
         .unwrap();
     backend
+}
+
+/// A set one of whose keys is deleted behind the holder is lost as a whole: the order aborts
+/// with 503 at the next renewal (its handler dropped), and the keys it still held are released
+/// then, not left for their TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_with_a_key_deleted_behind_it_is_lost_and_gives_back_the_rest() {
+    let backend = Redis::new();
+    let config = LockConfig::builder()
+        .ttl(Duration::from_millis(300))
+        .wait(Wait::none())
+        .build()
+        .unwrap();
+    let locker = tower_lock::Locker::with_config(backend.store().await, config);
+    let shop = support::Shop::new(["a", "b", "c"]);
+    let app = support::shop_app(std::sync::Arc::clone(&shop), Some(locker));
+    let running = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, support::order(&["c", "a", "b"], 5_000)).await }
+    });
+    suite::wait_until(|| {
+        shop.skus["b"]
+            .inside
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == 1
+    })
+    .await;
+    let keys = backend.0.lock_keys().await;
+    assert_eq!(keys.len(), 3, "the order's three keys");
+    let mut conn = backend.0.client().await;
+    let _: () = redis::cmd("DEL")
+        .arg(&keys[1])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let deleted = Instant::now();
+    let response = running.await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        deleted.elapsed() < Duration::from_millis(1000),
+        "noticed late"
+    );
+    let body = body_json(response).await;
+    assert!(
+        body["type"].as_str().unwrap().ends_with("#lease-lost"),
+        "{body}"
+    );
+    let finished: usize = shop
+        .skus
+        .values()
+        .map(|c| c.finished.load(std::sync::atomic::Ordering::SeqCst))
+        .sum();
+    assert_eq!(finished, 0, "the handler ran on");
+    // Well inside the 300 ms TTL of the two keys still held when it aborted.
+    let started = Instant::now();
+    while !backend.0.lock_keys().await.is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_millis(150),
+            "keys left behind: {:?}",
+            backend.0.lock_keys().await
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

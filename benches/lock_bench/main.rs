@@ -1,6 +1,6 @@
 //! The project's benchmark: HTTP overhead, uncontended lock cycles, contended hand-off,
 //! renewal at scale, memory and group commit, each next to a hand-written baseline or the
-//! `rslock` peer.
+//! `rslock` peer; and orders of several keys against single purchases.
 //!
 //! `cargo bench --bench lock_bench` (or `scripts/bench.sh`, which installs `wrk` and
 //! `redis-server` first) starts its own `redis-server` on a free loopback port, runs every
@@ -18,6 +18,7 @@
 //! | `renewal.rs` | d. renewal of 10,000 leases |
 //! | `memory.rs`, `alloc.rs` | e. memory, with a counting global allocator |
 //! | `group.rs` | f. group commit: 1, 50 and 256 connections, latency, Redis CPU, `WAIT` |
+//! | `sets.rs` | g. orders of 1, 2 and 3 keys against single purchases (wrk) |
 //! | `protocol.rs` | the crate's scripts as the "same scripts" baseline sends them, and the drift check |
 //! | `report.rs`, `targets.rs`, `stats.rs`, `machine.rs` | the Markdown report |
 //! | `common.rs` | what several scenarios share |
@@ -31,7 +32,7 @@
 //! | `BENCH_RUNS` | runs per scenario (default 3) |
 //! | `BENCH_QUICK=1` | shortened durations, for a smoke run |
 //! | `BENCH_FULL=1` | the memory flatness run sends 1M requests instead of 100k |
-//! | `BENCH_ONLY` | scenario letters to run, e.g. `ac` (default: all of `abcdef`) |
+//! | `BENCH_ONLY` | scenario letters to run, e.g. `ac` (default: all of `abcdefg`); the report keeps the sections of the others from the report it replaces |
 //! | `BENCH_NOTE` | a note printed at the top of the report (e.g. "machine was busy") |
 //! | `BENCH_OUTPUT` | report path (default `docs/BENCHMARKS.md`) |
 //! | `BENCH_VARIANTS` | HTTP variants to run, e.g. `layer,baseline` (for profiling; the report needs all) |
@@ -51,6 +52,7 @@ mod memory;
 mod protocol;
 mod renewal;
 mod report;
+mod sets;
 mod stats;
 mod targets;
 
@@ -131,7 +133,7 @@ impl Settings {
             quick,
             full,
             only: std::env::var("BENCH_ONLY")
-                .unwrap_or_else(|_| "abcdef".to_owned())
+                .unwrap_or_else(|_| "abcdefg".to_owned())
                 .to_ascii_lowercase(),
             variants: std::env::var("BENCH_VARIANTS")
                 .ok()
@@ -161,7 +163,7 @@ impl Settings {
         }
     }
 
-    fn wants(&self, scenario: char) -> bool {
+    pub(crate) fn wants(&self, scenario: char) -> bool {
         self.only.contains(scenario)
     }
 
@@ -221,6 +223,9 @@ fn main() {
     }
     if s.wants('f') {
         results.group = group::run(&redis, &s);
+    }
+    if s.wants('g') {
+        results.sets = sets::run(&redis, &s);
     }
     rt.block_on(flushall(&url));
     rt.shutdown_timeout(Duration::from_secs(2));

@@ -1,6 +1,7 @@
 //! The report, `docs/BENCHMARKS.md`: how it was run, the machine and versions, the summary
 //! against the targets (`targets`), how commands are counted, one section per scenario, and
-//! what is not covered. The `## Topologies` section of the report it replaces is kept.
+//! what is not covered. The `## Topologies` section of the report it replaces is kept; a run of
+//! some scenarios only (`BENCH_ONLY`) replaces their sections in it and keeps the rest.
 
 use std::{fmt::Write as _, time::Duration};
 
@@ -15,6 +16,7 @@ use crate::{
     machine::{command_line, cpu_model, git_revision, locked_versions, memory_total},
     memory::MemorySample,
     renewal::{RENEWAL_TTL, RenewalSample},
+    sets::{self, SetSample},
     stats::{f0, f1, f2, kib, mib, stat},
     targets,
 };
@@ -32,6 +34,7 @@ pub(crate) struct Results {
     pub(crate) renewal: Vec<RenewalSample>,
     pub(crate) memory: Vec<MemorySample>,
     pub(crate) group: crate::group::GroupResults,
+    pub(crate) sets: Vec<Vec<(sets::Variant, SetSample)>>,
 }
 
 pub(crate) struct Meta {
@@ -114,6 +117,7 @@ fn render(s: &Settings, meta: &Meta, r: &Results) -> String {
     render_renewal(w, s, r);
     render_memory(w, s, r);
     crate::group::render(w, s, &r.group);
+    render_sets(w, s, r);
 
     let _ = writeln!(w, "## Not covered\n");
     let _ = writeln!(
@@ -137,6 +141,100 @@ fn render(s: &Settings, meta: &Meta, r: &Results) -> String {
          Redis in the same session as the server and 44–45k with Redis in its own.\n"
     );
     o
+}
+
+fn render_sets(w: &mut String, s: &Settings, r: &Results) {
+    if r.sets.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        w,
+        "## g. Orders of several keys\n\n\
+         `wrk -t{} -c{} -d{}s` after a {} s warm-up, against one app that serves single \
+         purchases (`POST /items/<sku>/purchase`, `Key::path_param(\"sku\")`) and orders \
+         (`POST /orders`, the SKUs of a JSON body through `Key::json(\"/items/*/sku\")`), both \
+         locking SKUs in one namespace through one `Locker` on `RedisStore::connect` with the \
+         default config, with trivial handlers: the inventory example's shape. An order of n \
+         SKUs holds one lease on n keys. *SKUs of its own*: every request names SKUs no other \
+         request names, so nothing waits, and the ratios are what a lease on several keys costs \
+         (reading the body included: compare order-1 with purchase). *Drawn from {}*: the SKUs \
+         of each request are drawn at random (distinct within a request) from one pool of {}, \
+         so requests overlap and wait for each other (the default wait policy, 2 s at most). \
+         A fresh app, runtime and port per variant; the variants alternate within each run, so \
+         each ratio compares numbers taken seconds apart on the same machine. Client commands \
+         are counted in a separate 1 s pass, as in scenario a.\n",
+        WRK.threads,
+        WRK.connections,
+        s.http_s,
+        s.warmup_s,
+        sets::POOL,
+        sets::POOL
+    );
+    let _ = writeln!(
+        w,
+        "| variant | req/s | errors (non-2xx + socket) | client commands per request |\n|---|---|---|---|"
+    );
+    for variant in sets::VARIANTS {
+        let samples: Vec<&SetSample> = r
+            .sets
+            .iter()
+            .flat_map(|run| run.iter())
+            .filter(|(v, _)| *v == variant)
+            .map(|(_, s)| s)
+            .collect();
+        let rps: Vec<f64> = samples.iter().map(|x| x.rps).collect();
+        let errors: Vec<f64> = samples.iter().map(|x| x.errors as f64).collect();
+        let cmds: Vec<f64> = samples.iter().map(|x| x.commands.0).collect();
+        let breakdown = samples
+            .last()
+            .map(|x| format!(" ({})", x.commands.1))
+            .unwrap_or_default();
+        let _ = writeln!(
+            w,
+            "| {} | {} | {} | {}{breakdown} |",
+            variant.describe(),
+            stat(&rps, f0),
+            stat(&errors, f0),
+            stat(&cmds, f2),
+        );
+    }
+    let pair = |skus, pooled| sets::Variant { skus, pooled };
+    let ratios = [
+        (pair(1, false), pair(0, false)),
+        (pair(2, false), pair(0, false)),
+        (pair(3, false), pair(0, false)),
+        (pair(2, false), pair(1, false)),
+        (pair(3, false), pair(1, false)),
+        (pair(2, true), pair(0, true)),
+        (pair(3, true), pair(0, true)),
+    ];
+    let _ = writeln!(
+        w,
+        "\n| ratio of req/s (per run, then the median, with the range over runs) | value |\n|---|---|"
+    );
+    for (num, den) in ratios {
+        let values: Vec<f64> = r
+            .sets
+            .iter()
+            .filter_map(|run| {
+                let get = |v| run.iter().find(|(x, _)| *x == v).map(|(_, s)| s.rps);
+                Some(get(num)? / get(den)?)
+            })
+            .collect();
+        let _ = writeln!(
+            w,
+            "| {} / {} | {} |",
+            num.short(),
+            den.short(),
+            stat(&values, f2)
+        );
+    }
+    let _ = writeln!(
+        w,
+        "\nAn order is one `acquire_set.lua` and one `release_set.lua` whatever its size (checked \
+         with `MONITOR` before the runs: an order of 3 SKUs sends 2 client commands); the scripts \
+         do a key's work per SKU in Redis, and the layer reads and parses the body.\n"
+    );
 }
 
 fn render_counting(w: &mut String) {
@@ -516,16 +614,87 @@ fn render_memory(w: &mut String, s: &Settings, r: &Results) {
 /// hand), writes it to `s.output` and prints it.
 pub(crate) fn write(s: &Settings, meta: &Meta, results: &Results) {
     let existing = std::fs::read_to_string(&s.output).unwrap_or_default();
-    let mut report = render(s, meta, results);
-    if let Some(section) = topologies_section(&existing) {
-        report.push('\n');
-        report.push_str(&section);
-    }
+    let partial = SCENARIOS.chars().any(|c| !s.wants(c));
+    let report = if partial && !existing.is_empty() {
+        splice(&existing, &render(s, meta, results), s, meta)
+    } else {
+        let mut report = render(s, meta, results);
+        if let Some(section) = topologies_section(&existing) {
+            report.push('\n');
+            report.push_str(&section);
+        }
+        report
+    };
     if let Some(dir) = s.output.parent() {
         std::fs::create_dir_all(dir).expect("create the report's directory");
     }
     std::fs::write(&s.output, &report).expect("write the report");
     println!("{report}");
+}
+
+/// Every scenario's letter.
+const SCENARIOS: &str = "abcdef";
+
+/// A report's `## ` sections, in order, each with its heading line; what comes before the first
+/// heading is a section with an empty heading.
+fn sections(text: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = vec![(String::new(), String::new())];
+    for line in text.split_inclusive('\n') {
+        if line.starts_with("## ") {
+            out.push((line.trim_end().to_owned(), String::new()));
+        }
+        out.last_mut()
+            .expect("one section at least")
+            .1
+            .push_str(line);
+    }
+    out
+}
+
+/// The scenario letter of a section heading (`## g. Orders of several keys`: `g`).
+fn scenario_of(heading: &str) -> Option<char> {
+    let rest = heading.strip_prefix("## ")?;
+    let mut chars = rest.chars();
+    let letter = chars.next()?;
+    (SCENARIOS.contains(letter) && chars.next() == Some('.')).then_some(letter)
+}
+
+/// A run of some scenarios only: `existing` with the sections of the scenarios that ran
+/// replaced by their sections from `fresh` (or added before "Not covered"), each saying when
+/// and how it was measured; everything else as it was.
+fn splice(existing: &str, fresh: &str, s: &Settings, meta: &Meta) -> String {
+    let mut kept = sections(existing);
+    for (heading, body) in sections(fresh) {
+        let Some(letter) = scenario_of(&heading) else {
+            continue;
+        };
+        let (first, rest) = body.split_once('\n').unwrap_or((&body, ""));
+        let body = format!(
+            "{first}\n\n> Measured on {}, at {}, in a run of this scenario alone (`{}`), in {:.0} \
+             s; load average (1, 5, 15 min) {} at the start, {} at the end. The rest of this \
+             report comes from the run its top describes.\n{rest}",
+            meta.date,
+            git_revision(),
+            s.command,
+            meta.elapsed.as_secs_f64(),
+            meta.load_start,
+            meta.load_end,
+        );
+        match kept
+            .iter()
+            .position(|(h, _)| scenario_of(h) == Some(letter))
+        {
+            Some(i) => kept[i].1 = body,
+            None => {
+                let at = kept
+                    .iter()
+                    .position(|(h, _)| h == "## Not covered")
+                    .unwrap_or(kept.len());
+                kept.insert(at, (heading, body));
+            }
+        }
+    }
+    kept.into_iter().map(|(_, body)| body).collect()
 }
 
 /// The `## Topologies` section of an existing report, verbatim, up to the next `## ` heading.

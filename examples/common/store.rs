@@ -30,7 +30,8 @@ use redis::{
 #[cfg(feature = "tls")]
 use tower_lock::store::TlsConfig;
 use tower_lock::{
-    KeySource, LockConfig, LockLayer, MemoryStore, RedisStore, RedlockStore, store::StoreError,
+    KeySource, LockConfig, LockLayer, Locker, MemoryStore, RedisStore, RedlockStore,
+    store::StoreError,
 };
 
 /// A connection for the example's own data: one Redis, or the cluster.
@@ -95,15 +96,21 @@ pub struct Chosen {
 }
 
 impl Chosen {
-    /// A [`LockLayer`] for `key` on the chosen store.
-    pub fn lock_layer(&self, key: impl KeySource, config: LockConfig) -> LockLayer {
+    /// A [`Locker`] on the chosen store, for layers that must share it (their locks, and their
+    /// turns in this process): with [`Store::Memory`], each call makes a store of its own.
+    pub fn locker(&self, config: LockConfig) -> Locker {
         match &self.store {
-            Store::Memory => LockLayer::with_config(MemoryStore::new(), key, config),
-            Store::Redis(store) => LockLayer::with_config(store.clone(), key, config),
-            Store::Redlock(store) => LockLayer::with_config(store.clone(), key, config),
+            Store::Memory => Locker::with_config(MemoryStore::new(), config),
+            Store::Redis(store) => Locker::with_config(store.clone(), config),
+            Store::Redlock(store) => Locker::with_config(store.clone(), config),
             #[cfg(feature = "cluster")]
-            Store::Cluster(store) => LockLayer::with_config(store.clone(), key, config),
+            Store::Cluster(store) => Locker::with_config(store.clone(), config),
         }
+    }
+
+    /// A [`LockLayer`] for `key` on the chosen store, with a locker of its own.
+    pub fn lock_layer(&self, key: impl KeySource, config: LockConfig) -> LockLayer {
+        LockLayer::from_locker(self.locker(config), key)
     }
 }
 

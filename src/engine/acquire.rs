@@ -1,16 +1,24 @@
 //! The acquire loop: the process-local queue, attempts paced by the wait policy, and the
-//! store's hand-off queue.
+//! store's hand-off queue; for one key or a set of them.
+//!
+//! A set is taken the way one key is, with three differences: it takes its turns in the
+//! process-local queues one key after the other, in lock order; each attempt takes every key
+//! or none (in one step where the store can); and, queued in a store that hands off, a signal
+//! that a key was handed to it makes it try again at once (the attempt claims what was kept
+//! for it, and the rest if they are free), and it tries again at least every renewal interval
+//! meanwhile, which keeps what the queue kept for it. See `docs/DECISIONS.md`, "Sets of keys,
+//! and waiting for them".
 
 use std::{sync::Arc, time::Duration};
 
 use tokio::time::{Instant, sleep_until, timeout};
 
-use super::{release::ReleaseOnDrop, state::Engine};
+use super::{release::ReleaseOnDrop, state::Engine, terms::Terms};
 use crate::{
     error::LockError,
-    key::LockKey,
-    lease::Lease,
-    store::{Attempt, Signal, StoreError, StoreErrorKind},
+    key::{KeyRejection, KeySet},
+    lease::{Fences, Lease},
+    store::{Attempt, SetAttempt, Signal, StoreError, StoreErrorKind},
     telemetry::{self, Chain, Op},
     token::Token,
 };
@@ -44,22 +52,100 @@ impl Acquired {
     }
 }
 
+/// An attempt's answer, for one key or a set.
+enum Answer {
+    Acquired(Fences),
+    /// The key at `blocked` (in lock order) is held elsewhere.
+    Contended {
+        expires_in: Option<Duration>,
+        blocked: usize,
+    },
+    /// The same, and the caller is queued for it.
+    Queued {
+        expires_in: Option<Duration>,
+        blocked: usize,
+    },
+}
+
+impl From<Attempt> for Answer {
+    fn from(attempt: Attempt) -> Self {
+        match attempt {
+            Attempt::Acquired { fencing_token } => Self::Acquired(Fences::One(fencing_token)),
+            Attempt::Contended { expires_in } => Self::Contended {
+                expires_in,
+                blocked: 0,
+            },
+            Attempt::Queued { expires_in } => Self::Queued {
+                expires_in,
+                blocked: 0,
+            },
+        }
+    }
+}
+
+impl From<SetAttempt> for Answer {
+    fn from(attempt: SetAttempt) -> Self {
+        match attempt {
+            SetAttempt::Acquired { fencing_tokens } => {
+                Self::Acquired(Fences::Many(fencing_tokens.into_boxed_slice()))
+            }
+            SetAttempt::Contended {
+                expires_in,
+                blocked,
+            } => Self::Contended {
+                expires_in,
+                blocked,
+            },
+            SetAttempt::Queued {
+                expires_in,
+                blocked,
+            } => Self::Queued {
+                expires_in,
+                blocked,
+            },
+        }
+    }
+}
+
+/// Checks a set before anything is sent: at least one key, at most the config's `max_keys`.
+fn check_keys(keys: &KeySet, max_keys: usize) -> Result<(), LockError> {
+    if keys.is_empty() {
+        return Err(KeyRejection::invalid("there is no lock key to acquire").into());
+    }
+    if keys.len() > max_keys {
+        return Err(KeyRejection::invalid(format!(
+            "{} lock keys at once; one lease may hold at most {max_keys}",
+            keys.len()
+        ))
+        .into());
+    }
+    Ok(())
+}
+
 /// Tries until acquired, the wait policy gives up (409), or the store fails (503).
 ///
-/// The release guard is armed whenever an attempt may have taken the key, so dropping this
+/// The release guard is armed whenever an attempt may have taken a key, so dropping this
 /// future (or giving up on a timed-out attempt) schedules a token-checked release.
-pub(crate) async fn acquire(engine: Arc<Engine>, key: LockKey) -> Result<Acquired, LockError> {
+pub(crate) async fn acquire(
+    engine: Arc<Engine>,
+    keys: KeySet,
+    terms: Terms,
+) -> Result<Acquired, LockError> {
     let config = &engine.config;
+    check_keys(&keys, config.max_keys())?;
     let token = Token::generate()?;
     let start = Instant::now();
-    let deadline = config.wait().total().map(|d| start + d);
-    let ttl = config.ttl();
+    let wait = terms.wait(config);
+    let deadline = wait.total().map(|d| start + d);
+    let ttl = terms.ttl;
     let floor = config.store_timeout();
-    let mut guard = ReleaseOnDrop::new(Arc::clone(&engine.store), key, token, floor);
+    let set = keys.as_one().is_none();
+    let mut guard = ReleaseOnDrop::new(Arc::clone(&engine.store), keys, token, floor);
     // Requests of this process that want the same key wait here, in order, and only the first
-    // contends in the store; a holder's release wakes the next at once.
-    match engine.local.turn(guard.key(), deadline).await {
-        Ok(turn) => guard.set_turn(turn),
+    // contends in the store; a holder's release wakes the next at once. A set takes its turns
+    // one key after the other, in lock order.
+    match engine.local.turns(guard.keys(), deadline).await {
+        Ok(turns) => guard.set_turns(turns),
         Err(gave_up) => {
             let waited = start.elapsed();
             tracing::debug!(?waited, "lease contended in this process; giving up");
@@ -76,8 +162,8 @@ pub(crate) async fn acquire(engine: Arc<Engine>, key: LockKey) -> Result<Acquire
     }
     // With a store that hands off, a waiter joins the key's queue and is handed the key by the
     // release before it; it registers to hear that once its attempt says it is queued.
-    let waits = config.wait().waits();
-    let schedule_end = config.wait().schedule_len().map(|d| start + d);
+    let waits = wait.waits();
+    let schedule_end = wait.schedule_len().map(|d| start + d);
     let mut queue = None;
     let mut queued = false;
     let mut handed: Option<(u64, Instant)> = None;
@@ -103,26 +189,34 @@ pub(crate) async fn acquire(engine: Arc<Engine>, key: LockKey) -> Result<Acquire
         // Registered before the attempt, so a release right after it is not missed.
         let released = match queue {
             Some(_) => None,
-            None => guard.store().watch(guard.key()),
+            None => guard.store().watch_any(guard.keys()),
         };
         guard.arm(true);
-        let attempt = guard
-            .store()
-            .attempt(guard.key().clone(), guard.token().clone(), ttl, waits);
-        let answer = timeout(limit, attempt)
+        let (store, token) = (guard.store(), guard.token().clone());
+        let answer = match guard.keys().as_one() {
+            Some(key) => timeout(limit, store.attempt(key.clone(), token, ttl, waits))
+                .await
+                .map(|answer| answer.map(Answer::from)),
+            None => timeout(
+                limit,
+                store.attempt_set(guard.keys().clone(), token, ttl, waits),
+            )
             .await
-            .unwrap_or_else(|_| Err(StoreError::timeout(limit)));
+            .map(|answer| answer.map(Answer::from)),
+        }
+        .unwrap_or_else(|_| Err(StoreError::timeout(limit)));
         telemetry::round_trip(Op::Acquire, sent_at.elapsed());
         // The store's refusal of this attempt, when it asked to be asked again.
         let mut refused = None;
+        let mut blocked = 0;
         let expires_in = match answer {
-            Ok(Attempt::Acquired { fencing_token }) => {
+            Ok(Answer::Acquired(fences)) => {
                 let waited = sent_at - start;
                 tracing::debug!(attempts, ?waited, "lease acquired");
                 telemetry::acquired(&guard.key().scope_label(), waited);
                 let lease = Lease::new(
-                    guard.key().clone(),
-                    fencing_token,
+                    guard.keys().clone(),
+                    fences,
                     sent_at,
                     guard.store().validity(ttl),
                 );
@@ -136,8 +230,18 @@ pub(crate) async fn acquire(engine: Arc<Engine>, key: LockKey) -> Result<Acquire
                     renew_by: None,
                 });
             }
-            Ok(Attempt::Contended { expires_in }) => expires_in,
-            Ok(Attempt::Queued { expires_in }) => {
+            Ok(Answer::Contended {
+                expires_in,
+                blocked: at,
+            }) => {
+                blocked = at;
+                expires_in
+            }
+            Ok(Answer::Queued {
+                expires_in,
+                blocked: at,
+            }) => {
+                blocked = at;
                 queued = true;
                 if queue.is_none() {
                     queue = guard.store().queue_watch(guard.key(), guard.token());
@@ -181,13 +285,14 @@ pub(crate) async fn acquire(engine: Arc<Engine>, key: LockKey) -> Result<Acquire
                 None
             }
         };
-        guard.held_elsewhere(expires_in);
-        // While queued, the key may be handed to us at any moment: stay armed, so that giving
-        // up (or being dropped) leaves the queue or passes the key on.
+        guard.held_elsewhere(blocked, expires_in);
+        // While queued, the key may be handed to us at any moment (and a set keeps what the
+        // queue kept for it): stay armed, so that giving up (or being dropped) leaves the queue
+        // or passes the keys on.
         guard.arm(queued);
         let now = Instant::now();
         let next = delays
-            .get_or_insert_with(|| config.wait().delays())
+            .get_or_insert_with(|| wait.delays())
             .next()
             .map(|delay| now + delay);
         let wake = match (next, deadline) {
@@ -217,6 +322,11 @@ pub(crate) async fn acquire(engine: Arc<Engine>, key: LockKey) -> Result<Acquire
             // A finite schedule (a fixed list) bounds a queued wait too.
             fallback = fallback.min(end);
         }
+        if set && queued {
+            // What the queue keeps for a set lasts a TTL from each attempt: try again (and so
+            // keep it) every renewal interval.
+            fallback = fallback.min(now + terms.interval);
+        }
         match (&mut queue, released) {
             // After a refusal, the next attempt is due by the schedule, not at a release.
             _ if refused.is_some() => sleep_until(wake).await,
@@ -225,6 +335,9 @@ pub(crate) async fn acquire(engine: Arc<Engine>, key: LockKey) -> Result<Acquire
                 loop {
                     tokio::select! {
                         signal = watch.signal() => match signal {
+                            // A key of the set was handed over: try again now, which claims it
+                            // (and the rest, if they are free).
+                            Signal::Granted { .. } if set => break,
                             Signal::Granted { fencing_token, valid_until } => {
                                 handed = Some((fencing_token, valid_until));
                                 break;
@@ -271,7 +384,7 @@ fn handed_over(
     let waited = now - requested_at;
     tracing::debug!(attempts, ?waited, "lease handed over");
     telemetry::acquired(&guard.key().scope_label(), waited);
-    let lease = Lease::new(guard.key().clone(), fencing_token, now, left);
+    let lease = Lease::new(guard.keys().clone(), fencing_token, now, left);
     guard.held(now, &lease);
     Acquired {
         lease,

@@ -13,8 +13,33 @@ use crate::{lease::Lease, store::StoreError, telemetry::Outcome};
 /// renewal (every `ttl / 3`), so work may run up to that long after the key was taken away:
 /// fence the writes that matter with [`Lease::fencing_token`]. Prefer
 /// [`release`](Self::release) at the end of the work, which waits for the store to confirm;
-/// dropping the guard releases too, in a spawned task. (`let _ = locker.acquire(key).await?`
-/// releases at once: bind the guard to a name for as long as the work runs.)
+/// dropping the guard releases too, in a spawned task.
+///
+/// Bind the guard to a name for as long as the work runs: dropped, it releases. The type is
+/// `#[must_use]`, so a guard acquired and thrown away in a statement is a warning:
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// # use tower_lock::{Locker, MemoryStore};
+/// # async fn job(locker: Locker) -> Result<(), Box<dyn std::error::Error>> {
+/// let key = locker.key("jobs", "nightly")?;
+/// locker.acquire(key).await?; // unused `LeaseGuard` that must be used: released at once
+/// // ... the job would run here without the lock.
+/// # Ok(()) }
+/// ```
+///
+/// ```
+/// #![deny(unused_must_use)]
+/// # use tower_lock::{Locker, MemoryStore};
+/// # async fn job(locker: Locker) -> Result<(), Box<dyn std::error::Error>> {
+/// let key = locker.key("jobs", "nightly")?;
+/// let _guard = locker.acquire(key).await?; // held until `_guard` goes out of scope
+/// // ... the job runs here under the lock.
+/// # Ok(()) }
+/// ```
+///
+/// `let _ = locker.acquire(key).await?` drops the guard at once too, and no lint can tell: `_`
+/// is not a name.
 #[must_use = "the lease is released when the guard is dropped: bind it to a name for as long as the work runs"]
 pub struct LeaseGuard {
     // `None` only once released.

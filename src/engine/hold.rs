@@ -13,7 +13,6 @@ use std::{
     future::Future,
     pin::Pin,
     task::{Context, Poll},
-    time::Duration,
 };
 
 use tracing::Span;
@@ -23,6 +22,7 @@ use super::{
     release::{Release, ReleaseOnDrop},
     renew::{RenewalSettings, Renewer},
     state::Engine,
+    terms::Terms,
 };
 use crate::{
     config::OnLeaseLost,
@@ -55,14 +55,9 @@ enum Renewal {
 }
 
 impl Hold {
-    /// Takes over a lease just acquired, for a holder held at most `max_hold` (`None`: as long
-    /// as it likes), and records the acquisition on `span`.
-    pub(crate) fn new(
-        acquired: Acquired,
-        engine: &Engine,
-        span: Span,
-        max_hold: Option<Duration>,
-    ) -> Self {
+    /// Takes over a lease just acquired on `terms` (its TTL, and its holder held at most their
+    /// `max_hold`; `None`: as long as it likes), and records the acquisition on `span`.
+    pub(crate) fn new(acquired: Acquired, engine: &Engine, span: Span, terms: &Terms) -> Self {
         telemetry::record_acquired(
             &span,
             acquired.lease.fencing_token(),
@@ -76,10 +71,10 @@ impl Hold {
             acquired.release.token().clone(),
             acquired.renew_by,
             RenewalSettings {
-                ttl: config.ttl(),
-                interval: config.renew_interval(),
+                ttl: terms.ttl,
+                interval: terms.interval,
                 store_timeout: config.store_timeout(),
-                max_hold,
+                max_hold: terms.max_hold,
             },
         );
         Self {
@@ -119,6 +114,12 @@ impl Hold {
             self.renewal = Renewal::Stopped;
         }
         lost
+    }
+
+    /// This hold with a loss that aborts the holder's work, whatever the config says.
+    pub(crate) fn aborting(mut self) -> Self {
+        self.on_lost = OnLeaseLost::Abort;
+        self
     }
 
     /// Whether a loss aborts the holder's work ([`OnLeaseLost::Abort`]).

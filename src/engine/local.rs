@@ -5,6 +5,12 @@
 //! wait, and a waiter behind a holder of the same process is woken the moment that holder
 //! releases, not by a timer.
 //!
+//! A lease on several keys takes its turns at them one after the other, in lock order (see
+//! [`KeySet`]), keeping the turns it has while it waits for the next: every request of the
+//! process takes turns in that one order, so no two of them wait for each other in a cycle,
+//! and a set is served in its turn at each key like any single-key request, however many of
+//! those follow it (see `docs/DECISIONS.md`, "Sets of keys, and waiting for them").
+//!
 //! The head of a key's queue publishes what it knows of the key's holder: its own lease once it
 //! holds the key, or the remaining TTL the store reported for another holder. A waiter that
 //! gives up here is told that, so its 409's `Retry-After` is the holder's remaining lease, as it
@@ -21,7 +27,10 @@ use tokio::{
     time::{Instant, timeout_at},
 };
 
-use crate::{key::LockKey, lease::Lease};
+use crate::{
+    key::{KeySet, LockKey},
+    lease::Lease,
+};
 
 /// The local queues of one [`Locker`](crate::Locker), one per key in use.
 #[derive(Debug, Default)]
@@ -115,6 +124,20 @@ impl LocalQueues {
         Ok(turn)
     }
 
+    /// Waits for this process's turn at every key of `keys`, one after the other in lock order,
+    /// or gives up when the deadline passes first (then the turns it had are passed on).
+    pub(crate) async fn turns(
+        self: &Arc<Self>,
+        keys: &KeySet,
+        deadline: Option<Instant>,
+    ) -> Result<Turns, GaveUp> {
+        let mut turns = Turns::default();
+        for key in keys {
+            turns.push(self.turn(key, deadline).await?);
+        }
+        Ok(turns)
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         self.queues.lock().unwrap().len()
@@ -154,6 +177,55 @@ impl Turn {
     /// The head acquired the key: a waiter that gives up is told this lease's time left.
     pub(crate) fn acquired(&self, lease: &Lease) {
         *self.entry().holder() = Holder::Head(lease.clone());
+    }
+}
+
+/// A request's turns at the keys of its lease, in lock order. Dropping them passes them on.
+#[derive(Debug, Default)]
+pub(crate) struct Turns {
+    // The first apart, so that a lease on one key allocates nothing here.
+    first: Option<Turn>,
+    rest: Vec<Turn>,
+}
+
+impl Turns {
+    fn push(&mut self, turn: Turn) {
+        if self.first.is_none() {
+            self.first = Some(turn);
+        } else {
+            self.rest.push(turn);
+        }
+    }
+
+    fn get(&self, i: usize) -> Option<&Turn> {
+        match i {
+            0 => self.first.as_ref(),
+            i => self.rest.get(i - 1),
+        }
+    }
+
+    /// The store answered that the key at `blocked` (in lock order) is held by someone else,
+    /// for `expires_in`: told to the waiters behind this request at that key.
+    pub(crate) fn held_elsewhere(&self, blocked: usize, expires_in: Option<Duration>) {
+        if let Some(turn) = self.get(blocked) {
+            turn.held_elsewhere(expires_in);
+        }
+    }
+
+    /// Every key is held by `lease`: a waiter at any of them that gives up is told its time left.
+    pub(crate) fn acquired(&self, lease: &Lease) {
+        for turn in self.first.iter().chain(&self.rest) {
+            turn.acquired(lease);
+        }
+    }
+}
+
+impl Drop for Turns {
+    fn drop(&mut self) {
+        // Passed on in the reverse of the order they were taken.
+        while let Some(turn) = self.rest.pop() {
+            drop(turn);
+        }
     }
 }
 
@@ -254,6 +326,74 @@ mod tests {
         let _ = waiter.await;
         drop(holder);
         assert_eq!(queues.len(), 0, "the dropped waiter's entry stayed behind");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sets_take_their_turns_in_lock_order_and_never_wait_in_a_cycle() {
+        let queues = Arc::new(LocalQueues::default());
+        let (a, b, c) = (key("a"), key("b"), key("c"));
+        let ab = KeySet::from([a.clone(), b.clone()]);
+        let bc = KeySet::from([c.clone(), b.clone()]);
+        let ba = KeySet::from([b.clone(), a.clone()]);
+        // Many sets over overlapping keys, each named in its own order, and single keys: all
+        // are served, however they interleave.
+        let served = Arc::new(Mutex::new(0));
+        let mut tasks = Vec::new();
+        for i in 0..30 {
+            let keys = [ab.clone(), bc.clone(), ba.clone(), KeySet::from(b.clone())][i % 4].clone();
+            let (queues, served) = (Arc::clone(&queues), Arc::clone(&served));
+            tasks.push(tokio::spawn(async move {
+                let turns = queues.turns(&keys, None).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                drop(turns);
+                *served.lock().unwrap() += 1;
+            }));
+        }
+        for task in tasks {
+            tokio::time::timeout(Duration::from_secs(60), task)
+                .await
+                .expect("a cycle of waits")
+                .unwrap();
+        }
+        assert_eq!(*served.lock().unwrap(), 30);
+        assert_eq!(queues.len(), 0, "entries left behind");
+
+        // A set waiting behind a holder of one key keeps its place there: single-key
+        // requests that come after it wait behind it.
+        let holder = queues.turn(&b, None).await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let set = tokio::spawn({
+            let (queues, order, ab) = (Arc::clone(&queues), Arc::clone(&order), ab.clone());
+            async move {
+                let _turns = queues.turns(&ab, None).await.unwrap();
+                order.lock().unwrap().push("set");
+            }
+        });
+        tokio::task::yield_now().await;
+        let single = tokio::spawn({
+            let (queues, order, b) = (Arc::clone(&queues), Arc::clone(&order), b.clone());
+            async move {
+                let _turn = queues.turn(&b, None).await.unwrap();
+                order.lock().unwrap().push("single");
+            }
+        });
+        tokio::task::yield_now().await;
+        drop(holder);
+        set.await.unwrap();
+        single.await.unwrap();
+        assert_eq!(*order.lock().unwrap(), ["set", "single"]);
+
+        // A set that gives up passes on the turns it had.
+        let holder = queues.turn(&b, None).await.unwrap();
+        let soon = Some(Instant::now() + Duration::from_millis(5));
+        let gave_up = queues.turns(&ab, soon).await;
+        assert!(gave_up.is_err());
+        assert!(
+            queues.turn(&a, soon).await.is_ok(),
+            "the set kept its turn at a"
+        );
+        drop(holder);
+        assert_eq!(queues.len(), 0, "entries left behind");
     }
 
     #[tokio::test(start_paused = true)]

@@ -4,13 +4,15 @@ use std::{fmt, future::Future, sync::Arc, time::Duration};
 
 use tracing::{Instrument, Span};
 
-use super::{acquire::acquire, guard::LeaseGuard, hold::Hold, state::Engine};
+use super::{
+    acquire::acquire, acquiring::Acquiring, guard::LeaseGuard, hold::Hold, state::Engine,
+    terms::Terms,
+};
 use crate::{
     config::LockConfig,
     error::LockError,
-    key::{KeyRejection, LockKey},
+    key::{KeyRejection, KeySet, LockKey},
     store::{Backend, LockStore},
-    telemetry,
 };
 
 /// Acquires, renews and releases leases on one store with one [`LockConfig`].
@@ -18,7 +20,12 @@ use crate::{
 /// [`LockLayer`](crate::LockLayer) uses a `Locker` per request. Use one directly for work that is
 /// not an HTTP request: a job that must run on one instance at a time, a leader election.
 /// [`acquire`](Self::acquire) waits by the configured [`Wait`](crate::Wait) policy and returns a
-/// [`LeaseGuard`] that renews in the background and releases on drop.
+/// [`LeaseGuard`] that renews in the background and releases on drop;
+/// [`try_acquire`](Self::try_acquire) does not wait; [`run`](Self::run) runs a future under a
+/// lease and cancels it if the lease is lost. Each takes one key or several: a [`KeySet`],
+/// taken as one lease (all of them or none, in a deadlock-free order, a fencing token per key).
+/// Per call, [`acquire`](Self::acquire)'s builder sets another wait policy, TTL, or longest hold
+/// ([`Acquiring`]).
 ///
 /// ```
 /// use std::time::Duration;
@@ -39,6 +46,28 @@ use crate::{
 ///     _ = async { /* the job */ } => {}
 /// }
 /// guard.release().await?;
+/// # Ok(()) }
+/// ```
+///
+/// A transfer between two accounts, both locked as one lease, whatever order other transfers
+/// name them in:
+///
+/// ```
+/// # use tower_lock::{Locker, MemoryStore};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let locker = Locker::new(MemoryStore::new());
+/// let (from, to) = (locker.key("accounts", "alice")?, locker.key("accounts", "bob")?);
+/// let moved = locker
+///     .run([from.clone(), to.clone()], async {
+///         // Debit `from`, credit `to`: nothing else touches either account meanwhile.
+///         5
+///     })
+///     .await?;
+/// assert_eq!(moved, 5);
+/// // Free again: taken at once, without waiting.
+/// let guard = locker.try_acquire([to, from]).await?.expect("free");
+/// assert_eq!(guard.keys().len(), 2);
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -75,39 +104,73 @@ impl Locker {
         )
     }
 
-    /// Acquires `key`, waiting by the configured policy, and keeps it renewed in the
-    /// background until the guard is released or dropped.
+    /// Acquires `keys` (one [`LockKey`], or several: anything that makes a [`KeySet`]) as one
+    /// lease, waiting by the configured policy, and keeps it renewed in the background until
+    /// the guard is released or dropped.
     ///
-    /// Unlike requests, background leases are not bounded by `max_hold`, and with a
-    /// [`Wait::forever`](crate::Wait::forever) policy store errors are waited out (logged at
-    /// warn) rather than returned. Needs a Tokio runtime.
-    pub async fn acquire(&self, key: LockKey) -> Result<LeaseGuard, LockError> {
-        let span = telemetry::span(&key, self.engine.config.key_display());
-        match self.hold(key, span.clone(), None).await {
-            Ok(hold) => Ok(LeaseGuard::new(hold, Arc::clone(&self.engine))),
-            Err(error) => {
-                telemetry::record_not_acquired(&span, &error);
-                Err(error)
-            }
-        }
+    /// Await it as it is, or set another wait policy, TTL or longest hold for this call first
+    /// (see [`Acquiring`]). Unlike requests, background leases are not bounded by `max_hold`
+    /// unless the call sets one, and with a [`Wait::forever`](crate::Wait::forever) policy
+    /// store errors are waited out (logged at warn) rather than returned. Needs a Tokio
+    /// runtime.
+    pub fn acquire(&self, keys: impl Into<KeySet>) -> Acquiring {
+        Acquiring::new(
+            self.clone(),
+            keys.into(),
+            Terms::of(&self.engine.config, None),
+        )
     }
 
-    /// Acquires `key` for a holder in `span`, held at most `max_hold`: the one way every holder
-    /// (request, body, background work) gets its [`Hold`]. A holder that does not get it records
-    /// the outcome itself (the idempotency layer decides it only after a record lookup).
+    /// Acquires `keys` as one lease if they are all free now, without waiting: `Ok(None)` when
+    /// one is held. See [`Acquiring::try_once`] to set a TTL or longest hold for the call.
+    pub async fn try_acquire(
+        &self,
+        keys: impl Into<KeySet>,
+    ) -> Result<Option<LeaseGuard>, LockError> {
+        self.acquire(keys).try_once().await
+    }
+
+    /// Runs `work` under a lease on `keys`: acquires them (waiting by the configured policy),
+    /// runs `work` while the lease is renewed, releases it, and returns what `work` returned.
+    ///
+    /// If the lease is lost meanwhile, `work` is dropped at once (whatever the config's
+    /// [`OnLeaseLost`](crate::OnLeaseLost)) and the answer is [`LockError::LeaseLost`]. The
+    /// renewal runs in the awaiting task, as the work is polled. See [`Acquiring::run`] to set
+    /// a wait policy, TTL or longest hold for the call.
+    pub async fn run<F: Future>(
+        &self,
+        keys: impl Into<KeySet>,
+        work: F,
+    ) -> Result<F::Output, LockError> {
+        self.acquire(keys).run(work).await
+    }
+
+    /// Acquires `keys` on `terms` for a holder in `span`: the one way every holder (request,
+    /// body, background work) gets its [`Hold`]. A holder that does not get it records the
+    /// outcome itself (the idempotency layer decides it only after a record lookup).
     pub(crate) fn hold(
         &self,
-        key: LockKey,
+        keys: KeySet,
         span: Span,
-        max_hold: Option<Duration>,
+        terms: Terms,
     ) -> impl Future<Output = Result<Hold, LockError>> + Send + 'static {
         let engine = Arc::clone(&self.engine);
         async move {
-            let acquired = acquire(Arc::clone(&engine), key)
+            let acquired = acquire(Arc::clone(&engine), keys, terms.clone())
                 .instrument(span.clone())
                 .await?;
-            Ok(Hold::new(acquired, &engine, span, max_hold))
+            Ok(Hold::new(acquired, &engine, span, &terms))
         }
+    }
+
+    /// The config's terms for a holder held at most `max_hold`.
+    pub(crate) fn terms(&self, max_hold: Option<Duration>) -> Terms {
+        Terms::of(&self.engine.config, max_hold)
+    }
+
+    /// The shared state, for a guard that keeps it alive.
+    pub(crate) fn shared(&self) -> &Arc<Engine> {
+        &self.engine
     }
 
     /// The state this locker's leases share.

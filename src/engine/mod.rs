@@ -1,7 +1,9 @@
 //! The engine: everything between a lock key and the end of its lease, shared by both layers and
 //! by background work.
 //!
-//! - [`Locker`] (public) holds the store, the settings and what the leases share.
+//! - [`Locker`] (public) holds the store, the settings and what the leases share;
+//!   [`Acquiring`] (public) is one call's acquire, with its own wait, TTL or longest hold
+//!   (`terms`).
 //! - `acquire`: the acquire loop (process-local queue, wait policy, the store's hand-off queue).
 //! - `hold`: the one lifecycle of a held lease (renewal, max hold, loss policy, release on
 //!   completion or drop, the outcome).
@@ -12,6 +14,7 @@
 //! - [`LeaseGuard`] (public): a lease held by background work.
 
 mod acquire;
+mod acquiring;
 mod guard;
 mod hold;
 mod local;
@@ -19,10 +22,11 @@ mod locker;
 mod release;
 mod renew;
 mod state;
+mod terms;
 #[cfg(test)]
 mod tests;
 
-pub use self::{guard::LeaseGuard, locker::Locker};
+pub use self::{acquiring::Acquiring, guard::LeaseGuard, locker::Locker};
 pub(crate) use self::{
     hold::{Guarded, Hold, poll_guarded},
     release::Release,

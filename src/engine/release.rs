@@ -10,9 +10,9 @@ use std::{
 
 use tokio::{runtime::Handle, time::Instant};
 
-use super::local::Turn;
+use super::local::Turns;
 use crate::{
-    key::LockKey,
+    key::{KeySet, LockKey},
     lease::Lease,
     store::{Backend, BoxFuture, StoreError},
     telemetry::{self, Chain, Op},
@@ -21,12 +21,13 @@ use crate::{
 
 /// Releases a lease when dropped, unless disarmed; never blocks and never panics.
 ///
-/// Armed whenever an attempt may have taken the key (an acquire in flight, a place in a
+/// Armed whenever an attempt may have taken a key (an acquire in flight, a place in a
 /// hand-off queue, a held lease), so that a future dropped in any state leaves no key behind
-/// beyond one spawned, token-checked release.
+/// beyond one spawned, token-checked release (of every key of the lease, in one step where
+/// the store can).
 pub(crate) struct ReleaseOnDrop {
     store: Arc<Backend>,
-    key: LockKey,
+    keys: KeySet,
     token: Token,
     timeout: Duration,
     armed: bool,
@@ -36,27 +37,32 @@ pub(crate) struct ReleaseOnDrop {
     /// if its future is dropped unfinished (false for that fallback itself, so a dying runtime
     /// cannot loop).
     fallback: bool,
-    /// This request's place in the process-local queue for the key, passed on after release.
-    turn: Option<Turn>,
+    /// This request's places in the process-local queues of its keys, passed on after release.
+    turns: Option<Turns>,
 }
 
 impl ReleaseOnDrop {
-    /// A disarmed guard for `key` held (or about to be tried) with `token`.
-    pub(crate) fn new(store: Arc<Backend>, key: LockKey, token: Token, timeout: Duration) -> Self {
+    /// A disarmed guard for `keys` held (or about to be tried) with `token`.
+    pub(crate) fn new(store: Arc<Backend>, keys: KeySet, token: Token, timeout: Duration) -> Self {
         Self {
             store,
-            key,
+            keys,
             token,
             timeout,
             armed: false,
             held_since: None,
             fallback: true,
-            turn: None,
+            turns: None,
         }
     }
 
+    pub(crate) fn keys(&self) -> &KeySet {
+        &self.keys
+    }
+
+    /// The first key: its scope labels the lease's metrics.
     pub(crate) fn key(&self) -> &LockKey {
-        &self.key
+        first(&self.keys)
     }
 
     pub(crate) fn store(&self) -> &Arc<Backend> {
@@ -74,25 +80,26 @@ impl ReleaseOnDrop {
         self.armed = armed;
     }
 
-    /// Takes this request's turn at the key in the process-local queue.
-    pub(crate) fn set_turn(&mut self, turn: Turn) {
-        self.turn = Some(turn);
+    /// Takes this request's turns at its keys in the process-local queues.
+    pub(crate) fn set_turns(&mut self, turns: Turns) {
+        self.turns = Some(turns);
     }
 
     /// The lease is held since `at`: the release records the hold time, and the waiters behind
-    /// this request in the process's queue are told of the lease.
+    /// this request in the process's queues are told of the lease.
     pub(crate) fn held(&mut self, at: Instant, lease: &Lease) {
         self.held_since = Some(at);
-        if let Some(turn) = &self.turn {
-            turn.acquired(lease);
+        if let Some(turns) = &self.turns {
+            turns.acquired(lease);
         }
     }
 
-    /// The store said someone else holds the key, for `expires_in`: told to the waiters
-    /// behind this request in the process's queue, should they give up.
-    pub(crate) fn held_elsewhere(&self, expires_in: Option<Duration>) {
-        if let Some(turn) = &self.turn {
-            turn.held_elsewhere(expires_in);
+    /// The store said someone else holds the key at `blocked` (in lock order), for
+    /// `expires_in`: told to the waiters behind this request at that key in the process's
+    /// queue, should they give up.
+    pub(crate) fn held_elsewhere(&self, blocked: usize, expires_in: Option<Duration>) {
+        if let Some(turns) = &self.turns {
+            turns.held_elsewhere(blocked, expires_in);
         }
     }
 
@@ -100,12 +107,12 @@ impl ReleaseOnDrop {
     /// queue, and goes on with `token`: for a waiter that outlasts a store error, so that no
     /// hand-off message for the old token (given away by that release) is taken for its own.
     pub(crate) fn release_and_renew_token(&mut self, token: Token) {
-        let turn = self.turn.take();
+        let turns = self.turns.take();
         let release = self.release_now();
         if let Ok(handle) = Handle::try_current() {
             handle.spawn(release);
         }
-        self.turn = turn;
+        self.turns = turns;
         self.token = token;
     }
 
@@ -114,7 +121,7 @@ impl ReleaseOnDrop {
     pub(crate) fn disarm(&mut self, released: bool) {
         self.armed = false;
         if let Some(since) = self.held_since.take() {
-            telemetry::released(&self.key.scope_label(), Ok(released), since.elapsed());
+            telemetry::released(&self.key().scope_label(), Ok(released), since.elapsed());
         }
     }
 
@@ -128,18 +135,18 @@ impl ReleaseOnDrop {
         Release {
             release: self
                 .store
-                .release(self.key.clone(), self.token.clone(), limit),
+                .release_set(self.keys.clone(), self.token.clone(), limit),
             fallback: ReleaseOnDrop {
                 store: Arc::clone(&self.store),
-                key: self.key.clone(),
+                keys: self.keys.clone(),
                 token: self.token.clone(),
                 timeout: limit,
                 armed: self.fallback,
                 held_since: None,
                 fallback: false,
-                turn: None,
+                turns: None,
             },
-            turn: self.turn.take(),
+            turns: self.turns.take(),
             held_since: self.held_since.take(),
             sent_at: None,
         }
@@ -160,13 +167,13 @@ impl Drop for ReleaseOnDrop {
 }
 
 /// A release in flight, from [`ReleaseOnDrop::release_now`]: the store's release (bounded by
-/// the store timeout), then this process's turn at the key passed on, the round trip and the
+/// the store timeout), then this process's turns at the keys passed on, the round trip and the
 /// hold time recorded, and a failure logged. Dropped before it finishes, its armed fallback
 /// sends the release again in a spawned task.
 pub(crate) struct Release {
     release: BoxFuture<Result<bool, StoreError>>,
     fallback: ReleaseOnDrop,
-    turn: Option<Turn>,
+    turns: Option<Turns>,
     held_since: Option<Instant>,
     sent_at: Option<Instant>,
 }
@@ -179,10 +186,10 @@ impl Future for Release {
         let sent_at = *this.sent_at.get_or_insert_with(Instant::now);
         let result = ready!(this.release.as_mut().poll(cx));
         this.fallback.armed = false;
-        // Only now may the next request of this process try the key.
-        drop(this.turn.take());
+        // Only now may the next request of this process try the keys.
+        drop(this.turns.take());
         telemetry::round_trip(Op::Release, sent_at.elapsed());
-        let key = &this.fallback.key;
+        let key = this.fallback.key();
         match &result {
             Ok(released) => tracing::debug!(released, "lease released"),
             Err(error) => {
@@ -203,4 +210,9 @@ impl Future for Release {
         }
         Poll::Ready(result)
     }
+}
+
+/// The first key of a lease's set (a lease holds at least one).
+fn first(keys: &KeySet) -> &LockKey {
+    keys.first().expect("a lease holds at least one key")
 }

@@ -20,6 +20,7 @@ use tracing::Span;
 
 use crate::{
     error::LostReason,
+    key::KeySet,
     lease::Lease,
     store::{Backend, BoxFuture, StoreError},
     telemetry::{self, Chain, Op},
@@ -188,9 +189,7 @@ impl Renewer {
                 return self.lose(LostReason::Expired);
             }
             let limit = self.store_timeout.min(left);
-            let renew = self
-                .store
-                .renew(self.lease.key().clone(), self.token.clone(), self.ttl);
+            let renew = renew_keys(&self.store, self.lease.keys(), &self.token, self.ttl);
             self.in_flight = Some((
                 now,
                 Box::pin(async move {
@@ -201,6 +200,38 @@ impl Renewer {
             ));
         }
     }
+}
+
+/// Renews every key of a lease (they reach the store together, so group commit sends them in
+/// one or two calls): `true` when every key was renewed; `false` when any was not ours
+/// any more (the lease is lost, whatever the others answered); an error when none said so
+/// but one failed.
+fn renew_keys(
+    store: &Backend,
+    keys: &KeySet,
+    token: &Token,
+    ttl: Duration,
+) -> BoxFuture<Result<bool, StoreError>> {
+    if let Some(key) = keys.as_one() {
+        return store.renew(key.clone(), token.clone(), ttl);
+    }
+    let renewals: Vec<_> = keys
+        .iter()
+        .map(|key| store.renew(key.clone(), token.clone(), ttl))
+        .collect();
+    Box::pin(async move {
+        let mut failed = None;
+        for answer in futures_util::future::join_all(renewals).await {
+            match answer {
+                Ok(true) => {}
+                Ok(false) => return Ok(false),
+                Err(error) => {
+                    failed.get_or_insert(error);
+                }
+            }
+        }
+        failed.map_or(Ok(true), Err)
+    })
 }
 
 /// The renewals of a locker's leases that nobody polls while they are held: background leases

@@ -278,7 +278,11 @@ async fn a_request_hold_is_lost_at_its_max_hold() {
     let locker = locker(&store, config(3000 * MS, Wait::none()));
     let started = Instant::now();
     let mut hold = locker
-        .hold(locker.key("t", "k").unwrap(), Span::none(), Some(2500 * MS))
+        .hold(
+            locker.key("t", "k").unwrap().into(),
+            Span::none(),
+            locker.terms(Some(2500 * MS)),
+        )
         .await
         .unwrap();
     let reason = std::future::poll_fn(|cx| hold.poll_lost(cx)).await;
@@ -287,6 +291,216 @@ async fn a_request_hold_is_lost_at_its_max_hold() {
     // Still ours: released before the holder answers.
     let release = hold.abort(reason).expect("a max-hold loss releases first");
     assert!(release.await.unwrap());
+    assert_eq!(store.inner.held(), 0);
+}
+
+// ---- Sets of keys, and the locker's calls. ----
+
+fn keys(locker: &Locker, values: &[&str]) -> crate::key::KeySet {
+    values.iter().map(|v| locker.key("t", v).unwrap()).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_set_on_a_plain_store_goes_key_by_key_and_gives_back_what_it_took() {
+    // `Scripted` has no key sets of its own: the engine's default, in lock order.
+    let store = Scripted::new();
+    let holder = locker(&store, config(60_000 * MS, Wait::none()));
+    let set = keys(&holder, &["a", "b", "c"]);
+    let middle = set.as_slice()[1].clone();
+    let held = holder.acquire(middle.clone()).await.unwrap();
+    let waiter = locker(&store, config(60_000 * MS, Wait::none()));
+    let before = store.count(is_acquire);
+    let error = waiter.acquire(set.clone()).await.unwrap_err();
+    assert!(matches!(error, LockError::Contended { .. }), "{error:?}");
+    // The first key was taken, the second refused, the first given back; the third never tried.
+    assert_eq!(store.count(is_acquire) - before, 2);
+    assert_eq!(store.inner.held(), 1, "a key of the set stayed taken");
+    assert!(held.release().await.unwrap());
+
+    let guard = waiter.acquire(set.clone()).await.unwrap();
+    assert_eq!(guard.keys(), &set);
+    let tokens: Vec<u64> = guard.fencing_tokens().map(|(_, t)| t).collect();
+    assert_eq!(tokens.len(), 3);
+    assert!(tokens.iter().all(|t| *t > 0));
+    assert_eq!(guard.fencing_token(), tokens[0]);
+    assert_eq!(guard.fencing_token_of(&middle), Some(tokens[1]));
+    assert_eq!(store.inner.held(), 3);
+    // Renewed together: every key, every interval.
+    let renewals = store.count(is_renew);
+    // (The renewals of one round go out together, after the batcher's few milliseconds.)
+    sleep(20_010 * MS).await;
+    assert_eq!(store.count(is_renew) - renewals, 3);
+    assert!(!guard.is_lost());
+    assert!(guard.release().await.unwrap());
+    assert_eq!(store.inner.held(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_set_is_lost_when_any_of_its_keys_is_and_released_whole_on_drop() {
+    let store = Scripted::new();
+    let locker = locker(&store, config(3000 * MS, Wait::none()));
+    let guard = locker.acquire(keys(&locker, &["a", "b"])).await.unwrap();
+    store.set_forget(true);
+    let reason = tokio::time::timeout(2000 * MS, guard.lost()).await.unwrap();
+    assert_eq!(reason, LostReason::NotHeld);
+    store.set_forget(false);
+    let guard = locker.acquire(keys(&locker, &["c", "d"])).await.unwrap();
+    drop(guard);
+    sleep(MS).await;
+    assert_eq!(store.inner.held(), 0, "a dropped set left keys behind");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_set_or_one_above_max_keys_is_refused_before_the_store_is_asked() {
+    let store = Scripted::new();
+    let config = LockConfig::builder().max_keys(2).build().unwrap();
+    let locker = locker(&store, config);
+    let error = locker
+        .acquire(crate::key::KeySet::new([]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, LockError::Key(r) if r.is_client_error()),
+        "{error:?}"
+    );
+    let error = locker
+        .acquire(keys(&locker, &["a", "b", "c"]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, LockError::Key(r) if r.detail().contains("at most 2")),
+        "{error:?}"
+    );
+    assert_eq!(store.calls().len(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn try_acquire_does_not_wait() {
+    let store = Scripted::new();
+    let patient = config(60_000 * MS, Wait::constant(10 * MS).deadline(60_000 * MS));
+    let holder = locker(&store, patient.clone());
+    let held = holder.acquire(holder.key("t", "k").unwrap()).await.unwrap();
+    let other = locker(&store, patient);
+    let started = Instant::now();
+    let both = keys(&other, &["k", "free"]);
+    assert!(other.try_acquire(both.clone()).await.unwrap().is_none());
+    assert_eq!(started.elapsed(), Duration::ZERO, "it waited");
+    assert_eq!(
+        store.inner.held(),
+        1,
+        "the free key of the set stayed taken"
+    );
+    assert!(held.release().await.unwrap());
+    let guard = other.try_acquire(both).await.unwrap().expect("free now");
+    assert_eq!(guard.keys().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_sets_its_own_wait_ttl_and_max_hold() {
+    let store = Scripted::new();
+    // The locker: a 60 s lease, no waiting.
+    let locker = locker(&store, config(60_000 * MS, Wait::none()));
+    let held = locker.acquire(locker.key("t", "k").unwrap()).await.unwrap();
+    tokio::spawn(async move {
+        sleep(500 * MS).await;
+        drop(held);
+    });
+    // This call waits (up to 2 s), for a 300 ms lease held at most 1 s.
+    let started = Instant::now();
+    let guard = locker
+        .acquire(locker.key("t", "k").unwrap())
+        .wait(Wait::constant(50 * MS).deadline(2000 * MS))
+        .ttl(300 * MS)
+        .max_hold(1000 * MS)
+        .await
+        .unwrap();
+    let acquired = started.elapsed();
+    assert!(acquired >= 500 * MS && acquired < 600 * MS, "{acquired:?}");
+    assert!(guard.time_left() <= 300 * MS, "{:?}", guard.time_left());
+    let renewals = store.count(is_renew);
+    sleep(350 * MS).await;
+    // Renewed every 100 ms (a third of its own TTL), not every 20 s.
+    assert!(store.count(is_renew) - renewals >= 3);
+    let reason = guard.lost().await;
+    assert_eq!(reason, LostReason::MaxHold);
+    assert_eq!(started.elapsed() - acquired, 1000 * MS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_returns_the_work_and_releases() {
+    let store = Scripted::new();
+    let locker = locker(&store, config(3000 * MS, Wait::none()));
+    let set = keys(&locker, &["a", "b"]);
+    let answer = locker
+        .run(set.clone(), async {
+            sleep(10_000 * MS).await;
+            7
+        })
+        .await
+        .unwrap();
+    assert_eq!(answer, 7);
+    // Renewed while the work ran, released at its end.
+    assert!(store.count(is_renew) >= 2 * 3);
+    assert_eq!(store.inner.held(), 0);
+    // Contended: the work never runs.
+    let held = locker.acquire(set.as_slice()[0].clone()).await.unwrap();
+    let ran = std::sync::atomic::AtomicBool::new(false);
+    let error = locker
+        .run(set, async {
+            ran.store(true, std::sync::atomic::Ordering::SeqCst)
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(error, LockError::Contended { .. }), "{error:?}");
+    assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
+    drop(held);
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_cancels_its_work_when_the_lease_is_lost() {
+    struct Flag(std::sync::Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let store = Scripted::new();
+    let locker = locker(&store, config(3000 * MS, Wait::none()));
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = Flag(std::sync::Arc::clone(&dropped));
+    store.set_forget(true);
+    let started = Instant::now();
+    let error = locker
+        .run(locker.key("t", "k").unwrap(), async move {
+            let _flag = flag;
+            sleep(60_000 * MS).await;
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, LockError::LeaseLost(LostReason::NotHeld)),
+        "{error:?}"
+    );
+    // At the first renewal (a third of the TTL, up to one renewal tick, 8 ms, earlier),
+    // whatever the config's loss policy.
+    assert!(started.elapsed() >= 992 * MS && started.elapsed() < 1100 * MS);
+    assert!(
+        dropped.load(std::sync::atomic::Ordering::SeqCst),
+        "the work ran on"
+    );
+
+    // At its max hold: the work is cancelled, and the keys released before the answer.
+    store.set_forget(false);
+    let error = locker
+        .acquire(keys(&locker, &["a", "b"]))
+        .max_hold(1500 * MS)
+        .run(sleep(60_000 * MS))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, LockError::LeaseLost(LostReason::MaxHold)),
+        "{error:?}"
+    );
     assert_eq!(store.inner.held(), 0);
 }
 

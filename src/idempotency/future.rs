@@ -165,7 +165,7 @@ where
     }
 
     pub(crate) fn reading(layer: Arc<IdempotencyState>, begun: Begun<S>, body: ReqBody) -> Self {
-        let span = telemetry::span(&begun.key, layer.config.lock().key_display());
+        let span = telemetry::span(&begun.key, 1, layer.config.lock().key_display());
         Self {
             state: State::Reading {
                 body,
@@ -235,8 +235,10 @@ where
                     let fingerprint = config.fingerprint.digest(&parts, &bytes);
                     let mut request = Request::from_parts(parts, ReqBody::from(bytes));
                     request.extensions_mut().insert(idempotency_key);
-                    let max_hold = Some(config.lock().max_hold());
-                    let acquire = layer.locker.hold(key.clone(), this.span.clone(), max_hold);
+                    let terms = layer.locker.terms(Some(config.lock().max_hold()));
+                    let acquire = layer
+                        .locker
+                        .hold(key.clone().into(), this.span.clone(), terms);
                     this.state.set(State::Acquiring {
                         acquire: Box::pin(acquire),
                         pending: Some(Pending {

@@ -52,10 +52,15 @@
 //! binary-safe. An empty value is rejected with 400, and so is a value longer than
 //! [`LockConfig::max_key_len`](crate::LockConfig::max_key_len) bytes (default 512).
 
+mod body;
 mod header;
+mod into;
+mod json;
+mod multi;
 mod path;
 #[cfg(feature = "axum")]
 mod path_param;
+mod set;
 
 use std::{fmt, ops::Range, sync::Arc};
 
@@ -67,10 +72,16 @@ use crate::{
     slot,
 };
 
+pub use body::{BodyKeySource, BodyKeys};
 pub use header::HeaderKey;
+pub(crate) use into::sealed::Source;
+pub use into::{FromBody, FromHead, IntoKeys};
+pub use json::JsonKeys;
+pub use multi::{FnKeys, KeySetSource, KeyValues};
 pub use path::PathKey;
 #[cfg(feature = "axum")]
-pub use path_param::PathParamKey;
+pub use path_param::{PathParamKey, PathParamsKey};
+pub use set::KeySet;
 
 /// Derives the lock key's value from a request head.
 ///
@@ -171,6 +182,48 @@ impl Key {
     {
         f
     }
+
+    /// Locks on several values the closure computes from the request head, as one lease (see
+    /// [`KeySetSource`]).
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tower_lock::{Key, key::KeyValues};
+    ///
+    /// // Both accounts of a transfer, from headers set by an authenticating proxy.
+    /// let source = Key::from_fn_many(|parts| {
+    ///     let account = |name: &str| parts.headers.get(name).map(|v| Bytes::copy_from_slice(v.as_bytes()));
+    ///     Ok(account("x-from").zip(account("x-to")).map(|(a, b)| KeyValues::from([a, b])))
+    /// });
+    /// # let _ = source;
+    /// ```
+    pub fn from_fn_many<F>(f: F) -> FnKeys<F>
+    where
+        F: Fn(&Parts) -> Result<Option<KeyValues>, KeyRejection> + Send + Sync + 'static,
+    {
+        FnKeys::new(f)
+    }
+
+    /// Locks on several path parameters of the matched axum route, as one lease: both accounts
+    /// of `/transfers/{from}/{to}`. See [`PathParamsKey`].
+    #[cfg(feature = "axum")]
+    pub fn path_params<N: Into<Arc<str>>>(names: impl IntoIterator<Item = N>) -> PathParamsKey {
+        PathParamsKey::new(names.into_iter().map(Into::into))
+    }
+
+    /// Locks on fields of the JSON request body, named by a JSON pointer in which `*` stands
+    /// for every element of an array (`/items/*/sku`); [`JsonKeys::and`] adds fields. The
+    /// layer buffers the body (see [`FromBody`]). See [`JsonKeys`].
+    pub fn json(pointer: &str) -> JsonKeys {
+        JsonKeys::new(pointer)
+    }
+
+    /// Locks on what `source` (a [`BodyKeySource`], or a closure
+    /// `Fn(&Parts, &Bytes) -> Result<Option<KeyValues>, KeyRejection>`) reads from the request
+    /// head and body. The layer buffers the body (see [`FromBody`]).
+    pub fn body<S: BodyKeySource>(source: S) -> BodyKeys<S> {
+        BodyKeys { source }
+    }
 }
 
 /// Why a request's lock key could not be derived.
@@ -180,7 +233,17 @@ impl Key {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyRejection {
     detail: Arc<str>,
-    client_error: bool,
+    kind: RejectionKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RejectionKind {
+    /// The client's fault: 400.
+    Invalid,
+    /// The request body is larger than the layer reads: 413.
+    TooLarge,
+    /// The route's: 500.
+    Misconfigured,
 }
 
 impl KeyRejection {
@@ -195,7 +258,18 @@ impl KeyRejection {
     pub fn invalid(detail: impl Into<Arc<str>>) -> Self {
         Self {
             detail: detail.into(),
-            client_error: true,
+            kind: RejectionKind::Invalid,
+        }
+    }
+
+    /// The request body, where the keys are, is larger than the layer reads (413).
+    pub fn body_too_large(limit: usize) -> Self {
+        Self {
+            detail: format!(
+                "the request body is larger than the {limit} bytes this route reads for its lock keys"
+            )
+            .into(),
+            kind: RejectionKind::TooLarge,
         }
     }
 
@@ -203,7 +277,7 @@ impl KeyRejection {
     pub fn misconfigured(detail: impl Into<Arc<str>>) -> Self {
         Self {
             detail: detail.into(),
-            client_error: false,
+            kind: RejectionKind::Misconfigured,
         }
     }
 
@@ -212,9 +286,15 @@ impl KeyRejection {
         &self.detail
     }
 
-    /// `true` when the client can fix it (400), `false` when the route is misconfigured (500).
+    /// `true` when the client can fix it (400, or 413 for a body too large), `false` when the
+    /// route is misconfigured (500).
     pub fn is_client_error(&self) -> bool {
-        self.client_error
+        self.kind != RejectionKind::Misconfigured
+    }
+
+    /// `true` when the request body was larger than the layer reads (413).
+    pub fn is_body_too_large(&self) -> bool {
+        self.kind == RejectionKind::TooLarge
     }
 }
 

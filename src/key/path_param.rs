@@ -93,3 +93,51 @@ impl KeySource for PathParamKey {
         )))
     }
 }
+
+/// Locks on several path parameters of the matched axum route at once (both accounts of
+/// `/transfers/{from}/{to}`), as one lease. Created by
+/// [`Key::path_params`](super::Key::path_params).
+///
+/// Each parameter is read as [`PathParamKey`] reads one; a request that matched no route passes
+/// through unlocked, and a route without one of the parameters is a 500 unless the source is
+/// [`optional`](Self::optional).
+#[derive(Debug, Clone)]
+pub struct PathParamsKey {
+    params: Vec<PathParamKey>,
+}
+
+impl PathParamsKey {
+    pub(super) fn new(names: impl IntoIterator<Item = Arc<str>>) -> Self {
+        Self {
+            params: names.into_iter().map(PathParamKey::new).collect(),
+        }
+    }
+
+    /// Passes requests of routes that lack one of the parameters through unlocked, instead of
+    /// answering 500.
+    #[must_use]
+    pub fn optional(mut self) -> Self {
+        for param in &mut self.params {
+            param.optional = true;
+        }
+        self
+    }
+}
+
+impl super::KeySetSource for PathParamsKey {
+    fn keys(&self, parts: &mut Parts) -> Result<Option<super::KeyValues>, KeyRejection> {
+        let mut values = Vec::with_capacity(self.params.len());
+        for param in &self.params {
+            match param.key(parts)? {
+                Some(value) => values.push(value),
+                None => return Ok(None),
+            }
+        }
+        if values.is_empty() {
+            return Err(KeyRejection::misconfigured(
+                "`Key::path_params` was given no parameter names",
+            ));
+        }
+        Ok(Some(values.into()))
+    }
+}

@@ -13,12 +13,13 @@ use tracing::Span;
 
 use super::{
     body::{BodyHold, ResponseBody},
+    read::Reading,
     state::LockState,
 };
 use crate::{
     engine::{Guarded, Hold, Release, poll_guarded},
     error::LockError,
-    key::LockKey,
+    key::KeySet,
     store::BoxFuture,
     telemetry::{self, Outcome},
 };
@@ -26,9 +27,10 @@ use crate::{
 pin_project! {
     /// Response future of [`LockService`](super::LockService).
     ///
-    /// A state machine: acquiring (with the wait policy) → running the inner service (renewing
-    /// the lease on a timer) → releasing → done. Dropped in any state, it leaves nothing behind
-    /// but one spawned, token-checked release.
+    /// A state machine: reading the body (a layer whose keys are in it) → acquiring (with the
+    /// wait policy) → running the inner service (renewing the lease on a timer) → releasing →
+    /// done. Dropped in any state, it leaves nothing behind but one spawned, token-checked
+    /// release.
     pub struct ResponseFuture<S, ReqBody>
     where
         S: Service<Request<ReqBody>>,
@@ -43,6 +45,11 @@ pin_project! {
 pin_project! {
     #[project = StateProj]
     enum State<S, ReqBody, F, R, E> {
+        Reading {
+            state: Arc<LockState>,
+            read: Reading<ReqBody>,
+            service: Option<S>,
+        },
         Acquiring {
             state: Arc<LockState>,
             acquire: BoxFuture<Result<Hold, LockError>>,
@@ -99,24 +106,60 @@ where
 
     pub(crate) fn acquiring(
         state: Arc<LockState>,
-        key: LockKey,
+        keys: KeySet,
         service: S,
         request: Request<ReqBody>,
     ) -> Self {
-        let locker = &state.locker;
-        let span = telemetry::span(&key, locker.config().key_display());
-        let max_hold = Some(locker.config().max_hold());
-        let acquire = Box::pin(locker.hold(key, span.clone(), max_hold));
+        let (state, span) = acquiring(state, keys, service, request);
+        Self { state, span }
+    }
+
+    /// Reads the body for the keys first.
+    pub(crate) fn reading(state: Arc<LockState>, read: Reading<ReqBody>, service: S) -> Self {
         Self {
-            state: State::Acquiring {
+            state: State::Reading {
                 state,
-                acquire,
+                read,
                 service: Some(service),
-                request: Some(request),
             },
-            span,
+            span: Span::none(),
         }
     }
+}
+
+/// The state of a [`ResponseFuture`] for service `S`.
+type StateOf<S, ReqBody> = State<
+    S,
+    ReqBody,
+    <S as Service<Request<ReqBody>>>::Future,
+    <S as Service<Request<ReqBody>>>::Response,
+    <S as Service<Request<ReqBody>>>::Error,
+>;
+
+/// The acquiring state for `keys`, and the lease's span.
+fn acquiring<S, ReqBody>(
+    state: Arc<LockState>,
+    keys: KeySet,
+    service: S,
+    request: Request<ReqBody>,
+) -> (StateOf<S, ReqBody>, Span)
+where
+    S: Service<Request<ReqBody>>,
+{
+    let locker = &state.locker;
+    let span = match keys.first() {
+        Some(key) => telemetry::span(key, keys.len(), locker.config().key_display()),
+        None => Span::none(),
+    };
+    let terms = locker.terms(Some(locker.config().max_hold()));
+    let acquire = Box::pin(locker.hold(keys, span.clone(), terms));
+    let state = State::Acquiring {
+        state,
+        acquire,
+        service: Some(service),
+        request: Some(request),
+    };
+    (state, span)
 }
 
 impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
@@ -127,9 +170,34 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        let _entered = this.span.enter();
         loop {
+            let _entered = this.span.enter();
             match this.state.as_mut().project() {
+                StateProj::Reading {
+                    state,
+                    read,
+                    service,
+                } => {
+                    let read = ready!(read.as_mut().poll(cx));
+                    let state = Arc::clone(state);
+                    let mut service = service.take().expect(POLLED_AFTER_READY);
+                    drop(_entered);
+                    match read {
+                        Ok((request, Some(keys))) => {
+                            let (next, span) = acquiring(state, keys, service, request);
+                            *this.span = span;
+                            this.state.set(next);
+                        }
+                        Ok((request, None)) => this.state.set(State::Running {
+                            fut: service.call(request),
+                            state: None,
+                            hold: None,
+                        }),
+                        Err(rejection) => this.state.set(State::Rejected {
+                            response: Some(state.reject(rejection.into())),
+                        }),
+                    }
+                }
                 StateProj::Acquiring {
                     state,
                     acquire,

@@ -1,51 +1,70 @@
-use std::{fmt, sync::Arc};
+use std::{fmt, marker::PhantomData, sync::Arc};
 
 use tower::Layer;
 
-use super::{service::LockService, state::LockState};
+use super::{
+    service::LockService,
+    state::{DEFAULT_MAX_BODY, LockState},
+};
 use crate::{
     config::LockConfig,
     engine::Locker,
-    key::KeySource,
+    key::{FromBody, FromHead, IntoKeys},
     response::{ProblemJson, RejectionResponse},
     store::LockStore,
 };
 
 /// Applies a per-request distributed lock to the wrapped service.
 ///
-/// See the [crate docs](crate) for an example, the path of a request and the defaults.
+/// See the [module docs](super) for an example, and the [crate docs](crate) for the path of a
+/// request and the defaults.
 ///
-/// Each request's key comes from the [`KeySource`]; requests with the same key run one at a
-/// time across every instance that shares the store. A request that cannot get its lock within
-/// the wait policy answers 409, one whose store fails answers 503, one with a bad key answers
-/// 400; see [`response`](crate::response).
-#[derive(Clone)]
+/// Each request's keys come from the key source; requests that share a key run one at a time
+/// across every instance that shares the store. A request whose source names several keys
+/// (both accounts of a transfer, every SKU of a cart) takes them all as one lease. A request
+/// that cannot get its lock within the wait policy answers 409, one whose store fails answers
+/// 503, one with a bad key answers 400; see [`response`](crate::response).
+///
+/// `K` says where the keys come from: the request head ([`FromHead`], the default: any
+/// [`KeySource`](crate::KeySource) or [`KeySetSource`](crate::key::KeySetSource)), or its body
+/// too ([`FromBody`]: [`Key::json`](crate::Key::json), [`Key::body`](crate::Key::body)), which
+/// the layer then buffers, up to [`max_request_body`](Self::max_request_body). The
+/// constructors pick it from the source.
 #[must_use]
-pub struct LockLayer {
+pub struct LockLayer<K = FromHead> {
     state: Arc<LockState>,
+    _keys: PhantomData<fn() -> K>,
 }
 
-impl LockLayer {
-    /// A layer locking on `key` in `store`, with the default [`LockConfig`].
-    pub fn new(store: impl LockStore, key: impl KeySource) -> Self {
-        Self::from_locker(Locker::new(store), key)
+impl<K> LockLayer<K> {
+    /// A layer locking on `keys` in `store`, with the default [`LockConfig`].
+    pub fn new(store: impl LockStore, keys: impl IntoKeys<From = K>) -> Self {
+        Self::from_locker(Locker::new(store), keys)
     }
 
     /// A layer with `config` (checked when it was built: an invalid setting is an error at
     /// start-up, never at request time).
-    pub fn with_config(store: impl LockStore, key: impl KeySource, config: LockConfig) -> Self {
-        Self::from_locker(Locker::with_config(store, config), key)
+    pub fn with_config(
+        store: impl LockStore,
+        keys: impl IntoKeys<From = K>,
+        config: LockConfig,
+    ) -> Self {
+        Self::from_locker(Locker::with_config(store, config), keys)
     }
 
-    /// A layer sharing a [`Locker`] (its store and config) with other layers or background work.
-    pub fn from_locker(locker: Locker, key: impl KeySource) -> Self {
+    /// A layer sharing a [`Locker`] (its store and config) with other layers or background
+    /// work. Layers that share a locker also share its process-local queues: their requests
+    /// for the same key take turns in this process before they contend in the store.
+    pub fn from_locker(locker: Locker, keys: impl IntoKeys<From = K>) -> Self {
         Self {
             state: Arc::new(LockState {
                 locker,
-                key: Arc::new(key),
+                source: keys.into_source(),
                 namespace: None,
                 respond: Arc::new(ProblemJson),
+                max_body: DEFAULT_MAX_BODY,
             }),
+            _keys: PhantomData,
         }
     }
 
@@ -70,15 +89,33 @@ impl LockLayer {
     }
 }
 
-impl<S> Layer<S> for LockLayer {
-    type Service = LockService<S>;
+impl LockLayer<FromBody> {
+    /// The most bytes of a request body the layer reads for its keys (default 1 MiB). A
+    /// larger body answers 413, checked against `Content-Length` before anything is read.
+    pub fn max_request_body(mut self, bytes: usize) -> Self {
+        Arc::make_mut(&mut self.state).max_body = bytes;
+        self
+    }
+}
+
+impl<S, K> Layer<S> for LockLayer<K> {
+    type Service = LockService<S, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
         LockService::from_state(inner, Arc::clone(&self.state))
     }
 }
 
-impl fmt::Debug for LockLayer {
+impl<K> Clone for LockLayer<K> {
+    fn clone(&self) -> Self {
+        Self {
+            state: Arc::clone(&self.state),
+            _keys: PhantomData,
+        }
+    }
+}
+
+impl<K> fmt::Debug for LockLayer<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockLayer")
             .field("locker", &self.state.locker)

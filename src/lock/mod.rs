@@ -58,6 +58,7 @@ mod body;
 mod extract;
 mod future;
 mod layer;
+mod read;
 mod service;
 mod state;
 

@@ -1,37 +1,52 @@
 use std::{
     fmt,
+    marker::PhantomData,
     sync::Arc,
     task::{Context, Poll},
 };
 
+use bytes::Bytes;
 use http::{Request, Response};
-use tower::Service;
+use http_body::Body;
+use tower::{BoxError, Service};
 
-use super::{body::ResponseBody, future::ResponseFuture, layer::LockLayer, state::LockState};
-use crate::{key::KeySource, store::LockStore};
+use super::{
+    body::ResponseBody, future::ResponseFuture, layer::LockLayer, read::read_keys, state::LockState,
+};
+use crate::{
+    key::{FromBody, FromHead, KeySetSource},
+    store::LockStore,
+};
 
-/// Middleware that locks each request's key around the inner service.
+/// Middleware that locks each request's keys around the inner service.
 ///
 /// Created by [`LockLayer`]; see the [crate docs](crate) for how a request flows through it.
-#[derive(Clone)]
-pub struct LockService<S> {
+/// `K` is the layer's: where the keys come from ([`FromHead`] or [`FromBody`]).
+pub struct LockService<S, K = FromHead> {
     inner: S,
     state: Arc<LockState>,
+    _keys: PhantomData<fn() -> K>,
 }
 
 impl<S> LockService<S> {
     /// Wraps `inner` with the default config (see [`LockLayer::new`]).
-    pub fn new(inner: S, store: impl LockStore, key: impl KeySource) -> Self {
-        tower::Layer::layer(&LockLayer::new(store, key), inner)
-    }
-
-    pub(crate) fn from_state(inner: S, state: Arc<LockState>) -> Self {
-        Self { inner, state }
+    pub fn new(inner: S, store: impl LockStore, keys: impl KeySetSource) -> Self {
+        tower::Layer::layer(&LockLayer::new(store, keys), inner)
     }
 
     /// A [`LockLayer`] with the default config, the usual way to build this service.
-    pub fn layer(store: impl LockStore, key: impl KeySource) -> LockLayer {
-        LockLayer::new(store, key)
+    pub fn layer(store: impl LockStore, keys: impl KeySetSource) -> LockLayer {
+        LockLayer::new(store, keys)
+    }
+}
+
+impl<S, K> LockService<S, K> {
+    pub(crate) fn from_state(inner: S, state: Arc<LockState>) -> Self {
+        Self {
+            inner,
+            state,
+            _keys: PhantomData,
+        }
     }
 
     /// The inner service.
@@ -48,9 +63,19 @@ impl<S> LockService<S> {
     pub fn into_inner(self) -> S {
         self.inner
     }
+
+    /// The instance that was polled ready, for the response future (see tower's docs on
+    /// cloning inner services), leaving a clone in its place.
+    fn take_ready(&mut self) -> S
+    where
+        S: Clone,
+    {
+        let clone = self.inner.clone();
+        std::mem::replace(&mut self.inner, clone)
+    }
 }
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S>
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, FromHead>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
 {
@@ -64,23 +89,56 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let (mut parts, body) = req.into_parts();
-        let key = self.state.key(&mut parts);
+        let keys = self.state.keys(&mut parts);
         let req = Request::from_parts(parts, body);
-        match key {
+        match keys {
             Ok(None) => ResponseFuture::unlocked(self.inner.call(req)),
             Err(rejection) => ResponseFuture::rejected(self.state.reject(rejection.into())),
-            Ok(Some(key)) => {
-                // Hand the future the instance that was polled ready (see tower's docs on
-                // cloning inner services).
-                let clone = self.inner.clone();
-                let inner = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::acquiring(Arc::clone(&self.state), key, inner, req)
+            Ok(Some(keys)) => {
+                let inner = self.take_ready();
+                ResponseFuture::acquiring(Arc::clone(&self.state), keys, inner, req)
             }
         }
     }
 }
 
-impl<S: fmt::Debug> fmt::Debug for LockService<S> {
+/// Keys from the body: the body is read (up to `max_request_body`) before anything else, then
+/// handed to the inner service as the same bytes.
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, FromBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let state = Arc::clone(&self.state);
+        match read_keys(Arc::clone(&state), req) {
+            Ok(read) => ResponseFuture::reading(state, read, self.take_ready()),
+            Err(rejection) => ResponseFuture::rejected(state.reject(rejection.into())),
+        }
+    }
+}
+
+impl<S: Clone, K> Clone for LockService<S, K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            state: Arc::clone(&self.state),
+            _keys: PhantomData,
+        }
+    }
+}
+
+impl<S: fmt::Debug, K> fmt::Debug for LockService<S, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockService")
             .field("inner", &self.inner)

@@ -1,5 +1,5 @@
 //! [`LockState`]: what every clone of a `LockService` shares: the locker, the key source, and
-//! how a request's key and rejections are made.
+//! how a request's keys and rejections are made.
 
 use std::sync::Arc;
 
@@ -9,26 +9,76 @@ use http::{Response, StatusCode, request::Parts};
 use crate::{
     engine::Locker,
     error::LockError,
-    key::{KeyRejection, KeySource, LockKey},
+    key::{KeyRejection, KeySet, KeyValues, LockKey, Source},
     response::{RejectionResponse, status_for},
     telemetry::Chain,
 };
+
+/// How much of a request body a layer whose keys are in the body reads (default).
+pub(crate) const DEFAULT_MAX_BODY: usize = 1 << 20;
 
 /// What every clone of the service needs, behind one `Arc` (axum clones the service per request).
 #[derive(Clone)]
 pub(crate) struct LockState {
     pub(crate) locker: Locker,
-    pub(super) key: Arc<dyn KeySource>,
+    pub(super) source: Source,
     pub(super) namespace: Option<Arc<str>>,
     pub(super) respond: Arc<dyn RejectionResponse>,
+    /// The most body bytes a source that reads the body gets (larger: 413).
+    pub(super) max_body: usize,
 }
 
 impl LockState {
-    /// The request's lock key: `Ok(None)` to pass it through unlocked.
-    pub(crate) fn key(&self, parts: &mut Parts) -> Result<Option<LockKey>, KeyRejection> {
-        let Some(value) = self.key.key(parts)? else {
-            return Ok(None);
+    /// The request's lock keys from its head: `Ok(None)` to pass it through unlocked.
+    pub(crate) fn keys(&self, parts: &mut Parts) -> Result<Option<KeySet>, KeyRejection> {
+        let values = match &self.source {
+            Source::Head(source) => source.keys(parts)?,
+            Source::Body(_) => {
+                return Err(KeyRejection::misconfigured(
+                    "the key source reads the body, but the layer was built for the head",
+                ));
+            }
         };
+        values.map(|values| self.scoped(parts, &values)).transpose()
+    }
+
+    /// The request's lock keys from its head and `body`: `Ok(None)` to pass it through unlocked.
+    pub(crate) fn body_keys(
+        &self,
+        parts: &mut Parts,
+        body: &Bytes,
+    ) -> Result<Option<KeySet>, KeyRejection> {
+        let values = match &self.source {
+            Source::Body(source) => source.keys(parts, body)?,
+            Source::Head(source) => source.keys(parts)?,
+        };
+        values.map(|values| self.scoped(parts, &values)).transpose()
+    }
+
+    /// `values` as lock keys: each scoped and prefixed, at most `max_keys` distinct ones (a
+    /// value given twice is one key, and counts once).
+    fn scoped(&self, parts: &Parts, values: &KeyValues) -> Result<KeySet, KeyRejection> {
+        let keys = match values.as_slice() {
+            [] => return Err(KeyRejection::invalid("the request names no lock key")),
+            [value] => KeySet::from(self.key(parts, value)?),
+            values => values
+                .iter()
+                .map(|value| self.key(parts, value))
+                .collect::<Result<Vec<_>, _>>()
+                .map(KeySet::from)?,
+        };
+        let max = self.locker.config().max_keys();
+        if keys.len() > max {
+            return Err(KeyRejection::invalid(format!(
+                "the request names {} lock keys; the limit is {max}",
+                keys.len()
+            )));
+        }
+        Ok(keys)
+    }
+
+    /// `value`'s lock key.
+    fn key(&self, parts: &Parts, value: &[u8]) -> Result<LockKey, KeyRejection> {
         let config = self.locker.config();
         let method;
         let scope: [&str; 3] = match &self.namespace {
@@ -41,11 +91,11 @@ impl LockState {
                 }
             }
         };
-        let key = LockKey::from_parts(config.key_prefix(), &scope, &value, config.max_key_len())?;
-        Ok(Some(match self.namespace {
+        let key = LockKey::from_parts(config.key_prefix(), &scope, value, config.max_key_len())?;
+        Ok(match self.namespace {
             None if !is_known_method(scope[0]) => key.with_other_method(scope[0].len()),
             _ => key,
-        }))
+        })
     }
 
     /// The response for a rejected request, with the error in its extensions.

@@ -6,8 +6,11 @@ use std::{fmt, future::Future, pin::Pin, sync::Arc, task, time::Duration};
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::{BoxFuture, LockStore, StoreError};
-use crate::{key::LockKey, token::Token};
+use super::{Acquire, BoxFuture, LockStore, StoreError};
+use crate::{
+    key::{KeySet, LockKey},
+    token::Token,
+};
 
 /// What a store can do beyond the four operations of [`LockStore`].
 ///
@@ -17,12 +20,14 @@ use crate::{key::LockKey, token::Token};
 /// | hand-off | a first-come-first-served queue per key: a release hands the key to the next waiter | `RedisStore::connect`, `SentinelStore` |
 /// | release notices | waiters of this process woken by a release | `MemoryStore` |
 /// | idempotency records | records written in the same atomic step as the release | `MemoryStore`, `RedisStore`, `ClusterStore`, `SentinelStore` |
+/// | key sets | a lease's several keys taken (and released) in one step: all or none | `MemoryStore`, `RedisStore` (one script; per hash slot, slot by slot, where the server hashes keys to slots), `ClusterStore`, `SentinelStore`, `RedlockStore` (one script per node) |
 ///
 /// `docs/TOPOLOGY.md` has the same matrix, with why each missing cell is missing, and
 /// `tests/capabilities.rs` holds both against the stores. A store without a capability still
 /// works everywhere: operations go one by one, waiters pace themselves by their wait policy, and
 /// only the idempotency layer needs records (a compile-time bound,
-/// [`IdempotencyStore`](crate::IdempotencyStore)). The operations themselves are crate-private:
+/// [`IdempotencyStore`](crate::IdempotencyStore)), and a lease on several keys takes them one
+/// by one, in lock order, giving back what it took when one is held. The operations themselves are crate-private:
 /// they carry protocol details (hand-off signals, record encodings) that change with the
 /// scripts.
 ///
@@ -36,6 +41,7 @@ pub struct Capabilities {
     pub(crate) hand_off: Option<Arc<dyn HandOff>>,
     pub(crate) release_notices: Option<Arc<dyn ReleaseNotices>>,
     pub(crate) records: Option<Arc<dyn Records>>,
+    pub(crate) key_sets: Option<Arc<dyn AcquireSet>>,
 }
 
 impl Capabilities {
@@ -64,6 +70,12 @@ impl Capabilities {
     pub fn idempotency_records(&self) -> bool {
         self.records.is_some()
     }
+
+    /// Whether the store takes a lease's several keys in one step (all or none), rather than
+    /// one by one with the ones taken given back when one is held.
+    pub fn key_sets(&self) -> bool {
+        self.key_sets.is_some()
+    }
 }
 
 impl fmt::Debug for Capabilities {
@@ -73,6 +85,7 @@ impl fmt::Debug for Capabilities {
             .field("hand_off", &self.hand_off())
             .field("release_notices", &self.release_notices())
             .field("idempotency_records", &self.idempotency_records())
+            .field("key_sets", &self.key_sets())
             .finish()
     }
 }
@@ -119,6 +132,53 @@ pub(crate) trait Records: Send + Sync + 'static {
         record: Bytes,
         retention: Duration,
     ) -> BoxFuture<Result<bool, StoreError>>;
+}
+
+/// Takes and gives back a lease's several keys at once.
+///
+/// An attempt takes every key of the set for the caller's token, or none: a caller that does
+/// not get them all holds none of them as a lease. With hand-off on and a caller that will
+/// wait, a store may queue it, and while it is queued keep for it the keys before the one it
+/// waits for, in lock order (see `docs/DECISIONS.md`, "Sets of keys, and waiting for them").
+pub(crate) trait AcquireSet: Send + Sync + 'static {
+    /// One attempt at every key of `keys` for `token`, like [`LockStore::acquire`] for each
+    /// (the caller's own token counts as free: the same attempt sent again). With `wait`, and a
+    /// store that hands off, a held key queues the caller ([`SetAttempt::Queued`]). Until it
+    /// acquires, a queued caller leaves the queue, and gives back what was kept for it, with
+    /// [`release_set`](Self::release_set).
+    fn acquire_set(
+        self: Arc<Self>,
+        keys: KeySet,
+        token: Token,
+        ttl: Duration,
+        wait: bool,
+    ) -> BoxFuture<Result<SetAttempt, StoreError>>;
+
+    /// Gives back every key of `keys` held with `token` (with hand-off, each to its next
+    /// waiter), and takes `token` out of their queues. Answers whether every key was held.
+    fn release_set(
+        self: Arc<Self>,
+        keys: KeySet,
+        token: Token,
+    ) -> BoxFuture<Result<bool, StoreError>>;
+}
+
+/// The answer to an attempt at a set of keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SetAttempt {
+    /// Every key is held with the caller's token now; a fencing token per key, in lock order.
+    Acquired { fencing_tokens: Vec<u64> },
+    /// The key at `blocked` (in lock order) is held by another holder; the caller holds none.
+    Contended {
+        expires_in: Option<Duration>,
+        blocked: usize,
+    },
+    /// The key at `blocked` is held by another holder, and the caller has a place in its
+    /// hand-off queue: check again within `expires_in` if told nothing.
+    Queued {
+        expires_in: Option<Duration>,
+        blocked: usize,
+    },
 }
 
 /// The answer to an attempt of a caller that may wait in a hand-off queue.
@@ -255,7 +315,14 @@ impl Capabilities {
                 .release_notices
                 .is_some()
                 .then(|| Arc::clone(&routed) as Arc<dyn ReleaseNotices>),
-            records: now.records.is_some().then_some(routed as Arc<dyn Records>),
+            records: now
+                .records
+                .is_some()
+                .then(|| Arc::clone(&routed) as Arc<dyn Records>),
+            key_sets: now
+                .key_sets
+                .is_some()
+                .then_some(routed as Arc<dyn AcquireSet>),
         }
     }
 }
@@ -379,6 +446,43 @@ impl<R: Route> Records for Routed<R> {
     }
 }
 
+#[cfg(feature = "sentinel")]
+impl<R: Route> AcquireSet for Routed<R> {
+    fn acquire_set(
+        self: Arc<Self>,
+        keys: KeySet,
+        token: Token,
+        ttl: Duration,
+        wait: bool,
+    ) -> BoxFuture<Result<SetAttempt, StoreError>> {
+        Box::pin(async move {
+            self.run(
+                |caps| caps.key_sets.as_ref(),
+                |sets| sets.acquire_set(keys.clone(), token.clone(), ttl, wait),
+                error_of,
+                || Err(missing("take sets of keys")),
+            )
+            .await
+        })
+    }
+
+    fn release_set(
+        self: Arc<Self>,
+        keys: KeySet,
+        token: Token,
+    ) -> BoxFuture<Result<bool, StoreError>> {
+        Box::pin(async move {
+            self.run(
+                |caps| caps.key_sets.as_ref(),
+                |sets| sets.release_set(keys.clone(), token.clone()),
+                error_of,
+                || Err(missing("take sets of keys")),
+            )
+            .await
+        })
+    }
+}
+
 /// The view of a store the engine holds: its four operations, object-safe, and its
 /// capabilities, resolved once when the locker is built.
 pub(crate) struct Backend {
@@ -412,14 +516,113 @@ impl Backend {
         }
     }
 
+    /// One attempt at a set of keys: in one step where the store can (its
+    /// [`key_sets`](Capabilities::key_sets)), else key by key in lock order, giving back the
+    /// keys taken when one is held (and when one fails: it may have been taken).
+    pub(crate) fn attempt_set(
+        &self,
+        keys: KeySet,
+        token: Token,
+        ttl: Duration,
+        wait: bool,
+    ) -> BoxFuture<Result<SetAttempt, StoreError>> {
+        if let Some(sets) = &self.caps.key_sets {
+            return Arc::clone(sets).acquire_set(keys, token, ttl, wait);
+        }
+        let store = Arc::clone(&self.store);
+        Box::pin(async move {
+            let mut fencing_tokens = Vec::with_capacity(keys.len());
+            for (i, key) in keys.iter().enumerate() {
+                let answer = Arc::clone(&store)
+                    .acquire(key.clone(), token.clone(), ttl)
+                    .await;
+                let (taken, outcome) = match answer {
+                    Ok(Acquire::Acquired { fencing_token }) => {
+                        fencing_tokens.push(fencing_token);
+                        continue;
+                    }
+                    Ok(Acquire::Contended { expires_in }) => (
+                        i,
+                        Ok(SetAttempt::Contended {
+                            expires_in,
+                            blocked: i,
+                        }),
+                    ),
+                    // A failed call may still have taken its key.
+                    Err(error) => (i + 1, Err(error)),
+                };
+                let rollback = keys.as_slice()[..taken]
+                    .iter()
+                    .map(|key| Arc::clone(&store).release_unbounded(key.clone(), token.clone()));
+                for (key, answer) in keys
+                    .iter()
+                    .zip(futures_util::future::join_all(rollback).await)
+                {
+                    if let Err(error) = answer {
+                        tracing::warn!(
+                            scope = %key.scope_label(),
+                            error = &error as &dyn std::error::Error,
+                            "giving back a key of a set failed; it frees itself when its TTL runs out"
+                        );
+                    }
+                }
+                return outcome;
+            }
+            Ok(SetAttempt::Acquired { fencing_tokens })
+        })
+    }
+
+    /// Releases every key of `keys` held with `token`: in one step where the store can, else
+    /// key by key, all at once. Fails with a timeout error after `limit`.
+    pub(crate) fn release_set(
+        &self,
+        keys: KeySet,
+        token: Token,
+        limit: Duration,
+    ) -> BoxFuture<Result<bool, StoreError>> {
+        if let Some(key) = keys.as_one() {
+            return self.release(key.clone(), token, limit);
+        }
+        let release: BoxFuture<Result<bool, StoreError>> = match &self.caps.key_sets {
+            Some(sets) => Arc::clone(sets).release_set(keys, token),
+            None => {
+                let releases: Vec<_> = keys
+                    .iter()
+                    .map(|key| {
+                        Arc::clone(&self.store).release_unbounded(key.clone(), token.clone())
+                    })
+                    .collect();
+                Box::pin(async move {
+                    let mut all = true;
+                    for answer in futures_util::future::join_all(releases).await {
+                        all &= answer?;
+                    }
+                    Ok(all)
+                })
+            }
+        };
+        Box::pin(async move {
+            tokio::time::timeout(limit, release)
+                .await
+                .unwrap_or_else(|_| Err(StoreError::timeout(limit)))
+        })
+    }
+
+    /// Registers for the next release of any of `keys` (a store that announces them).
+    pub(crate) fn watch_any(&self, keys: &KeySet) -> Option<ReleaseNotice> {
+        let notices = self.caps.release_notices.as_ref()?;
+        if let Some(key) = keys.as_one() {
+            return Some(notices.watch(key));
+        }
+        let watches: Vec<ReleaseNotice> = keys.iter().map(|key| notices.watch(key)).collect();
+        Some(ReleaseNotice::new(async move {
+            futures_util::future::select_all(watches).await;
+        }))
+    }
+
     /// Registers `token`'s waiter for the hand-off of `key` (a store that hands off).
     pub(crate) fn queue_watch(&self, key: &LockKey, token: &Token) -> Option<QueueWatch> {
         self.caps.hand_off.as_ref()?.queue_watch(key, token)
-    }
-
-    /// Registers for the next release of `key` (a store that announces them).
-    pub(crate) fn watch(&self, key: &LockKey) -> Option<ReleaseNotice> {
-        Some(self.caps.release_notices.as_ref()?.watch(key))
     }
 
     pub(crate) fn renew(

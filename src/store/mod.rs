@@ -32,8 +32,8 @@ pub use self::capability::Capabilities;
 #[cfg(feature = "sentinel")]
 pub(crate) use self::capability::Route;
 pub(crate) use self::capability::{
-    Attempt, Backend, HandOff, QueueSignals, QueueWatch, Records, ReleaseNotice, ReleaseNotices,
-    Signal,
+    AcquireSet, Attempt, Backend, HandOff, QueueSignals, QueueWatch, Records, ReleaseNotice,
+    ReleaseNotices, SetAttempt, Signal,
 };
 #[cfg(feature = "cluster")]
 pub use self::cluster::ClusterStore;
@@ -149,6 +149,12 @@ pub(crate) trait DynStore: Send + Sync + 'static {
         token: Token,
         limit: Duration,
     ) -> BoxFuture<Result<bool, StoreError>>;
+    /// A release, unbounded (the caller bounds it).
+    fn release_unbounded(
+        self: Arc<Self>,
+        key: LockKey,
+        token: Token,
+    ) -> BoxFuture<Result<bool, StoreError>>;
     fn validity(&self, ttl: Duration) -> Duration;
 }
 
@@ -182,6 +188,14 @@ impl<S: LockStore> DynStore for S {
                 .await
                 .unwrap_or_else(|_| Err(StoreError::timeout(limit)))
         })
+    }
+
+    fn release_unbounded(
+        self: Arc<Self>,
+        key: LockKey,
+        token: Token,
+    ) -> BoxFuture<Result<bool, StoreError>> {
+        Box::pin(async move { LockStore::release(&*self, &key, &token).await })
     }
 
     fn validity(&self, ttl: Duration) -> Duration {

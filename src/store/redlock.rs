@@ -1,5 +1,7 @@
 //! Redlock: one lease held on a majority of independent Redis masters.
 
+mod set;
+
 use std::{fmt, sync::Arc, time::Duration};
 
 use futures_util::future::join_all;
@@ -356,10 +358,13 @@ impl LockStore for RedlockStore {
     }
 
     /// Group commit, on each node: the calls of many requests that reach a node together go
-    /// to it in one script call (each node is a [`RedisStore`]).
+    /// to it in one script call (each node is a [`RedisStore`]). Key sets: the set in one
+    /// script per node, and a quorum on the set.
     fn capabilities(&self) -> Capabilities {
+        let this = Arc::new(self.clone());
         Capabilities {
             group_commit: true,
+            key_sets: Some(this),
             ..Capabilities::none()
         }
     }

@@ -22,17 +22,20 @@ pub(crate) use self::metrics::*;
 pub(crate) use self::outcome::Outcome;
 use crate::{config::KeyDisplay, key::LockKey};
 
-/// The `lock` span of one locked request or background lease.
+/// The `lock` span of one locked request or background lease, on `key` (the first of `keys`
+/// keys, for a lease on several).
 ///
 /// Fields: `scope` (its label: a method outside the standard set shows as `_OTHER`, and then
-/// `method_original` holds it), `key` (per [`KeyDisplay`]), and, recorded as they become known,
-/// `fencing_token`, `attempts`, `wait_ms`, `renewals`, `hold_ms`, `outcome`. Never the token.
-pub(crate) fn span(key: &LockKey, display: KeyDisplay) -> Span {
+/// `method_original` holds it), `key` (per [`KeyDisplay`]), `keys` (how many, for a lease on
+/// several), and, recorded as they become known, `fencing_token`, `attempts`, `wait_ms`,
+/// `renewals`, `hold_ms`, `outcome`. Never the token.
+pub(crate) fn span(key: &LockKey, keys: usize, display: KeyDisplay) -> Span {
     let span = tracing::info_span!(
         "lock",
         scope = &*key.scope_label(),
         method_original = key.other_method(),
         key = Empty,
+        keys = (keys > 1).then_some(keys),
         outcome = Empty,
         fencing_token = Empty,
         attempts = Empty,

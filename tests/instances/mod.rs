@@ -75,15 +75,27 @@ impl Instance {
         Self::start_binary(inventory_binary(), redis_url, env)
     }
 
+    /// Starts an instance with `env` alone (no `REDIS_URL` unless `env` sets it: the in-memory
+    /// store), and waits for "listening on".
+    pub fn start_env(env: &[(&str, &str)]) -> Self {
+        Self::start_binary_env(inventory_binary(), env)
+    }
+
     /// Like [`start`](Self::start), for the example at `binary` (one that prints "listening on"
     /// once it serves: `inventory`, `payments`).
     pub fn start_binary(binary: PathBuf, redis_url: &str, env: &[(&str, &str)]) -> Self {
+        let mut all = vec![("REDIS_URL", redis_url)];
+        all.extend_from_slice(env);
+        Self::start_binary_env(binary, &all)
+    }
+
+    /// The example at `binary` with `env` alone.
+    fn start_binary_env(binary: PathBuf, env: &[(&str, &str)]) -> Self {
         for _ in 0..5 {
             let port = free_port();
             let mut command = Command::new(&binary);
             command
                 .env_clear()
-                .env("REDIS_URL", redis_url)
                 .env("PORT", port.to_string())
                 .env("HOST", "127.0.0.1")
                 .env("RUST_LOG", "warn")

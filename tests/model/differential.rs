@@ -227,7 +227,14 @@ async fn read_back(
 ) -> Vec<(String, String, Option<i64>)> {
     let k = &model.keys;
     let mut out = Vec::new();
-    for key in [k.lock, k.fence, k.queue, k.record] {
+    for key in [
+        k.locks[0],
+        k.locks[1],
+        k.fence,
+        k.queues[0],
+        k.queues[1],
+        k.record,
+    ] {
         let name = model.interner.borrow().get(key).to_vec();
         let kind: String = redis::cmd("TYPE")
             .arg(&name)
@@ -270,7 +277,14 @@ fn model_keys(model: &Model, db: &Db) -> Vec<(String, String, Option<i64>)> {
     let k = &model.keys;
     let text = |v: Val| String::from_utf8_lossy(model.interner.borrow().get(v)).into_owned();
     let mut out = Vec::new();
-    for key in [k.lock, k.fence, k.queue, k.record] {
+    for key in [
+        k.locks[0],
+        k.locks[1],
+        k.fence,
+        k.queues[0],
+        k.queues[1],
+        k.record,
+    ] {
         if let Some((v, e)) = db.string(key) {
             out.push((text(key), text(v), e.map(i64::from)));
         } else if let Some(list) = db.list(key) {
@@ -294,13 +308,33 @@ fn model_reply(reply: &Reply) -> String {
     }
 }
 
-/// The server's answer, in the model's terms: two numbers per operation of the batch, where an
-/// acquire's `{1, fence}` loses the counter's offset and its `{0 or 2, PTTL}` is in ticks.
+/// The server's answer, in the model's terms. The batch script: two numbers per operation,
+/// where an acquire's `{1, fence}` loses the counter's offset and its `{0 or 2, PTTL}` is in
+/// ticks. A set: `{1, fence, fence}` less the offsets, and `{0, 2 or 3, PTTL, key}` in ticks; a
+/// set's release, a count.
 fn server_reply(script: &str, args: &[Vec<u8>], reply: &Value) -> String {
     let int = |v: &Value| match v {
         Value::Int(n) => *n,
         other => panic!("{script} answered {other:?}"),
     };
+    match reply {
+        Value::Int(n) => return n.to_string(),
+        Value::Array(items) if script == "acquire_set.lua" => {
+            let code = int(&items[0]);
+            let rest: Vec<String> = match code {
+                1 => items[1..]
+                    .iter()
+                    .map(|v| (int(v) - BASE).to_string())
+                    .collect(),
+                _ => vec![
+                    ticks(int(&items[1])).to_string(),
+                    int(&items[2]).to_string(),
+                ],
+            };
+            return format!("{code},{}", rest.join(","));
+        }
+        _ => {}
+    }
     let Value::Array(items) = reply else {
         panic!("{script} answered {reply:?}")
     };

@@ -211,15 +211,12 @@ pub(crate) fn check_model(model: &mut Model) -> Report {
             }
         }
         for succ in successors {
-            if succ.started.is_some() {
+            if !succ.started.is_empty() {
                 holders += 1;
                 grants_run += usize::from(matches!(succ.step, Step::Signal(_) | Step::Deliver(_)));
             }
             hand_overs += usize::from(succ.handed_on);
-            let found = succ
-                .started
-                .and_then(|(p, fence)| on_start(&state, p, fence))
-                .or_else(|| succ.given.and_then(|x| on_given(&state, &succ.state, x)));
+            let found = step_violation(&state, &succ);
             if let Some((property, message)) = found {
                 violation = Some((property, message, i as u32, true));
                 break 'explore;
@@ -237,9 +234,11 @@ pub(crate) fn check_model(model: &mut Model) -> Report {
         offsets.push(edges.len());
         i += 1;
     }
+    let mut cycle_found = false;
     if violation.is_none()
         && let Some(cycle) = find_cycle(&offsets, &edges)
     {
+        cycle_found = true;
         let message = format!(
             "a run that never ends: a cycle of {} states (no progress is certain)",
             cycle.len()
@@ -251,8 +250,13 @@ pub(crate) fn check_model(model: &mut Model) -> Report {
         Violation {
             property,
             // The graph's states have their processes in canonical order: the message is
-            // worked out again on the trace's own states, whose names the trace uses.
-            message: named.unwrap_or(message),
+            // worked out again on the trace's own states, whose names the trace uses (but for
+            // a cycle, which no state shows by itself).
+            message: if cycle_found {
+                message
+            } else {
+                named.unwrap_or(message)
+            },
             trace,
         }
     });
@@ -270,6 +274,19 @@ pub(crate) fn check_model(model: &mut Model) -> Report {
     }
 }
 
+/// A property a step breaks: a holder that starts with a fencing token not above an earlier
+/// holder's of the same key, or a key given past a waiter queued before.
+fn step_violation(before: &State, succ: &system::Successor) -> Option<(Property, String)> {
+    succ.started
+        .iter()
+        .find_map(|&(p, key, fence)| on_start(before, p, key, fence))
+        .or_else(|| {
+            succ.given
+                .iter()
+                .find_map(|&(key, x)| on_given(before, &succ.state, key, x))
+        })
+}
+
 /// Whether a process believes it holds a valid lease, and until when.
 fn belief(s: &State, p: usize) -> Option<i16> {
     let q = &s.procs[p];
@@ -281,77 +298,82 @@ fn belief(s: &State, p: usize) -> Option<i16> {
 }
 
 fn invariant(model: &Model, s: &State) -> Option<(Property, String)> {
-    let believers: Vec<usize> = (0..s.procs.len())
-        .filter(|&p| belief(s, p).is_some())
-        .collect();
-    if believers.len() > 1 {
-        let names: Vec<String> = believers.iter().map(|p| format!("P{}", p + 1)).collect();
-        return Some((
-            Property::Exclusion,
-            format!(
-                "{} both believe they hold a valid lease",
-                names.join(" and ")
-            ),
-        ));
-    }
-    if !model.config.key_agrees {
-        return None;
-    }
-    for p in believers {
-        let token = model.token(p as u8, s.procs[p].acq);
-        if s.db.string(model.lock_key()).map(|(v, _)| v) != Some(token) {
+    for key in 0..2 {
+        let believers: Vec<usize> = (0..s.procs.len())
+            .filter(|&p| belief(s, p).is_some() && model.keys_of(p as u8).contains(&key))
+            .collect();
+        if believers.len() > 1 {
+            let names: Vec<String> = believers.iter().map(|p| format!("P{}", p + 1)).collect();
             return Some((
-                Property::KeyAgrees,
+                Property::Exclusion,
                 format!(
-                    "P{} believes it holds a valid lease, but Redis has {}",
-                    p + 1,
-                    model.show_db(&s.db)
+                    "{} both believe they hold a valid lease on key {}",
+                    names.join(" and "),
+                    key_name(key)
                 ),
             ));
+        }
+        if !model.config.key_agrees {
+            continue;
+        }
+        for p in believers {
+            let token = model.token(p as u8, s.procs[p].acq);
+            if s.db.string(model.keys.locks[key]).map(|(v, _)| v) != Some(token) {
+                return Some((
+                    Property::KeyAgrees,
+                    format!(
+                        "P{} believes it holds a valid lease on key {}, but Redis has {}",
+                        p + 1,
+                        key_name(key),
+                        model.show_db(&s.db)
+                    ),
+                ));
+            }
         }
     }
     None
 }
 
-/// Checks a process that starts holding the key (`p`, with `fence`) in a step from `before`.
-fn on_start(before: &State, p: u8, fence: u32) -> Option<(Property, String)> {
-    (fence <= before.fence_high).then(|| {
+fn key_name(key: usize) -> &'static str {
+    ["X", "Y"][key]
+}
+
+/// Checks a process that starts holding `key` (`p`, with `fence`) in a step from `before`.
+fn on_start(before: &State, p: u8, key: usize, fence: u32) -> Option<(Property, String)> {
+    (fence <= before.fence_high[key]).then(|| {
         (
             Property::FencingOrder,
             format!(
-                "P{} starts holding with fencing token {fence}, not above the {} a holder had before",
+                "P{} starts holding key {} with fencing token {fence}, not above the {} a holder had before",
                 p + 1,
-                before.fence_high
+                key_name(key),
+                before.fence_high[key]
             ),
         )
     })
 }
 
-/// Checks a script that gave the key to acquisition `x` in the step from `before` to `after`:
-/// every waiter whose entry appeared in the queue before `x`'s (all of them, if `x` never
-/// queued) must have had its turn, unless it is no longer live and unharmed.
-fn on_given(before: &State, after: &State, x: (u8, u8)) -> Option<(Property, String)> {
-    let ahead = before
-        .fifo
-        .iter()
-        .position(|&f| f == x)
-        .unwrap_or(before.fifo.len());
-    before.fifo.as_slice()[..ahead]
-        .iter()
-        .find_map(|&(p, acq)| {
-            let w = &after.procs[p];
-            let waits = w.acq == acq
-                && w.status == Status::Alive
-                && !w.lost_message
-                && matches!(
-                    w.phase,
-                    Phase::Attempting { .. } | Phase::Waiting { .. } | Phase::Sleeping { .. }
-                );
-            waits.then(|| {
+/// Checks a script that gave `key` to acquisition `x` in the step from `before` to `after`:
+/// every waiter whose entry appeared in the key's queue before `x`'s (all of them, if `x`
+/// never queued for it) must have had its turn, unless it is no longer live and unharmed.
+fn on_given(before: &State, after: &State, key: usize, x: (u8, u8)) -> Option<(Property, String)> {
+    let fifo = &before.fifo[key];
+    let ahead = fifo.iter().position(|&f| f == x).unwrap_or(fifo.len());
+    fifo.as_slice()[..ahead].iter().find_map(|&(p, acq)| {
+        let w = &after.procs[p];
+        let waits = w.acq == acq
+            && w.status == Status::Alive
+            && !w.lost_message
+            && matches!(
+                w.phase,
+                Phase::Attempting { .. } | Phase::Waiting { .. } | Phase::Sleeping { .. }
+            );
+        waits.then(|| {
             (
                 Property::Fifo,
                 format!(
-                    "the key goes to P{}#{} while P{}#{}, live and queued before it, still waits",
+                    "key {} goes to P{}#{} while P{}#{}, live and queued before it, still waits",
+                    key_name(key),
                     x.0 + 1,
                     x.1,
                     p + 1,
@@ -359,7 +381,7 @@ fn on_given(before: &State, after: &State, x: (u8, u8)) -> Option<(Property, Str
                 ),
             )
         })
-        })
+    })
 }
 
 /// In a state where nothing more can happen: a live process that has not finished.
@@ -456,20 +478,13 @@ fn trace(
             Some(&next) => successors
                 .into_iter()
                 .find(|s| model.canonical(s.state) == states[next as usize]),
-            None => successors.into_iter().find(|s| {
-                s.started
-                    .and_then(|(p, fence)| on_start(&state, p, fence))
-                    .or_else(|| s.given.and_then(|x| on_given(&state, &s.state, x)))
-                    .is_some()
-            }),
+            None => successors
+                .into_iter()
+                .find(|s| step_violation(&state, s).is_some()),
         }
         .expect("a step of the trace is enabled");
         if n + 1 == steps && then {
-            message = succ
-                .started
-                .and_then(|(p, fence)| on_start(&state, p, fence))
-                .or_else(|| succ.given.and_then(|x| on_given(&state, &succ.state, x)))
-                .map(|(_, m)| m);
+            message = step_violation(&state, &succ).map(|(_, m)| m);
         }
         if succ.step == Step::Tick {
             now += 1;

@@ -1,6 +1,6 @@
 //! The system the checker explores: one Redis (the model in `redis.rs`, running the crate's
 //! scripts), and 3 or 4 processes, each with one store (one pub/sub channel, one connection)
-//! and one contender for the key at a time (a process's own requests for a key queue behind
+//! and one contender for its key (or, for a set process, its two keys) at a time (a process's own requests for a key queue behind
 //! each other in `LocalQueues` and only the first contends in Redis, `src/locker.rs`
 //! `acquire_held`), which acquires the key up to `acquisitions` times in a row, each time with a
 //! fresh token.
@@ -20,6 +20,12 @@
 //! times out; without, before time moves on at all (every interleaving at one instant is still
 //! explored). With `start_together`, every process sends its first attempt before time moves
 //! on; otherwise a process may arrive at any tick.
+//!
+//! Two keys, X and Y, in that lock order. A process takes X, or Y (`second_key`), or both as one
+//! lease (`sets`): then it runs `acquire_set.lua`, the batch script renewing both and
+//! `release_set.lua`, and follows `src/engine/acquire.rs` for a set: a grant makes it attempt
+//! again at once (the attempt claims what was handed over), and while queued it attempts again
+//! at least every renewal interval, which keeps the keys the queue kept for it.
 
 use std::{cell::RefCell, collections::HashMap, fmt::Write as _, rc::Rc};
 
@@ -79,8 +85,11 @@ pub(crate) struct Faults {
 /// The scripts the model runs: the crate's, or a deliberately broken variant.
 #[derive(Clone, Debug)]
 pub(crate) struct Sources {
-    /// The batch script every lock operation goes through (a model request is a batch of one).
+    /// The batch script every single-key lock operation goes through (a model request is a
+    /// batch of one).
     pub(crate) ops: String,
+    pub(crate) acquire_set: String,
+    pub(crate) release_set: String,
 }
 
 impl Sources {
@@ -92,7 +101,11 @@ impl Sources {
                 .map(|(_, source)| source.to_owned())
                 .unwrap_or_else(|| panic!("the crate has no script {name}"))
         };
-        Self { ops: get("ops") }
+        Self {
+            ops: get("ops"),
+            acquire_set: get("acquire_set"),
+            release_set: get("release_set"),
+        }
     }
 }
 
@@ -114,6 +127,13 @@ pub(crate) struct Config {
     pub(crate) start_together: bool,
     /// Processes that release with the idempotency layer's `complete.lua` instead.
     pub(crate) completes: Vec<u8>,
+    /// Processes that take both keys, X and Y, as one lease (a set).
+    pub(crate) sets: Vec<u8>,
+    /// Processes that take key Y alone (the others, but sets, take X).
+    pub(crate) second_key: Vec<u8>,
+    /// Set processes that pass their keys in the other order, Y then X (never the crate's
+    /// clients, which take every set in lock order: only to show that the order matters).
+    pub(crate) reversed: Vec<u8>,
     /// Check that a process that believes it holds the key holds it in Redis (stronger than
     /// exclusion, and so found a step earlier).
     pub(crate) key_agrees: bool,
@@ -223,8 +243,9 @@ pub(crate) struct Request {
 pub(crate) struct Answer {
     pub(crate) op: Op,
     pub(crate) acq: u8,
-    /// (first, second) of the script's answer: `{code, n}` for acquire, `(n, 0)` otherwise.
-    pub(crate) reply: (i16, i32),
+    /// The script's answer: `{code, n}` for acquire (`{code, n, i}` or `{1, fence X, fence Y}`
+    /// for a set), `(n, 0)` otherwise.
+    pub(crate) reply: (i16, i32, i32),
     pub(crate) aged: bool,
 }
 
@@ -264,11 +285,11 @@ pub(crate) struct Proc {
 pub(crate) struct State {
     pub(crate) db: Db,
     pub(crate) procs: Seq<Proc, 4>,
-    /// The highest fencing token a holder started with.
-    pub(crate) fence_high: u32,
-    /// Acquisitions (process, number) in the order their entries first appeared in the queue,
-    /// kept while they wait or have an entry in it.
-    pub(crate) fifo: Seq<(u8, u8), 8>,
+    /// The highest fencing token a holder of each key started with.
+    pub(crate) fence_high: [u32; 2],
+    /// For each key: acquisitions (process, number) in the order their entries first appeared
+    /// in its queue, kept while they wait or have an entry in it.
+    pub(crate) fifo: [Seq<(u8, u8), 8>; 2],
     pub(crate) faults: u8,
     /// Time has moved on since the start.
     pub(crate) ticked: bool,
@@ -296,10 +317,10 @@ pub(crate) enum Step {
 pub(crate) struct Successor {
     pub(crate) step: Step,
     pub(crate) state: State,
-    /// A process that started holding the key in this step, with its fencing token.
-    pub(crate) started: Option<(u8, u32)>,
-    /// The acquisition (process, number) a script gave the key to in this step.
-    pub(crate) given: Option<(u8, u8)>,
+    /// A process that started holding a key in this step: (process, key, fencing token).
+    pub(crate) started: Vec<(u8, usize, u32)>,
+    /// The acquisitions (process, number) a script gave a key to in this step, with the key.
+    pub(crate) given: Vec<(usize, (u8, u8))>,
     /// That script was a release handing the key on.
     pub(crate) handed_on: bool,
     /// What happened, for traces (only when asked for).
@@ -325,12 +346,16 @@ pub(crate) struct Model {
 
 struct Scripts {
     ops: usize,
+    acquire_set: usize,
+    release_set: usize,
 }
 
 pub(crate) struct Keys {
-    pub(crate) lock: Val,
+    /// The lock keys X and Y, in lock order.
+    pub(crate) locks: [Val; 2],
     pub(crate) fence: Val,
-    pub(crate) queue: Val,
+    /// Their queues.
+    pub(crate) queues: [Val; 2],
     pub(crate) record: Val,
     ttl: Val,
     claim: Val,
@@ -373,14 +398,16 @@ impl Model {
         let s = &config.sources;
         let scripts = Scripts {
             ops: redis.load("ops.lua", &s.ops),
+            acquire_set: redis.load("acquire_set.lua", &s.acquire_set),
+            release_set: redis.load("release_set.lua", &s.release_set),
         };
         let keys = {
             let mut i = interner.borrow_mut();
             let mut id = |s: &str| i.id(s.as_bytes());
             Keys {
-                lock: id("tl:{k}"),
+                locks: [id("tl:{k}"), id("tl:{j}")],
                 fence: id("tl:fence:{0}"),
-                queue: id("tl:{k}:queue"),
+                queues: [id("tl:{k}:queue"), id("tl:{j}:queue")],
                 record: id("tl:{k}:record"),
                 ttl: id(&config.timing.ttl.to_string()),
                 claim: id(&config.timing.claim.to_string()),
@@ -406,7 +433,14 @@ impl Model {
             }
         };
         let mut groups: Vec<Vec<u8>> = Vec::new();
-        let role = |p: u8| config.completes.contains(&p);
+        let role = |p: u8| {
+            (
+                config.completes.contains(&p),
+                config.sets.contains(&p),
+                config.second_key.contains(&p),
+                config.reversed.contains(&p),
+            )
+        };
         for p in 0..config.processes {
             match groups.iter_mut().find(|g| role(g[0]) == role(p)) {
                 Some(g) => g.push(p),
@@ -488,17 +522,19 @@ impl Model {
                 *v = self.token(rename(owner).0, owner.1);
             }
         }
-        if let Some(list) = db.list_mut(self.keys.queue) {
-            for entry in list.iter_mut() {
-                let (p, a, stamp) = self.entry_info(*entry);
-                *entry = self.entry(new_of[usize::from(p)], a, stamp);
+        for queue in self.keys.queues {
+            if let Some(list) = db.list_mut(queue) {
+                for entry in list.iter_mut() {
+                    let (p, a, stamp) = self.entry_info(*entry);
+                    *entry = self.entry(new_of[usize::from(p)], a, stamp);
+                }
             }
         }
         State {
             db,
             procs: order.iter().map(|&old| s.procs[old]).collect(),
             fence_high: s.fence_high,
-            fifo: s.fifo.iter().map(|&f| rename(f)).collect(),
+            fifo: s.fifo.map(|fifo| fifo.iter().map(|&f| rename(f)).collect()),
             faults: s.faults,
             ticked: s.ticked,
         }
@@ -508,8 +544,19 @@ impl Model {
         self.keys.tokens[usize::from(p)][usize::from(acq)]
     }
 
-    pub(crate) fn lock_key(&self) -> Val {
-        self.keys.lock
+    /// The lock keys `p` takes: X, Y, or both (a set).
+    pub(crate) fn keys_of(&self, p: u8) -> &'static [usize] {
+        if self.is_set(p) {
+            &[0, 1]
+        } else if self.config.second_key.contains(&p) {
+            &[1]
+        } else {
+            &[0]
+        }
+    }
+
+    pub(crate) fn is_set(&self, p: u8) -> bool {
+        self.config.sets.contains(&p)
     }
 
     pub(crate) fn initial(&self) -> State {
@@ -552,7 +599,7 @@ impl Model {
                             p + 1
                         )
                     });
-                    out.push(succ(Step::Lose(p), n, None, note));
+                    out.push(succ(Step::Lose(p), n, Vec::new(), note));
                 }
             }
             match proc.phase {
@@ -572,7 +619,7 @@ impl Model {
                     let note = describe.then(|| {
                         format!("P{} starts acquisition #{}; {}", p + 1, proc.acq + 1, note)
                     });
-                    out.push(succ(Step::Start(p), n, None, note));
+                    out.push(succ(Step::Start(p), n, Vec::new(), note));
                 }
                 Phase::Waiting { fallback } => {
                     if !proc.signals.is_empty() {
@@ -583,7 +630,7 @@ impl Model {
                         let note = self.attempt(&mut n, p, describe);
                         let note = describe
                             .then(|| format!("P{}'s fallback timer fires; {}", p + 1, note));
-                        out.push(succ(Step::Timer(p), n, None, note));
+                        out.push(succ(Step::Timer(p), n, Vec::new(), note));
                     }
                 }
                 Phase::Sleeping { wake } if wake <= 0 => {
@@ -591,7 +638,7 @@ impl Model {
                     let note = self.attempt(&mut n, p, describe);
                     let note =
                         describe.then(|| format!("P{}'s retry timer fires; {}", p + 1, note));
-                    out.push(succ(Step::Timer(p), n, None, note));
+                    out.push(succ(Step::Timer(p), n, Vec::new(), note));
                 }
                 Phase::Holding(h) => {
                     // The handler finishes (any time): the release goes out
@@ -605,7 +652,7 @@ impl Model {
                             h.fence
                         )
                     });
-                    out.push(succ(Step::Release(p), n, None, note));
+                    out.push(succ(Step::Release(p), n, Vec::new(), note));
                     if h.renewing.is_none() && h.next_renew <= 0 {
                         if h.valid_until <= 0 {
                             // src/renew.rs 159-161: nothing left: lost.
@@ -614,7 +661,7 @@ impl Model {
                             let note = describe.then(|| {
                                 format!("P{}'s lease ran out before its renewal: lost; it sends its release", p + 1)
                             });
-                            out.push(succ(Step::Renew(p), n, None, note));
+                            out.push(succ(Step::Renew(p), n, Vec::new(), note));
                         } else if h.renewals < self.config.renewals {
                             // src/renew.rs 163-174.
                             let mut n = *s;
@@ -628,7 +675,7 @@ impl Model {
                                 aged: false,
                             });
                             let note = describe.then(|| format!("P{} sends a renewal", p + 1));
-                            out.push(succ(Step::Renew(p), n, None, note));
+                            out.push(succ(Step::Renew(p), n, Vec::new(), note));
                         }
                     }
                     if h.renewing.is_some() && h.valid_until <= 0 {
@@ -639,7 +686,7 @@ impl Model {
                         let note = describe.then(|| {
                             format!("P{}'s renewal is not answered before its lease runs out: lost; it sends its release", p + 1)
                         });
-                        out.push(succ(Step::RenewTimeout(p), n, None, note));
+                        out.push(succ(Step::RenewTimeout(p), n, Vec::new(), note));
                     }
                 }
                 _ => {}
@@ -658,7 +705,7 @@ impl Model {
                     quiesce(q);
                     n.faults += 1;
                     let note = describe.then(|| format!("FAULT: P{} crashes", p + 1));
-                    out.push(succ(Step::Crash(p), n, None, note));
+                    out.push(succ(Step::Crash(p), n, Vec::new(), note));
                 }
                 if faults.hang {
                     let mut n = *s;
@@ -671,7 +718,7 @@ impl Model {
                     quiesce(q);
                     n.faults += 1;
                     let note = describe.then(|| format!("FAULT: P{} hangs", p + 1));
-                    out.push(succ(Step::Hang(p), n, None, note));
+                    out.push(succ(Step::Hang(p), n, Vec::new(), note));
                 }
             }
             if may_fault && faults.give_up && proc.phase.waiting() && settled {
@@ -701,7 +748,7 @@ impl Model {
                         if armed { " and sends its release" } else { "" }
                     )
                 });
-                out.push(succ(Step::GiveUp(p), n, None, note));
+                out.push(succ(Step::GiveUp(p), n, Vec::new(), note));
             }
         }
         if !self.urgent(s) {
@@ -710,15 +757,15 @@ impl Model {
                 out.push(succ(
                     Step::Tick,
                     n,
-                    None,
+                    Vec::new(),
                     describe.then(|| "one tick passes".into()),
                 ));
             }
         }
         for succ in &mut out {
             self.tidy_fifo(&mut succ.state);
-            if let Some((_, fence)) = succ.started {
-                succ.state.fence_high = succ.state.fence_high.max(fence);
+            for &(_, key, fence) in &succ.started {
+                succ.state.fence_high[key] = succ.state.fence_high[key].max(fence);
             }
         }
         out
@@ -727,18 +774,20 @@ impl Model {
     /// The acquisitions in `fifo` that neither wait nor have an entry in the queue are done
     /// with it.
     fn tidy_fifo(&self, n: &mut State) {
-        let queued = self.queued(n);
-        let procs = &n.procs;
-        n.fifo.retain(|&(p, acq)| {
-            let q = &procs[p];
-            (q.acq == acq && q.status == Status::Alive && q.phase.waiting())
-                || queued.contains(&(p, acq))
-        });
+        for key in 0..2 {
+            let queued = self.queued(n, key);
+            let procs = &n.procs;
+            n.fifo[key].retain(|&(p, acq)| {
+                let q = &procs[p];
+                (q.acq == acq && q.status == Status::Alive && q.phase.waiting())
+                    || queued.contains(&(p, acq))
+            });
+        }
     }
 
-    /// The acquisitions with an entry in the queue, in its order.
-    fn queued(&self, n: &State) -> Vec<(u8, u8)> {
-        n.db.list(self.keys.queue)
+    /// The acquisitions with an entry in `key`'s queue, in its order.
+    pub(crate) fn queued(&self, n: &State, key: usize) -> Vec<(u8, u8)> {
+        n.db.list(self.keys.queues[key])
             .unwrap_or(&[])
             .iter()
             .map(|e| {
@@ -792,10 +841,12 @@ impl Model {
         let mut n = *s;
         n.ticked = true;
         n.db.tick();
-        if let Some(list) = n.db.list_mut(self.keys.queue) {
-            for entry in list.iter_mut() {
-                let (p, a, stamp) = self.entry_info(*entry);
-                *entry = self.entry(p, a, shift_stamp(stamp));
+        for queue in self.keys.queues {
+            if let Some(list) = n.db.list_mut(queue) {
+                for entry in list.iter_mut() {
+                    let (p, a, stamp) = self.entry_info(*entry);
+                    *entry = self.entry(p, a, shift_stamp(stamp));
+                }
             }
         }
         for q in n.procs.iter_mut() {
@@ -865,13 +916,51 @@ impl Model {
         let t = self.config.timing;
         let token = k.tokens[usize::from(p)][usize::from(req.acq)];
         let channel = k.channels[usize::from(p)];
+        let set = self.is_set(p);
+        let key = self.keys_of(p)[0];
+        let (lock, queue) = (k.locks[key], k.queues[key]);
+        // A set's keys, each with the fencing counter and its queue, as `RedisStore` passes them
+        // (`src/store/redis/set.rs` `set_script`, `release_keys`).
+        let mut set_keys = vec![
+            k.locks[0],
+            k.fence,
+            k.queues[0],
+            k.locks[1],
+            k.fence,
+            k.queues[1],
+        ];
+        if self.config.reversed.contains(&p) {
+            set_keys.rotate_left(3);
+        }
         // The batch script's arguments: hand-off on, the claim window, the counters' retention,
-        // then the one operation (see `ops.lua`).
-        let mut args = vec![k.one, k.claim, k.retention];
-        let keys = match req.op {
+        // then its operations (see `ops.lua`).
+        let mut batch = vec![k.one, k.claim, k.retention];
+        let (script, keys) = match req.op {
+            Op::Acquire { stamp, rescan } if set => {
+                let stamp = self.interner.borrow_mut().id(stamp_text(stamp).as_bytes());
+                batch = vec![
+                    token,
+                    k.ttl,
+                    k.retention,
+                    k.claim,
+                    stamp,
+                    channel,
+                    if rescan { k.one } else { k.zero },
+                ];
+                (self.scripts.acquire_set, set_keys)
+            }
+            // A set's keys renew together, in one batch (`src/engine/renew.rs` `renew_keys`).
+            Op::Renew if set => {
+                batch.extend([k.kind_renew, token, k.ttl, k.kind_renew, token, k.ttl]);
+                (self.scripts.ops, vec![k.locks[0], k.locks[1]])
+            }
+            Op::Release if set => {
+                batch = vec![token, k.claim, k.retention];
+                (self.scripts.release_set, set_keys)
+            }
             Op::Acquire { stamp, rescan } => {
                 let stamp = self.interner.borrow_mut().id(stamp_text(stamp).as_bytes());
-                args.extend([
+                batch.extend([
                     k.kind_acquire,
                     token,
                     k.ttl,
@@ -879,22 +968,22 @@ impl Model {
                     channel,
                     if rescan { k.one } else { k.zero },
                 ]);
-                vec![k.lock, k.fence, k.queue]
+                (self.scripts.ops, vec![lock, k.fence, queue])
             }
             Op::Renew => {
-                args.extend([k.kind_renew, token, k.ttl]);
-                vec![k.lock]
+                batch.extend([k.kind_renew, token, k.ttl]);
+                (self.scripts.ops, vec![lock])
             }
             Op::Release if self.config.completes.contains(&p) => {
-                args.extend([k.kind_complete, token, k.record_value, k.retention]);
-                vec![k.lock, k.record, k.fence, k.queue]
+                batch.extend([k.kind_complete, token, k.record_value, k.retention]);
+                (self.scripts.ops, vec![lock, k.record, k.fence, queue])
             }
             Op::Release => {
-                args.extend([k.kind_release, token]);
-                vec![k.lock, k.fence, k.queue]
+                batch.extend([k.kind_release, token]);
+                (self.scripts.ops, vec![lock, k.fence, queue])
             }
         };
-        let script = self.scripts.ops;
+        let args = batch;
         let subscribed: Vec<Val> = s
             .procs
             .iter()
@@ -923,16 +1012,29 @@ impl Model {
             }
         }
         let reply = match (&req.op, &outcome.reply) {
-            (Op::Acquire { .. }, Reply::Array(v)) if v.len() == 2 => (
+            (Op::Acquire { .. }, Reply::Array(v)) if v.len() == 2 && !set => (
                 v[0].int().expect("acquire code"),
                 v[1].int().expect("acquire value"),
+                0,
             ),
-            (_, Reply::Array(v)) if v.len() == 2 => (v[0].int().expect("an answer"), 0),
+            // `{1, fence X, fence Y}` or `{code, ms, i}`.
+            (Op::Acquire { .. }, Reply::Array(v)) if v.len() == 3 && set => (
+                v[0].int().expect("acquire code"),
+                v[1].int().expect("acquire value"),
+                v[2].int().expect("acquire value"),
+            ),
+            // Two numbers per operation; renewed only if every key was (`renew_keys`).
+            (Op::Renew, Reply::Array(v)) if v.len() == 2 * (usize::from(set) + 1) => {
+                (i64::from(v.chunks(2).all(|r| r[0].int() == Some(1))), 0, 0)
+            }
+            (_, Reply::Array(v)) if v.len() == 2 => (v[0].int().expect("an answer"), 0, 0),
+            (_, Reply::Int(n)) => (*n, 0, 0),
             (op, other) => panic!("unexpected answer {} to {op:?}", show(other)),
         };
         let reply = (
             i16::try_from(reply.0).expect("a small answer"),
             i32::try_from(reply.1).expect("a small answer"),
+            i32::try_from(reply.2).expect("a small answer"),
         );
         let q = &mut n.procs[p];
         if q.status == Status::Alive {
@@ -943,20 +1045,22 @@ impl Model {
                 aged: false,
             });
         }
-        for entry in self.queued(&n) {
-            if !n.fifo.contains(&entry) {
-                n.fifo.push(entry);
+        let mut given = Vec::new();
+        for key in 0..2 {
+            for entry in self.queued(&n, key) {
+                if !n.fifo[key].contains(&entry) {
+                    n.fifo[key].push(entry);
+                }
+            }
+            let before = s.db.string(k.locks[key]).map(|(v, _)| v);
+            let after = n.db.string(k.locks[key]).map(|(v, _)| v);
+            if let Some(v) = after
+                && before != after
+            {
+                let interner = self.interner.borrow();
+                given.push((key, self.token_of(&interner, interner.get(v))));
             }
         }
-        let before = s.db.string(k.lock).map(|(v, _)| v);
-        let after = n.db.string(k.lock).map(|(v, _)| v);
-        let given = match after {
-            Some(v) if before != after => {
-                let interner = self.interner.borrow();
-                Some(self.token_of(&interner, interner.get(v)))
-            }
-            _ => None,
-        };
         let note = if describe {
             let mut note = format!(
                 "Redis runs {} for P{}#{} -> {}\n{}",
@@ -975,9 +1079,9 @@ impl Model {
         } else {
             String::new()
         };
-        let mut succ = succ(Step::Exec(p), n, None, describe.then_some(note));
+        let mut succ = succ(Step::Exec(p), n, Vec::new(), describe.then_some(note));
+        succ.handed_on = !given.is_empty() && req.op == Op::Release;
         succ.given = given;
-        succ.handed_on = given.is_some() && req.op == Op::Release;
         succ
     }
 
@@ -1023,11 +1127,74 @@ impl Model {
         let mut n = *s;
         let q = &mut n.procs[p];
         let answer = q.replies.remove(0);
-        let mut started = None;
+        let mut started = Vec::new();
         let current = answer.acq == q.acq;
+        let set = self.config.sets.contains(&p);
+        let single_key = self.keys_of(p)[0];
         let note = match (answer.op, q.phase) {
+            (Op::Acquire { .. }, Phase::Attempting { sent_at }) if current && set => {
+                // src/engine/acquire.rs, for a set: the same, with a fencing token per key, and
+                // a queued set checks again at least every renewal interval (which keeps what
+                // the queue kept for it).
+                let (code, value, third) = answer.reply;
+                let expires_in = (value >= 0).then_some(value as i16);
+                let reversed = self.config.reversed.contains(&p);
+                // Fences (and the blocked key) in the order the keys were passed.
+                let (value, third) = match (code, reversed) {
+                    (1, true) => (third, value),
+                    (_, true) => (value, 3 - third),
+                    _ => (value, third),
+                };
+                match code {
+                    1 => {
+                        q.phase = Phase::Holding(Hold {
+                            fence: value as u32,
+                            valid_until: sent_at + t.ttl,
+                            next_renew: sent_at + t.interval,
+                            renewing: None,
+                            renewals: 0,
+                        });
+                        unregister(q);
+                        started = vec![(p, 0, value as u32), (p, 1, third as u32)];
+                        format!(
+                            "P{} hears: acquired both keys, fences {value} and {third}, valid for {} more ticks",
+                            p + 1,
+                            sent_at + t.ttl
+                        )
+                    }
+                    2 => {
+                        q.queued = true;
+                        let mut note = String::new();
+                        if !q.registered {
+                            q.registered = true;
+                            if let Some(sig) = q.pending.take() {
+                                q.signals.push(sig);
+                                note = " (a message that came first is delivered)".into();
+                            }
+                        }
+                        let fallback = expires_in.unwrap_or(t.ttl).min(t.interval);
+                        q.phase = Phase::Waiting { fallback };
+                        format!(
+                            "P{} hears: queued for key {}, check again in {fallback}{note}",
+                            p + 1,
+                            if third == 1 { "X" } else { "Y" }
+                        )
+                    }
+                    _ => {
+                        if q.queued && q.registered {
+                            let fallback = expires_in.unwrap_or(t.ttl).min(t.interval);
+                            q.phase = Phase::Waiting { fallback };
+                        } else {
+                            q.phase = Phase::Sleeping {
+                                wake: t.retry_delay,
+                            };
+                        }
+                        format!("P{} hears: a key is held by another", p + 1)
+                    }
+                }
+            }
             (Op::Acquire { .. }, Phase::Attempting { sent_at }) if current => {
-                let (code, value) = answer.reply;
+                let (code, value, _) = answer.reply;
                 // src/store/redis.rs `attempt`: PTTL is -1 or -2 for no expiry / no key.
                 let expires_in = (value >= 0).then_some(value as i16);
                 match code {
@@ -1042,7 +1209,7 @@ impl Model {
                             renewals: 0,
                         });
                         unregister(q);
-                        started = Some((p, value as u32));
+                        started = vec![(p, single_key, value as u32)];
                         format!(
                             "P{} hears: acquired, fence {}, valid for {} more ticks",
                             p + 1,
@@ -1156,7 +1323,7 @@ impl Model {
             then.note = format!("{note}; {}", then.note);
             return then;
         }
-        succ(Step::Deliver(p), n, None, describe.then_some(note))
+        succ(Step::Deliver(p), n, Vec::new(), describe.then_some(note))
     }
 
     /// The waiter takes the next signal in its `select!` (src/locker.rs 352-369).
@@ -1168,8 +1335,18 @@ impl Model {
         let Phase::Waiting { fallback } = q.phase else {
             unreachable!()
         };
-        let mut started = None;
+        let mut started = Vec::new();
+        let key = self.keys_of(p)[0];
         let note = match sig {
+            // src/engine/acquire.rs: a key handed to a set makes it attempt again at once; the
+            // attempt claims it (and the other key, if it is free).
+            Signal::Granted { .. } if self.config.sets.contains(&p) => {
+                let note = self.attempt(&mut n, p, describe);
+                format!(
+                    "P{} is granted a key of its set: attempts again; {note}",
+                    p + 1
+                )
+            }
             Signal::Granted { fence, valid_until } => {
                 // 227-238: with at least MIN_HANDED_OVER left, run at once (`handed_over`,
                 // 389-411: valid for what is left, first renewal within a third of it);
@@ -1184,7 +1361,7 @@ impl Model {
                         renewals: 0,
                     });
                     unregister(q);
-                    started = Some((p, fence));
+                    started = vec![(p, key, fence)];
                     format!(
                         "P{} is granted the key: runs at once, fence {fence}, valid for {left} more ticks",
                         p + 1
@@ -1276,12 +1453,17 @@ impl Model {
     }
 }
 
-fn succ(step: Step, state: State, started: Option<(u8, u32)>, note: Option<String>) -> Successor {
+fn succ(
+    step: Step,
+    state: State,
+    started: Vec<(u8, usize, u32)>,
+    note: Option<String>,
+) -> Successor {
     Successor {
         step,
         state,
         started,
-        given: None,
+        given: Vec::new(),
         handed_on: false,
         note: note.unwrap_or_default(),
     }

@@ -10,9 +10,12 @@ use std::{
 };
 
 use axum::http::{StatusCode, header};
-use tower_lock::{Key, LockConfig, LockConfigBuilder, LockLayer, OnLeaseLost, Wait};
+use tower_lock::{Key, LockConfig, LockConfigBuilder, LockLayer, Locker, OnLeaseLost, Wait};
 
-use crate::support::{Backend, Counter, Tally, body_json, counter_app, purchase, send};
+use crate::support::{
+    Backend, Counter, SKU_NAMESPACE, Shop, Tally, body_json, counter_app, order, purchase, send,
+    shop_app,
+};
 
 /// One `#[tokio::test]` per named suite test, each on a fresh backend from `$backend`:
 /// `suite::tests!(Memory::new(); exclusion, release_on_drop);`
@@ -498,6 +501,423 @@ pub async fn own_token_acquires_again<B: Backend>(backend: B) {
             .unwrap(),
     );
     assert!(store.release(&key, &other).await.unwrap());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Leases on several keys: orders of several SKUs and single purchases, over the same locks.
+
+/// The SKUs of the shop the set tests sell from.
+const SKUS: [&str; 4] = ["a", "b", "c", "d"];
+
+/// A locker for one instance of the shop, on its own handle onto the store.
+async fn shop_locker<B: Backend>(backend: &B, config: LockConfig) -> Locker {
+    Locker::with_config(backend.store().await, config)
+}
+
+/// `n` requests spread over `apps`: random orders of 2 or 3 of the SKUs, each naming them in a
+/// random order, and single purchases, all at once. Answers the tally, and how many requests
+/// wrote each SKU.
+async fn shop_load(apps: &[axum::Router], n: usize, seed: u64) -> (Tally, Vec<(String, u64)>) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut writes = std::collections::HashMap::<String, u64>::new();
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let app = apps[i % apps.len()].clone();
+        let mut skus = SKUS.to_vec();
+        rng.shuffle(&mut skus);
+        let request = if rng.u8(0..3) == 0 {
+            skus.truncate(1);
+            purchase(skus[0], rng.u64(0..3))
+        } else {
+            skus.truncate(rng.usize(2..=3));
+            order(&skus, rng.u64(0..3))
+        };
+        for sku in &skus {
+            *writes.entry((*sku).to_owned()).or_default() += 1;
+        }
+        tasks.push(tokio::spawn(
+            async move { send(&app, request).await.status() },
+        ));
+    }
+    let mut tally = Tally::default();
+    for task in tasks {
+        tally.add(task.await.unwrap());
+    }
+    let mut writes: Vec<(String, u64)> = writes.into_iter().collect();
+    writes.sort();
+    (tally, writes)
+}
+
+/// How many requests the set exclusion test sends.
+pub const SET_REQUESTS: usize = 150;
+
+/// Two instances, orders of several SKUs (each naming them in its own random order) and single
+/// purchases, all at once: on every SKU no overlap and no lost update, and fencing tokens
+/// order its writes, whether an order or a purchase made them.
+pub async fn sets_exclude_each_other_and_single_keys<B: Backend>(backend: B) {
+    let shop = Shop::new(SKUS);
+    let apps = [
+        shop_app(
+            Arc::clone(&shop),
+            Some(shop_locker(&backend, patient().build().unwrap()).await),
+        ),
+        shop_app(
+            Arc::clone(&shop),
+            Some(shop_locker(&backend, patient().build().unwrap()).await),
+        ),
+    ];
+    let (tally, writes) = shop_load(&apps, SET_REQUESTS, 7).await;
+    assert_eq!(tally.ok, SET_REQUESTS, "{}: {tally:?}", B::NAME);
+    assert_eq!(
+        shop.overlaps(),
+        0,
+        "{}: two holders of a SKU at once",
+        B::NAME
+    );
+    for (sku, n) in writes {
+        let counter = &shop.skus[&sku];
+        assert_eq!(
+            counter.value.load(Ordering::SeqCst),
+            n,
+            "{}: lost updates on {sku}",
+            B::NAME
+        );
+        counter.assert_fenced_in_order();
+    }
+}
+
+/// The negative control for `sets_exclude_each_other_and_single_keys`: the same load without
+/// the locks overlaps and loses updates, so that test can fail.
+pub async fn without_the_lock_sets_lose_updates() {
+    let shop = Shop::new(SKUS);
+    let apps = [
+        shop_app(Arc::clone(&shop), None),
+        shop_app(Arc::clone(&shop), None),
+    ];
+    let (tally, writes) = shop_load(&apps, SET_REQUESTS, 7).await;
+    assert_eq!(tally.ok, SET_REQUESTS, "{tally:?}");
+    assert!(shop.overlaps() > 0, "no overlap without the lock");
+    let lost = writes
+        .iter()
+        .any(|(sku, n)| shop.skus[sku].value.load(Ordering::SeqCst) < *n);
+    assert!(lost, "no update lost without the lock");
+}
+
+/// Two orders naming the same SKUs in opposite orders, sent together again and again from two
+/// instances, each holding its locks for 300 ms: never a deadlock, and each answers 200 within
+/// about the time the other holds, far inside the 60 s wait deadline.
+///
+/// Where a waiting set keeps what it has (its turns at keys in one process; its place, and the
+/// keys before the one it waits for, in a store's hand-off queue), a third instance sells the
+/// middle SKU, `b`, back to back meanwhile, so that each order waits for `b` with the SKUs it
+/// has kept for it: taken in the order each order names them, one would keep `a` and the other
+/// `c`, a cycle (with the sort taken out of `KeySet::new`, the first round runs into the
+/// deadline). In memory, the three instances share one locker, whose turns are what a set
+/// keeps there.
+pub async fn sets_in_opposite_orders_never_deadlock<B: Backend>(backend: B) {
+    let shared = B::NAME == "memory";
+    let keeps = shared || tower_lock::LockStore::capabilities(&backend.store().await).hand_off();
+    let config = || patient().build().unwrap();
+    let one = shop_locker(&backend, config()).await;
+    let locker = || {
+        let one = one.clone();
+        let backend = &backend;
+        async move {
+            if shared {
+                one
+            } else {
+                shop_locker(backend, config()).await
+            }
+        }
+    };
+    let shop = Shop::new(SKUS);
+    let apps = [
+        shop_app(Arc::clone(&shop), Some(locker().await)),
+        shop_app(Arc::clone(&shop), Some(locker().await)),
+    ];
+    let stream = shop_app(Arc::clone(&shop), Some(locker().await));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut sellers = Vec::new();
+    for _ in 0..if keeps { 2 } else { 0 } {
+        let (stream, stop) = (stream.clone(), Arc::clone(&stop));
+        sellers.push(tokio::spawn(async move {
+            let mut tally = Tally::default();
+            while !stop.load(Ordering::SeqCst) {
+                tally.add(send(&stream, purchase("b", 30)).await.status());
+            }
+            tally
+        }));
+    }
+    for round in 0..4 {
+        let started = Instant::now();
+        let forth = tokio::spawn({
+            let app = apps[0].clone();
+            async move { send(&app, order(&["a", "b", "c"], 300)).await.status() }
+        });
+        let back = tokio::spawn({
+            let app = apps[1].clone();
+            async move { send(&app, order(&["c", "b", "a"], 300)).await.status() }
+        });
+        assert_eq!(forth.await.unwrap(), StatusCode::OK, "{}", B::NAME);
+        assert_eq!(back.await.unwrap(), StatusCode::OK, "{}", B::NAME);
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(3),
+            "{}: round {round} took {took:?} for two orders of 300 ms",
+            B::NAME
+        );
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut sold = 0;
+    for seller in sellers {
+        let tally = seller.await.unwrap();
+        assert!(
+            tally.conflict == 0 && tally.unavailable == 0 && tally.other.is_empty(),
+            "{}: {tally:?}",
+            B::NAME
+        );
+        sold += tally.ok as u64;
+    }
+    assert_eq!(shop.overlaps(), 0);
+    assert_eq!(shop.skus["a"].value.load(Ordering::SeqCst), 8);
+    assert_eq!(shop.skus["b"].value.load(Ordering::SeqCst), 8 + sold);
+}
+
+/// All or none: an order one of whose SKUs another instance holds takes none of them (without
+/// waiting, 409), so a purchase of another of its SKUs goes through at once; once the SKU is
+/// free, the order goes through.
+pub async fn a_set_takes_all_its_keys_or_none<B: Backend>(backend: B) {
+    let holder = shop_locker(&backend, patient().build().unwrap()).await;
+    let key = |sku: &str| holder.key(SKU_NAMESPACE, sku).unwrap();
+    let guard = holder.acquire(key("b")).await.unwrap();
+    let shop = Shop::new(SKUS);
+    let now = LockConfig::builder().wait(Wait::none()).build().unwrap();
+    let app = shop_app(
+        Arc::clone(&shop),
+        Some(shop_locker(&backend, now.clone()).await),
+    );
+    for _ in 0..3 {
+        let r = send(&app, order(&["a", "b", "c"], 0)).await;
+        assert_eq!(r.status(), StatusCode::CONFLICT, "{}", B::NAME);
+        // a and c were not kept: free at once, here and for another instance.
+        assert_eq!(send(&app, purchase("a", 0)).await.status(), StatusCode::OK);
+        let other = shop_locker(&backend, now.clone()).await;
+        let both = [key("c"), key("a")];
+        let got = other.try_acquire(both).await.unwrap();
+        assert!(got.is_some(), "{}: a key of the set stayed taken", B::NAME);
+        assert!(got.unwrap().release().await.unwrap());
+    }
+    assert!(
+        holder
+            .try_acquire([key("a"), key("b")])
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(guard.release().await.unwrap());
+    assert_eq!(
+        send(&app, order(&["a", "b", "c"], 0)).await.status(),
+        StatusCode::OK,
+        "{}",
+        B::NAME
+    );
+    assert_eq!(shop.skus["b"].value.load(Ordering::SeqCst), 1);
+}
+
+/// An order holding SKU a makes a single purchase of a wait for it (or answer 409 when it
+/// does not wait), while purchases of SKUs it does not hold go through at once.
+pub async fn a_set_makes_a_single_key_wait<B: Backend>(backend: B) {
+    let shop = Shop::new(SKUS);
+    let orders = shop_app(
+        Arc::clone(&shop),
+        Some(shop_locker(&backend, patient().build().unwrap()).await),
+    );
+    let now = LockConfig::builder().wait(Wait::none()).build().unwrap();
+    let impatient = shop_app(Arc::clone(&shop), Some(shop_locker(&backend, now).await));
+    let waiting = shop_app(
+        Arc::clone(&shop),
+        Some(shop_locker(&backend, patient().build().unwrap()).await),
+    );
+    let held = tokio::spawn({
+        let orders = orders.clone();
+        async move { send(&orders, order(&["b", "a"], 700)).await.status() }
+    });
+    let a = Arc::clone(&shop.skus["a"]);
+    wait_until(|| a.inside.load(Ordering::SeqCst) == 1).await;
+    let r = send(&impatient, purchase("a", 0)).await;
+    assert_eq!(r.status(), StatusCode::CONFLICT, "{}", B::NAME);
+    assert_eq!(
+        send(&impatient, purchase("c", 0)).await.status(),
+        StatusCode::OK
+    );
+    let started = Instant::now();
+    assert_eq!(
+        send(&waiting, purchase("a", 0)).await.status(),
+        StatusCode::OK
+    );
+    assert!(
+        a.finished.load(Ordering::SeqCst) == 2,
+        "{}: the purchase did not wait for the order",
+        B::NAME
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(held.await.unwrap(), StatusCode::OK);
+    assert_eq!(shop.overlaps(), 0);
+}
+
+/// A stream of single purchases of SKU a from three instances keeps a busy without a gap;
+/// an order of a and b from a fourth instance gets its turn well within its wait deadline,
+/// and the stream goes on.
+pub async fn a_set_is_not_starved_by_single_keys<B: Backend>(backend: B) {
+    let shop = Shop::new(SKUS);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut stream = Vec::new();
+    for _ in 0..3 {
+        let app = shop_app(
+            Arc::clone(&shop),
+            Some(shop_locker(&backend, patient().build().unwrap()).await),
+        );
+        let stop = Arc::clone(&stop);
+        stream.push(tokio::spawn(async move {
+            let mut tally = Tally::default();
+            while !stop.load(Ordering::SeqCst) {
+                tally.add(send(&app, purchase("a", 20)).await.status());
+            }
+            tally
+        }));
+    }
+    let a = Arc::clone(&shop.skus["a"]);
+    wait_until(|| a.finished.load(Ordering::SeqCst) >= 10).await;
+    let deadline = Duration::from_secs(10);
+    let config = LockConfig::builder()
+        .wait(
+            Wait::exponential(Duration::from_millis(1), Duration::from_millis(20))
+                .deadline(deadline),
+        )
+        .build()
+        .unwrap();
+    let app = shop_app(Arc::clone(&shop), Some(shop_locker(&backend, config).await));
+    let started = Instant::now();
+    let status = send(&app, order(&["b", "a"], 0)).await.status();
+    let waited = started.elapsed();
+    let during = a.finished.load(Ordering::SeqCst);
+    stop.store(true, Ordering::SeqCst);
+    let mut tally = Tally::default();
+    for task in stream {
+        let t = task.await.unwrap();
+        tally.ok += t.ok;
+        tally.conflict += t.conflict;
+    }
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "{}: starved for {waited:?}",
+        B::NAME
+    );
+    assert!(waited < deadline / 2, "{}: waited {waited:?}", B::NAME);
+    assert_eq!(tally.conflict, 0, "{}: {tally:?}", B::NAME);
+    assert!(during >= 10, "the stream stopped");
+    assert_eq!(shop.overlaps(), 0);
+}
+
+/// `POST /orders` (SKUs from the body, in [`SKU_NAMESPACE`]) that works `work_ms`, and panics
+/// for an order of the SKU `boom`; panics become 500s.
+fn orders_app(locker: Locker) -> axum::Router {
+    let layer = LockLayer::from_locker(locker, Key::json("/items/*/sku")).namespace(SKU_NAMESPACE);
+    axum::Router::new()
+        .route(
+            "/orders",
+            axum::routing::post(
+                |axum::extract::Query(work): axum::extract::Query<
+                    std::collections::HashMap<String, u64>,
+                >,
+                 body: String| async move {
+                    if body.contains("\"boom\"") {
+                        panic!("handler panicked on purpose");
+                    }
+                    let work_ms = work.get("work_ms").copied().unwrap_or(0);
+                    tokio::time::sleep(Duration::from_millis(work_ms)).await;
+                    "ok"
+                },
+            ),
+        )
+        .route_layer(layer)
+        .layer(tower_http::catch_panic::CatchPanicLayer::new())
+}
+
+/// Waits until `probe` can take every key of `skus` at once, for at most 2 s; answers how long.
+async fn freed(probe: &Locker, skus: &[&str]) -> Duration {
+    let keys: Vec<_> = skus
+        .iter()
+        .map(|s| probe.key(SKU_NAMESPACE, s).unwrap())
+        .collect();
+    let started = Instant::now();
+    loop {
+        if let Some(guard) = probe.try_acquire(keys.clone()).await.unwrap() {
+            assert!(guard.release().await.unwrap());
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "keys of {skus:?} still held"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// An order's every key is freed within milliseconds, not after the 30 s TTL, when its request
+/// is dropped (client gone) and when its handler panics; the service keeps serving.
+pub async fn a_set_is_released_on_drop_and_panic<B: Backend>(backend: B) {
+    let config = || {
+        LockConfig::builder()
+            .wait(Wait::none())
+            .ttl(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    };
+    let app = orders_app(shop_locker(&backend, config()).await);
+    let probe = shop_locker(&backend, config()).await;
+    let running = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, order(&["c", "a", "b"], 60_000)).await }
+    });
+    let key = probe.key(SKU_NAMESPACE, "b").unwrap();
+    let started = Instant::now();
+    while let Some(guard) = probe.try_acquire(key.clone()).await.unwrap() {
+        // Not taken yet.
+        assert!(guard.release().await.unwrap());
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the order never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    running.abort();
+    let took = freed(&probe, &["a", "b", "c"]).await;
+    assert!(
+        took < Duration::from_millis(500),
+        "{}: freed after {took:?}",
+        B::NAME
+    );
+
+    let r = send(&app, order(&["boom", "a", "d"], 0)).await;
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "{}", B::NAME);
+    let took = freed(&probe, &["boom", "a", "d"]).await;
+    assert!(
+        took < Duration::from_millis(500),
+        "{}: freed after {took:?}",
+        B::NAME
+    );
+    assert_eq!(
+        send(&app, order(&["a", "d"], 0)).await.status(),
+        StatusCode::OK,
+        "{}",
+        B::NAME
+    );
 }
 
 /// Polls `cond` until true, for at most 5 s.

@@ -7,6 +7,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::{
+    collections::HashMap,
     future::Future,
     sync::{
         Arc, Mutex,
@@ -328,4 +329,149 @@ impl LockStore for Tweaked {
             tower_lock::store::Capabilities::none()
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A shop: single purchases and orders of several SKUs, over the same locks.
+
+/// The namespace both of the shop's layers lock SKUs in, so that an order and a single
+/// purchase of one SKU take the same lock.
+pub const SKU_NAMESPACE: &str = "sku";
+
+/// One [`Counter`] per SKU: a purchase adds one to its SKU's, an order one to each of its SKUs'.
+pub struct Shop {
+    pub skus: HashMap<String, Arc<Counter>>,
+}
+
+impl Shop {
+    pub fn new<'a>(skus: impl IntoIterator<Item = &'a str>) -> Arc<Self> {
+        Arc::new(Self {
+            skus: skus
+                .into_iter()
+                .map(|s| (s.to_owned(), Counter::new()))
+                .collect(),
+        })
+    }
+
+    /// Sum over the SKUs of how many overlaps each saw.
+    pub fn overlaps(&self) -> usize {
+        self.skus
+            .values()
+            .map(|c| c.overlaps.load(Ordering::SeqCst))
+            .sum()
+    }
+}
+
+#[derive(Deserialize)]
+struct OrderBody {
+    items: Vec<OrderLine>,
+}
+
+#[derive(Deserialize)]
+struct OrderLine {
+    sku: String,
+}
+
+/// `POST /items/{sku}/purchase?work_ms=N` and `POST /orders?work_ms=N` with
+/// `{"items": [{"sku": ..}, ..]}`: read each SKU's counter, sleep, write each +1, with an
+/// overlap detector per SKU, and each write recorded with its key's fencing token. Locked by
+/// `locker` (both routes, in [`SKU_NAMESPACE`]) unless `None`.
+pub fn shop_app(shop: Arc<Shop>, locker: Option<tower_lock::Locker>) -> Router {
+    async fn run(
+        shop: &Shop,
+        lease: Option<&tower_lock::Lease>,
+        skus: &[String],
+        work_ms: u64,
+    ) -> Result<Json<serde_json::Value>, StatusCode> {
+        let mut skus: Vec<&String> = skus.iter().collect();
+        skus.sort();
+        skus.dedup();
+        let counters = skus
+            .iter()
+            .map(|s| shop.skus.get(*s).ok_or(StatusCode::NOT_FOUND))
+            .collect::<Result<Vec<_>, _>>()?;
+        for counter in &counters {
+            if counter.inside.fetch_add(1, Ordering::SeqCst) > 0 {
+                counter.overlaps.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let read: Vec<u64> = counters
+            .iter()
+            .map(|c| c.value.load(Ordering::SeqCst))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(work_ms)).await;
+        let mut tokens = serde_json::Map::new();
+        for ((sku, counter), read) in skus.iter().zip(&counters).zip(read) {
+            counter.value.store(read + 1, Ordering::SeqCst);
+            let fence = lease.and_then(|lease| {
+                lease
+                    .fencing_tokens()
+                    .find(|(key, _)| key.value() == sku.as_bytes())
+                    .map(|(_, token)| token)
+            });
+            if let Some(fence) = fence {
+                counter.writes.lock().unwrap().push((fence, read + 1));
+                tokens.insert((*sku).clone(), fence.into());
+            }
+            counter.inside.fetch_sub(1, Ordering::SeqCst);
+            counter.finished.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(Json(serde_json::json!({ "fencing_tokens": tokens })))
+    }
+
+    let purchase = {
+        let shop = Arc::clone(&shop);
+        post(
+            move |lease: Option<tower_lock::Lease>,
+                  Path(sku): Path<String>,
+                  Query(work): Query<Work>| {
+                let shop = Arc::clone(&shop);
+                async move { run(&shop, lease.as_ref(), &[sku], work.work_ms).await }
+            },
+        )
+    };
+    let order = {
+        let shop = Arc::clone(&shop);
+        post(
+            move |lease: Option<tower_lock::Lease>,
+                  Query(work): Query<Work>,
+                  Json(order): Json<OrderBody>| {
+                let shop = Arc::clone(&shop);
+                async move {
+                    let skus: Vec<String> = order.items.into_iter().map(|l| l.sku).collect();
+                    run(&shop, lease.as_ref(), &skus, work.work_ms).await
+                }
+            },
+        )
+    };
+    let (purchase, order) = match locker {
+        Some(locker) => (
+            purchase.route_layer(
+                LockLayer::from_locker(locker.clone(), tower_lock::Key::path_param("sku"))
+                    .namespace(SKU_NAMESPACE),
+            ),
+            order.route_layer(
+                LockLayer::from_locker(locker, tower_lock::Key::json("/items/*/sku"))
+                    .namespace(SKU_NAMESPACE),
+            ),
+        ),
+        None => (purchase, order),
+    };
+    Router::new()
+        .route("/items/{sku}/purchase", purchase)
+        .route("/orders", order)
+}
+
+/// `POST /orders?work_ms=N` for `skus`.
+pub fn order(skus: &[&str], work_ms: u64) -> Request<Body> {
+    let items: Vec<serde_json::Value> = skus
+        .iter()
+        .map(|s| serde_json::json!({ "sku": s, "qty": 1 }))
+        .collect();
+    Request::post(format!("/orders?work_ms={work_ms}"))
+        .header("content-type", "application/json")
+        .body(Body::from(
+            serde_json::json!({ "items": items }).to_string(),
+        ))
+        .unwrap()
 }

@@ -2,6 +2,7 @@
 
 mod notices;
 mod records;
+mod set;
 
 use std::{
     collections::HashMap,
@@ -71,6 +72,11 @@ impl MemoryStore {
         self.inner.leases.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The next fencing token, from the store's one counter.
+    fn next_fence(&self) -> u64 {
+        self.inner.fence.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
     fn key(key: &LockKey) -> Bytes {
         Bytes::copy_from_slice(key.as_bytes())
     }
@@ -128,7 +134,7 @@ impl LockStore for MemoryStore {
                 expires: now + ttl,
             },
         );
-        let fencing_token = self.inner.fence.fetch_add(1, Ordering::Relaxed) + 1;
+        let fencing_token = self.next_fence();
         Ok(Acquire::Acquired { fencing_token })
     }
 
@@ -161,12 +167,13 @@ impl LockStore for MemoryStore {
     }
 
     /// Release notices (waiters of this process, of any locker on this store, wake at a
-    /// release) and idempotency records.
+    /// release), idempotency records, and key sets (under one lock).
     fn capabilities(&self) -> Capabilities {
         let this = Arc::new(self.clone());
         Capabilities {
             release_notices: Some(this.clone()),
-            records: Some(this),
+            records: Some(this.clone()),
+            key_sets: Some(this),
             ..Capabilities::none()
         }
     }

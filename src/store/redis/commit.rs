@@ -493,7 +493,7 @@ fn answer_of(code: &Value, n: &Value, acks: Option<i64>) -> Result<Answer, Store
 const UNREADABLE: &str = "the lock script's answer could not be read";
 
 /// Whether `error` is Redis refusing a script over keys of several hash slots.
-fn is_cross_slot(error: &StoreError) -> bool {
+pub(super) fn is_cross_slot(error: &StoreError) -> bool {
     std::error::Error::source(error)
         .and_then(|source| source.downcast_ref::<RedisError>())
         .is_some_and(|e| e.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot))

@@ -16,6 +16,7 @@ mod native;
 mod records;
 mod replicas;
 mod scripts;
+mod set;
 
 use std::{
     fmt,
@@ -237,7 +238,8 @@ impl RedisStore {
 
     /// The Lua scripts this store runs, by name, exactly as it sends them: `ops` (a batch of
     /// acquires, releases, renewals and idempotent completions, see
-    /// `src/store/redis/scripts/ops.lua` for its arguments) and `record_lookup`. For a security
+    /// `src/store/redis/scripts/ops.lua` for its arguments), `record_lookup`, and for leases on
+    /// several keys `acquire_set` and `release_set`. For a security
     /// review, an ACL audit (see `docs/TOPOLOGY.md`), or a tool that sends them by hand.
     ///
     /// ```
@@ -591,13 +593,15 @@ impl LockStore for RedisStore {
     }
 
     /// Group commit; hand-off (stores made by [`connect`](Self::connect), unless turned off);
-    /// idempotency records.
+    /// idempotency records; key sets (one script; one per hash slot, slot by slot, where the
+    /// server hashes keys to slots).
     fn capabilities(&self) -> Capabilities {
         let this = Arc::new(self.clone());
         Capabilities {
             group_commit: true,
             hand_off: self.handoff.is_some().then(|| this.clone() as _),
-            records: Some(this),
+            records: Some(this.clone()),
+            key_sets: Some(this),
             ..Capabilities::none()
         }
     }

@@ -19,6 +19,10 @@ use crate::store::StoreError;
 pub(super) struct Scripts {
     /// A batch of acquires, releases, renewals and idempotent completions.
     pub(super) ops: Script,
+    /// A lease on several keys, taken at once (all or none).
+    pub(super) acquire_set: Script,
+    /// A lease on several keys, given up at once.
+    pub(super) release_set: Script,
     /// This store's loads of each script, by hash (see `RedisStore::reload`).
     loads: Mutex<HashMap<String, Load>>,
 }
@@ -46,13 +50,31 @@ const OPS_PARTS: [&str; 7] = [
     include_str!("scripts/ops.lua"),
 ];
 
+/// A script over a set of keys: the fencing and hand-off functions, then `body` (its
+/// `-- @handoff` line marks where its hand-off path starts) run as a function, then the fencing
+/// counters it used saved once, whatever it answered.
+fn set_script(body: &str) -> String {
+    format!(
+        "{}{}local function run_set()\n{}\nend\nlocal answer = run_set()\nsave_fences()\nreturn answer\n",
+        OPS_PARTS[0], OPS_PARTS[1], body
+    )
+}
+
 /// Every script a [`RedisStore`] runs, by name, put together once per process.
-pub(super) static LUA: LazyLock<[(&str, String); 2]> = LazyLock::new(|| {
+pub(super) static LUA: LazyLock<[(&str, String); 4]> = LazyLock::new(|| {
     [
         ("ops", OPS_PARTS.concat()),
         (
             "record_lookup",
             include_str!("scripts/record_lookup.lua").to_owned(),
+        ),
+        (
+            "acquire_set",
+            set_script(include_str!("scripts/acquire_set.lua")),
+        ),
+        (
+            "release_set",
+            set_script(include_str!("scripts/release_set.lua")),
         ),
     ]
 });
@@ -69,6 +91,8 @@ impl Scripts {
     pub(super) fn new() -> Arc<Self> {
         Arc::new(Self {
             ops: Script::new(lua("ops")),
+            acquire_set: Script::new(lua("acquire_set")),
+            release_set: Script::new(lua("release_set")),
             loads: Mutex::default(),
         })
     }

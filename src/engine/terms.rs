@@ -1,0 +1,48 @@
+//! [`Terms`]: what one acquisition asks for: the locker's settings, or the call's own.
+
+use std::time::Duration;
+
+use crate::{config::LockConfig, wait::Wait};
+
+/// The shortest TTL a call may ask for (the config's own lower bound).
+const MIN_TTL: Duration = Duration::from_millis(10);
+
+/// The TTL, renewal interval, wait policy and longest hold of one acquisition.
+#[derive(Debug, Clone)]
+pub(crate) struct Terms {
+    pub(crate) ttl: Duration,
+    pub(crate) interval: Duration,
+    /// `None`: the config's.
+    wait: Option<Wait>,
+    pub(crate) max_hold: Option<Duration>,
+}
+
+impl Terms {
+    /// The config's terms, held at most `max_hold` (`None`: as long as the holder likes).
+    pub(crate) fn of(config: &LockConfig, max_hold: Option<Duration>) -> Self {
+        Self {
+            ttl: config.ttl(),
+            interval: config.renew_interval(),
+            wait: None,
+            max_hold,
+        }
+    }
+
+    /// With a TTL of its own (at least 10 ms), renewed every third of it.
+    pub(crate) fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl.max(MIN_TTL);
+        self.interval = self.ttl / 3;
+        self
+    }
+
+    /// With a wait policy of its own.
+    pub(crate) fn with_wait(mut self, wait: Wait) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// The wait policy: the call's, or `config`'s.
+    pub(crate) fn wait<'a>(&'a self, config: &'a LockConfig) -> &'a Wait {
+        self.wait.as_ref().unwrap_or(config.wait())
+    }
+}
