@@ -23,6 +23,20 @@ fi
 echo "using $(redis-server --version)" >&2
 echo "using $(openssl version)" >&2
 
+# The gates a change must pass before its tests count (skipped when arguments pick tests):
+# formatting, clippy with and without features, rustdoc, and the package as crates.io would
+# receive it (built from the packaged files alone).
+if [ "$#" -eq 0 ]; then
+  if command -v rustup >/dev/null 2>&1; then
+    rustup component add rustfmt clippy >/dev/null 2>&1 || true
+  fi
+  cargo fmt --all --check
+  cargo clippy --workspace --all-targets --quiet -- -D warnings
+  cargo clippy --workspace --all-targets --all-features --quiet -- -D warnings
+  RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features --quiet
+  cargo package --allow-dirty --quiet
+fi
+
 # The crate without its default features still builds (tower-only users), and with TLS alone.
 cargo check --no-default-features --quiet
 cargo check --no-default-features --features tls --quiet

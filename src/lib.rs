@@ -209,6 +209,7 @@ pub use token::Token;
 pub use wait::Wait;
 
 /// The bb8-redis crate this crate's [`RedisStore`] is built on, to build pools of the same version.
+#[cfg(feature = "bb8")]
 pub use bb8_redis;
 /// The redis crate this crate's [`RedisStore`] is built on, to build connections of the same
 /// version (a `ConnectionManager` for [`RedisStore::from_connection_manager`]).

@@ -15,7 +15,64 @@
 //!
 //! Replace it with [`LockLayer::rejection_response`](crate::LockLayer::rejection_response): any
 //! `Fn(&LockError, StatusCode) -> Response<Bytes>` will do. The layer inserts the [`LockError`]
-//! into the extensions of whatever response is built, for outer layers to inspect.
+//! into the extensions of whatever response is built, for outer layers to inspect. With the
+//! `axum` feature a [`LockError`] is itself a response (the same problem, with the statuses of
+//! the default config), so a handler that takes a lease with [`Locker`](crate::Locker) can use
+//! `?`.
+//!
+//! # Problem types
+//!
+//! Each problem's `type` is [`PROBLEM_TYPE_BASE`] followed by `#` and one of the names below,
+//! so it leads to its own section of this page.
+//!
+//! ## lock-contended
+//!
+//! Another request holds the lock on the resource and kept it past the wait policy's deadline.
+//! Retry after `Retry-After` seconds.
+//!
+//! ## lock-store-unavailable
+//!
+//! The lock store (Redis) could not be reached or did not answer in time. Nothing ran; retry.
+//!
+//! ## lease-lost
+//!
+//! The request's lease was lost while its handler ran (its key was deleted, or it expired while
+//! the store was unreachable), and the request was stopped. Retry.
+//!
+//! ## invalid-lock-key
+//!
+//! The request did not name its resource in a way the key source can read (a missing header,
+//! an undecodable path, a body without the fields). Fix the request.
+//!
+//! ## request-body-too-large
+//!
+//! The body is larger than the layer reads to find the keys (or to fingerprint an idempotent
+//! request).
+//!
+//! ## lock-key-misconfigured
+//!
+//! The server's key source does not fit the route (a path parameter the route does not have):
+//! a server error, for its operators.
+//!
+//! ## idempotency-key-missing
+//!
+//! The operation requires an `Idempotency-Key` header.
+//!
+//! ## idempotency-key-invalid
+//!
+//! The `Idempotency-Key` header is not a valid key (empty, too long, or not visible ASCII).
+//!
+//! ## idempotency-key-reused
+//!
+//! The key was already used for a different request (another method, path or body).
+//!
+//! ## request-body-unreadable
+//!
+//! The request body could not be read.
+//!
+//! ## idempotency-principal-missing
+//!
+//! The server could not tell whose request this is, so it cannot scope its idempotency key.
 
 use std::time::Duration;
 
@@ -134,6 +191,33 @@ fn describe(error: &LockError) -> (&'static str, &'static str, String, Option<u6
     }
 }
 
+/// The problem the layer answers with, with the default config's statuses (409 for
+/// [`LockError::Contended`], 503 when the store failed or the lease was lost, 400, 413 or 500
+/// for a key), so that a handler that takes a lease itself can return the error with `?`:
+///
+/// ```
+/// use axum::{extract::State, response::IntoResponse};
+/// use tower_lock::{LockError, Locker, MemoryStore};
+///
+/// async fn transfer(State(locker): State<Locker>) -> Result<&'static str, LockError> {
+///     let key = locker.key("account", "acc-1")?;
+///     let lease = locker.acquire(key).await?;
+///     // ... move the money under the lease ...
+///     lease.release().await?;
+///     Ok("done")
+/// }
+/// # let _ = transfer;
+/// ```
+#[cfg(feature = "axum")]
+impl axum::response::IntoResponse for LockError {
+    fn into_response(self) -> axum::response::Response {
+        let status = status_for(&self, StatusCode::CONFLICT, StatusCode::SERVICE_UNAVAILABLE);
+        ProblemJson
+            .response(&self, status)
+            .map(axum::body::Body::from)
+    }
+}
+
 /// The status the config assigns to `error`.
 pub(crate) fn status_for(
     error: &LockError,
@@ -160,6 +244,70 @@ mod tests {
 
     fn json(response: &Response<Bytes>) -> serde_json::Value {
         serde_json::from_slice(response.body()).unwrap()
+    }
+
+    #[test]
+    fn every_problem_type_has_its_section() {
+        let docs = include_str!("response.rs");
+        let kinds = [
+            "lock-contended",
+            "lock-store-unavailable",
+            "lease-lost",
+            "invalid-lock-key",
+            "request-body-too-large",
+            "lock-key-misconfigured",
+            "idempotency-key-missing",
+            "idempotency-key-invalid",
+            "idempotency-key-reused",
+            "request-body-unreadable",
+            "idempotency-principal-missing",
+        ];
+        for kind in kinds {
+            assert!(
+                docs.contains(&format!("\n//! ## {kind}\n")),
+                "no section for the problem type {kind}"
+            );
+        }
+        // Every `type` the crate emits is one of them (each emitting site names its kind as a
+        // string literal next to its title).
+        for source in [
+            include_str!("response.rs"),
+            include_str!("idempotency/response.rs"),
+        ] {
+            for literal in source.split('"').skip(1).step_by(2) {
+                let emitted = literal.starts_with("lock-")
+                    || literal.starts_with("lease-")
+                    || literal.starts_with("idempotency-")
+                    || literal.starts_with("request-body-")
+                    || literal.starts_with("invalid-");
+                if emitted && !literal.contains(' ') && !literal.contains('{') {
+                    assert!(kinds.contains(&literal), "{literal} has no section");
+                }
+            }
+        }
+    }
+
+    #[cfg(feature = "axum")]
+    #[test]
+    fn a_lock_error_is_the_layers_problem() {
+        use axum::response::IntoResponse;
+        let error = LockError::Contended {
+            expires_in: Some(Duration::from_millis(2500)),
+            waited: Duration::ZERO,
+            attempts: 1,
+        };
+        let response = error.into_response();
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "3");
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        let store = LockError::Store(StoreError::msg(StoreErrorKind::Timeout, "slow"));
+        assert_eq!(
+            store.into_response().status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
     }
 
     #[test]

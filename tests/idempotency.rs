@@ -888,3 +888,44 @@ async fn futures_are_send_and_plain_tower_stacks_work() {
         assert_eq!(body, "run 1");
     }
 }
+
+/// A handler takes the key the layer read as an extractor; on a route without the layer the
+/// extractor answers 500 (a server bug), and `Option<IdempotencyKey>` is `None`.
+#[tokio::test]
+async fn the_idempotency_key_is_an_extractor() {
+    use tower::ServiceExt;
+    use tower_lock::MemoryStore;
+    let app = Router::new()
+        .route(
+            "/pay",
+            post(|key: IdempotencyKey| async move { key.as_str().to_owned() }),
+        )
+        .route_layer(IdempotencyLayer::new(MemoryStore::new(), SharedKeySpace))
+        .route(
+            "/bare",
+            post(|key: IdempotencyKey| async move { key.as_str().to_owned() }),
+        )
+        .route(
+            "/optional",
+            post(|key: Option<IdempotencyKey>| async move { format!("{}", key.is_some()) }),
+        );
+    let request = |path: &str| {
+        Request::post(path)
+            .header("idempotency-key", "key-0123456789abcdef")
+            .body(Body::from("{}"))
+            .unwrap()
+    };
+    let response = app.clone().oneshot(request("/pay")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = axum::body::to_bytes(response.into_body(), 1024)
+        .await
+        .unwrap();
+    assert_eq!(&body[..], b"key-0123456789abcdef");
+    let response = app.clone().oneshot(request("/bare")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let response = app.oneshot(request("/optional")).await.unwrap();
+    let body = axum::body::to_bytes(response.into_body(), 1024)
+        .await
+        .unwrap();
+    assert_eq!(&body[..], b"false");
+}

@@ -633,7 +633,7 @@ pub(crate) fn write(s: &Settings, meta: &Meta, results: &Results) {
 }
 
 /// Every scenario's letter.
-const SCENARIOS: &str = "abcdef";
+const SCENARIOS: &str = "abcdefg";
 
 /// A report's `## ` sections, in order, each with its heading line; what comes before the first
 /// heading is a section with an empty heading.

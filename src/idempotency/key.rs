@@ -6,7 +6,9 @@ use http::{HeaderMap, HeaderName};
 use super::error::IdempotencyError;
 
 /// The request's idempotency key and principal, in the request extensions while the handler
-/// runs (extract it with `axum::Extension<IdempotencyKey>`).
+/// runs. With the `axum` feature it is an extractor: a handler behind
+/// [`IdempotencyLayer`](crate::IdempotencyLayer) takes `key: IdempotencyKey` (or
+/// `Option<IdempotencyKey>`), the key the layer read and checked.
 ///
 /// The [`Lease`](crate::Lease) is there too: its [`fencing_token`](crate::Lease::fencing_token)
 /// and [`key`](crate::Lease::key) let a handler make its own writes conditional, which closes
@@ -170,5 +172,63 @@ mod tests {
         let b = IdempotencyKey::new(Bytes::from("xkey"), Bytes::from("ab:1"));
         assert_ne!(a.scoped_value(), b.scoped_value());
         assert_eq!(a.scoped_value(), b"2:ab1:xkey");
+    }
+}
+
+#[cfg(feature = "axum")]
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for IdempotencyKey {
+    type Rejection = MissingIdempotencyKey;
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .get::<IdempotencyKey>()
+            .cloned()
+            .ok_or(MissingIdempotencyKey { _priv: () })
+    }
+}
+
+/// `Option<IdempotencyKey>`: `None` on routes without the layer.
+#[cfg(feature = "axum")]
+impl<S: Send + Sync> axum::extract::OptionalFromRequestParts<S> for IdempotencyKey {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        _state: &S,
+    ) -> Result<Option<Self>, Self::Rejection> {
+        Ok(parts.extensions.get::<IdempotencyKey>().cloned())
+    }
+}
+
+/// Rejection of the [`IdempotencyKey`] extractor: the request did not pass through an
+/// [`IdempotencyLayer`](crate::IdempotencyLayer) (a client's missing header is answered by the
+/// layer, with a 400, before the handler). A server bug, so a 500.
+#[cfg(feature = "axum")]
+#[derive(Debug)]
+pub struct MissingIdempotencyKey {
+    _priv: (),
+}
+
+#[cfg(feature = "axum")]
+impl MissingIdempotencyKey {
+    const MESSAGE: &'static str = "The `IdempotencyKey` extractor found no key: this route is not \
+        wrapped in a `tower_lock::IdempotencyLayer`. Add `.route_layer(IdempotencyLayer::new(..))` \
+        to the route, or extract `Option<IdempotencyKey>`.";
+}
+
+#[cfg(feature = "axum")]
+impl axum::response::IntoResponse for MissingIdempotencyKey {
+    fn into_response(self) -> axum::response::Response {
+        tracing::error!("{}", Self::MESSAGE);
+        (
+            http::StatusCode::INTERNAL_SERVER_ERROR,
+            [(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            Self::MESSAGE,
+        )
+            .into_response()
     }
 }

@@ -9,7 +9,7 @@
 //!
 //! ```
 //! # #[cfg(feature = "axum")] {
-//! use axum::{Extension, Router, body::Bytes, http::{StatusCode, request::Parts}, routing::post};
+//! use axum::{Router, body::Bytes, http::{StatusCode, request::Parts}, routing::post};
 //! use tower_lock::{IdempotencyLayer, Lease, MemoryStore, idempotency::IdempotencyKey};
 //!
 //! /// The account a request is made for, put into the extensions by authentication.
@@ -18,7 +18,7 @@
 //!
 //! async fn create_payment(
 //!     lease: Lease,
-//!     Extension(key): Extension<IdempotencyKey>,
+//!     key: IdempotencyKey,
 //!     body: String,
 //! ) -> (StatusCode, String) {
 //!     // Make your own write conditional on the key (a unique constraint) and fenced by
@@ -186,6 +186,8 @@ pub use error::IdempotencyError;
 pub use fingerprint::Fingerprint;
 pub use future::ResponseFuture;
 pub use key::IdempotencyKey;
+#[cfg(feature = "axum")]
+pub use key::MissingIdempotencyKey;
 pub use layer::IdempotencyLayer;
 pub use predicate::{Always, NotError, NotServerError, StorePredicate};
 pub use principal::{Principal, SharedKeySpace};

@@ -124,6 +124,7 @@ struct Queued {
 
 impl Committer {
     /// The calls a pool store keeps in flight before operations queue for a batch.
+    #[cfg(feature = "bb8")]
     pub(super) const POOL_WINDOW: usize = 4;
 
     pub(super) fn new(window: usize) -> Self {

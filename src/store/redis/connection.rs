@@ -1,6 +1,7 @@
 //! The store's transport: one multiplexed connection (by default), a bb8 pool, or a cluster
 //! connection; and how Redis's errors become store errors.
 
+#[cfg(feature = "bb8")]
 use bb8_redis::{RedisConnectionManager, bb8};
 use redis::{
     Cmd, ErrorKind, Pipeline, RedisError, Script, ServerErrorKind, Value,
@@ -15,6 +16,7 @@ use crate::store::{StoreError, StoreErrorKind};
 pub(super) enum Transport {
     Manager(ConnectionManager),
     Multiplexed(MultiplexedConnection),
+    #[cfg(feature = "bb8")]
     Pool(bb8::Pool<RedisConnectionManager>),
     #[cfg(feature = "cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
@@ -57,6 +59,7 @@ impl Transport {
             (Self::Multiplexed(conn), request) => run(request, &mut conn.clone()).await,
             #[cfg(feature = "cluster")]
             (Self::Cluster(conn), request) => run(request, &mut conn.clone()).await,
+            #[cfg(feature = "bb8")]
             (Self::Pool(pool), request) => {
                 let mut conn = pool.get().await.map_err(|e| match e {
                     bb8::RunError::User(e) => redis_error(e),

@@ -24,6 +24,7 @@ use std::{
     time::Duration,
 };
 
+#[cfg(feature = "bb8")]
 use bb8_redis::{RedisConnectionManager, bb8};
 use redis::{
     Client, ErrorKind, IntoConnectionInfo, Value,
@@ -213,6 +214,7 @@ impl RedisStore {
     /// A pool built with bb8's defaults sends a `PING` on every checkout and may wait 30 s for a
     /// connection; build it with [`pool_builder`](Self::pool_builder) instead. The layer bounds
     /// every checkout by its own deadline either way.
+    #[cfg(feature = "bb8")]
     pub fn from_pool(pool: bb8::Pool<RedisConnectionManager>) -> Self {
         Self::with(Transport::Pool(pool))
     }
@@ -230,6 +232,7 @@ impl RedisStore {
     /// let store = RedisStore::from_pool(pool);
     /// # let _ = store; Ok(()) }
     /// ```
+    #[cfg(feature = "bb8")]
     pub fn pool_builder() -> bb8::Builder<RedisConnectionManager> {
         bb8::Pool::builder()
             .test_on_check_out(false)
@@ -502,6 +505,7 @@ impl RedisStore {
 
     fn with(transport: Transport) -> Self {
         let window = match transport {
+            #[cfg(feature = "bb8")]
             Transport::Pool(_) => Committer::POOL_WINDOW,
             _ => 1,
         };
@@ -612,6 +616,7 @@ impl fmt::Debug for RedisStore {
         let transport = match self.transport {
             Transport::Manager(_) => "ConnectionManager",
             Transport::Multiplexed(_) => "MultiplexedConnection",
+            #[cfg(feature = "bb8")]
             Transport::Pool(_) => "bb8::Pool",
             #[cfg(feature = "cluster")]
             Transport::Cluster(_) => "ClusterConnection",
