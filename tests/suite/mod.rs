@@ -879,7 +879,14 @@ pub async fn a_set_is_released_on_drop_and_panic<B: Backend>(backend: B) {
             .build()
             .unwrap()
     };
-    let app = orders_app(shop_locker(&backend, config()).await);
+    // The order waits (briefly) for a key the probe below holds for a moment: without a wait,
+    // its one attempt could meet the probe's and give up, and the order would never run.
+    let patient = LockConfig::builder()
+        .wait(Wait::constant(Duration::from_millis(5)).deadline(Duration::from_secs(1)))
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let app = orders_app(shop_locker(&backend, patient).await);
     let probe = shop_locker(&backend, config()).await;
     let running = tokio::spawn({
         let app = app.clone();
