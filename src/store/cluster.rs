@@ -209,7 +209,7 @@ impl LockStore for ClusterStore {
         self.inner.release(key, token).await
     }
 
-    /// Those of the [`RedisStore`] it is built on: batched renewal (one script per hash slot,
+    /// Those of the [`RedisStore`] it is built on: group commit (one script per hash slot,
     /// each sent to its slot's master, all at once) and idempotency records (next to the lock
     /// keys, in the same slot, so the records' scripts work on a cluster unchanged). Hand-off
     /// is not offered on a cluster (see `docs/TOPOLOGY.md`).

@@ -8,8 +8,8 @@
 //!
 //! A store only answers; waiting, renewing on a schedule and releasing on drop are the
 //! [`Locker`](crate::Locker)'s job, so a new backend is a few dozen lines. The crate's own
-//! stores can do more (batched renewal, hand-off, release notices, idempotency records): see
-//! [`Capabilities`].
+//! stores can do more (group commit, hand-off, release notices, idempotency records, key
+//! sets): see [`Capabilities`].
 
 mod capability;
 #[cfg(feature = "cluster")]

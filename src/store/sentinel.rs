@@ -78,12 +78,13 @@ const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 /// sentinels keeps using it until it is demoted (configure `min-replicas-to-write` on the
 /// servers to bound that). See `docs/TOPOLOGY.md`.
 ///
-/// # Hand-off and batched renewals
+/// # Hand-off and group commit
 ///
 /// As with [`RedisStore::connect`], a released key is handed straight to the next waiter
-/// ([`handoff`](Self::handoff), on by default), and a locker's renewals go to the master in one
-/// script per batch (see [`Capabilities`]; a batch that fails the way a failover makes
-/// calls fail is sent once more to the new master, like every other call). The store has one
+/// ([`handoff`](Self::handoff), on by default), and the operations that reach the master
+/// together go in one script call (group commit, see [`Capabilities`]; an operation that fails
+/// the way a failover makes calls fail is sent once more to the new master, like every other
+/// call). The store has one
 /// hand-off channel and one subscription, on the current master: when the store follows a
 /// failover it moves the subscription to the new master; until that is up, waiters do not
 /// queue, and then every queued waiter checks again. Queue entries live on the master, so a
@@ -686,7 +687,7 @@ impl LockStore for SentinelStore {
     }
 
     /// Those of the master's [`RedisStore`], each call sent to the current master and once
-    /// more to the new one after a failover: batched renewal, hand-off (with one subscription
+    /// more to the new one after a failover: group commit, hand-off (with one subscription
     /// that follows the master, so a waiter registered before a failover still hears its
     /// hand-off from the new master), and idempotency records (next to the lock keys on the same
     /// master, as with [`RedisStore`]).

@@ -114,7 +114,8 @@ pub struct RedisStore {
     native: Arc<NativeState>,
     /// Whether the server hashes keys to slots (a cluster, or a cluster-mode server behind a
     /// plain connection, which refuses a script over keys of several slots with `CROSSSLOT`):
-    /// batched renewals are then sent one script per slot. Learnt from the first refusal.
+    /// batches are then sent one script per slot, each with its slot's fencing counter. Asked
+    /// at connect (`INFO cluster`), or learnt from the first refusal.
     slot_bound: Arc<AtomicBool>,
     /// The hand-off queue's signals, when on (`handoff`).
     handoff: Option<Arc<Handoff>>,
