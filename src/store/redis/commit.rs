@@ -251,6 +251,9 @@ async fn drive(store: RedisStore) {
         for (reply, answer) in replies.into_iter().zip(answers) {
             let _ = reply.send(answer);
         }
+        // Lets the callers just answered queue their next operations before the next batch
+        // leaves, so that they go together rather than trickle out in small batches.
+        tokio::task::yield_now().await;
     }
 }
 
