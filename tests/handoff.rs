@@ -33,7 +33,7 @@ fn key(locker: &Locker) -> LockKey {
 }
 
 fn queue_key(key: &LockKey) -> Vec<u8> {
-    [key.as_bytes(), b":queue"].concat()
+    support::queue_key(key.as_bytes())
 }
 
 /// Stores whose hand-off subscriptions are up (they subscribe in the background at connect).

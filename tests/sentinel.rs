@@ -277,7 +277,7 @@ async fn manual_failover_demotes_the_master() {
 async fn queue_entries(server: &RedisServer, key: &LockKey) -> Vec<Vec<u8>> {
     let mut conn = server.client().await;
     redis::cmd("LRANGE")
-        .arg([key.as_bytes(), b":queue"].concat())
+        .arg(support::queue_key(key.as_bytes()))
         .arg(0)
         .arg(-1)
         .query_async(&mut conn)

@@ -27,7 +27,7 @@ use tokio::{runtime::Handle, sync::oneshot};
 
 use super::{
     RedisStore,
-    keys::{CompanionKeys, ms, record_key, shared_fence},
+    keys::{CompanionKeys, ms, record_key},
 };
 use crate::{
     key::LockKey,
@@ -356,21 +356,12 @@ impl RedisStore {
         // One fencing counter for the whole server unless it hashes keys to slots: a batch of
         // acquires then reads and writes one counter (per prefix), not one per slot.
         let slot_bound = self.slot_bound.load(Ordering::Relaxed);
-        let mut shared: Vec<(&[u8], Vec<u8>)> = Vec::new();
-        if !slot_bound {
-            for op in ops {
-                let prefix = op.key().prefix();
-                if !shared.iter().any(|(p, _)| *p == prefix) {
-                    shared.push((prefix, shared_fence(prefix)));
-                }
-            }
-        }
         let companions: Vec<Option<CompanionKeys>> = ops
             .iter()
             .map(|op| match op {
-                Op::Acquire { key, .. } => Some(CompanionKeys::new(key)),
+                Op::Acquire { key, .. } => Some(CompanionKeys::new(key, slot_bound)),
                 Op::Release { key, .. } | Op::Complete { key, .. } if handoff => {
-                    Some(CompanionKeys::new(key))
+                    Some(CompanionKeys::new(key, slot_bound))
                 }
                 _ => None,
             })
@@ -389,24 +380,14 @@ impl RedisStore {
                 keys.push(record);
             }
             if let Some(companions) = companions {
-                let fence: &[u8] = if slot_bound {
-                    companions.fence()
-                } else {
-                    let prefix = op.key().prefix();
-                    let (_, name) = shared
-                        .iter()
-                        .find(|(p, _)| *p == prefix)
-                        .expect("every prefix of the batch has its counter");
-                    name
-                };
                 match op {
                     Op::Acquire { .. } => {
-                        keys.push(fence);
+                        keys.push(companions.fence());
                         if handoff {
                             keys.push(companions.queue());
                         }
                     }
-                    _ => keys.extend([fence, companions.queue()]),
+                    _ => keys.extend([companions.fence(), companions.queue()]),
                 }
             }
         }
