@@ -365,7 +365,7 @@ mod tests {
         }
     }
 
-    /// The value the reproduction used: `sku-685` and `sku-685:queue` under `audit` share
+    /// The values a review's reproduction used: `sku-685` and `sku-685:queue` under `audit` share
     /// a hash tag, so under the earlier layout (`<lock key>:queue`) the second's lock key was the
     /// first's queue. Now a value that spells the queue's layout does not reach it either.
     #[test]
