@@ -172,7 +172,9 @@ impl Handoff {
     /// store (one may shut down, or no longer be driven: a current-thread runtime whose
     /// `block_on` returned). The thread ends with the store (its last clone).
     pub(crate) fn ensure_running(&self) {
-        if self.state.running.swap(true, Ordering::AcqRel) {
+        if self.state.running.load(Ordering::Acquire)
+            || self.state.running.swap(true, Ordering::AcqRel)
+        {
             return;
         }
         self.bump(None);
