@@ -66,6 +66,18 @@ fn handler(
     }
 }
 
+/// A locker whose leases hold at most two keys.
+fn at_most_two_keys() -> Locker {
+    Locker::with_config(
+        MemoryStore::new(),
+        LockConfig::builder()
+            .wait(Wait::none())
+            .max_keys(2)
+            .build()
+            .unwrap(),
+    )
+}
+
 fn locker() -> Locker {
     Locker::with_config(
         MemoryStore::new(),
@@ -300,14 +312,7 @@ async fn an_optional_source_passes_a_body_without_its_fields_through() {
 #[tokio::test]
 async fn max_keys_counts_each_key_once() {
     let seen = Arc::new(Seen::default());
-    let locker = Locker::with_config(
-        MemoryStore::new(),
-        LockConfig::builder()
-            .wait(Wait::none())
-            .max_keys(2)
-            .build()
-            .unwrap(),
-    );
+    let locker = at_most_two_keys();
     let app = app(&locker, Key::json("/items/*/sku"), Arc::clone(&seen));
     let same = r#"{"items": [{"sku": "a"}, {"sku": "a"}, {"sku": "b"}, {"sku": "a"}]}"#;
     let (status, problem) = status_and_json(&app, post_body(Body::from(same))).await;
@@ -390,14 +395,7 @@ async fn a_closure_reads_the_body_and_the_head() {
 /// and a body naming thousands of SKUs costs what the first few cost.
 #[tokio::test]
 async fn max_keys_stops_reading_the_body() {
-    let locker = Locker::with_config(
-        MemoryStore::new(),
-        LockConfig::builder()
-            .wait(Wait::none())
-            .max_keys(2)
-            .build()
-            .unwrap(),
-    );
+    let locker = at_most_two_keys();
     let seen = Arc::new(Seen::default());
     let layer = LockLayer::from_locker(locker.clone(), Key::json("/items/*/sku")).namespace("sku");
     let app = Router::new().route(
@@ -420,14 +418,7 @@ async fn max_keys_stops_reading_the_body() {
 /// is never reached).
 #[tokio::test]
 async fn max_keys_bounds_the_keys_made_from_a_sources_values() {
-    let locker = Locker::with_config(
-        MemoryStore::new(),
-        LockConfig::builder()
-            .wait(Wait::none())
-            .max_keys(2)
-            .build()
-            .unwrap(),
-    );
+    let locker = at_most_two_keys();
     let many = Key::from_fn_many(|_: &Parts| {
         let mut values: Vec<Bytes> = ["a", "a", "b", "c"].into_iter().map(Bytes::from).collect();
         values.push(Bytes::new());
