@@ -1,6 +1,6 @@
 //! [`JsonKeys`]: lock keys from fields of a JSON request body.
 
-use std::{collections::HashSet, fmt, sync::Arc};
+use std::{collections::HashSet, fmt, fmt::Write as _, sync::Arc};
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -305,42 +305,51 @@ impl<'de> Visitor<'de> for Walk<'_> {
     fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
         self.not_a_key()?;
         let segments = || self.at.iter().flat_map(|node| &node.next);
-        let mut i = 0usize;
+        let every: Vec<&Node> = segments()
+            .filter(|(s, _)| s == "*")
+            .map(|(_, node)| node)
+            .collect();
+        let indexed: Vec<(usize, &Node)> = segments()
+            .filter_map(|(s, node)| Some((s.parse::<usize>().ok()?, node)))
+            .collect();
+        let mut len = 0usize;
         loop {
-            let index = i.to_string();
-            let at: Vec<&Node> = segments()
-                .filter(|(s, _)| s == "*" || *s == index)
-                .map(|(_, node)| node)
+            let at: Vec<&Node> = every
+                .iter()
+                .copied()
+                .chain(indexed.iter().filter(|(i, _)| *i == len).map(|(_, n)| *n))
                 .collect();
-            let len = self.path.len();
-            self.path.push('/');
-            self.path.push_str(&index);
             let more = if at.is_empty() {
                 seq.next_element::<IgnoredAny>()?.is_some()
             } else {
-                seq.next_element_seed(Walk {
-                    at,
-                    path: &mut *self.path,
-                    found: &mut *self.found,
-                })?
-                .is_some()
+                let end = self.path.len();
+                let _ = write!(self.path, "/{len}");
+                let more = seq
+                    .next_element_seed(Walk {
+                        at,
+                        path: &mut *self.path,
+                        found: &mut *self.found,
+                    })?
+                    .is_some();
+                self.path.truncate(end);
+                more
             };
-            self.path.truncate(len);
             if !more {
                 break;
             }
-            i += 1;
+            len += 1;
         }
-        // What the array did not have: an element at all (for `*`), or the one at an index.
+        // What the array did not have: an element at all (for `*`), the one at an index, or a
+        // member's name (an array has none).
         let absent = segments().find(|(s, _)| match s.as_str() {
-            "*" => i == 0,
-            s => s.parse::<usize>().map_or(true, |n| n >= i),
+            "*" => len == 0,
+            s => s.parse::<usize>().map_or(true, |i| i >= len),
         });
         if let Some((segment, _)) = absent {
-            let len = self.path.len();
+            let end = self.path.len();
             push_segment(self.path, segment);
             self.found.missing(self.path);
-            self.path.truncate(len);
+            self.path.truncate(end);
         }
         Ok(())
     }
@@ -492,6 +501,38 @@ mod tests {
         assert_eq!(keys(&optional, r#"{"other":1}"#).unwrap(), None);
         assert_eq!(keys(&optional, r#"{"items":[]}"#).unwrap(), None);
         assert!(keys(&optional, "nope").is_err(), "not JSON is still a 400");
+    }
+
+    #[test]
+    fn one_walk_follows_every_pointer_and_keeps_each_value_once() {
+        let parts = http::Request::post("/").body(()).unwrap().into_parts().0;
+        let both = Key::json("/items/*/sku").and("/items/0/sku").and("/n");
+        let body = Bytes::from_static(br#"{"n": 7.0, "items": [{"sku": "a"}, {"sku": 2}]}"#);
+        let values = both.keys(&parts, &body).unwrap().unwrap();
+        let values: Vec<&[u8]> = values.iter().map(|v| &v[..]).collect();
+        assert_eq!(values, [&b"7.0"[..], b"a", b"2"]);
+        // At most one: the second distinct value stops the walk, whatever follows it.
+        let body = Bytes::from_static(br#"{"items": [{"sku": "a"}, {"sku": "a"}, {"sku": "b"}, !"#);
+        let error = Key::json("/items/*/sku")
+            .keys_at_most(&parts, &body, 1)
+            .unwrap_err();
+        assert!(error.detail().contains("limit is 1"), "{error}");
+        // Named twice on a key's path, at any depth; elsewhere, left alone.
+        for (body, twice) in [
+            (r#"{"items": [{"sku": "a", "sku": "a"}]}"#, "/items/0/sku"),
+            (r#"{"items": [], "items": []}"#, "/items"),
+        ] {
+            let error = keys(&Key::json("/items/*/sku"), body).unwrap_err();
+            assert!(
+                error.detail().contains(&format!("`{twice}` twice")),
+                "{error}"
+            );
+        }
+        let fine = r#"{"x": 1, "x": 2, "items": [{"sku": "a", "q": 1, "q": 2}]}"#;
+        assert_eq!(
+            keys(&Key::json("/items/*/sku"), fine).unwrap().unwrap(),
+            ["a"]
+        );
     }
 
     #[test]

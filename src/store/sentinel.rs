@@ -119,8 +119,8 @@ struct Inner {
     created: Instant,
     next_poll: AtomicU64,
     polling: AtomicBool,
-    /// The thread that looks the master up and connects to it (see [`Follower`]), started at
-    /// the first lookup after connecting.
+    /// The thread that looks the master up and connects to it (see [`follower_thread`]),
+    /// started at the first lookup after connecting.
     follower: Mutex<Option<mpsc::UnboundedSender<Follow>>>,
 }
 
