@@ -73,6 +73,16 @@
 //! ## idempotency-principal-missing
 //!
 //! The server could not tell whose request this is, so it cannot scope its idempotency key.
+//!
+//! ## idempotency-principal-unauthorized
+//!
+//! The request does not say who makes it (or says it in a way not accepted), and its
+//! idempotency key is scoped by its caller: authenticate (see the `WWW-Authenticate` header) and
+//! send it again.
+//!
+//! ## idempotency-principal-invalid
+//!
+//! The request names its caller in a form that cannot be used; the detail says what is wrong.
 
 use std::time::Duration;
 
@@ -261,6 +271,8 @@ mod tests {
             "idempotency-key-reused",
             "request-body-unreadable",
             "idempotency-principal-missing",
+            "idempotency-principal-unauthorized",
+            "idempotency-principal-invalid",
         ];
         for kind in kinds {
             assert!(

@@ -66,6 +66,18 @@ fn handler(
     }
 }
 
+/// A locker whose leases hold at most two keys.
+fn at_most_two_keys() -> Locker {
+    Locker::with_config(
+        MemoryStore::new(),
+        LockConfig::builder()
+            .wait(Wait::none())
+            .max_keys(2)
+            .build()
+            .unwrap(),
+    )
+}
+
 fn locker() -> Locker {
     Locker::with_config(
         MemoryStore::new(),
@@ -300,14 +312,7 @@ async fn an_optional_source_passes_a_body_without_its_fields_through() {
 #[tokio::test]
 async fn max_keys_counts_each_key_once() {
     let seen = Arc::new(Seen::default());
-    let locker = Locker::with_config(
-        MemoryStore::new(),
-        LockConfig::builder()
-            .wait(Wait::none())
-            .max_keys(2)
-            .build()
-            .unwrap(),
-    );
+    let locker = at_most_two_keys();
     let app = app(&locker, Key::json("/items/*/sku"), Arc::clone(&seen));
     let same = r#"{"items": [{"sku": "a"}, {"sku": "a"}, {"sku": "b"}, {"sku": "a"}]}"#;
     let (status, problem) = status_and_json(&app, post_body(Body::from(same))).await;
@@ -382,4 +387,100 @@ async fn a_closure_reads_the_body_and_the_head() {
     let no_tenant = Request::post("/restock").body(Body::from("a")).unwrap();
     let response = app.clone().oneshot(no_tenant).await.unwrap();
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+}
+
+/// A limit applied while reading, not after: the layer stops at the first value past
+/// `max_keys` distinct ones. What follows it is never read, so it does not matter that it is
+/// not even JSON (the answer says why the keys were refused, not that the body is malformed);
+/// and a body naming thousands of SKUs costs what the first few cost.
+#[tokio::test]
+async fn max_keys_stops_reading_the_body() {
+    let locker = at_most_two_keys();
+    let seen = Arc::new(Seen::default());
+    let layer = LockLayer::from_locker(locker.clone(), Key::json("/items/*/sku")).namespace("sku");
+    let app = Router::new().route(
+        "/orders",
+        post(handler(Arc::clone(&seen))).route_layer(layer),
+    );
+    let body = format!(
+        r#"{{"items": [{{"sku": "a"}}, {{"sku": "a"}}, {{"sku": "b"}}, {{"sku": "c"}}, {}"#,
+        "this is not JSON, ".repeat(1000)
+    );
+    let (status, problem) = status_and_json(&app, post_body(Body::from(body))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.contains("limit is 2"), "{problem}");
+    assert_eq!(seen.calls.load(Ordering::SeqCst), 0);
+}
+
+/// The same bound for values a source gave all at once: keys are made up to the first value
+/// past `max_keys` distinct ones (the empty value after it, which would fail to become a key,
+/// is never reached).
+#[tokio::test]
+async fn max_keys_bounds_the_keys_made_from_a_sources_values() {
+    let locker = at_most_two_keys();
+    let many = Key::from_fn_many(|_: &Parts| {
+        let mut values: Vec<Bytes> = ["a", "a", "b", "c"].into_iter().map(Bytes::from).collect();
+        values.push(Bytes::new());
+        values.extend((0..10_000).map(|n| Bytes::from(format!("sku-{n}"))));
+        Ok(Some(KeyValues::from(values)))
+    });
+    let layer = LockLayer::from_locker(locker, many).namespace("sku");
+    let app = Router::new().route("/orders", post(|| async { "ok" }).route_layer(layer));
+    let (status, problem) = status_and_json(&app, post_body(Body::empty())).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("limit is 2"),
+        "{problem}"
+    );
+}
+
+/// A field on a key's path named twice in one object (`{"sku": "a", "sku": "b"}`) is a 400:
+/// the layer would lock one while a first-wins parser in the handler acts on the other. Twice
+/// elsewhere in the body is the handler's business.
+#[tokio::test]
+async fn a_key_field_named_twice_is_a_bad_request() {
+    let seen = Arc::new(Seen::default());
+    let sku = app(&locker(), Key::json("/sku"), Arc::clone(&seen));
+    for body in [
+        r#"{"sku": "a", "sku": "b"}"#,
+        r#"{"sku": "a", "note": 1, "sku": "a"}"#,
+    ] {
+        let (status, problem) = status_and_json(&sku, post_body(Body::from(body))).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {problem}");
+        assert!(
+            problem["detail"].as_str().unwrap().contains("`/sku` twice"),
+            "{problem}"
+        );
+    }
+    let cart = app(&locker(), Key::json("/items/*/sku"), Arc::clone(&seen));
+    for (body, twice) in [
+        (
+            r#"{"items": [{"sku": "a"}, {"sku": "b", "sku": "c"}]}"#,
+            "/items/1/sku",
+        ),
+        (
+            r#"{"items": [{"sku": "a"}], "items": [{"sku": "b"}]}"#,
+            "/items",
+        ),
+    ] {
+        let (status, problem) = status_and_json(&cart, post_body(Body::from(body))).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {problem}");
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("`{twice}` twice")),
+            "{problem}"
+        );
+    }
+    assert_eq!(seen.calls.load(Ordering::SeqCst), 0);
+    let (status, problem) = status_and_json(
+        &cart,
+        post_body(Body::from(
+            r#"{"note": 1, "note": 2, "items": [{"sku": "a", "qty": 1, "qty": 2}]}"#,
+        )),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{problem}");
 }

@@ -793,7 +793,80 @@ suite!(
     client_errors_are_stored_unless_the_predicate_says_not,
     another_clients_key_and_body_get_their_own_run,
     shared_key_space_is_one_space_for_everyone,
+    an_empty_principal_is_no_caller,
+    a_principal_answers_a_clients_mistake_as_one,
 );
+
+/// An empty id is not the shared key space: only `SharedKeySpace` is. The obvious header
+/// principal returns empty bytes for an empty `x-tenant:` header; that used to put the request
+/// in the shared space, where a second anonymous caller was served the first one's payment.
+/// Now it is a request without a caller (500), and the handler never runs.
+async fn an_empty_principal_is_no_caller<B: Backend>(backend: B)
+where
+    B::Store: IdempotencyStore,
+{
+    let runs = Arc::new(Runs::default());
+    let app = make_app(
+        Arc::clone(&runs),
+        Some(layer(&backend, IdempotencyConfig::default()).await),
+    );
+    for _ in 0..2 {
+        let anonymous = send(&app, post_to("/payments", Some(KEY), Some(""), "{}")).await;
+        assert!(
+            !replayed(&anonymous),
+            "an anonymous caller got another's payment"
+        );
+        assert_problem(
+            anonymous,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "idempotency-principal-missing",
+        )
+        .await;
+    }
+    assert_eq!(runs.started.load(Ordering::SeqCst), 0);
+}
+
+/// A principal can say the request is the client's mistake: 401 with its challenge, or 400,
+/// as problem+json, before the handler runs.
+async fn a_principal_answers_a_clients_mistake_as_one<B: Backend>(backend: B)
+where
+    B::Store: IdempotencyStore,
+{
+    use tower_lock::idempotency::PrincipalRejection;
+    let principal = |parts: &axum::http::request::Parts| match parts.headers.get("x-tenant") {
+        None => Err(PrincipalRejection::unauthorized(
+            axum::http::HeaderValue::from_static("ApiKey realm=\"payments\""),
+        )),
+        Some(tenant) if !tenant.as_bytes().iter().all(u8::is_ascii_alphanumeric) => Err(
+            PrincipalRejection::bad_request("`x-tenant` is not an account id"),
+        ),
+        Some(tenant) => Ok(Bytes::copy_from_slice(tenant.as_bytes())),
+    };
+    let runs = Arc::new(Runs::default());
+    let layer = IdempotencyLayer::new(backend.store().await, principal);
+    let app = make_app(Arc::clone(&runs), Some(layer));
+    let anonymous = send(&app, post_to("/payments", Some(KEY), None, "{}")).await;
+    assert_eq!(
+        anonymous.headers()[header::WWW_AUTHENTICATE],
+        "ApiKey realm=\"payments\""
+    );
+    assert_problem(
+        anonymous,
+        StatusCode::UNAUTHORIZED,
+        "idempotency-principal-unauthorized",
+    )
+    .await;
+    let malformed = send(&app, post_to("/payments", Some(KEY), Some("t 1"), "{}")).await;
+    assert_problem(
+        malformed,
+        StatusCode::BAD_REQUEST,
+        "idempotency-principal-invalid",
+    )
+    .await;
+    assert_eq!(runs.started.load(Ordering::SeqCst), 0);
+    let known = send(&app, post_to("/payments", Some(KEY), Some("t1"), "{}")).await;
+    assert_eq!(known.status(), StatusCode::CREATED);
+}
 
 /// The negative control for `running_key_is_409` and `finished_key_is_replayed`: without the
 /// layer, concurrent duplicates both run, and so does a retry.
@@ -829,7 +902,7 @@ async fn redis_keeps_the_record_next_to_a_released_lock() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let records: Vec<_> = keys.iter().filter(|k| k.ends_with(b":record")).collect();
+    let records: Vec<_> = keys.iter().filter(|k| support::is_record_key(k)).collect();
     assert_eq!(records.len(), 1, "{keys:?}");
     assert!(
         backend
@@ -837,7 +910,7 @@ async fn redis_keeps_the_record_next_to_a_released_lock() {
             .lock_keys()
             .await
             .iter()
-            .all(|k| k.ends_with(b":record")),
+            .all(|k| support::is_record_key(k)),
         "a lock key is left: {keys:?}"
     );
     let ttl: i64 = ::redis::cmd("PTTL")

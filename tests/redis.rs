@@ -678,3 +678,145 @@ async fn batched_renewals_on_a_cluster_mode_server() {
         assert!(guard.release().await.unwrap());
     }
 }
+
+/// A key value a client chooses to spell another key's companion is a lock of its own. Under the
+/// earlier layout (`<lock key>:queue`), `sku-685:queue` under the namespace `audit` was exactly
+/// the lock key of `sku-685`'s hand-off queue (the two values share a hash tag): holding it made
+/// every acquire of `sku-685` fail with `WRONGTYPE` after its `SET NX` had taken the key, and its
+/// release fail the same way, so the key stayed locked for a TTL after every attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_that_spells_another_keys_queue_is_a_lock_of_its_own() {
+    let server = RedisServer::start();
+    let config = LockConfig::builder().wait(Wait::none()).build().unwrap();
+    let locker =
+        tower_lock::Locker::with_config(RedisStore::connect(server.url()).await.unwrap(), config);
+    let spelled = locker
+        .acquire(locker.key("audit", "sku-685:queue").unwrap())
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let victim = locker
+            .acquire(locker.key("audit", "sku-685").unwrap())
+            .await
+            .unwrap();
+        assert!(victim.release().await.unwrap());
+    }
+    assert!(spelled.release().await.unwrap());
+    assert!(server.lock_keys().await.is_empty(), "keys left behind");
+}
+
+/// Every way to build a store on `server`: `connect`, a caller's `ConnectionManager`,
+/// `MultiplexedConnection` and bb8 pool (which do not ask the server whether it hashes keys to
+/// slots), and Redlock's lazily connected node.
+async fn every_constructor(server: &RedisServer) -> Vec<(&'static str, Box<dyn LockStoreDyn>)> {
+    let client = redis::Client::open(server.url()).unwrap();
+    let manager = redis::aio::ConnectionManager::new(client.clone())
+        .await
+        .unwrap();
+    let multiplexed = client.get_multiplexed_async_connection().await.unwrap();
+    let pool = RedisStore::pool_builder()
+        .max_size(2)
+        .build(bb8_redis::RedisConnectionManager::new(server.url()).unwrap())
+        .await
+        .unwrap();
+    vec![
+        (
+            "connect",
+            Box::new(RedisStore::connect(server.url()).await.unwrap()),
+        ),
+        (
+            "from_connection_manager",
+            Box::new(RedisStore::from_connection_manager(manager)),
+        ),
+        (
+            "from_multiplexed",
+            Box::new(RedisStore::from_multiplexed(multiplexed)),
+        ),
+        ("from_pool", Box::new(RedisStore::from_pool(pool))),
+        (
+            "redlock (lazy)",
+            Box::new(
+                tower_lock::RedlockStore::connect([server.url()])
+                    .await
+                    .unwrap(),
+            ),
+        ),
+    ]
+}
+
+/// The two calls the test needs of any store, object-safe.
+trait LockStoreDyn {
+    fn fence(&self, key: &tower_lock::key::LockKey) -> futures_util::future::BoxFuture<'_, u64>;
+}
+
+impl<S: LockStore + Sync> LockStoreDyn for S {
+    fn fence(&self, key: &tower_lock::key::LockKey) -> futures_util::future::BoxFuture<'_, u64> {
+        let key = key.clone();
+        Box::pin(async move {
+            let token = Token::generate().unwrap();
+            let fence = match self.acquire(&key, &token, Duration::from_secs(10)).await {
+                Ok(tower_lock::store::Acquire::Acquired { fencing_token }) => fencing_token,
+                other => panic!("not acquired: {other:?}"),
+            };
+            assert!(self.release(&key, &token).await.unwrap());
+            fence
+        })
+    }
+}
+
+/// One key's fencing tokens come from one counter, whichever constructor made the store and
+/// whether or not it has learnt that the server hashes keys to slots. On a cluster-mode server
+/// reached through a plain connection, a store that was not told (a caller's connection, manager
+/// or pool, Redlock's lazy connect) used the server-wide counter for a key in that counter's
+/// own slot (no `CROSSSLOT` to teach it otherwise) while `connect`'s store used the slot's: with
+/// the server-wide counter ahead (as after the server's clock stepped back), that key's tokens
+/// went backwards from one store to the next, and within one store once it learnt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_one_fencing_counter_whatever_made_the_store() {
+    for (what, server) in [
+        ("plain", RedisServer::start()),
+        ("cluster mode", one_node_cluster()),
+    ] {
+        // A key in the slot of the server-wide counter, `tower-lock:fence`.
+        let shared_slot = tower_lock_testkit::key_slot(b"tower-lock:fence");
+        let key = (0..)
+            .map(|n| {
+                tower_lock::key::LockKey::new(
+                    "tower-lock:",
+                    "fence",
+                    format!("k{n}").as_bytes(),
+                    64,
+                )
+                .unwrap()
+            })
+            .find(|key| tower_lock_testkit::key_slot(key.as_bytes()) == shared_slot)
+            .unwrap();
+        // The server-wide counter far ahead of the clock.
+        let ahead = (std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64)
+            + 1_000_000_000_000;
+        let set = server.cli(&["SET", "tower-lock:fence", &ahead.to_string()]);
+        assert!(set.contains("OK"), "{set}");
+        let stores = every_constructor(&server).await;
+        let mut last = 0;
+        for round in ["before learning", "after learning"] {
+            for (name, store) in &stores {
+                let fence = store.fence(&key).await;
+                assert!(
+                    fence > last,
+                    "{what} server, {name}, {round}: token {fence} after {last}"
+                );
+                last = fence;
+            }
+            // Every store meets a key of another slot: those that did not know learn now.
+            let other =
+                tower_lock::key::LockKey::new("tower-lock:", "fence", b"elsewhere", 64).unwrap();
+            assert_ne!(tower_lock_testkit::key_slot(other.as_bytes()), shared_slot);
+            for (_, store) in &stores {
+                store.fence(&other).await;
+            }
+        }
+    }
+}

@@ -197,7 +197,7 @@ async fn a_handed_over_lease_is_acknowledged_before_it_runs() {
         let key = key.clone();
         async move { waiter.acquire(key).await.unwrap() }
     });
-    let queue = [key.as_bytes(), b":queue"].concat();
+    let queue = support::queue_key(key.as_bytes());
     loop {
         let len: usize = redis::cmd("LLEN")
             .arg(&queue)

@@ -277,7 +277,7 @@ async fn manual_failover_demotes_the_master() {
 async fn queue_entries(server: &RedisServer, key: &LockKey) -> Vec<Vec<u8>> {
     let mut conn = server.client().await;
     redis::cmd("LRANGE")
-        .arg([key.as_bytes(), b":queue"].concat())
+        .arg(support::queue_key(key.as_bytes()))
         .arg(0)
         .arg(-1)
         .query_async(&mut conn)
@@ -373,4 +373,64 @@ async fn handoff_follows_a_killed_master() {
         setup.replica.lock_keys().await.is_empty(),
         "keys left behind"
     );
+}
+
+/// A background lookup that a runtime started, and that runtime then left undriven (a
+/// current-thread runtime whose `block_on` returned) while the lookup waited for the sentinels,
+/// does not stop the store from following a failover for every other runtime: lookups run on
+/// the store's own thread.
+#[test]
+fn a_lookup_left_on_an_idle_runtime_does_not_stop_the_store_following() {
+    let mut setup = SentinelSetup::start(Duration::from_millis(500));
+    // The sentinels, behind proxies that can stall them.
+    let proxies: Vec<_> = setup
+        .sentinels
+        .iter()
+        .map(|s| tower_lock_testkit::proxy::Proxy::start(s.port()))
+        .collect();
+    let urls: Vec<String> = proxies.iter().map(|p| p.url()).collect();
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = main
+        .block_on(SentinelStore::connect(urls, MASTER_NAME))
+        .unwrap();
+    let (old, new) = (setup.master.port(), setup.replica.port());
+    assert_eq!(store.master_addr(), format!("127.0.0.1:{old}"));
+    // A background lookup is due a second after connecting; it starts with the next call, on
+    // the idle runtime, and waits for the stalled sentinels when that runtime stops.
+    std::thread::sleep(Duration::from_millis(1100));
+    for proxy in &proxies {
+        proxy.stall();
+    }
+    let idle = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    idle.block_on(async {
+        let k = key("idle");
+        let token = Token::generate().unwrap();
+        let _ = store.acquire(&k, &token, Duration::from_secs(30)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    });
+    for proxy in &proxies {
+        proxy.heal();
+    }
+    setup.master.kill();
+    setup.wait_for_master(new, Duration::from_secs(30));
+    main.block_on(async {
+        let k = key("after-idle-lookup");
+        let token = Token::generate().unwrap();
+        let answer = tokio::time::timeout(
+            Duration::from_secs(20),
+            acquire_until_answered(&store, &k, &token, Duration::from_secs(15)),
+        )
+        .await
+        .expect("the store never followed the failover: its lookups wait for the idle runtime");
+        acquired(answer);
+    });
+    assert_eq!(store.master_addr(), format!("127.0.0.1:{new}"));
+    drop(idle);
 }

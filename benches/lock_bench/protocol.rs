@@ -16,8 +16,8 @@ use tower_lock::{RedisStore, Token};
 
 use crate::common::TTL_MS;
 
-/// The baseline's fencing counter: one for all its keys (the crate keeps one per hash slot,
-/// `tower-lock:fence:{<tag>}`; on one server the script does the same work either way).
+/// The baseline's fencing counter: one for all its keys (as the crate's `tower-lock:fence` on a
+/// server that does not hash keys to slots).
 const FENCE_COUNTER: &str = "bench:fence";
 /// Fencing counter retention: must match the layer's (`RedisStore::fence_retention`, default
 /// 24 h).
@@ -32,8 +32,16 @@ const STAMP: &str = "0000000000000000";
 const CHANNEL: &str = "tower-lock:handoff:0123456789abcdef0123456789abcdef";
 /// What every hand-off channel name starts with.
 const CHANNEL_PREFIX: &str = "tower-lock:handoff:";
-/// The suffix of a lock key's hand-off queue, next to the lock key.
-const QUEUE_SUFFIX: &str = ":queue";
+/// The role of a lock key's hand-off queue: `<prefix>{<tag>}queue:<rest of the lock key>`.
+const QUEUE_ROLE: &str = "queue:";
+
+/// The hand-off queue of the lock key `key`.
+fn queue_key(key: &str) -> String {
+    match key.find('}') {
+        Some(end) => format!("{}{QUEUE_ROLE}{}", &key[..=end], &key[end + 1..]),
+        None => format!("{QUEUE_ROLE}{key}"),
+    }
+}
 
 /// The crate's script named `name`, as `RedisStore` sends it.
 fn crate_script(name: &str) -> Script {
@@ -67,7 +75,7 @@ impl CrateScripts {
         self.ops
             .key(key)
             .key(FENCE_COUNTER)
-            .key(format!("{key}{QUEUE_SUFFIX}"))
+            .key(queue_key(key))
             .arg("1")
             .arg(CLAIM_MS)
             .arg(FENCE_RETENTION_MS)
@@ -92,7 +100,7 @@ impl CrateScripts {
         self.ops
             .key(key)
             .key(FENCE_COUNTER)
-            .key(format!("{key}{QUEUE_SUFFIX}"))
+            .key(queue_key(key))
             .arg("1")
             .arg(CLAIM_MS)
             .arg(FENCE_RETENTION_MS)
@@ -159,7 +167,7 @@ pub(crate) fn compare(layer: &[Vec<String>], baseline: &[Vec<String>]) -> Result
             if sent.get(2).map(String::as_str) != Some("3") {
                 return Err(format!("the {who}'s {name} does not send 3 keys: {sent:?}"));
             }
-            if sent.len() < 6 || sent[5] != format!("{}{QUEUE_SUFFIX}", sent[3]) {
+            if sent.len() < 6 || sent[5] != queue_key(&sent[3]) {
                 return Err(format!(
                     "the {who}'s {name} does not send the lock key's queue as its third key: \
                      {sent:?}"

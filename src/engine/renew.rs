@@ -12,7 +12,7 @@ use std::{
 
 use futures_util::{StreamExt, stream::FuturesUnordered};
 use tokio::{
-    runtime::Handle,
+    runtime::{self, Handle},
     sync::mpsc,
     time::{Instant, Sleep, sleep_until, timeout},
 };
@@ -236,11 +236,13 @@ fn renew_keys(
 
 /// The renewals of a locker's leases that nobody polls while they are held: background leases
 /// ([`LeaseGuard`](crate::LeaseGuard)) and leases kept while a response body streams. One task
-/// per locker drives them all (no task per lease), started at the first such lease on the
-/// runtime in use, and again on another runtime if that one shut down.
+/// per locker and runtime drives them all (no task per lease), started on a runtime at its
+/// first such lease, and again if that task ended with its runtime. A lease is renewed on the
+/// runtime that acquired it: never by a task of another runtime, which may be shut down or no
+/// longer driven (a current-thread runtime whose `block_on` returned).
 #[derive(Default)]
 pub(crate) struct Background {
-    renewers: Mutex<Option<mpsc::UnboundedSender<Driven>>>,
+    renewers: Mutex<Vec<(runtime::Id, mpsc::UnboundedSender<Driven>)>>,
 }
 
 /// A renewer in the background task, with the span its events belong to.
@@ -250,28 +252,33 @@ struct Driven {
 }
 
 impl Background {
-    /// Renews `renewer`'s lease in the background until it is lost, or released (see
-    /// [`Lease::set_releasing`]). Without a Tokio runtime the lease is not renewed.
+    /// Renews `renewer`'s lease in the background, on the current runtime, until it is lost, or
+    /// released (see [`Lease::set_releasing`]). Without a Tokio runtime the lease is not
+    /// renewed.
     pub(crate) fn drive(&self, renewer: Renewer, span: Span) {
-        let mut driven = Driven { renewer, span };
-        let mut tx = self.renewers.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(sender) = &*tx {
-            match sender.send(driven) {
-                Ok(()) => return,
-                // The task ended with its runtime: start another on this one.
-                Err(mpsc::error::SendError(back)) => driven = back,
-            }
-        }
         let Ok(handle) = Handle::try_current() else {
             tracing::warn!(
                 "no Tokio runtime to renew a background lease on; it expires with its TTL"
             );
             return;
         };
+        let runtime = handle.id();
+        let mut driven = Driven { renewer, span };
+        let mut tasks = self.renewers.lock().unwrap_or_else(PoisonError::into_inner);
+        // The tasks of runtimes that shut down are gone.
+        tasks.retain(|(_, sender)| !sender.is_closed());
+        if let Some((_, sender)) = tasks.iter().find(|(id, _)| *id == runtime) {
+            match sender.send(driven) {
+                Ok(()) => return,
+                // The task ended with its runtime (shutting down): start another.
+                Err(mpsc::error::SendError(back)) => driven = back,
+            }
+        }
         let (sender, rx) = mpsc::unbounded_channel();
         let _ = sender.send(driven);
         handle.spawn(run(rx));
-        *tx = Some(sender);
+        tasks.retain(|(id, _)| *id != runtime);
+        tasks.push((runtime, sender));
     }
 }
 
@@ -281,10 +288,11 @@ impl fmt::Debug for Background {
             .renewers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .is_some_and(|tx| !tx.is_closed());
+            .iter()
+            .filter(|(_, tx)| !tx.is_closed())
+            .count();
         f.debug_struct("Background")
-            .field("running", &running)
+            .field("runtimes", &running)
             .finish()
     }
 }

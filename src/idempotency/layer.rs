@@ -1,10 +1,10 @@
-use std::{fmt, sync::Arc};
+use std::{any::TypeId, fmt, sync::Arc};
 
 use tower::Layer;
 
 use super::{
     config::IdempotencyConfig,
-    principal::Principal,
+    principal::{Principal, SharedKeySpace},
     response::{IdempotencyProblem, IdempotencyResponse},
     service::IdempotencyService,
     state::IdempotencyState,
@@ -63,11 +63,12 @@ impl IdempotencyLayer {
 
     /// A layer whose keys are scoped by `principal`, with `config` (checked when it was built:
     /// an invalid setting is an error at start-up, never at request time).
-    pub fn with_config<S: IdempotencyStore>(
+    pub fn with_config<S: IdempotencyStore, P: Principal>(
         store: S,
-        principal: impl Principal,
+        principal: P,
         config: IdempotencyConfig,
     ) -> Self {
+        let shared_key_space = TypeId::of::<P>() == TypeId::of::<SharedKeySpace>();
         let records = store
             .capabilities()
             .records
@@ -79,6 +80,7 @@ impl IdempotencyLayer {
                 records,
                 config,
                 principal: Arc::new(principal),
+                shared_key_space,
                 respond: Arc::new(IdempotencyProblem),
             }),
         }

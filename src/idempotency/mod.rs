@@ -72,7 +72,10 @@
 //!    from the request extensions) and the [namespace](IdempotencyConfig::namespace), never by
 //!    the route: clients cannot see each other's records, and one client's key names one
 //!    request whatever the route. The layer is built with its principal; there is no default,
-//!    and one key space for every client is a choice made explicitly, with [`SharedKeySpace`].
+//!    and one key space for every client is a choice made explicitly, with [`SharedKeySpace`]
+//!    (the only principal whose requests share one: an empty id from any other is no caller,
+//!    500). A principal may refuse the caller as the client's mistake
+//!    ([`PrincipalRejection`]: 401 or 400).
 //! 3. **Body.** The request body is buffered, up to
 //!    [`max_request_body`](IdempotencyConfig::max_request_body) (1 MiB; larger is a 413, checked
 //!    against `Content-Length` first), and the [`Fingerprint`] (method, path, body by default)
@@ -103,7 +106,9 @@
 //! | key's first request still running | 409 | `#lock-contended` | holder's remaining TTL |
 //! | request body over `max_request_body` | 413 | `#request-body-too-large` | |
 //! | request body failed to arrive | 400 | `#request-body-unreadable` | |
-//! | no principal for the request | 500 | `#idempotency-principal-missing` | |
+//! | no principal for the request (`None`, an empty id) | 500 | `#idempotency-principal-missing` | |
+//! | the principal refused the caller: [`PrincipalRejection::unauthorized`] | 401, with its `WWW-Authenticate` | `#idempotency-principal-unauthorized` | |
+//! | the principal refused the caller: [`PrincipalRejection::bad_request`] | 400 | `#idempotency-principal-invalid` | |
 //! | store failed, or lease lost while the handler ran | 503 | `#lock-store-unavailable`, `#lease-lost` | 1 |
 //!
 //! Every `type` is under [`PROBLEM_TYPE_BASE`](crate::response::PROBLEM_TYPE_BASE). The
@@ -152,8 +157,9 @@
 //!
 //! # Stores
 //!
-//! Records live in the lock's store, next to the lock key (`<lock key>:record`, same Redis
-//! Cluster slot); see [`IdempotencyStore`]. It is implemented for
+//! Records live in the lock's store, next to the lock key (in Redis
+//! `<prefix>{<tag>}record:<scope length>:<scope>:<value>`, the lock key's Redis Cluster slot,
+//! a key no lock key can be); see [`IdempotencyStore`]. It is implemented for
 //! [`MemoryStore`](crate::MemoryStore) (one process) and [`RedisStore`](crate::RedisStore).
 //! A fresh request costs three round trips (acquire, lookup, store-and-release); a replay two
 //! or three.
@@ -190,7 +196,7 @@ pub use key::IdempotencyKey;
 pub use key::MissingIdempotencyKey;
 pub use layer::IdempotencyLayer;
 pub use predicate::{Always, NotError, NotServerError, StorePredicate};
-pub use principal::{Principal, SharedKeySpace};
+pub use principal::{Principal, PrincipalAnswer, PrincipalRejection, SharedKeySpace};
 pub use response::{IdempotencyProblem, IdempotencyResponse};
 pub use service::IdempotencyService;
 pub use store::IdempotencyStore;

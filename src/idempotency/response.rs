@@ -1,9 +1,9 @@
 //! The idempotency layer's own answers, as problem+json.
 
 use bytes::Bytes;
-use http::{Response, StatusCode};
+use http::{Response, StatusCode, header};
 
-use super::error::IdempotencyError;
+use super::{error::IdempotencyError, principal::PrincipalRejection};
 use crate::response::{ProblemJson, RejectionResponse, problem};
 
 /// Builds the response for a request the idempotency layer answers itself.
@@ -68,10 +68,24 @@ impl IdempotencyResponse for IdempotencyProblem {
             IdempotencyError::MissingPrincipal => (
                 "idempotency-principal-missing",
                 "Idempotency principal missing",
-                "the server could not tell who this request is for, so it cannot scope its \
-                 idempotency key"
-                    .to_owned(),
+                PrincipalRejection::missing().detail().to_owned(),
             ),
+            IdempotencyError::PrincipalRejected(rejection) => {
+                let (kind, title) = match rejection.challenge() {
+                    Some(_) => (
+                        "idempotency-principal-unauthorized",
+                        "Caller not authenticated",
+                    ),
+                    None => ("idempotency-principal-invalid", "Invalid caller"),
+                };
+                let mut response = problem(status, kind, title, rejection.detail());
+                if let Some(challenge) = rejection.challenge() {
+                    response
+                        .headers_mut()
+                        .insert(header::WWW_AUTHENTICATE, challenge.clone());
+                }
+                return response;
+            }
         };
         problem(status, kind, title, &detail)
     }
@@ -82,7 +96,7 @@ mod tests {
     use super::*;
     use crate::response::PROBLEM_TYPE_BASE;
     use crate::{config::LockConfig, error::LockError};
-    use http::header;
+    use http::HeaderValue;
     use std::time::Duration;
 
     #[test]
@@ -115,5 +129,27 @@ mod tests {
         let big = IdempotencyError::BodyTooLarge { limit: 10 };
         assert_eq!(big.status(&lock), 413);
         assert_eq!(IdempotencyError::MissingPrincipal.status(&lock), 500);
+        let missing = IdempotencyError::from(PrincipalRejection::missing());
+        assert!(matches!(missing, IdempotencyError::MissingPrincipal));
+        let who = IdempotencyError::from(PrincipalRejection::unauthorized(
+            HeaderValue::from_static("Bearer"),
+        ));
+        let r = IdempotencyProblem.response(&who, who.status(&lock));
+        assert_eq!(r.status(), 401);
+        assert_eq!(r.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(
+            body["type"],
+            format!("{PROBLEM_TYPE_BASE}#idempotency-principal-unauthorized")
+        );
+        let bad = IdempotencyError::from(PrincipalRejection::bad_request("not an account id"));
+        let r = IdempotencyProblem.response(&bad, bad.status(&lock));
+        assert_eq!(r.status(), 400);
+        let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(body["detail"], "not an account id");
+        assert_eq!(
+            body["type"],
+            format!("{PROBLEM_TYPE_BASE}#idempotency-principal-invalid")
+        );
     }
 }

@@ -22,6 +22,9 @@ pub(crate) struct IdempotencyState {
     pub(crate) records: Arc<dyn Records>,
     pub(crate) config: IdempotencyConfig,
     pub(super) principal: Arc<dyn Principal>,
+    /// Whether the principal is [`SharedKeySpace`](super::SharedKeySpace), the only one whose
+    /// requests share one key space (an empty id from any other is no caller).
+    pub(super) shared_key_space: bool,
     pub(super) respond: Arc<dyn IdempotencyResponse>,
 }
 
@@ -45,10 +48,14 @@ impl IdempotencyState {
                 Ok(None)
             };
         };
-        let principal = self
-            .principal
-            .principal(parts)
-            .ok_or(IdempotencyError::MissingPrincipal)?;
+        let principal = if self.shared_key_space {
+            Bytes::new()
+        } else {
+            match self.principal.principal(parts)? {
+                id if id.is_empty() => return Err(IdempotencyError::MissingPrincipal),
+                id => id,
+            }
+        };
         let key = IdempotencyKey::new(key, principal);
         let value = key.scoped_value();
         let lock = LockKey::new(

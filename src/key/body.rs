@@ -36,6 +36,21 @@ use super::{KeyRejection, KeyValues};
 pub trait BodyKeySource: Send + Sync + 'static {
     /// The values to lock on, `None` to pass the request through unlocked, or a rejection.
     fn keys(&self, parts: &Parts, body: &Bytes) -> Result<Option<KeyValues>, KeyRejection>;
+
+    /// [`keys`](Self::keys) for a layer that takes at most `max` distinct keys in one lease
+    /// ([`LockConfig::max_keys`](crate::LockConfig::max_keys)): a source may stop reading at
+    /// the first value past `max` distinct ones and reject the request (400), so that the work
+    /// a body costs is bounded by the limit, not by the body. The layer calls this one; the
+    /// default calls `keys`, and the layer refuses more than `max` keys itself.
+    fn keys_at_most(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+        max: usize,
+    ) -> Result<Option<KeyValues>, KeyRejection> {
+        let _ = max;
+        self.keys(parts, body)
+    }
 }
 
 impl<F> BodyKeySource for F
@@ -56,6 +71,15 @@ pub struct BodyKeys<S> {
 impl<S: BodyKeySource> BodyKeySource for BodyKeys<S> {
     fn keys(&self, parts: &Parts, body: &Bytes) -> Result<Option<KeyValues>, KeyRejection> {
         self.source.keys(parts, body)
+    }
+
+    fn keys_at_most(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+        max: usize,
+    ) -> Result<Option<KeyValues>, KeyRejection> {
+        self.source.keys_at_most(parts, body, max)
     }
 }
 

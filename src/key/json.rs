@@ -1,10 +1,10 @@
 //! [`JsonKeys`]: lock keys from fields of a JSON request body.
 
-use std::{fmt, sync::Arc};
+use std::{collections::HashSet, fmt, fmt::Write as _, sync::Arc};
 
 use bytes::Bytes;
 use http::request::Parts;
-use serde_json::Value;
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::{BodyKeySource, KeyRejection, KeyValues};
 
@@ -96,81 +96,263 @@ impl JsonKeys {
     }
 }
 
-/// What looking a pointer up found.
-enum Found {
-    Values,
-    /// Nothing at all (a member missing on the way, an empty array).
-    Nothing {
-        at: String,
-    },
+/// The pointers as a tree of segments: one walk of the body follows them all.
+#[derive(Default)]
+struct Node {
+    /// A pointer ends here: the value is a key.
+    key: bool,
+    /// Segments that follow, with their nodes, in the order the pointers name them.
+    next: Vec<(String, Node)>,
 }
 
-/// Collects the values at `segments` under `value` into `out`; `path` is where `value` is.
-fn collect(
-    value: &Value,
-    segments: &[String],
-    path: &mut String,
-    out: &mut Vec<Bytes>,
-) -> Result<Found, KeyRejection> {
-    let Some((first, rest)) = segments.split_first() else {
-        let bytes = match value {
-            Value::String(s) => Bytes::copy_from_slice(s.as_bytes()),
-            Value::Number(n) => Bytes::from(n.to_string()),
-            _ => {
-                return Err(KeyRejection::invalid(format!(
-                    "the lock key at `{}` in the request body is not a string or a number",
-                    display(path)
-                )));
-            }
-        };
-        out.push(bytes);
-        return Ok(Found::Values);
-    };
-    let len = path.len();
-    let found = match value {
-        Value::Array(items) if first == "*" => {
-            if items.is_empty() {
-                path.push_str("/*");
-                Found::Nothing { at: path.clone() }
-            } else {
-                let mut found = Found::Values;
-                for (i, item) in items.iter().enumerate() {
-                    path.push_str(&format!("/{i}"));
-                    if let nothing @ Found::Nothing { .. } = collect(item, rest, path, out)? {
-                        found = nothing;
+impl Node {
+    fn add(&mut self, segments: &[String]) {
+        match segments.split_first() {
+            None => self.key = true,
+            Some((first, rest)) => {
+                let i = match self.next.iter().position(|(s, _)| s == first) {
+                    Some(i) => i,
+                    None => {
+                        self.next.push((first.clone(), Self::default()));
+                        self.next.len() - 1
                     }
-                    path.truncate(len);
-                }
-                return Ok(found);
+                };
+                self.next[i].1.add(rest);
             }
         }
-        Value::Array(items) => match first.parse::<usize>().ok().and_then(|i| items.get(i)) {
-            Some(item) => {
-                push_segment(path, first);
-                collect(item, rest, path, out)?
-            }
-            None => {
-                push_segment(path, first);
-                Found::Nothing { at: path.clone() }
-            }
-        },
-        Value::Object(members) => match members.get(first) {
-            Some(member) => {
-                push_segment(path, first);
-                collect(member, rest, path, out)?
-            }
-            None => {
-                push_segment(path, first);
-                Found::Nothing { at: path.clone() }
-            }
-        },
-        _ => {
-            push_segment(path, first);
-            Found::Nothing { at: path.clone() }
+    }
+}
+
+/// What a walk of the body found: the values, each once, in the order read; where a field is
+/// missing (the first place, in document order); and why it stopped, if it did.
+struct Found {
+    values: Vec<Bytes>,
+    distinct: HashSet<Bytes>,
+    /// The most distinct values taken before reading stops.
+    max: usize,
+    missing: Option<String>,
+    rejection: Option<KeyRejection>,
+}
+
+impl Found {
+    fn key(&mut self, value: Bytes) -> Result<(), KeyRejection> {
+        if self.distinct.contains(&value) {
+            return Ok(());
         }
-    };
-    path.truncate(len);
-    Ok(found)
+        if self.values.len() == self.max {
+            return Err(KeyRejection::invalid(format!(
+                "the request names more than {max} lock keys; the limit is {max}",
+                max = self.max
+            )));
+        }
+        self.distinct.insert(value.clone());
+        self.values.push(value);
+        Ok(())
+    }
+
+    fn missing(&mut self, path: &str) {
+        self.missing.get_or_insert_with(|| display(path).to_owned());
+    }
+
+    /// Stops the walk with `rejection` (as a serde error, which ends the parse at once).
+    fn stop<E: de::Error>(&mut self, rejection: KeyRejection) -> E {
+        self.rejection = Some(rejection);
+        E::custom("stopped")
+    }
+}
+
+/// The value at `path` in the body, where the pointers' nodes `at` are (several pointers may
+/// reach one value: `/items/*/sku` and `/items/0/sku`).
+struct Walk<'a> {
+    at: Vec<&'a Node>,
+    path: &'a mut String,
+    found: &'a mut Found,
+}
+
+impl<'de> DeserializeSeed<'de> for Walk<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl Walk<'_> {
+    fn is_key(&self) -> bool {
+        self.at.iter().any(|node| node.key)
+    }
+
+    /// A string or number at a key's place.
+    fn scalar<E: de::Error>(self, value: Bytes) -> Result<(), E> {
+        if self.is_key()
+            && let Err(rejection) = self.found.key(value)
+        {
+            return Err(self.found.stop(rejection));
+        }
+        self.not_a_container()
+    }
+
+    /// A value that has no members or elements: every segment expected under it is missing.
+    fn not_a_container<E>(self) -> Result<(), E> {
+        if let Some((segment, _)) = self.at.iter().flat_map(|node| &node.next).next() {
+            let len = self.path.len();
+            push_segment(self.path, segment);
+            self.found.missing(self.path);
+            self.path.truncate(len);
+        }
+        Ok(())
+    }
+
+    /// Anything else at a key's place.
+    fn not_a_key<E: de::Error>(&mut self) -> Result<(), E> {
+        if self.is_key() {
+            let rejection = KeyRejection::invalid(format!(
+                "the lock key at `{}` in the request body is not a string or a number",
+                display(self.path)
+            ));
+            return Err(self.found.stop(rejection));
+        }
+        Ok(())
+    }
+}
+
+impl<'de> Visitor<'de> for Walk<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        self.scalar(Bytes::copy_from_slice(v.as_bytes()))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        self.scalar(Bytes::from(v.to_string()))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        self.scalar(Bytes::from(v.to_string()))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        // As serde_json writes a number it read: `7.0` stays `7.0`.
+        let text = serde_json::Number::from_f64(v).map_or_else(|| v.to_string(), |n| n.to_string());
+        self.scalar(Bytes::from(text))
+    }
+
+    fn visit_bool<E: de::Error>(mut self, _: bool) -> Result<(), E> {
+        self.not_a_key()?;
+        self.not_a_container()
+    }
+
+    fn visit_unit<E: de::Error>(mut self) -> Result<(), E> {
+        self.not_a_key()?;
+        self.not_a_container()
+    }
+
+    fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
+        self.not_a_key()?;
+        let expected: Vec<&str> = self
+            .at
+            .iter()
+            .flat_map(|node| node.next.iter().map(|(s, _)| s.as_str()))
+            .collect();
+        let mut seen = vec![false; expected.len()];
+        while let Some(name) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            let matched: Vec<usize> = (0..expected.len())
+                .filter(|&i| expected[i] == name)
+                .collect();
+            if matched.is_empty() {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            }
+            let len = self.path.len();
+            push_segment(self.path, &name);
+            if matched.iter().any(|&i| seen[i]) {
+                let rejection = KeyRejection::invalid(format!(
+                    "the request body has `{}` twice; a lock key's field must be named once",
+                    self.path
+                ));
+                return Err(self.found.stop(rejection));
+            }
+            for &i in &matched {
+                seen[i] = true;
+            }
+            let at: Vec<&Node> = self
+                .at
+                .iter()
+                .flat_map(|node| &node.next)
+                .filter(|(s, _)| *s == name)
+                .map(|(_, node)| node)
+                .collect();
+            map.next_value_seed(Walk {
+                at,
+                path: &mut *self.path,
+                found: &mut *self.found,
+            })?;
+            self.path.truncate(len);
+        }
+        if let Some(i) = seen.iter().position(|seen| !seen) {
+            let len = self.path.len();
+            push_segment(self.path, expected[i]);
+            self.found.missing(self.path);
+            self.path.truncate(len);
+        }
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+        self.not_a_key()?;
+        let segments = || self.at.iter().flat_map(|node| &node.next);
+        let every: Vec<&Node> = segments()
+            .filter(|(s, _)| s == "*")
+            .map(|(_, node)| node)
+            .collect();
+        let indexed: Vec<(usize, &Node)> = segments()
+            .filter_map(|(s, node)| Some((s.parse::<usize>().ok()?, node)))
+            .collect();
+        let mut len = 0usize;
+        loop {
+            let at: Vec<&Node> = every
+                .iter()
+                .copied()
+                .chain(indexed.iter().filter(|(i, _)| *i == len).map(|(_, n)| *n))
+                .collect();
+            let more = if at.is_empty() {
+                seq.next_element::<IgnoredAny>()?.is_some()
+            } else {
+                let end = self.path.len();
+                let _ = write!(self.path, "/{len}");
+                let more = seq
+                    .next_element_seed(Walk {
+                        at,
+                        path: &mut *self.path,
+                        found: &mut *self.found,
+                    })?
+                    .is_some();
+                self.path.truncate(end);
+                more
+            };
+            if !more {
+                break;
+            }
+            len += 1;
+        }
+        // What the array did not have: an element at all (for `*`), the one at an index, or a
+        // member's name (an array has none).
+        let absent = segments().find(|(s, _)| match s.as_str() {
+            "*" => len == 0,
+            s => s.parse::<usize>().map_or(true, |i| i >= len),
+        });
+        if let Some((segment, _)) = absent {
+            let end = self.path.len();
+            push_segment(self.path, segment);
+            self.found.missing(self.path);
+            self.path.truncate(end);
+        }
+        Ok(())
+    }
 }
 
 fn push_segment(path: &mut String, segment: &str) {
@@ -183,15 +365,20 @@ fn display(path: &str) -> &str {
 }
 
 impl BodyKeySource for JsonKeys {
-    fn keys(&self, _parts: &Parts, body: &Bytes) -> Result<Option<KeyValues>, KeyRejection> {
-        let value: Value = serde_json::from_slice(body).map_err(|e| {
-            // serde_json's syntax errors say what and where, never quote the input.
-            KeyRejection::invalid(format!(
-                "the request body is not JSON ({e}), so its lock keys cannot be read"
-            ))
-        })?;
-        let mut out = Vec::new();
-        let mut missing = None;
+    fn keys(&self, parts: &Parts, body: &Bytes) -> Result<Option<KeyValues>, KeyRejection> {
+        self.keys_at_most(parts, body, usize::MAX)
+    }
+
+    /// Reads the body once, as it parses it, and stops at the first of: more than `max`
+    /// distinct values, a field of a key's path named twice in one object, a key that is not a
+    /// string or number, the end.
+    fn keys_at_most(
+        &self,
+        _parts: &Parts,
+        body: &Bytes,
+        max: usize,
+    ) -> Result<Option<KeyValues>, KeyRejection> {
+        let mut root = Node::default();
         for pointer in &self.pointers {
             let segments = pointer.segments.as_ref().map_err(|()| {
                 KeyRejection::misconfigured(format!(
@@ -199,14 +386,36 @@ impl BodyKeySource for JsonKeys {
                     pointer.text
                 ))
             })?;
-            let mut path = String::new();
-            if let Found::Nothing { at } = collect(&value, segments, &mut path, &mut out)? {
-                missing.get_or_insert(at);
-            }
+            root.add(segments);
         }
-        match missing {
-            None => Ok(Some(KeyValues::from(out))),
-            Some(_) if self.optional && out.is_empty() => Ok(None),
+        let mut found = Found {
+            values: Vec::new(),
+            distinct: HashSet::new(),
+            max,
+            missing: None,
+            rejection: None,
+        };
+        let mut path = String::new();
+        let mut deserializer = serde_json::Deserializer::from_slice(body);
+        let walked = Walk {
+            at: vec![&root],
+            path: &mut path,
+            found: &mut found,
+        }
+        .deserialize(&mut deserializer)
+        .and_then(|()| deserializer.end());
+        if let Some(rejection) = found.rejection.take() {
+            return Err(rejection);
+        }
+        walked.map_err(|e| {
+            // serde_json's syntax errors say what and where, never quote the input.
+            KeyRejection::invalid(format!(
+                "the request body is not JSON ({e}), so its lock keys cannot be read"
+            ))
+        })?;
+        match found.missing {
+            None => Ok(Some(KeyValues::from(found.values))),
+            Some(_) if self.optional && found.values.is_empty() => Ok(None),
             Some(at) => Err(KeyRejection::invalid(format!(
                 "the request body has no `{at}`, which this route needs as a lock key"
             ))),
@@ -292,6 +501,38 @@ mod tests {
         assert_eq!(keys(&optional, r#"{"other":1}"#).unwrap(), None);
         assert_eq!(keys(&optional, r#"{"items":[]}"#).unwrap(), None);
         assert!(keys(&optional, "nope").is_err(), "not JSON is still a 400");
+    }
+
+    #[test]
+    fn one_walk_follows_every_pointer_and_keeps_each_value_once() {
+        let parts = http::Request::post("/").body(()).unwrap().into_parts().0;
+        let both = Key::json("/items/*/sku").and("/items/0/sku").and("/n");
+        let body = Bytes::from_static(br#"{"n": 7.0, "items": [{"sku": "a"}, {"sku": 2}]}"#);
+        let values = both.keys(&parts, &body).unwrap().unwrap();
+        let values: Vec<&[u8]> = values.iter().map(|v| &v[..]).collect();
+        assert_eq!(values, [&b"7.0"[..], b"a", b"2"]);
+        // At most one: the second distinct value stops the walk, whatever follows it.
+        let body = Bytes::from_static(br#"{"items": [{"sku": "a"}, {"sku": "a"}, {"sku": "b"}, !"#);
+        let error = Key::json("/items/*/sku")
+            .keys_at_most(&parts, &body, 1)
+            .unwrap_err();
+        assert!(error.detail().contains("limit is 1"), "{error}");
+        // Named twice on a key's path, at any depth; elsewhere, left alone.
+        for (body, twice) in [
+            (r#"{"items": [{"sku": "a", "sku": "a"}]}"#, "/items/0/sku"),
+            (r#"{"items": [], "items": []}"#, "/items"),
+        ] {
+            let error = keys(&Key::json("/items/*/sku"), body).unwrap_err();
+            assert!(
+                error.detail().contains(&format!("`{twice}` twice")),
+                "{error}"
+            );
+        }
+        let fine = r#"{"x": 1, "x": 2, "items": [{"sku": "a", "q": 1, "q": 2}]}"#;
+        assert_eq!(
+            keys(&Key::json("/items/*/sku"), fine).unwrap().unwrap(),
+            ["a"]
+        );
     }
 
     #[test]

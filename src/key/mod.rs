@@ -43,8 +43,10 @@
 //! `<tag>` is a number chosen so that the key's hash slot is the CRC16 of the whole scoped value,
 //! `<scope length>:<scope>:<value>`, modulo 16384: the keys of one route spread over every slot
 //! (and every master of a cluster), whatever braces the scope or value holds, and companion keys
-//! the store derives from the key (the hand-off queue, the idempotency record, the slot's fencing
-//! counter `<prefix>fence:{<tag>}`) share its slot. The prefix may not contain `{` or `}`.
+//! the store derives from the key share its slot: the hand-off queue and the idempotency record
+//! (`<prefix>{<tag>}queue:…` and `<prefix>{<tag>}record:…`, a role where a lock key has the
+//! scope's length, so no value can spell one) and the fencing counter (`<prefix>fence:{<tag>}`,
+//! or `<prefix>fence`). The prefix may not contain `{` or `}`.
 //!
 //! # Limits
 //!

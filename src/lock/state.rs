@@ -1,7 +1,7 @@
 //! [`LockState`]: what every clone of a `LockService` shares: the locker, the key source, and
 //! how a request's keys and rejections are made.
 
-use std::sync::Arc;
+use std::{collections::HashSet, sync::Arc};
 
 use bytes::Bytes;
 use http::{Response, StatusCode, request::Parts};
@@ -48,32 +48,40 @@ impl LockState {
         parts: &mut Parts,
         body: &Bytes,
     ) -> Result<Option<KeySet>, KeyRejection> {
+        let max = self.locker.config().max_keys();
         let values = match &self.source {
-            Source::Body(source) => source.keys(parts, body)?,
+            Source::Body(source) => source.keys_at_most(parts, body, max)?,
             Source::Head(source) => source.keys(parts)?,
         };
         values.map(|values| self.scoped(parts, &values)).transpose()
     }
 
     /// `values` as lock keys: each scoped and prefixed, at most `max_keys` distinct ones (a
-    /// value given twice is one key, and counts once).
+    /// value given twice is one key, and counts once). Keys are made only up to the first value
+    /// past the limit: the work is bounded by the limit, however many values a source gave.
     fn scoped(&self, parts: &Parts, values: &KeyValues) -> Result<KeySet, KeyRejection> {
+        let max = self.locker.config().max_keys();
         let keys = match values.as_slice() {
             [] => return Err(KeyRejection::invalid("the request names no lock key")),
             [value] => KeySet::from(self.key(parts, value)?),
-            values => values
-                .iter()
-                .map(|value| self.key(parts, value))
-                .collect::<Result<Vec<_>, _>>()
-                .map(KeySet::from)?,
+            values => {
+                let mut distinct = HashSet::with_capacity(values.len().min(max));
+                let mut keys = Vec::with_capacity(values.len().min(max));
+                for value in values {
+                    if distinct.contains(&value[..]) {
+                        continue;
+                    }
+                    if distinct.len() == max {
+                        return Err(KeyRejection::invalid(format!(
+                            "the request names more than {max} lock keys; the limit is {max}"
+                        )));
+                    }
+                    distinct.insert(&value[..]);
+                    keys.push(self.key(parts, value)?);
+                }
+                KeySet::from(keys)
+            }
         };
-        let max = self.locker.config().max_keys();
-        if keys.len() > max {
-            return Err(KeyRejection::invalid(format!(
-                "the request names {} lock keys; the limit is {max}",
-                keys.len()
-            )));
-        }
         Ok(keys)
     }
 

@@ -25,8 +25,9 @@ const RETRY_WAIT_MS: std::ops::Range<u64> = 10..50;
 /// follows `MOVED` and `ASK` redirections by itself (slot migrations, failovers). A lock key
 /// starts with a hash tag naming the slot of its whole scoped value
 /// (`tower-lock:{<tag>}<scope length>:<scope>:<value>`, see [`crate::key`]), so the keys of one
-/// route spread over every slot and master, and the key, its idempotency record
-/// `<key>:record` and its slot's fencing counter `tower-lock:fence:{<tag>}` share a slot:
+/// route spread over every slot and master, and the key, its hand-off queue and idempotency
+/// record (`tower-lock:{<tag>}queue:…`, `tower-lock:{<tag>}record:…`) and its slot's fencing
+/// counter (`tower-lock:fence:{<tag>}`, or `tower-lock:fence` in its own slot) share a slot:
 /// every script stays single-slot. A batch of renewals goes one script per slot.
 ///
 /// While a slot migrates, an acquire of a free key in it is refused with `TRYAGAIN` until the

@@ -11,6 +11,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use tokio::sync::{mpsc, oneshot};
+
 use redis::{
     Client, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind,
     sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType},
@@ -38,6 +40,10 @@ const POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// connecting to the master.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long a call that failed waits for the follower thread's lookup (it may wait behind
+/// another): a lookup and a connection, and some.
+const FOLLOW_WAIT: Duration = Duration::from_secs(5);
+
 /// Leases on a master monitored by Redis Sentinel (the `sentinel` feature).
 ///
 /// The sentinels name the current master of `master_name` (the redis crate's
@@ -50,7 +56,11 @@ const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 /// a replica, calls fail (503). While the store is in use it also asks the sentinels in the
 /// background once a second, so that a failover that leaves the old master up (`SENTINEL
 /// FAILOVER`, a partition) is followed within about a second of the sentinels' switch, not only
-/// once the old master is demoted (which Sentinel does some seconds later).
+/// once the old master is demoted (which Sentinel does some seconds later). Lookups, and the
+/// connection to each master found after the first, run on a thread of the store's own (one
+/// per store, started at its first lookup, ended with its last clone), never as a task of a
+/// runtime that uses the store: such a runtime may shut down or stop being driven, and a
+/// lookup left there would stop the store following failovers.
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -109,6 +119,17 @@ struct Inner {
     created: Instant,
     next_poll: AtomicU64,
     polling: AtomicBool,
+    /// The thread that looks the master up and connects to it (see [`follower_thread`]),
+    /// started at the first lookup after connecting.
+    follower: Mutex<Option<mpsc::UnboundedSender<Follow>>>,
+}
+
+/// A lookup for the follower thread: after a call to `failed` went wrong with `error`, or a
+/// background poll (`error` and `reply` `None`).
+struct Follow {
+    failed: Arc<Master>,
+    error: Option<StoreError>,
+    reply: Option<oneshot::Sender<Option<Arc<Master>>>>,
 }
 
 struct Lookup {
@@ -397,6 +418,7 @@ impl SentinelStore {
                 created: Instant::now(),
                 next_poll: AtomicU64::new(millis(POLL_INTERVAL)),
                 polling: AtomicBool::new(false),
+                follower: Mutex::new(None),
             }),
         })
     }
@@ -518,8 +540,7 @@ impl SentinelStore {
         }
     }
 
-    /// Starts a background lookup when one is due and none is running (needs a Tokio runtime;
-    /// without one, failovers are followed on errors only).
+    /// Starts a background lookup when one is due and none is running.
     fn poll_if_due(&self) {
         let inner = &self.inner;
         let now = millis(inner.created.elapsed());
@@ -531,28 +552,81 @@ impl SentinelStore {
         inner
             .next_poll
             .store(now + millis(POLL_INTERVAL), Ordering::Relaxed);
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            inner.polling.store(false, Ordering::Release);
-            return;
+        let poll = Follow {
+            failed: self.current(),
+            error: None,
+            reply: None,
         };
-        let store = self.clone();
-        runtime.spawn(async move {
-            /// Clears the flag however the poll ends.
-            struct Done(Arc<Inner>);
-            impl Drop for Done {
-                fn drop(&mut self) {
-                    self.0.polling.store(false, Ordering::Release);
-                }
+        if !self.send_follower(poll) {
+            inner.polling.store(false, Ordering::Release);
+        }
+    }
+
+    /// Asks the sentinels for the master, after a call to `failed` went wrong with `error`; the
+    /// new master, if there is one. The lookup runs on the follower thread.
+    async fn follow(
+        &self,
+        failed: &Arc<Master>,
+        error: Option<&StoreError>,
+    ) -> Option<Arc<Master>> {
+        let (reply, answer) = oneshot::channel();
+        let request = Follow {
+            failed: Arc::clone(failed),
+            error: error.cloned(),
+            reply: Some(reply),
+        };
+        if !self.send_follower(request) {
+            return None;
+        }
+        // The lookup and the connection are bounded each; this bounds a queue of them.
+        tokio::time::timeout(FOLLOW_WAIT, answer)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten()
+    }
+
+    /// Hands `request` to the follower thread, started if it is not running (the first time,
+    /// or after it failed). Whether it took it.
+    fn send_follower(&self, request: Follow) -> bool {
+        let mut follower = self
+            .inner
+            .follower
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let request = match follower.as_ref() {
+            Some(tx) => match tx.send(request) {
+                Ok(()) => return true,
+                // The thread ended (it could not build its runtime): another one.
+                Err(mpsc::error::SendError(request)) => request,
+            },
+            None => request,
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let _ = tx.send(request);
+        let inner = Arc::downgrade(&self.inner);
+        let started = std::thread::Builder::new()
+            .name("tower-lock-sentinel".to_owned())
+            .spawn(move || follower_thread(inner, rx));
+        match started {
+            Ok(_) => {
+                *follower = Some(tx);
+                true
             }
-            let _done = Done(Arc::clone(&store.inner));
-            let current = store.current();
-            store.follow(&current, None).await;
-        });
+            Err(error) => {
+                tracing::warn!(
+                    error = &error as &dyn StdError,
+                    "cannot start the Sentinel store's lookup thread; failovers are not followed"
+                );
+                false
+            }
+        }
     }
 
     /// Asks the sentinels for the master, after a call to `failed` went wrong with `error` or
-    /// for a background poll (`None`); the new master, if there is one.
-    async fn follow(
+    /// for a background poll (`None`); the new master, if there is one. Runs on the follower
+    /// thread only.
+    async fn follow_now(
         &self,
         failed: &Arc<Master>,
         error: Option<&StoreError>,
@@ -622,6 +696,44 @@ impl SentinelStore {
         drop(settings);
         Some(next)
     }
+}
+
+/// The follower thread: looks the master up and connects to it, one request after the other,
+/// on a current-thread runtime of its own, so that the lookups (and the connection to each new
+/// master) never depend on a runtime that uses the store, which may shut down or no longer be
+/// driven (a lookup left on such a runtime would hold the sentinels' client, and with it every
+/// later failover, for good). Ends with the store.
+fn follower_thread(inner: std::sync::Weak<Inner>, mut requests: mpsc::UnboundedReceiver<Follow>) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            tracing::warn!(
+                error = &error as &dyn StdError,
+                "cannot start the Sentinel store's lookup runtime; failovers are not followed"
+            );
+            return;
+        }
+    };
+    runtime.block_on(async move {
+        while let Some(request) = requests.recv().await {
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            let store = SentinelStore { inner };
+            let next = store
+                .follow_now(&request.failed, request.error.as_ref())
+                .await;
+            match request.reply {
+                Some(reply) => {
+                    let _ = reply.send(next);
+                }
+                None => store.inner.polling.store(false, Ordering::Release),
+            }
+        }
+    });
 }
 
 /// "the master <name> through the sentinels at a:1, b:2", for messages.

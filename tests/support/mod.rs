@@ -46,6 +46,29 @@ impl LockKeys for RedisServer {
     }
 }
 
+/// A key the store keeps next to a lock key, `<prefix>{<tag>}<role>:<rest of the lock key>`:
+/// the hand-off queue (`queue`) or the idempotency record (`record`).
+pub fn companion_key(key: &[u8], role: &str) -> Vec<u8> {
+    let tag_end = key
+        .iter()
+        .position(|&b| b == b'}')
+        .expect("a lock key has a hash tag")
+        + 1;
+    [&key[..tag_end], role.as_bytes(), b":", &key[tag_end..]].concat()
+}
+
+/// The hand-off queue of the lock key `key`.
+pub fn queue_key(key: &[u8]) -> Vec<u8> {
+    companion_key(key, "queue")
+}
+
+/// Whether `key` is an idempotency record (`<prefix>{<tag>}record:...`).
+pub fn is_record_key(key: &[u8]) -> bool {
+    key.iter()
+        .position(|&b| b == b'}')
+        .is_some_and(|end| key[end + 1..].starts_with(b"record:"))
+}
+
 /// Whether `key` is one of the fencing counters (`tower-lock:fence` on a server that does not
 /// hash keys to slots, else one per hash slot, `tower-lock:fence:{<n>}`), the only keys a
 /// released lock leaves behind.

@@ -3,31 +3,43 @@
 //!
 //! A lone operation goes out at once, from its caller's own future: no timer, no task hop, no
 //! added latency when the store is idle. While it is in flight, others queue; when it is
-//! answered, one task takes the queue over and sends it as one batch, then the next, until the
-//! queue is empty. So under load a store sends Redis one script call per round trip, whatever
-//! the number of requests, and each operation's share of Redis's per-command cost (reading,
-//! parsing, dispatch, the reply) falls with the batch's size.
+//! answered, a queued caller's own future takes the queue over and sends it as one batch (its
+//! own operation among them), which every caller of the batch drives until it is answered. So
+//! under load a store sends Redis one script call per round trip, whatever the number of
+//! requests, and each operation's share of Redis's per-command cost (reading, parsing,
+//! dispatch, the reply) falls with the batch's size.
 //!
-//! Order is kept: on one connection, one call at a time, operations in arrival order within
-//! it. An acquire whose caller gave up before its batch was sent is left out; once sent, its
-//! release (which the caller's guard sends) comes in a later call, after it. Through a bb8
-//! pool, a few calls go at once ([`Committer::POOL_WINDOW`]), each on its own connection, so
-//! that a stalled checkout does not hold up the others; a release may then overtake its own
-//! acquire if the caller gave up on it while it was in flight, as it could before batching,
-//! and the key is then held until its TTL.
+//! No task is spawned, and no operation waits for a future of another Tokio runtime: each
+//! runtime that uses the store has a lane of its own (its calls in flight and its queue), and a
+//! call is driven only by the futures of its own callers, on that runtime. A runtime that shuts
+//! down drops its callers, and with them its lane; one that is no longer driven (a
+//! current-thread runtime whose `block_on` returned) holds up its own callers only.
+//!
+//! Order is kept within a lane: on one connection, one call at a time, operations in arrival
+//! order within it. An acquire whose caller gave up before its batch was sent is left out; once
+//! sent, its release (which the caller's guard sends) comes in a later call, after it; a batch
+//! whose callers all gave up is abandoned. Through a bb8 pool, a few calls go at once
+//! ([`Committer::POOL_WINDOW`]), each on its own connection, so that a stalled checkout does not
+//! hold up the others; a release may then overtake its own acquire if the caller gave up on it
+//! while it was in flight, as it could before batching, and the key is then held until its TTL.
+//! Lanes of several runtimes also send their calls at once, like a pool's.
 
 use std::{
-    sync::{Arc, Mutex, PoisonError, atomic::Ordering},
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex, MutexGuard, PoisonError, atomic::Ordering},
+    task::{Context, Poll, Waker},
     time::Duration,
 };
 
 use bytes::Bytes;
+use futures_util::future::{FutureExt, Shared};
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
-use tokio::{runtime::Handle, sync::oneshot};
+use tokio::runtime::{self, Handle};
 
 use super::{
     RedisStore,
-    keys::{CompanionKeys, ms, record_key, shared_fence},
+    keys::{CompanionKeys, ms, record_key},
 };
 use crate::{
     key::LockKey,
@@ -98,28 +110,49 @@ pub(super) struct Answer {
     pub(super) acks: Option<i64>,
 }
 
-/// The queue of one store (shared by its clones).
+/// The answers of one call, shared by its callers.
+type Answers = Arc<Vec<Result<Answer, StoreError>>>;
+
+/// A batch in flight: its call, driven by whichever of its callers is polled.
+type Batch = Shared<Pin<Box<dyn Future<Output = Answers> + Send>>>;
+
+/// The queue of one store (shared by its clones): a lane per Tokio runtime.
 pub(super) struct Committer {
-    /// The most calls in flight at once: 1 on one connection (Redis answers in order, and a
-    /// stalled call stalls the connection anyway), more through a pool, whose connections
-    /// answer independently, so that one stalled checkout or connection does not hold up the
-    /// others.
+    /// The most calls of one lane in flight at once: 1 on one connection (Redis answers in
+    /// order, and a stalled call stalls the connection anyway), more through a pool, whose
+    /// connections answer independently, so that one stalled checkout or connection does not
+    /// hold up the others.
     window: usize,
-    state: Mutex<State>,
+    lanes: Mutex<Vec<Lane>>,
 }
 
-#[derive(Default)]
-struct State {
-    /// Calls in flight: lone operations sent from their callers' futures, and the task
-    /// sending the queue (one, while `driving`).
+/// The calls in flight and the queue of the callers on one runtime (`None`: outside any).
+struct Lane {
+    runtime: Option<runtime::Id>,
     in_flight: usize,
-    driving: bool,
     queue: Vec<Queued>,
 }
 
 struct Queued {
     op: Op,
-    reply: oneshot::Sender<Result<Answer, StoreError>>,
+    ticket: Arc<Ticket>,
+}
+
+/// A queued caller's place: how to wake it, and once its batch is formed, where its answer
+/// comes from. Locked only under the lanes' lock.
+#[derive(Default)]
+struct Ticket(Mutex<TicketState>);
+
+#[derive(Default)]
+struct TicketState {
+    waker: Option<Waker>,
+    batch: Option<(Batch, usize)>,
+}
+
+impl Ticket {
+    fn state(&self) -> MutexGuard<'_, TicketState> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 impl Committer {
@@ -130,7 +163,7 @@ impl Committer {
     pub(super) fn new(window: usize) -> Self {
         Self {
             window: window.max(1),
-            state: Mutex::default(),
+            lanes: Mutex::default(),
         }
     }
 
@@ -138,27 +171,65 @@ impl Committer {
         self.window
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lanes(&self) -> MutexGuard<'_, Vec<Lane>> {
+        self.lanes.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
 
-    /// A call ended: starts the task that sends the queue if there is one to send and nobody
-    /// sending it.
-    fn ended(&self, store: &RedisStore) {
-        let mut state = self.state();
-        state.in_flight -= 1;
-        if state.queue.is_empty() || state.driving {
-            return;
+/// `runtime`'s lane, made if it has none.
+fn lane_of(lanes: &mut Vec<Lane>, runtime: Option<runtime::Id>) -> &mut Lane {
+    let i = match lanes.iter().position(|lane| lane.runtime == runtime) {
+        Some(i) => i,
+        None => {
+            lanes.push(Lane {
+                runtime,
+                in_flight: 0,
+                queue: Vec::new(),
+            });
+            lanes.len() - 1
         }
-        match Handle::try_current() {
-            Ok(handle) => {
-                state.driving = true;
-                state.in_flight += 1;
-                drop(state);
-                handle.spawn(drive(store.clone()));
-            }
-            // No runtime to send it on (it is shutting down): the queued callers hear that.
-            Err(_) => state.queue.clear(),
+    };
+    &mut lanes[i]
+}
+
+/// After a lane's call ended or a queued caller left: the waker of the caller that takes the
+/// queue over, if the lane has room for another call; and the lane removed once it is idle.
+fn next_leader(
+    lanes: &mut Vec<Lane>,
+    runtime: Option<runtime::Id>,
+    window: usize,
+) -> Option<Waker> {
+    let i = lanes.iter().position(|lane| lane.runtime == runtime)?;
+    let lane = &mut lanes[i];
+    if lane.in_flight == 0 && lane.queue.is_empty() {
+        lanes.swap_remove(i);
+        return None;
+    }
+    if lane.in_flight >= window {
+        return None;
+    }
+    lane.queue
+        .first()
+        .and_then(|head| head.ticket.state().waker.take())
+}
+
+/// A call in flight, counted in its lane until it is answered or abandoned (dropped with the
+/// last of its callers); then the lane's next caller takes the queue over.
+struct Flight {
+    committer: Arc<Committer>,
+    runtime: Option<runtime::Id>,
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        let mut lanes = self.committer.lanes();
+        if let Some(lane) = lanes.iter_mut().find(|lane| lane.runtime == self.runtime) {
+            lane.in_flight -= 1;
+        }
+        let next = next_leader(&mut lanes, self.runtime, self.committer.window);
+        drop(lanes);
+        if let Some(next) = next {
+            next.wake();
         }
     }
 }
@@ -166,101 +237,161 @@ impl Committer {
 impl RedisStore {
     /// Runs `op`: at once when nothing is in flight, else in the next batch.
     pub(super) async fn submit(&self, op: Op) -> Result<Answer, StoreError> {
-        enum Turn {
-            Lead(Op),
-            Queued(oneshot::Receiver<Result<Answer, StoreError>>),
-        }
-        let turn = {
-            let mut state = self.committer.state();
+        let runtime = Handle::try_current().ok().map(|handle| handle.id());
+        let committer = &self.committer;
+        let ticket = {
+            let mut lanes = committer.lanes();
+            let lane = lane_of(&mut lanes, runtime);
             // Behind a queue, an operation joins it, so that operations go in arrival order.
-            if state.in_flight >= self.committer.window || !state.queue.is_empty() {
-                let (reply, answer) = oneshot::channel();
-                state.queue.push(Queued { op, reply });
-                Turn::Queued(answer)
+            if lane.in_flight < committer.window && lane.queue.is_empty() {
+                lane.in_flight += 1;
+                Err(op)
             } else {
-                state.in_flight += 1;
-                Turn::Lead(op)
+                let ticket = Arc::new(Ticket::default());
+                lane.queue.push(Queued {
+                    op,
+                    ticket: Arc::clone(&ticket),
+                });
+                Ok(ticket)
             }
         };
-        match turn {
-            Turn::Lead(op) => {
-                let lead = Lead { store: self };
+        match ticket {
+            Err(op) => {
+                let flight = Flight {
+                    committer: Arc::clone(committer),
+                    runtime,
+                };
                 let mut answers = self.send(vec![op]).await;
-                drop(lead);
+                drop(flight);
                 answers.pop().expect("one answer for one operation")
             }
-            Turn::Queued(answer) => answer.await.unwrap_or_else(|_| {
-                Err(StoreError::msg(
-                    StoreErrorKind::Unavailable,
-                    "the lock store's batch was dropped before it was answered",
-                ))
-            }),
-        }
-    }
-}
-
-/// Ends a lone operation's call, answered or dropped, and hands the queue to a task that sends
-/// it, if there is one.
-struct Lead<'a> {
-    store: &'a RedisStore,
-}
-
-impl Drop for Lead<'_> {
-    fn drop(&mut self) {
-        self.store.committer.ended(self.store);
-    }
-}
-
-/// Sends the queue, one batch after the other, until it is empty.
-async fn drive(store: RedisStore) {
-    /// The task dropped (its runtime shut down): whoever queued hears it, and the next
-    /// operation starts afresh.
-    struct Stop<'a>(&'a RedisStore);
-    impl Drop for Stop<'_> {
-        fn drop(&mut self) {
-            let mut state = self.0.committer.state();
-            state.driving = false;
-            state.in_flight -= 1;
-            state.queue.clear();
-        }
-    }
-    let stop = Stop(&store);
-    loop {
-        let batch: Vec<Queued> = {
-            let mut state = store.committer.state();
-            // Callers that gave up (dropped) before their batch was sent are left out.
-            state.queue.retain(|q| !q.reply.is_closed());
-            if state.queue.is_empty() {
-                state.driving = false;
-                state.in_flight -= 1;
-                std::mem::forget(stop);
-                return;
+            Ok(ticket) => {
+                let mut queued = Waiting {
+                    store: self,
+                    runtime,
+                    ticket,
+                    batch: None,
+                    yielded: false,
+                };
+                std::future::poll_fn(|cx| queued.poll(cx)).await
             }
-            let n = state.queue.len().min(MAX_BATCH);
-            state.queue.drain(..n).collect()
-        };
-        let (ops, mut replies): (Vec<Op>, Vec<_>) =
-            batch.into_iter().map(|q| (q.op, q.reply)).unzip();
-        // A call nobody waits for any more (every caller gave up: its deadline passed, a stalled
-        // server) is abandoned, so that it does not hold up the operations behind it. Its
-        // callers' guards have sent their releases, which come after it.
-        let answers = tokio::select! {
-            answers = store.send(ops) => answers,
-            () = all_gone(&mut replies) => continue,
-        };
-        for (reply, answer) in replies.into_iter().zip(answers) {
-            let _ = reply.send(answer);
         }
-        // Lets the callers just answered queue their next operations before the next batch
-        // leaves, so that they go together rather than trickle out in small batches.
-        tokio::task::yield_now().await;
     }
 }
 
-/// Completes once every reply's receiver is gone.
-async fn all_gone(replies: &mut [oneshot::Sender<Result<Answer, StoreError>>]) {
-    for reply in replies {
-        reply.closed().await;
+/// A queued caller: waits for a batch, forms one when its lane has room, then drives its batch
+/// with the batch's other callers. Dropped while queued, it leaves the queue.
+struct Waiting<'a> {
+    store: &'a RedisStore,
+    runtime: Option<runtime::Id>,
+    ticket: Arc<Ticket>,
+    batch: Option<(Batch, usize)>,
+    /// Whether it has let the other tasks of its runtime run once before forming a batch.
+    yielded: bool,
+}
+
+impl Waiting<'_> {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Answer, StoreError>> {
+        loop {
+            if let Some((batch, i)) = &mut self.batch {
+                let answers = std::task::ready!(batch.poll_unpin(cx));
+                return Poll::Ready(answers[*i].clone());
+            }
+            let committer = &self.store.committer;
+            let mut wake = Vec::new();
+            {
+                let mut lanes = committer.lanes();
+                let mut ticket = self.ticket.state();
+                if let Some(batch) = ticket.batch.take() {
+                    self.batch = Some(batch);
+                    continue;
+                }
+                let lane = lane_of(&mut lanes, self.runtime);
+                if lane.in_flight >= committer.window {
+                    ticket.waker = Some(cx.waker().clone());
+                    return Poll::Pending;
+                }
+                if !self.yielded {
+                    // Lets the callers just answered queue their next operations before the
+                    // batch leaves, so that they go together rather than trickle out in small
+                    // batches.
+                    self.yielded = true;
+                    ticket.waker = Some(cx.waker().clone());
+                    drop(ticket);
+                    drop(lanes);
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                drop(ticket);
+                // The lane's next batch: the queue's first operations, in arrival order (its
+                // callers that gave up have left it).
+                let n = lane.queue.len().min(MAX_BATCH);
+                let taken: Vec<Queued> = lane.queue.drain(..n).collect();
+                lane.in_flight += 1;
+                let flight = Flight {
+                    committer: Arc::clone(committer),
+                    runtime: self.runtime,
+                };
+                let mut ops = Vec::with_capacity(n);
+                let mut tickets = Vec::with_capacity(n);
+                for queued in taken {
+                    ops.push(queued.op);
+                    tickets.push(queued.ticket);
+                }
+                let store = self.store.clone();
+                let call: Pin<Box<dyn Future<Output = Answers> + Send>> = Box::pin(async move {
+                    let answers = store.send(ops).await;
+                    drop(flight);
+                    Arc::new(answers)
+                });
+                let batch = call.shared();
+                for (i, ticket) in tickets.iter().enumerate() {
+                    if Arc::ptr_eq(ticket, &self.ticket) {
+                        self.batch = Some((batch.clone(), i));
+                    } else {
+                        let mut state = ticket.state();
+                        state.batch = Some((batch.clone(), i));
+                        wake.extend(state.waker.take());
+                    }
+                }
+                // A pool's lane may have room for the rest of the queue too.
+                wake.extend(next_leader(&mut lanes, self.runtime, committer.window));
+                // Before `batch` (never its last share: its callers hold theirs).
+                drop(lanes);
+            }
+            // Its callers drive the batch from here (each polls it to be woken with the
+            // answer); the others of the lane wait for it to end.
+            for waker in wake {
+                waker.wake();
+            }
+        }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.batch.is_some() {
+            // In a batch: the batch goes on while any of its callers is left.
+            return;
+        }
+        let committer = &self.store.committer;
+        let mut lanes = committer.lanes();
+        // Formed while this caller was leaving: its share of the batch is dropped (after the
+        // lock: the last share ends the flight, which takes the lock).
+        let assigned = self.ticket.state().batch.take();
+        if assigned.is_none()
+            && let Some(lane) = lanes.iter_mut().find(|lane| lane.runtime == self.runtime)
+        {
+            // Gave up before its batch was sent: left out.
+            lane.queue
+                .retain(|queued| !Arc::ptr_eq(&queued.ticket, &self.ticket));
+        }
+        let next = next_leader(&mut lanes, self.runtime, committer.window);
+        drop(lanes);
+        drop(assigned);
+        if let Some(next) = next {
+            next.wake();
+        }
     }
 }
 
@@ -356,21 +487,12 @@ impl RedisStore {
         // One fencing counter for the whole server unless it hashes keys to slots: a batch of
         // acquires then reads and writes one counter (per prefix), not one per slot.
         let slot_bound = self.slot_bound.load(Ordering::Relaxed);
-        let mut shared: Vec<(&[u8], Vec<u8>)> = Vec::new();
-        if !slot_bound {
-            for op in ops {
-                let prefix = op.key().prefix();
-                if !shared.iter().any(|(p, _)| *p == prefix) {
-                    shared.push((prefix, shared_fence(prefix)));
-                }
-            }
-        }
         let companions: Vec<Option<CompanionKeys>> = ops
             .iter()
             .map(|op| match op {
-                Op::Acquire { key, .. } => Some(CompanionKeys::new(key)),
+                Op::Acquire { key, .. } => Some(CompanionKeys::new(key, slot_bound)),
                 Op::Release { key, .. } | Op::Complete { key, .. } if handoff => {
-                    Some(CompanionKeys::new(key))
+                    Some(CompanionKeys::new(key, slot_bound))
                 }
                 _ => None,
             })
@@ -389,24 +511,14 @@ impl RedisStore {
                 keys.push(record);
             }
             if let Some(companions) = companions {
-                let fence: &[u8] = if slot_bound {
-                    companions.fence()
-                } else {
-                    let prefix = op.key().prefix();
-                    let (_, name) = shared
-                        .iter()
-                        .find(|(p, _)| *p == prefix)
-                        .expect("every prefix of the batch has its counter");
-                    name
-                };
                 match op {
                     Op::Acquire { .. } => {
-                        keys.push(fence);
+                        keys.push(companions.fence());
                         if handoff {
                             keys.push(companions.queue());
                         }
                     }
-                    _ => keys.extend([fence, companions.queue()]),
+                    _ => keys.extend([companions.fence(), companions.queue()]),
                 }
             }
         }

@@ -9,9 +9,9 @@
 //!
 //! The subscription follows the store: it is on the server the store's calls go to (its
 //! *target*), and a `SentinelStore` that follows a failover moves it to the new master
-//! ([`Handoff::retarget`]). It runs as a task on a Tokio runtime; when that runtime shuts down
-//! while the store lives on, the next call that queues a waiter starts it again on its own
-//! runtime ([`Handoff::ready`]).
+//! ([`Handoff::retarget`]). It runs on a thread of its own (one per store, with its clones),
+//! never as a task of a runtime that uses the store: such a runtime may shut down, or stop being
+//! driven, while the store lives on.
 
 use std::{
     collections::HashMap,
@@ -27,7 +27,6 @@ use std::{
 
 use redis::{AsyncConnectionConfig, Client, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::{
-    runtime::Handle,
     sync::{Notify, mpsc, watch},
     time::Instant,
 };
@@ -124,7 +123,7 @@ struct State {
     /// The generation the subscription is up for (0: none). Only a subscription up for the
     /// current generation counts: one to a server the store has left does not.
     live: AtomicU64,
-    /// Whether a subscriber task runs (cleared when it ends, however: also when its runtime
+    /// Whether a subscriber runs (cleared when it ends, however: also when its thread
     /// shuts down).
     running: AtomicBool,
     /// When a resubscription was last asked for.
@@ -167,36 +166,52 @@ impl Handoff {
         })
     }
 
-    /// Starts the subscriber task on the current Tokio runtime, unless it runs already (a no-op
-    /// outside a runtime).
-    ///
-    /// The task lives as long as its runtime: if that shuts down while the store lives on, the
-    /// next call (from another runtime) starts it again there.
+    /// Starts the subscriber, unless it runs already: a thread of its own, with a
+    /// current-thread Tokio runtime that runs the subscription and its connection, so that
+    /// hand-offs reach this process's waiters whatever becomes of the runtimes that use the
+    /// store (one may shut down, or no longer be driven: a current-thread runtime whose
+    /// `block_on` returned). The thread ends with the store (its last clone).
     pub(crate) fn ensure_running(&self) {
-        if self.state.running.load(Ordering::Acquire) {
-            return;
-        }
-        let Ok(runtime) = Handle::try_current() else {
-            return;
-        };
-        if self.state.running.swap(true, Ordering::AcqRel) {
+        if self.state.running.load(Ordering::Acquire)
+            || self.state.running.swap(true, Ordering::AcqRel)
+        {
             return;
         }
         self.bump(None);
-        // Made before the spawn, so that it runs even if the task is never polled (a runtime
-        // shutting down drops it at once).
+        // Made before the thread, so that the flag is cleared however it ends (the thread
+        // could not start, the runtime could not be built, the subscriber panicked).
         let running = Running {
             state: Arc::clone(&self.state),
             waiters: Arc::clone(&self.waiters),
         };
-        runtime.spawn(subscribe(
+        let subscriber = subscribe(
             self.target.subscribe(),
             self.settled.clone(),
             Arc::clone(&self.channel),
             Arc::clone(&self.waiters),
             Arc::clone(&self.state),
             running,
-        ));
+        );
+        let started = std::thread::Builder::new()
+            .name("tower-lock-handoff".to_owned())
+            .spawn(move || {
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime.block_on(subscriber),
+                    Err(error) => tracing::warn!(
+                        error = %Chain(&error),
+                        "cannot start the lock hand-off's runtime; waiters use their timers"
+                    ),
+                }
+            });
+        if let Err(error) = started {
+            tracing::warn!(
+                error = %Chain(&error),
+                "cannot start the lock hand-off's thread; waiters use their timers"
+            );
+        }
     }
 
     /// Moves the subscription to `client`'s server (the master a `SentinelStore` follows now):
@@ -251,9 +266,9 @@ impl Handoff {
         live != 0 && live == self.state.generation.load(Ordering::Acquire)
     }
 
-    /// Whether waiters may queue now: starts the subscriber if it is not running (on the
-    /// caller's runtime), and when a subscription is being made (just started, or moved to a
-    /// new master), waits for it, at most [`SUBSCRIBE_WAIT`].
+    /// Whether waiters may queue now: starts the subscriber again if it is not running (its
+    /// thread ended), and when a subscription is being made (just started, or moved to a new
+    /// master), waits for it, at most [`SUBSCRIBE_WAIT`].
     pub(crate) async fn ready(&self) -> bool {
         self.ensure_running();
         if self.is_live() {
@@ -315,8 +330,8 @@ impl Handoff {
     }
 }
 
-/// Held by the subscriber task: when the task ends (its runtime shut down, or the store went
-/// away), the subscription is down and the next caller may start another.
+/// Held by the subscriber: when it ends (the store went away, or its thread failed), the
+/// subscription is down and the next caller may start another.
 struct Running {
     state: Arc<State>,
     waiters: Waiters,
@@ -326,8 +341,8 @@ impl Drop for Running {
     fn drop(&mut self) {
         self.state.live.store(0, Ordering::Release);
         self.state.running.store(false, Ordering::Release);
-        // Waiters on other runtimes would hear nothing more: they check again, and their
-        // attempt starts a new subscriber on their runtime.
+        // Waiters would hear nothing more: they check again, and their attempt starts a new
+        // subscriber.
         self.waiters
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -598,31 +613,31 @@ mod tests {
         assert!(!handoff.resubscribe(), "resubscribed twice within a second");
     }
 
-    /// The subscriber task dies with its runtime; the next call that needs it, from another
-    /// runtime, starts it there.
+    /// The subscriber does not run on the runtime that started it: started from a
+    /// current-thread runtime whose `block_on` then returned (nothing drives its tasks any
+    /// more), it still tries to subscribe, again and again, on its own thread.
     #[test]
-    fn the_subscriber_starts_again_on_the_next_runtime() {
-        let runtime = || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-        };
-        // Nothing listens on port 1: each subscription attempt fails at once.
+    fn the_subscriber_runs_whatever_becomes_of_the_runtime_that_started_it() {
+        // Nothing listens on port 1: each subscription attempt fails at once, and settles.
         let handoff = Handoff::new(Client::open("redis://127.0.0.1:1/").unwrap());
-        let first = runtime();
-        first.block_on(async {
-            assert!(!handoff.ready().await);
-            assert!(handoff.state.running.load(Ordering::Acquire));
-        });
-        drop(first);
-        assert!(!handoff.state.running.load(Ordering::Acquire));
+        let idle = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        idle.block_on(async { handoff.ensure_running() });
         let generation = handoff.state.generation.load(Ordering::Acquire);
-        runtime().block_on(async {
-            assert!(!handoff.ready().await);
-            assert!(handoff.state.running.load(Ordering::Acquire));
-        });
-        assert!(handoff.state.generation.load(Ordering::Acquire) > generation);
+        assert!(generation > 0);
+        let started = std::time::Instant::now();
+        while *handoff.settled.borrow() < generation {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the subscriber never tried: it waits for the idle runtime"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(handoff.state.running.load(Ordering::Acquire));
+        drop(idle);
+        assert!(handoff.state.running.load(Ordering::Acquire));
     }
 
     #[test]

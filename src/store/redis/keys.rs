@@ -1,34 +1,73 @@
-//! The keys a script touches next to a lock key: the fencing counter of its hash slot, its
+//! The keys a script touches next to a lock key: the fencing counter its tokens come from, its
 //! hand-off queue and its idempotency record; and durations as Redis takes them.
+//!
+//! # The layout, and why no lock key can be one of these
+//!
+//! A lock key is `<prefix>{<tag>}<scope length>:<scope>:<value>` (see [`crate::key`]): the
+//! prefix has no braces, so the first `{` ends it, and the tag is digits up to the first `}`.
+//! After that brace a lock key goes on with a digit, the scope's length. Its companions keep the
+//! same prefix and tag (the same hash slot) and put a role name there instead:
+//!
+//! ```text
+//! lock key  <prefix>{<tag>}<scope length>:<scope>:<value>
+//! queue     <prefix>{<tag>}queue:<scope length>:<scope>:<value>
+//! record    <prefix>{<tag>}record:<scope length>:<scope>:<value>
+//! counters  <prefix>fence:{<tag>}   <prefix>fence
+//! ```
+//!
+//! Read any of these keys from its first byte: the bytes up to the first `{` are the prefix
+//! (none: a shared counter); the tag runs to the first `}`; then a digit means a lock key, a
+//! letter its role, and nothing at all a slot's counter (a lock key or companion never ends
+//! there: its value is not empty). So a key names one role, one prefix and one lock, whatever
+//! bytes a client puts in a value and whatever prefix or scope a layer is configured with: no
+//! lock key is a companion of another, and no two companions of different locks are one key.
+//! The counters are `<prefix>fence…`, the other keys `<prefix>{…`: a counter of one prefix is
+//! never a lock or companion key of another (its braces come after `fence:`, and nothing
+//! follows them). Property-tested below over hostile values, scopes and prefixes.
 
 use std::time::Duration;
 
-use crate::{concat::Concat, key::LockKey};
+use crate::{concat::Concat, key::LockKey, slot};
 
-/// Name of the fencing counters' keys, after the lock keys' prefix: one counter per hash slot,
-/// `<prefix>fence:{<tag>}`, with the hash tag of the lock keys it counts for.
+/// Name of the per-slot fencing counters' keys, after the lock keys' prefix: one counter per
+/// hash slot, `<prefix>fence:{<tag>}`, with the hash tag of the lock keys it counts for.
 const FENCE_COUNTER: &[u8] = b"fence:";
 
 /// Name of the one fencing counter of a server that does not hash keys to slots, after the lock
 /// keys' prefix: `<prefix>fence`. A batch of acquires then reads and writes one counter, not one
-/// per slot.
+/// per slot. Where keys hash to slots it is the counter of its own slot's keys.
 const SHARED_FENCE_COUNTER: &[u8] = b"fence";
 
-/// The shared fencing counter of the lock keys with `prefix` (see [`SHARED_FENCE_COUNTER`]).
-pub(super) fn shared_fence(prefix: &[u8]) -> Vec<u8> {
-    [prefix, SHARED_FENCE_COUNTER].concat()
+/// Role of the hand-off queue's key, after the lock key's hash tag.
+const QUEUE_ROLE: &[u8] = b"queue:";
+
+/// Role of the idempotency record's key, after the lock key's hash tag.
+const RECORD_ROLE: &[u8] = b"record:";
+
+/// The key of the idempotency record kept for `lock`: `<prefix>{<tag>}record:<rest of the lock
+/// key>`, in the lock key's hash slot (a script can touch both).
+pub(super) fn record_key(lock: &LockKey) -> Vec<u8> {
+    let (head, rest) = split(lock);
+    [head, RECORD_ROLE, rest].concat()
 }
 
-/// Suffix of the hand-off queue's key, next to the lock key (same hash slot).
-const QUEUE_SUFFIX: &[u8] = b":queue";
+/// A lock key cut after its hash tag: `<prefix>{<tag>}` and the rest.
+fn split(lock: &LockKey) -> (&[u8], &[u8]) {
+    lock.as_bytes()
+        .split_at(lock.prefix().len() + lock.hash_tag().len())
+}
 
-/// Suffix of the idempotency record's key, next to the lock key (same hash slot).
-const RECORD_SUFFIX: &[u8] = b":record";
-
-/// The key of the idempotency record kept for `lock`: `<lock key>:record`. It starts with the
-/// whole lock key, so it shares its hash tag (and slot), and a script can touch both.
-pub(super) fn record_key(lock: &LockKey) -> Vec<u8> {
-    [lock.as_bytes(), RECORD_SUFFIX].concat()
+/// Whether a lock key's tokens come from its prefix's shared counter, `<prefix>fence`: always
+/// where keys do not hash to slots; where they do (`slot_bound`), for the keys of the shared
+/// counter's own slot, so that each key has one counter whenever its store learns which it is.
+fn shares_counter(key: &LockKey, slot_bound: bool) -> bool {
+    !slot_bound || {
+        let shared = slot::Crc16::default()
+            .update(key.prefix())
+            .update(SHARED_FENCE_COUNTER)
+            .slot();
+        shared == key.slot()
+    }
 }
 
 /// A duration in whole milliseconds, as decimal text on the stack (no allocation per command).
@@ -61,8 +100,9 @@ pub(super) fn ms(d: Duration) -> Ms {
 }
 
 /// The keys a lock script touches next to a lock key, in one buffer (on the stack for keys of
-/// usual length): the fencing counter of the key's hash slot, `<prefix>fence:{<tag>}` (so that
-/// every script stays single-slot, whatever the transport), and the key's hand-off queue.
+/// usual length): the fencing counter its tokens come from (`<prefix>fence`, or
+/// `<prefix>fence:{<tag>}` where keys hash to slots and the shared counter is in another slot,
+/// so that every script stays single-slot, whatever the transport), and its hand-off queue.
 pub(super) struct CompanionKeys {
     buf: Concat<COMPANIONS_INLINE>,
     split: usize,
@@ -72,15 +112,28 @@ pub(super) struct CompanionKeys {
 pub(super) const COMPANIONS_INLINE: usize = 224;
 
 impl CompanionKeys {
-    pub(super) fn new(key: &LockKey) -> Self {
-        let (prefix, tag, key) = (key.prefix(), key.hash_tag(), key.as_bytes());
-        let fence_len = prefix.len() + FENCE_COUNTER.len() + tag.len();
-        let mut buf = Concat::with_capacity(fence_len + key.len() + QUEUE_SUFFIX.len());
+    /// `key`'s companions on a server that hashes keys to slots (`slot_bound`) or not.
+    pub(super) fn new(key: &LockKey, slot_bound: bool) -> Self {
+        let (prefix, tag) = (key.prefix(), key.hash_tag());
+        let (head, rest) = split(key);
+        let shared = shares_counter(key, slot_bound);
+        let fence_len = prefix.len()
+            + if shared {
+                SHARED_FENCE_COUNTER.len()
+            } else {
+                FENCE_COUNTER.len() + tag.len()
+            };
+        let mut buf = Concat::with_capacity(fence_len + head.len() + QUEUE_ROLE.len() + rest.len());
         buf.push(prefix);
-        buf.push(FENCE_COUNTER);
-        let split = buf.push(tag);
-        buf.push(key);
-        buf.push(QUEUE_SUFFIX);
+        let split = if shared {
+            buf.push(SHARED_FENCE_COUNTER)
+        } else {
+            buf.push(FENCE_COUNTER);
+            buf.push(tag)
+        };
+        buf.push(head);
+        buf.push(QUEUE_ROLE);
+        buf.push(rest);
         Self { buf, split }
     }
 
@@ -95,11 +148,12 @@ impl CompanionKeys {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
-    use crate::slot;
 
     #[test]
-    fn the_fencing_counter_shares_the_lock_keys_slot() {
+    fn companions_share_the_lock_keys_slot() {
         // The last one is too long for the stack buffer.
         let long = vec![b'x'; COMPANIONS_INLINE];
         for (prefix, scope, value) in [
@@ -109,15 +163,229 @@ mod tests {
             ("tower-lock:", "s", &long),
         ] {
             let key = LockKey::new(prefix, scope, value, 512).unwrap();
-            let next = CompanionKeys::new(&key);
-            assert_eq!(slot::of(next.fence()), slot::of(key.as_bytes()));
-            assert_eq!(slot::of(next.queue()), slot::of(key.as_bytes()));
-            let record = record_key(&key);
-            assert_eq!(slot::of(&record), slot::of(key.as_bytes()));
-            assert_eq!(slot::of(key.as_bytes()), key.slot());
             let tag = std::str::from_utf8(key.hash_tag()).unwrap();
-            assert_eq!(next.fence(), format!("{prefix}fence:{tag}").as_bytes());
-            assert_eq!(next.queue(), [key.as_bytes(), b":queue"].concat());
+            let rest = &key.as_bytes()[prefix.len() + tag.len()..];
+            for slot_bound in [false, true] {
+                let next = CompanionKeys::new(&key, slot_bound);
+                assert_eq!(
+                    next.queue(),
+                    [prefix.as_bytes(), tag.as_bytes(), b"queue:", rest].concat()
+                );
+                assert_eq!(slot::of(next.queue()), key.slot());
+                if slot_bound {
+                    assert_eq!(slot::of(next.fence()), key.slot());
+                } else {
+                    assert_eq!(next.fence(), format!("{prefix}fence").as_bytes());
+                }
+            }
+            let record = record_key(&key);
+            assert_eq!(
+                record,
+                [prefix.as_bytes(), tag.as_bytes(), b"record:", rest].concat()
+            );
+            assert_eq!(slot::of(&record), key.slot());
+            assert_eq!(slot::of(key.as_bytes()), key.slot());
         }
+        // The layout pinned: a change to it is a change of every deployment's keys.
+        let key = LockKey::new("tower-lock:", "audit", b"sku-685", 512).unwrap();
+        let tag = std::str::from_utf8(key.hash_tag()).unwrap();
+        assert_eq!(
+            CompanionKeys::new(&key, false).queue(),
+            format!("tower-lock:{tag}queue:5:audit:sku-685").as_bytes()
+        );
+        assert_eq!(
+            record_key(&key),
+            format!("tower-lock:{tag}record:5:audit:sku-685").as_bytes()
+        );
+    }
+
+    /// A key's counter is one whatever its store believes of the server: where keys hash to
+    /// slots, the keys of the shared counter's own slot keep the shared counter (a store that has
+    /// not learnt it yet uses that one, and is refused for no other key), and the others get
+    /// their slot's.
+    #[test]
+    fn the_keys_of_the_shared_counters_slot_keep_it_where_keys_hash_to_slots() {
+        let shared_slot = slot::of(b"tower-lock:fence");
+        let mut found = 0;
+        for n in 0..200_000 {
+            let key =
+                LockKey::new("tower-lock:", "audit", format!("sku-{n}").as_bytes(), 512).unwrap();
+            let bound = CompanionKeys::new(&key, true);
+            let plain = CompanionKeys::new(&key, false);
+            assert_eq!(plain.fence(), b"tower-lock:fence");
+            if key.slot() == shared_slot {
+                found += 1;
+                assert_eq!(bound.fence(), b"tower-lock:fence");
+            } else {
+                let tag = std::str::from_utf8(key.hash_tag()).unwrap();
+                assert_eq!(bound.fence(), format!("tower-lock:fence:{tag}").as_bytes());
+            }
+        }
+        assert!(
+            found > 0,
+            "no key in the shared counter's slot: the test checks nothing"
+        );
+    }
+
+    /// What a key is, read from its bytes alone (the reading the module docs describe).
+    #[derive(Debug, PartialEq, Eq)]
+    enum Role {
+        Lock(Vec<u8>),
+        Queue(Vec<u8>),
+        Record(Vec<u8>),
+        SlotCounter { prefix: Vec<u8>, tag: Vec<u8> },
+        SharedCounter { prefix: Vec<u8> },
+    }
+
+    fn decode(key: &[u8]) -> Role {
+        let Some(open) = key.iter().position(|&b| b == b'{') else {
+            let prefix = key.strip_suffix(b"fence").expect("a shared counter");
+            return Role::SharedCounter {
+                prefix: prefix.to_vec(),
+            };
+        };
+        let close = open + key[open..].iter().position(|&b| b == b'}').expect("a tag");
+        let (head, rest) = key.split_at(close + 1);
+        let lock = |role: &[u8]| [head, &rest[role.len()..]].concat();
+        match rest.first() {
+            None => Role::SlotCounter {
+                prefix: key[..open]
+                    .strip_suffix(b"fence:")
+                    .expect("a counter")
+                    .to_vec(),
+                tag: key[open..].to_vec(),
+            },
+            Some(b'0'..=b'9') => Role::Lock(key.to_vec()),
+            Some(_) if rest.starts_with(QUEUE_ROLE) => Role::Queue(lock(QUEUE_ROLE)),
+            Some(_) if rest.starts_with(RECORD_ROLE) => Role::Record(lock(RECORD_ROLE)),
+            Some(_) => panic!("a key of no role: {key:?}"),
+        }
+    }
+
+    fn prefix() -> impl Strategy<Value = String> {
+        // Prefixes that end like the roles and counters do, or are empty.
+        prop_oneof![
+            Just(String::new()),
+            Just("tower-lock:".to_owned()),
+            Just("fence:".to_owned()),
+            Just("a:fence:".to_owned()),
+            Just("queue:".to_owned()),
+            "[a-z:0-9]{0,8}".prop_map(|s| s),
+            "[^{}]{0,6}".prop_map(|s| s),
+        ]
+    }
+
+    fn scope() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(String::new()),
+            Just("audit".to_owned()),
+            Just("POST /items/{sku}".to_owned()),
+            ".{0,12}".prop_map(|s| s),
+        ]
+    }
+
+    fn value() -> impl Strategy<Value = Vec<u8>> {
+        // Values that spell roles, braces, digits and counters, and any bytes.
+        let pieces = prop_oneof![
+            Just(b":queue".to_vec()),
+            Just(b"queue:".to_vec()),
+            Just(b":record".to_vec()),
+            Just(b"record:".to_vec()),
+            Just(b"fence".to_vec()),
+            Just(b"fence:{1}".to_vec()),
+            Just(b"}{".to_vec()),
+            Just(b"5:audit:".to_vec()),
+            "[0-9]{1,3}".prop_map(String::into_bytes),
+            proptest::collection::vec(any::<u8>(), 1..6),
+        ];
+        proptest::collection::vec(pieces, 1..5).prop_map(|p| p.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+
+        /// Every key the store derives reads back as its role and its lock (or its counter's
+        /// prefix and tag), from its bytes alone: two keys of different roles, or of one role
+        /// for different locks, are never one key, whatever a client puts in a value and
+        /// whatever prefix and scope the layers use.
+        #[test]
+        fn every_key_reads_back_as_its_role_and_lock(
+            p in prefix(), s in scope(), v in value(),
+        ) {
+            let key = LockKey::new(&p, &s, &v, 4096).unwrap();
+            let lock = key.as_bytes().to_vec();
+            prop_assert_eq!(decode(&lock), Role::Lock(lock.clone()));
+            prop_assert_eq!(decode(&record_key(&key)), Role::Record(lock.clone()));
+            for slot_bound in [false, true] {
+                let next = CompanionKeys::new(&key, slot_bound);
+                prop_assert_eq!(decode(next.queue()), Role::Queue(lock.clone()));
+                let counter = decode(next.fence());
+                let shared = Role::SharedCounter { prefix: p.clone().into_bytes() };
+                let per_slot = Role::SlotCounter {
+                    prefix: p.clone().into_bytes(),
+                    tag: key.hash_tag().to_vec(),
+                };
+                prop_assert!(counter == shared || counter == per_slot, "{counter:?}");
+                if slot_bound {
+                    prop_assert_eq!(slot::of(next.fence()), key.slot());
+                }
+            }
+        }
+
+        /// The same, pairwise: a lock key of one (prefix, scope, value) is never a companion or
+        /// counter of another's, and companions are one key only for one lock.
+        #[test]
+        fn no_lock_key_is_another_locks_companion(
+            a in (prefix(), scope(), value()),
+            b in (prefix(), scope(), value()),
+        ) {
+            let a = LockKey::new(&a.0, &a.1, &a.2, 4096).unwrap();
+            let b = LockKey::new(&b.0, &b.1, &b.2, 4096).unwrap();
+            let derived = |key: &LockKey| {
+                let bound = CompanionKeys::new(key, true);
+                let plain = CompanionKeys::new(key, false);
+                [
+                    record_key(key),
+                    bound.queue().to_vec(),
+                    bound.fence().to_vec(),
+                    plain.fence().to_vec(),
+                ]
+            };
+            for companion in derived(&a) {
+                prop_assert_ne!(&companion[..], b.as_bytes());
+            }
+            for companion in derived(&b) {
+                prop_assert_ne!(&companion[..], a.as_bytes());
+            }
+            if a != b {
+                let (da, db) = (derived(&a), derived(&b));
+                prop_assert_ne!(&da[0], &db[0]);
+                prop_assert_ne!(&da[1], &db[1]);
+            }
+        }
+    }
+
+    /// The values a review's reproduction used: `sku-685` and `sku-685:queue` under `audit` share
+    /// a hash tag, so under the earlier layout (`<lock key>:queue`) the second's lock key was the
+    /// first's queue. Now a value that spells the queue's layout does not reach it either.
+    #[test]
+    fn a_value_that_spells_a_companion_is_its_own_lock_key() {
+        let victim = LockKey::new("tower-lock:", "audit", b"sku-685", 512).unwrap();
+        let spelled = LockKey::new("tower-lock:", "audit", b"sku-685:queue", 512).unwrap();
+        assert_eq!(
+            victim.hash_tag(),
+            spelled.hash_tag(),
+            "the pair no longer collides"
+        );
+        assert_eq!(
+            [victim.as_bytes(), b":queue"].concat(),
+            spelled.as_bytes(),
+            "the earlier layout's collision"
+        );
+        let queue = CompanionKeys::new(&victim, false).queue().to_vec();
+        let record = record_key(&victim);
+        let spelled_record = LockKey::new("tower-lock:", "audit", b"sku-685:record", 512).unwrap();
+        assert_ne!(spelled_record.as_bytes(), &record[..]);
+        assert_ne!(spelled.as_bytes(), &queue[..]);
     }
 }

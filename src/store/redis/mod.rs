@@ -80,14 +80,35 @@ const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_secs(1);
 /// A lease is the key [`LockKey::as_bytes`] set to the holder's token with `SET NX PX`; renew and
 /// release are Lua compare-and-`PEXPIRE` and compare-and-`DEL`, sent as `EVALSHA` and reloaded
 /// by `redis::Script` if the server answers `NOSCRIPT` (after `SCRIPT FLUSH` or a restart).
-/// Fencing tokens come from one counter per hash slot, `<prefix>fence:{<tag>}` (with the hash
-/// tag of the lock keys of that slot, see [`crate::key`]: at most 16,384 such keys), kept for
+/// Fencing tokens come from one counter per prefix, `<prefix>fence`, on a server that does not
+/// hash keys to slots; where it does (a cluster, or a cluster-mode server), from one per hash
+/// slot, `<prefix>fence:{<tag>}` (with the hash tag of the lock keys of that slot, see
+/// [`crate::key`]: at most 16,384 such keys), but for the keys of `<prefix>fence`'s own slot,
+/// which keep that one: so a key's tokens come from one counter whichever constructor made the
+/// store and whenever it learns how the server hashes keys. Counters are kept for
 /// [`fence_retention`](Self::fence_retention) (default 24 h) after their last use: a released
 /// lock leaves no key behind, however many distinct keys are locked, and every script touches
 /// one slot only. Tokens are `max(last + 1, server time in µs)`, so they keep increasing after
 /// the counter expires, as long as the Redis server's clock does not step back. With
 /// [`handoff`](Self::handoff) on (the default for [`connect`](Self::connect)), waiters queue in
-/// `<lock key>:queue` and a release hands the key to the first of them.
+/// the lock key's queue, `<prefix>{<tag>}queue:<scope length>:<scope>:<value>`, and a release
+/// hands the key to the first of them; an idempotency record is
+/// `<prefix>{<tag>}record:<scope length>:<scope>:<value>`. No lock key can be one of these (see
+/// `docs/DECISIONS.md`, "Companion keys: a role after the hash tag").
+///
+/// # Runtimes
+///
+/// A store and its clones may be used from several Tokio runtimes at once, and outlive some of
+/// them: no operation waits for a task or future of another runtime. Group commit batches the
+/// operations of each runtime's callers apart, each batch sent by its own callers' futures; a
+/// background lease is renewed on the runtime that acquired it; the hand-off subscription runs
+/// on a thread of its own. One thing the store does not control: the redis crate runs each
+/// connection's I/O as a task on the runtime that opened it (for [`connect`](Self::connect),
+/// the runtime that called it; after a reconnect, the runtime of the call that reconnected), so
+/// keep that runtime driven while the store is in use. A runtime that shuts down takes the
+/// connection with it, and the next call reconnects; one that stops being driven (a
+/// current-thread runtime whose `block_on` returned) stalls the connection's calls until their
+/// timeout.
 ///
 /// # Replicas
 ///
@@ -315,7 +336,7 @@ impl RedisStore {
     /// the server's address and cannot turn it on).
     ///
     /// With hand-off, a waiter that finds its key held joins the key's queue in Redis
-    /// (`<lock key>:queue`, in the same script as its attempt), and the holder's release gives
+    /// (its queue key, in the same script as its attempt), and the holder's release gives
     /// the key to the head of the queue instead of freeing it, and tells that waiter on pub/sub
     /// (each store subscribes to a channel of its own, on one extra RESP3 connection: Redis 6
     /// or later; on older servers waiters use their timers). The waiter runs at once: the key
@@ -328,9 +349,9 @@ impl RedisStore {
     /// its message), and one whose process hangs before claiming delays the next one by the
     /// claim window.
     ///
-    /// The subscription is a task started here, on the current Tokio runtime; if that runtime
-    /// shuts down while the store lives on, the next waiter's call starts it again on its own.
-    /// A waiter is queued only on a server where its store's subscription is (the attempt
+    /// The subscription runs on a thread of its own, started here, with its own connection: it
+    /// does not depend on any runtime that uses the store, and ends with the store's last
+    /// clone. A waiter is queued only on a server where its store's subscription is (the attempt
     /// checks): if the address now reaches another server than the subscription does (a
     /// virtual IP or DNS name that moved in a failover, while the subscription's connection
     /// stayed open), the store subscribes again, through the address, and the waiter queues

@@ -8,7 +8,7 @@ use std::{
 };
 
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind, Value};
-use tokio::{runtime::Handle, sync::watch};
+use tokio::sync::watch;
 
 use super::{
     RedisStore,
@@ -32,8 +32,9 @@ pub(super) struct Scripts {
 struct Load {
     /// When the last one finished.
     done_at: Option<Instant>,
-    /// The one in flight: its sender is dropped when it finishes.
-    running: Option<watch::Receiver<()>>,
+    /// The one in flight, in its caller's future: when it started, and a receiver whose sender
+    /// that caller drops when it finishes (or gives up).
+    running: Option<(Instant, watch::Receiver<()>)>,
 }
 
 /// The longest a shared script load may take before the next call that needs it starts another.
@@ -171,57 +172,120 @@ impl RedisStore {
 
     /// Has `script` loaded after a call sent at `sent_at` met NOSCRIPT, unless this store
     /// loaded it since. After a restart or `SCRIPT FLUSH` every call in flight meets NOSCRIPT at
-    /// once: the first starts a load in a task of its own, the others wait for that same load
-    /// (never for each other), then all send their call again, so the server sees one
-    /// `SCRIPT LOAD` per script, not one per call. A failed or timed-out load is not reported
-    /// here: the caller's second attempt meets NOSCRIPT and loads the script itself.
+    /// once: the first loads it in its own future, the others wait for that same load (never for
+    /// each other, and never longer than [`LOAD_TIMEOUT`] after it started: it may be the
+    /// future of a runtime that is no longer driven), then all send their call again, so the
+    /// server sees one `SCRIPT LOAD` per script, not one per call. A failed, timed-out or
+    /// abandoned load is not reported here: the caller's second attempt meets NOSCRIPT and
+    /// loads the script itself.
     async fn reload(&self, script: &Script, sent_at: Instant) {
-        let mut running = {
+        enum Role {
+            Wait(watch::Receiver<()>, Instant),
+            Load(watch::Sender<()>),
+        }
+        let role = {
             let mut loads = self.scripts.loads.lock().unwrap_or_else(|p| p.into_inner());
             let load = loads.entry(script.get_hash().to_owned()).or_default();
             // Loaded after our call was sent: our call ran before the load, send it again.
             if load.done_at.is_some_and(|done| done > sent_at) {
                 return;
             }
-            // A load whose task died with its runtime counts as none.
-            let live = load.running.as_ref().filter(|r| r.has_changed().is_ok());
+            // A load whose caller gave up, or that has run for longer than it may, counts as
+            // none.
+            let live = load.running.as_ref().filter(|(started, running)| {
+                running.has_changed().is_ok() && started.elapsed() < LOAD_TIMEOUT
+            });
             match live {
-                Some(running) => running.clone(),
+                Some((started, running)) => Role::Wait(running.clone(), *started),
                 None => {
-                    let Ok(runtime) = Handle::try_current() else {
-                        return;
-                    };
                     let (done, running) = watch::channel(());
-                    let (transport, script) = (self.transport.clone(), script.clone());
-                    let scripts = Arc::downgrade(&self.scripts);
-                    runtime.spawn(async move {
-                        let loaded = tokio::time::timeout(
-                            LOAD_TIMEOUT,
-                            transport.query(Request::Load(&script)),
-                        )
-                        .await;
-                        if let Some(scripts) = scripts.upgrade() {
-                            let mut loads = scripts.loads.lock().unwrap_or_else(|p| p.into_inner());
-                            if let Some(load) = loads.get_mut(script.get_hash()) {
-                                load.running = None;
-                                if matches!(loaded, Ok(Ok(Ok(_)))) {
-                                    load.done_at = Some(Instant::now());
-                                }
-                            }
-                        }
-                        drop(done);
-                    });
-                    load.running = Some(running.clone());
-                    running
+                    load.running = Some((Instant::now(), running));
+                    Role::Load(done)
                 }
             }
         };
-        // Ends when the load does (its sender is dropped).
-        let _ = running.changed().await;
+        match role {
+            Role::Wait(mut running, started) => {
+                // Ends when the load does (its sender is dropped), or when it has had its time.
+                let left = LOAD_TIMEOUT.saturating_sub(started.elapsed());
+                let _ = tokio::time::timeout(left, running.changed()).await;
+            }
+            Role::Load(done) => {
+                let loaded =
+                    tokio::time::timeout(LOAD_TIMEOUT, self.query(Request::Load(script))).await;
+                let mut loads = self.scripts.loads.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(load) = loads.get_mut(script.get_hash()) {
+                    if load
+                        .running
+                        .as_ref()
+                        .is_some_and(|(_, running)| running.same_channel(&done.subscribe()))
+                    {
+                        load.running = None;
+                    }
+                    if matches!(loaded, Ok(Ok(Ok(_)))) {
+                        load.done_at = Some(Instant::now());
+                    }
+                }
+                drop(loads);
+                drop(done);
+            }
+        }
     }
 }
 
 /// Whether Redis answered that it does not have the script (`NOSCRIPT`).
 fn is_no_script(answer: &Result<Value, RedisError>) -> bool {
     matches!(answer, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{future::Future, task::Poll};
+
+    use tower_lock_testkit::RedisServer;
+
+    use super::*;
+    use crate::{
+        key::LockKey,
+        store::{Acquire, LockStore},
+        token::Token,
+    };
+
+    /// A script load started by a future that is then no longer polled (its runtime's
+    /// `block_on` returned) does not hold up the calls of other runtimes that meet `NOSCRIPT`
+    /// later: they wait for it at most its time, then load the script themselves.
+    #[test]
+    fn a_load_left_on_an_idle_runtime_does_not_hold_up_the_others() {
+        let server = RedisServer::start();
+        let main = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = main.block_on(RedisStore::connect(server.url())).unwrap();
+        let idle = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        // Polled once on `idle`, then left: its load is under way, and nothing drives it.
+        let mut stuck = Box::pin(store.reload(&store.scripts.ops, Instant::now()));
+        idle.block_on(std::future::poll_fn(|cx| {
+            let _ = stuck.as_mut().poll(cx);
+            Poll::Ready(())
+        }));
+        assert!(server.cli(&["SCRIPT", "FLUSH"]).contains("OK"));
+        let key = LockKey::new("tower-lock:", "reload", b"k", 64).unwrap();
+        let token = Token::generate().unwrap();
+        let answer = main.block_on(async {
+            tokio::time::timeout(
+                Duration::from_secs(8),
+                store.acquire(&key, &token, Duration::from_secs(10)),
+            )
+            .await
+        });
+        let answer = answer.expect("the call waited for the idle runtime's load");
+        assert!(matches!(answer, Ok(Acquire::Acquired { .. })), "{answer:?}");
+        drop(stuck);
+        drop(idle);
+    }
 }

@@ -17,7 +17,7 @@ use super::{
     RedisStore,
     commit::{Place, is_cross_slot},
     handoff,
-    keys::{CompanionKeys, ms, shared_fence},
+    keys::{CompanionKeys, ms},
 };
 use crate::{
     key::{KeySet, LockKey},
@@ -38,17 +38,6 @@ enum Answer {
 }
 
 impl RedisStore {
-    /// The fencing counter of each key, where the server has one for every key (it does not
-    /// hash keys to slots; see `commit.rs`): the counter single-key acquires use too, so that a
-    /// key's tokens come from one counter however it is taken. Empty where each slot has its
-    /// own, next to the key.
-    fn shared_fences(&self, keys: &[LockKey]) -> Vec<Vec<u8>> {
-        if self.slot_bound.load(Ordering::Relaxed) {
-            return Vec::new();
-        }
-        keys.iter().map(|key| shared_fence(key.prefix())).collect()
-    }
-
     /// One `acquire_set.lua` over `keys` (the whole set, or the keys of one slot). With
     /// hand-off on, `place` queues a caller that will wait.
     async fn set_script(
@@ -59,12 +48,17 @@ impl RedisStore {
         place: Option<&Place>,
     ) -> Result<Answer, StoreError> {
         let handoff = self.handoff.is_some();
-        let companions: Vec<CompanionKeys> = keys.iter().map(CompanionKeys::new).collect();
-        let shared = self.shared_fences(keys);
+        // The counter single-key acquires use too, so that a key's tokens come from one counter
+        // however it is taken.
+        let slot_bound = self.slot_bound.load(Ordering::Relaxed);
+        let companions: Vec<CompanionKeys> = keys
+            .iter()
+            .map(|key| CompanionKeys::new(key, slot_bound))
+            .collect();
         let mut script_keys: Vec<&[u8]> = Vec::with_capacity(keys.len() * 3);
-        for (i, (key, companions)) in keys.iter().zip(&companions).enumerate() {
+        for (key, companions) in keys.iter().zip(&companions) {
             script_keys.push(key.as_bytes());
-            script_keys.push(shared.get(i).map_or(companions.fence(), Vec::as_slice));
+            script_keys.push(companions.fence());
             if handoff {
                 script_keys.push(companions.queue());
             }
@@ -125,13 +119,11 @@ impl RedisStore {
     /// One `release_set.lua` over `keys`: how many were held with `token`.
     async fn release_keys(&self, keys: &[LockKey], token: &Token) -> Result<usize, StoreError> {
         let handoff = self.handoff.is_some();
+        let slot_bound = self.slot_bound.load(Ordering::Relaxed);
         let companions: Vec<CompanionKeys> = if handoff {
-            keys.iter().map(CompanionKeys::new).collect()
-        } else {
-            Vec::new()
-        };
-        let shared = if handoff {
-            self.shared_fences(keys)
+            keys.iter()
+                .map(|key| CompanionKeys::new(key, slot_bound))
+                .collect()
         } else {
             Vec::new()
         };
@@ -139,7 +131,7 @@ impl RedisStore {
         for (i, key) in keys.iter().enumerate() {
             script_keys.push(key.as_bytes());
             if let Some(companions) = companions.get(i) {
-                script_keys.push(shared.get(i).map_or(companions.fence(), Vec::as_slice));
+                script_keys.push(companions.fence());
                 script_keys.push(companions.queue());
             }
         }

@@ -108,9 +108,16 @@ pub(super) fn key(namespace: &str, value: &str) -> LockKey {
     LockKey::new("tower-lock:", namespace, value.as_bytes(), 64).unwrap()
 }
 
-/// The hand-off queue of `key`: `<key>:queue`.
+/// The hand-off queue of `key`: `<prefix>{<tag>}queue:<rest of the key>`.
 pub(super) fn queue_key(key: &LockKey) -> Vec<u8> {
-    [key.as_bytes(), b":queue"].concat()
+    let tag_end = key
+        .as_bytes()
+        .iter()
+        .position(|&b| b == b'}')
+        .expect("a hash tag")
+        + 1;
+    let (head, rest) = key.as_bytes().split_at(tag_end);
+    [head, b"queue:", rest].concat()
 }
 
 /// A queue entry, as a waiter of another process would leave it: a token, a stamp, a channel.

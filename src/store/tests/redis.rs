@@ -252,3 +252,38 @@ async fn complete_is_one_step_for_the_holder() {
     let store = RedisStore::connect(server.url()).await.unwrap();
     super::complete_is_one_step_for_the_holder(store).await;
 }
+
+/// An idempotency record is not a key a client can lock. Under the earlier layout
+/// (`<lock key>:record`), the lock key of `sku-27712:record` under `audit` was the record key of
+/// `sku-27712` (the two values share a hash tag): completing `sku-27712` overwrote that lock
+/// with the record, and the lock's holder lost it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_is_not_a_lock_key_a_client_can_spell() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(server.url()).await.unwrap();
+    let ttl = Duration::from_secs(10);
+    let (spelled, victim) = (key("audit", "sku-27712:record"), key("audit", "sku-27712"));
+    let (holder, owner) = (Token::generate().unwrap(), Token::generate().unwrap());
+    assert!(matches!(
+        store.acquire(&spelled, &holder, ttl).await.unwrap(),
+        Acquire::Acquired { .. }
+    ));
+    assert!(matches!(
+        store.acquire(&victim, &owner, ttl).await.unwrap(),
+        Acquire::Acquired { .. }
+    ));
+    let record = Bytes::from_static(b"the stored response");
+    assert!(
+        store
+            .complete(&victim, &owner, record.clone(), ttl)
+            .await
+            .unwrap()
+    );
+    assert_eq!(store.lookup(&victim).await.unwrap(), Some(record));
+    assert_eq!(
+        get(&server, &spelled).await.as_deref(),
+        Some(holder.as_bytes()),
+        "the record overwrote another lock"
+    );
+    assert!(store.release(&spelled, &holder).await.unwrap());
+}

@@ -1,0 +1,170 @@
+//! One store used from several Tokio runtimes that come and go, on a real `redis-server`: no
+//! operation waits for a future or task of another runtime. A runtime shut down while its
+//! operations were in flight and queued, or a current-thread runtime left with its work unpolled
+//! (its `block_on` returned), holds up nobody else: the other runtimes' operations on fresh keys
+//! are answered as soon as Redis answers, and their background leases are renewed.
+//!
+//! Redis is stalled for a moment with `CLIENT PAUSE` so that the runtime that goes away has one
+//! call in flight and operations queued behind it when it goes.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio::runtime::{Builder, Runtime};
+use tower_lock::{LockConfig, Locker, RedisStore, Wait};
+use tower_lock_testkit::RedisServer;
+
+fn multi_thread(workers: usize) -> Runtime {
+    Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn current_thread() -> Runtime {
+    Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+/// No waiting, a long TTL, and a store timeout longer than the stall.
+fn config() -> LockConfig {
+    LockConfig::builder()
+        .ttl(Duration::from_secs(30))
+        .wait(Wait::none())
+        .store_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+/// Holds every client's commands for `ms` milliseconds.
+fn stall_redis(server: &RedisServer, ms: u64) {
+    let reply = server.cli(&["CLIENT", "PAUSE", &ms.to_string()]);
+    assert!(reply.contains("OK"), "CLIENT PAUSE: {reply}");
+}
+
+/// A store connected on `main` (which stays driven: the connection's own I/O runs there) and
+/// used once, so that its script is loaded.
+fn store(server: &RedisServer, main: &Runtime) -> RedisStore {
+    main.block_on(async {
+        let store = RedisStore::connect(server.url()).await.unwrap();
+        let locker = Locker::with_config(store.clone(), config());
+        let warm = locker
+            .acquire(locker.key("warm", "up").unwrap())
+            .await
+            .unwrap();
+        assert!(warm.release().await.unwrap());
+        store
+    })
+}
+
+/// `n` acquires of fresh keys named `name-<i>` on `locker`, at once; each must be acquired, and
+/// all within a generous bound (the operations must not wait for another runtime at all).
+async fn fresh_keys_are_acquired(locker: &Locker, name: &str, n: usize) {
+    let acquires = (0..n).map(|i| {
+        let key = locker.key("fresh", format!("{name}-{i}")).unwrap();
+        locker.acquire(key)
+    });
+    let answers = tokio::time::timeout(Duration::from_secs(10), join_all(acquires))
+        .await
+        .unwrap_or_else(|_| panic!("{name}: the acquires were not answered within 10 s"));
+    for (i, answer) in answers.into_iter().enumerate() {
+        let guard = answer.unwrap_or_else(|e| panic!("{name}-{i}: {e}"));
+        assert!(guard.release().await.unwrap());
+    }
+}
+
+/// A runtime shut down while one of its calls was in flight and nine of its operations queued
+/// behind it: the store goes on for every other runtime, at once.
+#[test]
+fn a_runtime_shut_down_mid_batch_leaves_the_store_working() {
+    let server = RedisServer::start();
+    let main = multi_thread(2);
+    let store = store(&server, &main);
+    stall_redis(&server, 500);
+    let doomed = multi_thread(1);
+    let locker = Locker::with_config(store.clone(), config());
+    for i in 0..10 {
+        let locker = locker.clone();
+        doomed.spawn(async move {
+            let _ = locker
+                .acquire(locker.key("doomed", i.to_string()).unwrap())
+                .await;
+        });
+    }
+    // Time for them to reach the store: one call in flight, nine queued.
+    std::thread::sleep(Duration::from_millis(100));
+    drop(doomed);
+    main.block_on(fresh_keys_are_acquired(&locker, "main", 20));
+    current_thread().block_on(fresh_keys_are_acquired(&locker, "other", 20));
+}
+
+/// A current-thread runtime whose `block_on` returned while one of its calls was in flight and
+/// nine of its operations queued: nothing drives them any more, and nothing else waits for them.
+#[test]
+fn a_runtime_left_idle_holds_up_only_its_own_operations() {
+    let server = RedisServer::start();
+    let main = multi_thread(2);
+    let store = store(&server, &main);
+    let locker = Locker::with_config(store.clone(), config());
+    stall_redis(&server, 500);
+    let idle = current_thread();
+    idle.block_on(async {
+        for i in 0..10 {
+            let locker = locker.clone();
+            tokio::spawn(async move {
+                let _ = locker
+                    .acquire(locker.key("idle", i.to_string()).unwrap())
+                    .await;
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    });
+    // `idle` lives on, undriven: its tasks are never polled again.
+    main.block_on(fresh_keys_are_acquired(&locker, "main", 20));
+    current_thread().block_on(fresh_keys_are_acquired(&locker, "other", 20));
+    drop(idle);
+}
+
+/// Background leases (a `LeaseGuard`) are renewed on the runtime that acquired them: a lease of
+/// one runtime is not handed to the renewal task another runtime started, which may no longer be
+/// driven (or may shut down, dropping the renewals it was given).
+#[test]
+fn background_leases_are_renewed_whatever_became_of_another_runtime() {
+    let server = RedisServer::start();
+    let main = multi_thread(2);
+    let store = store(&server, &main);
+    let short = LockConfig::builder()
+        .ttl(Duration::from_millis(300))
+        .wait(Wait::none())
+        .build()
+        .unwrap();
+    let locker = Locker::with_config(store, short);
+    // The locker's first background lease, on a runtime that is then left undriven.
+    let idle = current_thread();
+    let first = idle.block_on(locker.acquire(locker.key("renew", "idle").unwrap()));
+    let first = first.unwrap();
+    // And one on a runtime that shuts down.
+    let doomed = current_thread();
+    let second = doomed.block_on(locker.acquire(locker.key("renew", "doomed").unwrap()));
+    drop(doomed);
+    drop(second);
+    main.block_on(async {
+        let guard = locker
+            .acquire(locker.key("renew", "main").unwrap())
+            .await
+            .unwrap();
+        // Five TTLs: only renewals keep it.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(
+            !guard.lease().is_lost(),
+            "{:?}",
+            guard.lease().lost_reason()
+        );
+        assert!(
+            guard.release().await.unwrap(),
+            "the lease ran out: it was not renewed"
+        );
+    });
+    drop(first);
+    drop(idle);
+}
