@@ -148,6 +148,7 @@ impl ClusterStore {
             .check_eviction()
             .await
             .map_err(|e| e.while_connecting(&target))?;
+        store.inner.check_native().await;
         Ok(store)
     }
 

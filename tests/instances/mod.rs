@@ -34,13 +34,14 @@ pub fn inventory_binary() -> PathBuf {
     BIN.get_or_init(|| example_binary("inventory")).clone()
 }
 
-/// The example `name`'s binary, built with `--all-features` (as `scripts/test.sh` builds
-/// everything).
+/// The example `name`'s binary, built with `--workspace --all-features` (as `scripts/test.sh`
+/// builds everything, so that the dependencies are the ones already built).
 pub fn example_binary(name: &str) -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let output = Command::new(cargo)
         .args([
             "build",
+            "--workspace",
             "--example",
             name,
             "--all-features",
