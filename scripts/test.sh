@@ -72,3 +72,12 @@ cargo check --no-default-features --features tls --quiet
 # kit's own (its MONITOR and wrk parsers), in one build so that the dependencies they share are
 # compiled once.
 cargo test --workspace --all-features "$@"
+# Hand-off, group commit, idempotency records and the crate-private store capabilities (key sets,
+# records, the hand-off queue) again on Valkey 9 (the behaviour suite and the native commands run
+# on it in tests/valkey.rs, the protocol model's check against a real server in
+# tests/protocol_model.rs). About 40 s more.
+if [ "$#" -eq 0 ]; then
+  export TOWER_LOCK_TEST_SERVER=valkey
+  cargo test --workspace --all-features --test handoff --test group_commit --test idempotency
+  cargo test --workspace --all-features --lib -- store::tests::redis store::tests::cluster
+fi
