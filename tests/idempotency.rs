@@ -964,17 +964,29 @@ where
     };
     let json = Some("application/json");
     for (key, first, first_status) in [
-        (KEY, pay(KEY, json, r#"{"amont":1}"#), StatusCode::UNPROCESSABLE_ENTITY),
+        (
+            KEY,
+            pay(KEY, json, r#"{"amont":1}"#),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
         (
             "4f6a1c2e-58b1-4d7e-9a0b-2d1f3c4e5a6b",
-            pay("4f6a1c2e-58b1-4d7e-9a0b-2d1f3c4e5a6b", None, r#"{"amount":1}"#),
+            pay(
+                "4f6a1c2e-58b1-4d7e-9a0b-2d1f3c4e5a6b",
+                None,
+                r#"{"amount":1}"#,
+            ),
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
         ),
     ] {
         let refused = send(&app, first).await;
         assert_eq!(refused.status(), first_status, "{key}");
         let corrected = send(&app, pay(key, json, r#"{"amount":1}"#)).await;
-        assert_eq!(corrected.status(), StatusCode::CREATED, "{key}: the retry did not run");
+        assert_eq!(
+            corrected.status(),
+            StatusCode::CREATED,
+            "{key}: the retry did not run"
+        );
         let replayed = send(&app, pay(key, json, r#"{"amount":1}"#)).await;
         assert_eq!(replayed.status(), StatusCode::CREATED);
         assert_eq!(replayed.headers()["idempotent-replayed"], "true");
