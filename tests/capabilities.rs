@@ -33,8 +33,8 @@ const COLUMNS: [&str; 5] = [
 
 /// The matrix as `docs/TOPOLOGY.md` has it: each row's store, then yes or no per column.
 fn documented() -> HashMap<String, [bool; 5]> {
-    let doc =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/TOPOLOGY.md")).unwrap();
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/TOPOLOGY.md"))
+        .unwrap();
     let section = doc
         .split("\n## What each store can do\n")
         .nth(1)

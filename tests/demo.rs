@@ -15,7 +15,7 @@ use tokio::{
 
 /// The fenced `console` blocks of the README's "The demo" section.
 fn readme_demo_blocks() -> Vec<String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
         .expect("read README.md");
     let section = readme
         .split("\n## The demo\n")

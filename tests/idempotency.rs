@@ -1002,3 +1002,77 @@ async fn the_idempotency_key_is_an_extractor() {
         .unwrap();
     assert_eq!(&body[..], b"false");
 }
+
+/// A request refused before its handler ran (axum's `Json` answering 415 for a missing
+/// content type, 422 for a missing field) stores nothing under the default rule: the client's
+/// corrected retry with the same key runs, and is then stored and replayed.
+async fn a_request_refused_before_it_ran_is_not_stored<B: Backend>(backend: B)
+where
+    B::Store: IdempotencyStore,
+{
+    #[derive(Deserialize)]
+    struct Payment {
+        amount: u64,
+    }
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let app = Router::new()
+        .route(
+            "/pay",
+            post(move |axum::Json(payment): axum::Json<Payment>| {
+                let runs = Arc::clone(&counted);
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    (StatusCode::CREATED, format!("paid {}", payment.amount))
+                }
+            }),
+        )
+        .route_layer(IdempotencyLayer::new(backend.store().await, SharedKeySpace));
+    let pay = |key: &str, content_type: Option<&str>, body: &'static str| {
+        let mut request = Request::post("/pay").header("idempotency-key", key);
+        if let Some(content_type) = content_type {
+            request = request.header(header::CONTENT_TYPE, content_type);
+        }
+        request.body(Body::from(body)).unwrap()
+    };
+    let json = Some("application/json");
+    for (key, first, first_status) in [
+        (
+            KEY,
+            pay(KEY, json, r#"{"amont":1}"#),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "4f6a1c2e-58b1-4d7e-9a0b-2d1f3c4e5a6b",
+            pay(
+                "4f6a1c2e-58b1-4d7e-9a0b-2d1f3c4e5a6b",
+                None,
+                r#"{"amount":1}"#,
+            ),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ),
+    ] {
+        let refused = send(&app, first).await;
+        assert_eq!(refused.status(), first_status, "{key}");
+        let corrected = send(&app, pay(key, json, r#"{"amount":1}"#)).await;
+        assert_eq!(
+            corrected.status(),
+            StatusCode::CREATED,
+            "{key}: the retry did not run"
+        );
+        let replayed = send(&app, pay(key, json, r#"{"amount":1}"#)).await;
+        assert_eq!(replayed.status(), StatusCode::CREATED);
+        assert_eq!(replayed.headers()["idempotent-replayed"], "true");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_request_refused_before_it_ran_is_not_stored_memory() {
+    a_request_refused_before_it_ran_is_not_stored(Memory::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_before_it_ran_is_not_stored_redis() {
+    a_request_refused_before_it_ran_is_not_stored(Redis::new()).await;
+}

@@ -25,7 +25,7 @@
 mod model;
 
 use model::{Config, Faults, Model, Property, Report, Sources, Timing, check, check_model};
-use tower_lock_testkit::RedisServer;
+use tower_lock_testkit::{Flavor, RedisServer};
 
 fn faults(budget: u8) -> Faults {
     Faults {
@@ -415,11 +415,11 @@ fn a_hand_over_that_skips_dead_waiters_without_asking_still_holds() {
 
 // ---- The model's Redis is Redis. ----
 
-/// Every distinct script run of a checked configuration, replayed on a real `redis-server`,
-/// answers the same, leaves the same keys and publishes the same messages.
+/// Every distinct script run of a checked configuration, replayed on a real `redis-server` and
+/// a real `valkey-server`, answers the same, leaves the same keys and publishes the same
+/// messages. (One exploration, replayed on both: the exploration is the test's cost.)
 #[tokio::test]
 async fn the_model_redis_answers_as_redis_server_does() {
-    let server = RedisServer::start();
     let mut c = config("3 processes, together, 2 failures (replayed)", 3, faults(2));
     c.start_together = true;
     c.delays = false;
@@ -438,9 +438,15 @@ async fn the_model_redis_answers_as_redis_server_does() {
     c.delays = false;
     let mut sets = Model::new(c);
     assert!(check_model(&mut sets).violation.is_none());
-    let a = model::differential::replay(&model, &server.url(), 1500).await;
-    let b = model::differential::replay(&other, &server.url(), 1500).await;
-    let c = model::differential::replay(&sets, &server.url(), 1500).await;
-    println!("{a} + {b} + {c} script runs agree with redis-server");
-    assert!(a > 500 && b > 500 && c > 500, "{a} + {b} + {c}");
+    for flavor in [Flavor::Redis, Flavor::Valkey] {
+        let server = RedisServer::options().flavor(flavor).start();
+        let a = model::differential::replay(&model, &server.url(), 1500).await;
+        let b = model::differential::replay(&other, &server.url(), 1500).await;
+        let c = model::differential::replay(&sets, &server.url(), 1500).await;
+        println!(
+            "{a} + {b} + {c} script runs agree with {}",
+            flavor.program()
+        );
+        assert!(a > 500 && b > 500 && c > 500, "{a} + {b} + {c}");
+    }
 }

@@ -56,7 +56,7 @@ pub(crate) fn load_average() -> String {
 
 /// Versions of `names` in the crate's `Cargo.lock`.
 pub(crate) fn locked_versions(names: &[&str]) -> Vec<(String, String)> {
-    let lock = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.lock"))
+    let lock = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.lock"))
         .unwrap_or_default();
     let mut found: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut name = None;

@@ -2,7 +2,7 @@
 //! renewal at scale, memory and group commit, each next to a hand-written baseline or the
 //! `rslock` peer; and orders of several keys against single purchases.
 //!
-//! `cargo bench --bench lock_bench` (or `scripts/bench.sh`, which installs `wrk` and
+//! `cargo bench -p tower-lock-suite --bench lock_bench` (or `scripts/bench.sh`, which installs `wrk` and
 //! `redis-server` first) starts its own `redis-server` on a free loopback port, runs every
 //! scenario `BENCH_RUNS` times (default 3) and writes `docs/BENCHMARKS.md`. It only uses the
 //! crate's public API, so it keeps measuring the same things as the implementation changes; its
@@ -113,7 +113,7 @@ impl Settings {
     fn from_env() -> Self {
         let quick = env_flag("BENCH_QUICK");
         let full = env_flag("BENCH_FULL");
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
         let output = std::env::var("BENCH_OUTPUT")
             .map(PathBuf::from)
             .unwrap_or_else(|_| root.join("docs/BENCHMARKS.md"));
@@ -125,8 +125,9 @@ impl Settings {
         vars.sort();
         let mut command: String = vars.iter().map(|(k, v)| format!("{k}={v} ")).collect();
         command.push_str(
-            &std::env::var("BENCH_COMMAND")
-                .unwrap_or_else(|_| "cargo bench --bench lock_bench".to_owned()),
+            &std::env::var("BENCH_COMMAND").unwrap_or_else(|_| {
+                "cargo bench -p tower-lock-suite --bench lock_bench".to_owned()
+            }),
         );
         Self {
             runs: env_num("BENCH_RUNS", 3).max(1) as usize,
@@ -182,7 +183,9 @@ fn main() {
     }
     // `cargo test --all-targets` runs bench targets without `--bench`: do nothing then.
     if !std::env::args().any(|a| a == "--bench") {
-        eprintln!("lock_bench: run it with `cargo bench --bench lock_bench` (or scripts/bench.sh)");
+        eprintln!(
+            "lock_bench: run it with `cargo bench -p tower-lock-suite --bench lock_bench` (or scripts/bench.sh)"
+        );
         return;
     }
     let s = Settings::from_env();

@@ -22,10 +22,10 @@ use crate::{config::LockConfig, error::ConfigError, wait::Wait};
 /// | [`retention`](Self::retention) | 24 h | how long a finished request's response is replayed |
 /// | [`max_request_body`](Self::max_request_body) | 1 MiB | request bodies are buffered to fingerprint them; larger ones are a 413 |
 /// | [`max_response_body`](Self::max_response_body) | 64 KiB | larger responses are sent but not stored: a retry runs the handler again |
-/// | [`store_when`](Self::store_when) | [`NotServerError`](super::NotServerError) | which of the handler's responses are stored and replayed; a retry after any other runs the handler again |
+/// | [`store_when`](Self::store_when) | [`NotRejected`](super::NotRejected) | which of the handler's responses are stored and replayed; a retry after any other runs the handler again |
 /// | [`replay_headers`](Self::replay_headers) | `content-type`, `content-language`, `content-location`, `location`, `etag`, `last-modified`, `link` | response headers stored and replayed; all others are dropped from the record |
 /// | [`namespace`](Self::namespace) | `idempotency` | key space; layers with the same namespace and principal share keys |
-/// | [`fingerprint`](Self::fingerprint) | method, path, body | what a retry must repeat to be replayed (else 422) |
+/// | [`fingerprint`](Self::fingerprint) | method, path, media type, body | what a retry must repeat to be replayed (else 422) |
 /// | [`lock`](Self::lock) | [`LockConfig`] with [`Wait::none`] | the lock taken while the first request runs |
 ///
 /// The lock fails fast by default, so a concurrent duplicate gets 409 at once (as the draft
@@ -165,10 +165,12 @@ settings! {
     /// is sent as it is, but not stored: a retry runs the handler again.
     max_response_body: usize => |v| v, get usize => |c| c.max_response_body;
     /// Which of the handler's responses are stored and replayed, decided on the response head
-    /// (default [`NotServerError`](super::NotServerError): all but 5xx). A response it refuses
-    /// is sent as it is and not stored: a retry with the same key runs the handler again. See
-    /// [`StorePredicate`](super::StorePredicate) for the built-ins ([`NotError`](super::NotError)
-    /// leaves out 4xx too, [`Always`](super::Always) stores 5xx as well) and closures.
+    /// (default [`NotRejected`](super::NotRejected): all but 5xx and the 4xx that refuse a
+    /// request before it runs, such as a body that does not parse). A response it refuses is
+    /// sent as it is and not stored: a retry with the same key runs the handler again. See
+    /// [`StorePredicate`](super::StorePredicate) for the built-ins
+    /// ([`NotServerError`](super::NotServerError) stores every 4xx, [`NotError`](super::NotError)
+    /// none, [`Always`](super::Always) 5xx as well) and closures.
     store_when: impl super::StorePredicate => StoreWhen::new, get &dyn super::StorePredicate => |c| c.store_when.predicate();
     /// Response headers stored and replayed (matched case-insensitively); the others are not
     /// stored at all.

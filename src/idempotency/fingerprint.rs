@@ -8,7 +8,9 @@ use sha2::{Digest, Sha256};
 /// A request whose key has a record but whose fingerprint differs is answered 422: the client
 /// reused a key for a different request. By default the fingerprint covers the method, the
 /// request path (not the route template: `/orders/1` and `/orders/2` differ; the query is not
-/// included) and the body's bytes. Turn parts off, or add request headers:
+/// included), the body's media type (`Content-Type` without its parameters, case-insensitive:
+/// the same bytes sent as JSON and as a form are two requests) and the body's bytes. Turn parts
+/// off, or add request headers:
 ///
 /// ```
 /// use http::HeaderName;
@@ -26,6 +28,7 @@ pub struct Fingerprint {
     method: bool,
     path: bool,
     query: bool,
+    content_type: bool,
     body: bool,
     headers: Vec<HeaderName>,
 }
@@ -36,6 +39,7 @@ impl Default for Fingerprint {
             method: true,
             path: true,
             query: false,
+            content_type: true,
             body: true,
             headers: Vec::new(),
         }
@@ -61,6 +65,15 @@ impl Fingerprint {
     #[must_use]
     pub fn query(mut self, on: bool) -> Self {
         self.query = on;
+        self
+    }
+
+    /// Whether the body's media type counts (default `true`): the `Content-Type` header's
+    /// `type/subtype`, lowercased, without parameters (`application/json; charset=utf-8` is
+    /// `application/json`); a request without the header differs from one with it.
+    #[must_use]
+    pub fn content_type(mut self, on: bool) -> Self {
+        self.content_type = on;
         self
     }
 
@@ -97,6 +110,16 @@ impl Fingerprint {
         if self.query {
             part(b'q', parts.uri.query().unwrap_or_default().as_bytes());
         }
+        if self.content_type
+            && let Some(value) = parts.headers.get(http::header::CONTENT_TYPE)
+        {
+            let essence = value
+                .as_bytes()
+                .split(|&b| b == b';')
+                .next()
+                .unwrap_or_default();
+            part(b't', &essence.trim_ascii().to_ascii_lowercase());
+        }
         for name in &self.headers {
             part(b'h', name.as_str().as_bytes());
             for value in parts.headers.get_all(name) {
@@ -115,14 +138,41 @@ mod tests {
     use super::*;
 
     fn parts(method: &str, uri: &str) -> Parts {
-        http::Request::builder()
+        typed(method, uri, None)
+    }
+
+    fn typed(method: &str, uri: &str, content_type: Option<&str>) -> Parts {
+        let mut request = http::Request::builder()
             .method(method)
             .uri(uri)
-            .header("api-version", "2")
-            .body(())
-            .unwrap()
-            .into_parts()
-            .0
+            .header("api-version", "2");
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        request.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn the_media_type_counts_without_its_parameters() {
+        let f = Fingerprint::default();
+        let json = f.digest(&typed("POST", "/a", Some("application/json")), b"{}");
+        assert_eq!(
+            json,
+            f.digest(
+                &typed("POST", "/a", Some("Application/JSON; charset=utf-8")),
+                b"{}"
+            )
+        );
+        assert_ne!(json, f.digest(&typed("POST", "/a", None), b"{}"));
+        assert_ne!(
+            json,
+            f.digest(&typed("POST", "/a", Some("text/plain")), b"{}")
+        );
+        let untyped = Fingerprint::default().content_type(false);
+        assert_eq!(
+            untyped.digest(&typed("POST", "/a", Some("application/json")), b"{}"),
+            untyped.digest(&typed("POST", "/a", None), b"{}")
+        );
     }
 
     #[test]

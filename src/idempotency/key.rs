@@ -70,13 +70,13 @@ pub(crate) fn read(
     })?;
     if key.len() < min {
         return Err(IdempotencyError::invalid_key(format!(
-            "the `{name}` key is {} bytes long; the shortest accepted is {min}",
+            "the key in the `{name}` header is {} bytes long; the shortest accepted is {min}",
             key.len()
         )));
     }
     if key.len() > max {
         return Err(IdempotencyError::invalid_key(format!(
-            "the `{name}` key is {} bytes long; the longest accepted is {max}",
+            "the key in the `{name}` header is {} bytes long; the longest accepted is {max}",
             key.len()
         )));
     }
@@ -156,7 +156,12 @@ mod tests {
         let mut headers = HeaderMap::new();
         assert_eq!(read(&headers, &name, 4, 8).unwrap(), None);
         headers.insert(&name, "\"abc\"".parse().unwrap());
-        assert!(read(&headers, &name, 4, 8).is_err(), "too short accepted");
+        let short = read(&headers, &name, 4, 8).expect_err("too short accepted");
+        assert_eq!(
+            short.to_string(),
+            "the idempotency key is invalid: the key in the `idempotency-key` header is 3 bytes \
+             long; the shortest accepted is 4"
+        );
         headers.insert(&name, "abcd".parse().unwrap());
         assert_eq!(read(&headers, &name, 4, 8).unwrap().unwrap(), "abcd");
         headers.insert(&name, "abcdefghi".parse().unwrap());

@@ -78,8 +78,8 @@
 //!    ([`PrincipalRejection`]: 401 or 400).
 //! 3. **Body.** The request body is buffered, up to
 //!    [`max_request_body`](IdempotencyConfig::max_request_body) (1 MiB; larger is a 413, checked
-//!    against `Content-Length` first), and the [`Fingerprint`] (method, path, body by default)
-//!    is computed. The handler gets the buffered body.
+//!    against `Content-Length` first), and the [`Fingerprint`] (method, path, media type and
+//!    body by default) is computed. The handler gets the buffered body.
 //! 4. **Lock.** The layer takes the key's lock through its own [`Locker`](crate::Locker), as
 //!    [`LockLayer`](crate::LockLayer) would (no need to stack one). Default wait:
 //!    [`Wait::none`](crate::Wait::none).
@@ -118,13 +118,16 @@
 //! # What is not stored
 //!
 //! - **Responses the [`store_when`](IdempotencyConfig::store_when) predicate refuses**: by
-//!   default ([`NotServerError`]) 5xx responses, so a retry after a server error runs the
-//!   handler again, and the handler must be safe to retry after a failure it reported. 4xx
-//!   responses are stored by default (the key's request had its outcome, as at Stripe); an API
-//!   whose 4xx ask the client to correct something and retry with the same key stores only
-//!   1xx–3xx with [`NotError`], or decides per response with a closure (see
-//!   [`StorePredicate`]). [`Always`] stores 5xx too. The layer's own answers (400, 409, 413,
-//!   422, 503) are never stored.
+//!   default ([`NotRejected`]) 5xx responses, so a retry after a server error runs the handler
+//!   again (the handler must be safe to retry after a failure it reported), and the 4xx that
+//!   refuse a request before it runs: 400, 413, 415 and 422 (axum's `Json`, `Form`, `Query`
+//!   and `Path` rejections, a validation layer's refusal), 408 and 429. As at Stripe, a request
+//!   that failed validation stores nothing, so the client's corrected retry with the same key
+//!   runs. Every other 4xx is the key's outcome and replays (a 402 for a declined card, a 404,
+//!   a 409). [`NotServerError`] stores every 4xx; an API whose 4xx all ask the client to
+//!   correct something and retry with the same key stores only 1xx–3xx with [`NotError`], or
+//!   decides per response with a closure (see [`StorePredicate`]). [`Always`] stores 5xx too.
+//!   The layer's own answers (400, 409, 413, 422, 503) are never stored.
 //! - **Responses over [`max_response_body`](IdempotencyConfig::max_response_body)**: the client
 //!   gets the whole response, streamed on after the part that was read, but nothing is stored
 //!   and the lock is released: a retry runs the handler again. Raise the cap for handlers whose
@@ -195,7 +198,7 @@ pub use key::IdempotencyKey;
 #[cfg(feature = "axum")]
 pub use key::MissingIdempotencyKey;
 pub use layer::IdempotencyLayer;
-pub use predicate::{Always, NotError, NotServerError, StorePredicate};
+pub use predicate::{Always, NotError, NotRejected, NotServerError, StorePredicate};
 pub use principal::{Principal, PrincipalAnswer, PrincipalRejection, SharedKeySpace};
 pub use response::{IdempotencyProblem, IdempotencyResponse};
 pub use service::IdempotencyService;

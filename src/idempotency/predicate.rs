@@ -10,7 +10,8 @@ use http::response::Parts;
 ///
 /// | predicate | stores | a retry runs the handler again after |
 /// |---|---|---|
-/// | [`NotServerError`] (the default) | 1xx–4xx | a 5xx |
+/// | [`NotRejected`] (the default) | 1xx–4xx but 400, 408, 413, 415, 422, 429 | a 5xx, or a 4xx that refused the request before it ran |
+/// | [`NotServerError`] | 1xx–4xx | a 5xx |
 /// | [`NotError`] | 1xx–3xx | a 4xx or 5xx |
 /// | [`Always`] | every status | nothing |
 /// | a closure `Fn(&Parts) -> bool` | what it returns `true` for | the rest |
@@ -18,24 +19,28 @@ use http::response::Parts;
 /// Whatever it says, the layer's own answers (400, 409, 413, 422, 503) are never stored, nor
 /// are responses over [`max_response_body`](super::IdempotencyConfig::max_response_body).
 ///
-/// Storing a 4xx (the default) is what the IETF draft and Stripe do: the key's request had an
-/// outcome, and a retry gets it again. An API whose 4xx mean "correct it and retry with the same
-/// key" (a declined card the customer then replaces, a 409 on state that changes) stores only
-/// what is final for it:
+/// The default stores what the handler decided (a 201, a 402 for a declined card, a 404, a 409
+/// on state that changed) and leaves out the answers that refuse a request before it runs: a
+/// body that does not parse (axum's `Json` and `Form` answer 400, 415 or 422, and so do most
+/// validation layers), one too large (413), a request that timed out arriving (408) or was
+/// rate-limited (429). As at Stripe, a request that failed validation stores nothing, so the
+/// client's corrected retry with the same key runs. An API whose other 4xx mean "correct it and
+/// retry with the same key" (a declined card the customer then replaces) stores only what is
+/// final for it:
 ///
 /// ```
 /// use http::{StatusCode, response::Parts};
 /// use tower_lock::{
 ///     IdempotencyConfig,
-///     idempotency::{NotError, NotServerError, StorePredicate},
+///     idempotency::{NotError, NotRejected, StorePredicate},
 /// };
 ///
 /// // Neither a 4xx nor a 5xx is stored.
 /// let config = IdempotencyConfig::builder().store_when(NotError).build()?;
-/// // Every outcome but a declined payment (and 5xx).
+/// // What the default stores, but a declined payment.
 /// let config = IdempotencyConfig::builder()
 ///     .store_when(|head: &Parts| {
-///         head.status != StatusCode::PAYMENT_REQUIRED && NotServerError.should_store(head)
+///         head.status != StatusCode::PAYMENT_REQUIRED && NotRejected.should_store(head)
 ///     })
 ///     .build()?;
 /// # let _ = config;
@@ -55,8 +60,38 @@ where
     }
 }
 
-/// The default [`StorePredicate`]: every response but a server error (5xx), so that a retry
-/// after a failure the handler reported runs it again.
+/// The default [`StorePredicate`]: every response but a server error (5xx) and the client
+/// errors that refuse a request before it runs, so that a retry after either runs the handler
+/// again.
+///
+/// Not stored: 5xx; 400 Bad Request, 413 Content Too Large, 415 Unsupported Media Type and 422
+/// Unprocessable Content (what axum's extractors answer for a body, query or path that does not
+/// parse, and validation layers for a request they refuse); 408 Request Timeout and 429 Too Many
+/// Requests (the client is told to send it again). Every other response is the key's outcome
+/// and replays: 1xx–3xx, and the 4xx a handler decides on (402, 403, 404, 409, ...). A handler
+/// that answers 400 or 422 after acting (it charged, then found something wrong) must store
+/// that itself, with a closure that marks it (see [`StorePredicate`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NotRejected;
+
+impl StorePredicate for NotRejected {
+    fn should_store(&self, response: &Parts) -> bool {
+        use http::StatusCode as S;
+        !response.status.is_server_error()
+            && !matches!(
+                response.status,
+                S::BAD_REQUEST
+                    | S::REQUEST_TIMEOUT
+                    | S::PAYLOAD_TOO_LARGE
+                    | S::UNSUPPORTED_MEDIA_TYPE
+                    | S::UNPROCESSABLE_ENTITY
+                    | S::TOO_MANY_REQUESTS
+            )
+    }
+}
+
+/// A [`StorePredicate`] that stores every response but a server error (5xx): every 4xx is the
+/// key's outcome and replays, a request refused for its syntax included.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct NotServerError;
 
@@ -114,7 +149,7 @@ impl StoreWhen {
 
 impl Default for StoreWhen {
     fn default() -> Self {
-        Self::new(NotServerError)
+        Self::new(NotRejected)
     }
 }
 
@@ -136,18 +171,26 @@ mod tests {
     }
 
     #[test]
-    fn built_ins_by_status_class() {
-        for (status, not_server_error, not_error) in [
-            (200, true, true),
-            (201, true, true),
-            (303, true, true),
-            (400, true, false),
-            (402, true, false),
-            (409, true, false),
-            (500, false, false),
-            (503, false, false),
+    fn built_ins_by_status() {
+        for (status, not_rejected, not_server_error, not_error) in [
+            (200, true, true, true),
+            (201, true, true, true),
+            (303, true, true, true),
+            (400, false, true, false),
+            (402, true, true, false),
+            (403, true, true, false),
+            (404, true, true, false),
+            (408, false, true, false),
+            (409, true, true, false),
+            (413, false, true, false),
+            (415, false, true, false),
+            (422, false, true, false),
+            (429, false, true, false),
+            (500, false, false, false),
+            (503, false, false, false),
         ] {
             let head = head(status);
+            assert_eq!(NotRejected.should_store(&head), not_rejected, "{status}");
             assert_eq!(
                 NotServerError.should_store(&head),
                 not_server_error,
@@ -170,7 +213,11 @@ mod tests {
         let default = StoreWhen::default();
         assert!(default.should_store(&head(404)) && !default.should_store(&head(500)));
         assert!(
-            format!("{default:?}").ends_with("NotServerError"),
+            !default.should_store(&head(422)),
+            "a refused request stored"
+        );
+        assert!(
+            format!("{default:?}").ends_with("NotRejected"),
             "{default:?}"
         );
     }

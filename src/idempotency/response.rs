@@ -52,7 +52,7 @@ impl IdempotencyResponse for IdempotencyProblem {
                 "idempotency-key-reused",
                 "Idempotency key reused",
                 "this idempotency key was already used for a different request (another \
-                 method, path or body); use a new key for a new request"
+                 method, path, content type or body); use a new key for a new request"
                     .to_owned(),
             ),
             IdempotencyError::BodyTooLarge { limit } => (

@@ -149,6 +149,7 @@ impl ClusterStore {
             .check_eviction()
             .await
             .map_err(|e| e.while_connecting(&target))?;
+        store.inner.check_native().await;
         Ok(store)
     }
 

@@ -16,7 +16,7 @@ use std::{
 use tracing::{Span, field::Empty};
 
 mod metrics;
-mod outcome;
+pub(crate) mod outcome;
 
 pub(crate) use self::metrics::*;
 pub(crate) use self::outcome::Outcome;

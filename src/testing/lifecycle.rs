@@ -25,6 +25,7 @@ use tracing::{
 use tracing_subscriber::{Registry, layer::Context as LayerContext, prelude::*};
 
 use super::Scripted;
+use crate::telemetry::outcome::documented::{self, Recorder};
 use crate::{
     IdempotencyConfig, IdempotencyLayer, Key, LockConfig, LockLayer, OnLeaseLost, Wait,
     idempotency::SharedKeySpace,
@@ -384,6 +385,25 @@ async fn every_lifecycle_case_ends_alike_through_both_layers() {
                 failures.push(format!("{} ({which:?}): {failure}", case.name));
             }
             let mut recorded = outcomes.0.lock().unwrap().clone();
+            // docs/OBSERVABILITY.md lists each outcome under the layers that record it.
+            let recorder = match which {
+                Which::Lock => Recorder::LockLayer,
+                Which::Idempotency => Recorder::IdempotencyLayer,
+            };
+            for outcome in &recorded {
+                let by = if outcome == "released" {
+                    Recorder::Locker
+                } else {
+                    recorder
+                };
+                if !documented::records(by, outcome) {
+                    failures.push(format!(
+                        "{} ({which:?}): docs/OBSERVABILITY.md does not list `{outcome}` for \
+                         {by:?}",
+                        case.name
+                    ));
+                }
+            }
             recorded.retain(|outcome| outcome != "released");
             let expected = match (case.outcome, which) {
                 (Outcome::Same(outcome), _) => outcome,

@@ -4,7 +4,7 @@
 //!
 //! | module | starts or reads |
 //! |---|---|
-//! | [`server`] | one [`RedisServer`] on a free loopback port; replicas; `redis-cli` |
+//! | [`server`] | one [`RedisServer`] on a free loopback port, `redis-server` or `valkey-server` ([`Flavor`]); replicas; `redis-cli` |
 //! | [`cluster`] | a [`RedisCluster`] of masters and replicas, or one node owning every slot |
 //! | [`sentinel`] | a master, its replica and three sentinels ([`SentinelSetup`]) |
 //! | [`tls`] | a private CA and its certificates ([`TestCerts`], by `openssl`); servers that speak TLS only ([`TlsOptions`]) |
@@ -54,6 +54,6 @@ pub use cluster::{RedisCluster, key_slot, one_node_cluster};
 pub use port::free_port;
 pub use proxy::Proxy;
 pub use sentinel::SentinelSetup;
-pub use server::{RedisServer, ServerOptions, redis_cli};
+pub use server::{Flavor, RedisServer, ServerOptions, redis_cli};
 pub use stats::{calls_of, errors_of};
 pub use tls::{TestCerts, TlsOptions};

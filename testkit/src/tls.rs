@@ -275,6 +275,7 @@ impl TlsOptions {
 
     /// The redis crate's certificates for the kit's own connections (the CA, and the client
     /// certificate, which every server accepts); installs the *ring* provider if none is.
+    #[cfg(feature = "tls")]
     pub(crate) fn redis_certificates(&self) -> redis::TlsCertificates {
         if rustls::crypto::CryptoProvider::get_default().is_none() {
             let _ = rustls::crypto::ring::default_provider().install_default();

@@ -34,13 +34,16 @@ pub fn inventory_binary() -> PathBuf {
     BIN.get_or_init(|| example_binary("inventory")).clone()
 }
 
-/// The example `name`'s binary, built with `--all-features` (as `scripts/test.sh` builds
-/// everything).
+/// The example `name`'s binary, built with `--workspace --all-features --tests` (as
+/// `scripts/test.sh` builds everything: the test targets make cargo resolve the tests'
+/// dev-dependencies too, so that the example's dependencies are the ones already built).
 pub fn example_binary(name: &str) -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let output = Command::new(cargo)
         .args([
             "build",
+            "--workspace",
+            "--tests",
             "--example",
             name,
             "--all-features",

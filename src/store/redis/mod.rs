@@ -121,11 +121,16 @@ const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_secs(1);
 /// # Native compare commands
 ///
 /// On servers that have them, renew and release use the server's own compare commands instead
-/// of Lua: `SET key token IFEQ token PX ttl` (Valkey 8.1+, Redis 8.4+), `DELIFEQ key token`
-/// (Valkey 9+), `DELEX key IFEQ token` (Redis 8.4+). The server is asked once per store
-/// (`INFO server`, at the first renew or release); older servers, and any error from a native
+/// of Lua: `SET key token IFEQ token PX ttl` (Valkey 8.1+, Redis 8.4+) for a renewal,
+/// `DELIFEQ key token` (Valkey 9+) or `DELEX key IFEQ token` (Redis 8.4+) for a release without
+/// hand-off (a release with hand-off must pass the key on, which only the script does). They are
+/// used for an operation sent alone; operations that arrive together share one script call
+/// (group commit) whatever the server. The server is asked once per store (`INFO server`):
+/// when [`connect`](Self::connect) connects, else at the first renew or release (stores built
+/// from your own connection, manager or pool). Older servers, and any error from a native
 /// command, mean Lua. Acquire is always Lua: it also hands out the fencing token.
-/// [`native_commands(false)`](Self::native_commands) turns detection off.
+/// [`native_commands(false)`](Self::native_commands) turns them off. The suite runs on Redis
+/// 7.0 (Lua) and Valkey 9 (native), see `docs/TOPOLOGY.md`.
 #[derive(Clone)]
 pub struct RedisStore {
     transport: Transport,
@@ -166,7 +171,8 @@ impl RedisStore {
     ///
     /// A `rediss://` URL connects over TLS (the `tls` feature), trusting the operating
     /// system's CA store; for a private CA or a client certificate, see
-    /// [`connect_with_tls`](Self::connect_with_tls).
+    #[cfg_attr(feature = "tls", doc = "[`connect_with_tls`](Self::connect_with_tls).")]
+    #[cfg_attr(not(feature = "tls"), doc = "`connect_with_tls`.")]
     ///
     /// Once connected, it asks the server for its eviction policy (`INFO memory`) and logs a
     /// warning if the server may evict lock keys (any `maxmemory-policy` but `noeviction`; see
@@ -208,6 +214,7 @@ impl RedisStore {
             .await
             .map_err(|e| e.while_connecting(&target))?;
         store.check_slots().await;
+        store.check_native().await;
         Ok(store)
     }
 
@@ -325,7 +332,8 @@ impl RedisStore {
         Self {
             native: Arc::new(NativeState {
                 enabled: AtomicBool::new(enabled),
-                detected: OnceCell::new(),
+                // What the server has does not change with the setting: asked at connect, kept.
+                detected: OnceCell::new_with(self.native.detected.get().copied()),
             }),
             ..self
         }

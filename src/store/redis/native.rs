@@ -98,6 +98,13 @@ impl RedisStore {
         detected.copied().unwrap_or_default()
     }
 
+    /// Asks the server for its native commands now, as a store connects, so that the first
+    /// renewal or release does not wait for the answer; gives up after a second (then the
+    /// first renew or release asks).
+    pub(crate) async fn check_native(&self) {
+        let _ = tokio::time::timeout(super::EVICTION_CHECK_TIMEOUT, self.native()).await;
+    }
+
     /// Runs a native command; `None` (and Lua from now on) if the server rejected it.
     pub(super) async fn native_query(&self, cmd: &Cmd) -> Result<Option<Value>, StoreError> {
         match self.query(Request::Cmd(cmd)).await? {

@@ -1,0 +1,231 @@
+//! The behaviour suite on a real `valkey-server` (9.x), with hand-off and without, and what
+//! Valkey has that Redis 7.0 has not: the native compare commands (`SET ... IFEQ` renews,
+//! `DELIFEQ` releases), detected when the store connects. Each test starts its own server on a
+//! free loopback port.
+//!
+//! The rest of what runs on Valkey (hand-off, group commit, key sets, idempotency records, the
+//! protocol model's check against a real server) is the Redis tests themselves, run again by
+//! `scripts/test.sh` with `TOWER_LOCK_TEST_SERVER=valkey`.
+
+mod suite;
+mod support;
+
+use std::time::Duration;
+
+use support::{Backend, LockKeys};
+use tower_lock::{LockConfig, Locker, RedisStore, Wait};
+use tower_lock_testkit::{Flavor, RedisServer, monitor::Monitor};
+
+fn valkey() -> RedisServer {
+    RedisServer::options().flavor(Flavor::Valkey).start()
+}
+
+/// `RedisStore::connect` on Valkey: hand-off on, so releases stay on the script.
+struct Valkey(RedisServer);
+
+impl Valkey {
+    fn new() -> Self {
+        Self(valkey())
+    }
+}
+
+impl Backend for Valkey {
+    type Store = RedisStore;
+    const NAME: &'static str = "valkey";
+    async fn store(&self) -> RedisStore {
+        RedisStore::connect(self.0.url())
+            .await
+            .expect("connect to the test valkey-server")
+    }
+}
+
+/// Without hand-off: releases are `DELIFEQ`, renewals `SET ... IFEQ`.
+struct ValkeyNative(RedisServer);
+
+impl ValkeyNative {
+    fn new() -> Self {
+        Self(valkey())
+    }
+}
+
+impl Backend for ValkeyNative {
+    type Store = RedisStore;
+    const NAME: &'static str = "valkey without hand-off";
+    async fn store(&self) -> RedisStore {
+        RedisStore::connect(self.0.url())
+            .await
+            .expect("connect to the test valkey-server")
+            .handoff(false)
+    }
+}
+
+suite::tests!(
+    Valkey::new();
+    exclusion,
+    renewal_keeps_long_handlers_exclusive,
+    without_renewal_the_lease_expires,
+    release_on_completion,
+    release_on_drop,
+    release_on_panic,
+    contended_is_409_problem,
+    max_hold_bounds_a_request,
+    singleton_guard,
+    own_token_acquires_again,
+    sets_exclude_each_other_and_single_keys,
+    sets_in_opposite_orders_never_deadlock,
+    a_set_takes_all_its_keys_or_none,
+    a_set_makes_a_single_key_wait,
+    a_set_is_not_starved_by_single_keys,
+    a_set_is_released_on_drop_and_panic,
+);
+
+/// The suite's single-key tests again, on the native commands.
+mod native {
+    use super::{ValkeyNative, suite};
+
+    suite::tests!(
+        ValkeyNative::new();
+        exclusion,
+        renewal_keeps_long_handlers_exclusive,
+        without_renewal_the_lease_expires,
+        release_on_completion,
+        release_on_drop,
+        release_on_panic,
+        contended_is_409_problem,
+        max_hold_bounds_a_request,
+        singleton_guard,
+        own_token_acquires_again,
+    );
+}
+
+/// A locker whose leases renew every 100 ms and fail fast.
+fn locker(store: RedisStore) -> Locker {
+    let config = LockConfig::builder()
+        .ttl(Duration::from_millis(300))
+        .wait(Wait::none())
+        .build()
+        .unwrap();
+    Locker::with_config(store, config)
+}
+
+/// What clients sent while a lease was taken, renewed at least twice and released, on a store
+/// connected (without hand-off) just before.
+async fn one_lease(server: &RedisServer) -> (tower_lock_testkit::monitor::CommandCounts, u32) {
+    // As `SentinelStore` builds a master's store: connected, then configured.
+    let store = RedisStore::connect(server.url())
+        .await
+        .unwrap()
+        .native_commands(true)
+        .handoff(false);
+    let mut ctl = server.client().await;
+    let monitor = Monitor::start(server.port()).await;
+    let locker = locker(store);
+    let guard = locker
+        .acquire(locker.key("valkey", "a").unwrap())
+        .await
+        .unwrap();
+    while guard.lease().renewals() < 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let renewals = guard.lease().renewals();
+    assert!(guard.release().await.unwrap(), "the release found its key");
+    (monitor.finish(&mut ctl).await, renewals)
+}
+
+/// Valkey 9's compare commands, from the first renewal and release: the store asked for them
+/// when it connected (no `INFO` afterwards), renews with `SET ... IFEQ` and releases with
+/// `DELIFEQ`; only the acquire is a script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey_renews_and_releases_with_its_compare_commands() {
+    let server = valkey();
+    let (sent, renewals) = one_lease(&server).await;
+    assert_eq!(
+        sent.get("INFO"),
+        0,
+        "asked again after connecting: {sent:?}"
+    );
+    assert_eq!(
+        sent.get("SET"),
+        u64::from(renewals),
+        "renewals not SET IFEQ: {sent:?}"
+    );
+    assert_eq!(sent.get("DELIFEQ"), 1, "release not DELIFEQ: {sent:?}");
+    assert_eq!(server.lock_keys().await, Vec::<Vec<u8>>::new());
+}
+
+/// The control: Redis 7.0 has neither command, and the same lease renews and releases with the
+/// script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_7_0_renews_and_releases_with_the_script() {
+    let server = RedisServer::options().flavor(Flavor::Redis).start();
+    let (sent, renewals) = one_lease(&server).await;
+    assert_eq!(sent.get("SET") + sent.get("DELIFEQ") + sent.get("DELEX"), 0);
+    assert!(
+        sent.get("EVALSHA") > u64::from(renewals),
+        "renewals and the release not scripts: {sent:?}"
+    );
+}
+
+/// With hand-off, a release must pass the key on, which `DELIFEQ` cannot: it stays the script
+/// (and renewals are still `SET ... IFEQ`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_handoff_valkey_releases_with_the_script() {
+    let server = valkey();
+    let store = RedisStore::connect(server.url()).await.unwrap();
+    let mut ctl = server.client().await;
+    let monitor = Monitor::start(server.port()).await;
+    let locker = locker(store);
+    let guard = locker
+        .acquire(locker.key("valkey", "a").unwrap())
+        .await
+        .unwrap();
+    while guard.lease().renewals() < 1 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(guard.release().await.unwrap());
+    let sent = monitor.finish(&mut ctl).await;
+    assert_eq!(sent.get("DELIFEQ"), 0, "{sent:?}");
+    assert!(sent.get("SET") >= 1, "renewal not SET IFEQ: {sent:?}");
+}
+
+/// The native commands check the token as the scripts do: a lease whose key another holder took
+/// (as after an expiry) is not renewed over it (the lease is lost), and its release leaves the
+/// other holder's key alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkeys_compare_commands_touch_only_the_holders_key() {
+    let server = valkey();
+    let store = RedisStore::connect(server.url())
+        .await
+        .unwrap()
+        .handoff(false);
+    let locker = locker(store);
+    let guard = locker
+        .acquire(locker.key("valkey", "a").unwrap())
+        .await
+        .unwrap();
+    let key = server.lock_keys().await.pop().expect("the held key");
+    let mut conn = server.client().await;
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg("someone-else")
+        .arg("PX")
+        .arg(10_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !guard.lease().is_lost() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the renewal did not notice"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!guard.release().await.unwrap(), "released another's key");
+    let value: String = redis::cmd("GET")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(value, "someone-else");
+}
