@@ -173,6 +173,7 @@ mod concat;
 mod config;
 mod engine;
 mod error;
+pub mod fence;
 pub mod idempotency;
 pub mod key;
 mod lease;

@@ -61,7 +61,7 @@ fn set_script(body: &str) -> String {
 }
 
 /// Every script a [`RedisStore`] runs, by name, put together once per process.
-pub(super) static LUA: LazyLock<[(&str, String); 4]> = LazyLock::new(|| {
+pub(super) static LUA: LazyLock<[(&str, String); 5]> = LazyLock::new(|| {
     [
         ("ops", OPS_PARTS.concat()),
         (
@@ -76,6 +76,7 @@ pub(super) static LUA: LazyLock<[(&str, String); 4]> = LazyLock::new(|| {
             "release_set",
             set_script(include_str!("scripts/release_set.lua")),
         ),
+        ("fenced", include_str!("scripts/fenced.lua").to_owned()),
     ]
 });
 
