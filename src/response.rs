@@ -73,6 +73,24 @@
 //! ## idempotency-principal-missing
 //!
 //! The server could not tell whose request this is, so it cannot scope its idempotency key.
+//!
+//! ## stale-write
+//!
+//! A [fenced write](crate::fence) was refused: the request's lock was lost while it ran, and a
+//! newer request has used the resource since. Nothing of this request was written (409, from
+//! [`FenceError::Stale`](crate::fence::FenceError::Stale)). Look at the resource again before
+//! retrying.
+//!
+//! ## data-store-unavailable
+//!
+//! The store of a fenced write failed or did not answer in time: the write may or may not have
+//! been applied (503, `Retry-After: 1`, from [`FenceError::Store`](crate::fence::FenceError::Store)).
+//!
+//! ## fenced-write-invalid
+//!
+//! The server's fenced write cannot be applied to the data as stored (a key of another type, a
+//! counter that is not a number, keys of several cluster slots): a server error, for its
+//! operators. Nothing was written (500).
 
 use std::time::Duration;
 
@@ -261,6 +279,9 @@ mod tests {
             "idempotency-key-reused",
             "request-body-unreadable",
             "idempotency-principal-missing",
+            "stale-write",
+            "data-store-unavailable",
+            "fenced-write-invalid",
         ];
         for kind in kinds {
             assert!(
@@ -273,13 +294,17 @@ mod tests {
         for source in [
             include_str!("response.rs"),
             include_str!("idempotency/response.rs"),
+            include_str!("fence/error.rs"),
         ] {
             for literal in source.split('"').skip(1).step_by(2) {
                 let emitted = literal.starts_with("lock-")
                     || literal.starts_with("lease-")
                     || literal.starts_with("idempotency-")
                     || literal.starts_with("request-body-")
-                    || literal.starts_with("invalid-");
+                    || literal.starts_with("invalid-")
+                    || literal.starts_with("stale-")
+                    || literal.starts_with("data-store-")
+                    || literal.starts_with("fenced-");
                 if emitted && !literal.contains(' ') && !literal.contains('{') {
                     assert!(kinds.contains(&literal), "{literal} has no section");
                 }
