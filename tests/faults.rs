@@ -125,7 +125,7 @@ async fn serve(app: Router) -> u16 {
     port
 }
 
-/// Lock keys (not fencing counters) in `redis`, over one connection.
+/// Lock keys (not fencing counters, nor the stock's fences) in `redis`, over one connection.
 async fn held(conn: &mut redis::aio::MultiplexedConnection) -> usize {
     let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
         .arg("tower-lock:*")
@@ -133,7 +133,7 @@ async fn held(conn: &mut redis::aio::MultiplexedConnection) -> usize {
         .await
         .unwrap();
     keys.iter()
-        .filter(|k| !support::is_fence_counter(k))
+        .filter(|k| support::is_lease_state(k))
         .count()
 }
 
