@@ -354,7 +354,8 @@ async fn get_stock(
     let key = inventory.key(&sku).map_err(|_| unknown_sku(&sku))?;
     let batch = inventory.stock.data.unfenced_batch();
     let n = read(batch, &[&key])
-        .await?
+        .await
+        .map_err(|e| refused_read(e, &[(&sku, &key)], None, None))?
         .remove(0)
         .ok_or_else(|| unknown_sku(&sku))?;
     Ok(Json(Item { sku, stock: n }))
@@ -396,7 +397,8 @@ async fn purchase(
 
     // 1. Read (under the fence: a holder that read before this one cannot write after it).
     let available = read(stock.batch(lease, &[&key]), &[&key])
-        .await?
+        .await
+        .map_err(|e| refused_read(e, &[(&sku, &key)], lease, request_id(&headers)))?
         .remove(0)
         .ok_or_else(|| unknown_sku(&sku))?;
     if available == 0 {
@@ -476,7 +478,13 @@ async fn order(
     let mut available = vec![None; lines.len()];
     for group in stock.groups(&keys) {
         let group_keys: Vec<&LockKey> = group.iter().map(|&i| &keys[i]).collect();
-        let found = read(stock.batch(lease, &group_keys), &group_keys).await?;
+        let skus: Vec<(&str, &LockKey)> = group
+            .iter()
+            .map(|&i| (lines[i].0.as_str(), &keys[i]))
+            .collect();
+        let found = read(stock.batch(lease, &group_keys), &group_keys)
+            .await
+            .map_err(|e| refused_read(e, &skus, lease, request_id(&headers)))?;
         for (i, n) in group.into_iter().zip(found) {
             available[i] = n;
         }
@@ -603,16 +611,12 @@ fn stock_key(key: &LockKey) -> Vec<u8> {
     data_key(STOCK, key)
 }
 
-/// Reads the stock of each of `keys` with `batch`: `None` for a SKU never stocked. A refused
-/// read (a newer holder was there) is a 409, a failed one a 503: nothing was written.
-async fn read(mut batch: Batch, keys: &[&LockKey]) -> Result<Vec<Option<u64>>, Refusal> {
+/// Reads the stock of each of `keys` with `batch`: `None` for a SKU never stocked.
+async fn read(mut batch: Batch, keys: &[&LockKey]) -> Result<Vec<Option<u64>>, FenceError> {
     for key in keys {
         batch = batch.get(stock_key(key));
     }
-    let replies = batch.apply().await.map_err(|error| match error {
-        FenceError::Store(error) => Refusal::from(Problem::storage(&error)),
-        error => error.into(),
-    })?;
+    let replies = batch.apply().await?;
     Ok((0..keys.len())
         .map(|i| {
             replies
@@ -620,6 +624,32 @@ async fn read(mut batch: Batch, keys: &[&LockKey]) -> Result<Vec<Option<u64>>, R
                 .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
         })
         .collect())
+}
+
+/// A read of `skus` that failed, as the answer: refused (a newer holder was there: 409, logged
+/// like a refused write) or failed (503); nothing was written either way.
+fn refused_read(
+    error: FenceError,
+    skus: &[(&str, &LockKey)],
+    lease: Option<&Lease>,
+    request: Option<&str>,
+) -> Refusal {
+    match error {
+        FenceError::Store(error) => Problem::storage(&error).into(),
+        error => {
+            for (sku, key) in skus {
+                tracing::warn!(
+                    target: "inventory",
+                    sku,
+                    token = lease.and_then(|l| l.fencing_token_of(key)),
+                    request,
+                    error = &error as &dyn Error,
+                    "stock read not accepted; nothing written"
+                );
+            }
+            error.into()
+        }
+    }
 }
 
 impl Stock {

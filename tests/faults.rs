@@ -132,9 +132,7 @@ async fn held(conn: &mut redis::aio::MultiplexedConnection) -> usize {
         .query_async(conn)
         .await
         .unwrap();
-    keys.iter()
-        .filter(|k| support::is_lease_state(k))
-        .count()
+    keys.iter().filter(|k| support::is_lease_state(k)).count()
 }
 
 async fn wait_for(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> bool) -> Duration {

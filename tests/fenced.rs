@@ -18,7 +18,7 @@ use std::{
 };
 
 use tower_lock::{
-    LockStore, Locker, RedisStore, RedlockStore, Wait,
+    LockStore, Locker, MemoryStore, RedisStore, RedlockStore, Wait,
     fence::{FenceError, FencedData, Reply, data_key},
 };
 use tower_lock_testkit::RedisServer;
@@ -289,17 +289,11 @@ async fn a_cluster_slot() {
     lease.release().await.unwrap();
 }
 
-/// The script's own rules, on one Redis: a batch applies whole or not at all, reads fence too,
-/// and reading what does not exist leaves nothing behind.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_scripts_rules() {
-    let server = RedisServer::start();
-    let store = RedisStore::connect(server.url()).await.unwrap();
-    let locker = Locker::new(store.clone());
-    let data = FencedData::new(store);
+/// A batch applies whole or not at all: every operation checked against what its key will hold
+/// before anything is written. The same rules in Redis's script and in memory.
+async fn whole_or_nothing(locker: Locker, data: FencedData) {
     let key = locker.key("sku", "kiwi").unwrap();
-    let lease = locker.acquire(key.clone()).await.unwrap();
-
+    let lease = locker.acquire(key).await.unwrap();
     let applied = data
         .batch(&lease)
         .set("s", "1")
@@ -346,6 +340,22 @@ async fn the_scripts_rules() {
         assert_eq!(x.get(0), Some(&Reply::Nil), "a refused batch wrote");
     }
     lease.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn whole_or_nothing_in_memory() {
+    whole_or_nothing(Locker::new(MemoryStore::new()), FencedData::in_memory()).await;
+}
+
+/// The script's own rules, on one Redis: a batch applies whole or not at all, reads fence too,
+/// and reading what does not exist leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scripts_rules() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(server.url()).await.unwrap();
+    let locker = Locker::new(store.clone());
+    let data = FencedData::new(store);
+    whole_or_nothing(locker.clone(), data.clone()).await;
 
     let mut conn = server.client().await;
     let fence_keys = async |conn: &mut redis::aio::MultiplexedConnection| -> Vec<String> {

@@ -1,5 +1,5 @@
 //! The fence's rules, on the in-memory data (the Redis script is held to the same rules by
-//! `tests/fenced.rs`, on real servers).
+//! `tests/fenced.rs`, on real servers, which runs the whole-or-nothing rules on both).
 
 use std::time::Duration;
 
@@ -111,57 +111,6 @@ async fn reading_what_does_not_exist_leaves_no_fence() {
         .apply()
         .await;
     assert!(matches!(refused, Err(FenceError::Stale { fence: 3, .. })));
-}
-
-#[tokio::test]
-async fn a_batch_applies_whole_or_not_at_all() {
-    let data = FencedData::in_memory();
-    let holder = lease(&["kiwi"], &[5]);
-    let applied = data
-        .batch(&holder)
-        .set("s", "1")
-        .incr_by("n", 41)
-        .incr_by("n", 1)
-        .hset("h", "f", "v")
-        .hget("h", "f")
-        .rpush("l", "a")
-        .rpush("l", "b")
-        .del("s")
-        .get("s")
-        .apply()
-        .await
-        .unwrap();
-    let replies: Vec<Reply> = applied.iter().cloned().collect();
-    assert_eq!(
-        replies,
-        [
-            Reply::Done,
-            Reply::Int(41),
-            Reply::Int(42),
-            Reply::Int(1),
-            Reply::Data("v".into()),
-            Reply::Int(1),
-            Reply::Int(2),
-            Reply::Int(1),
-            Reply::Nil,
-        ]
-    );
-    // The last operation cannot apply: nothing before it is applied either.
-    for bad in [
-        data.batch(&holder).set("x", "1").hset("l", "f", "v"),
-        data.batch(&holder).set("x", "1").incr_by("h", 1),
-        data.batch(&holder)
-            .set("x", "1")
-            .set("y", "a")
-            .incr_by("y", 1),
-        data.batch(&holder).set("x", "1").incr_by("n", i64::MAX),
-        data.batch(&holder).set("x", "1").rpush("h", "v"),
-    ] {
-        let answer = bad.apply().await;
-        assert!(matches!(answer, Err(FenceError::Invalid(_))), "{answer:?}");
-        let x = data.unfenced_batch().get("x").apply().await.unwrap();
-        assert_eq!(x.get(0), Some(&Reply::Nil), "a refused batch wrote");
-    }
 }
 
 #[tokio::test]
