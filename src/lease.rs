@@ -65,8 +65,8 @@ struct Inner {
     notify: Notify,
     /// The background renewal of this lease, woken when its holder releases it.
     on_release: AtomicWaker,
-    /// Set when a fenced batch that writes is first sent under this lease: from then on a loss no longer
-    /// aborts its holder (the fence decides whether each write lands; see `crate::fence`).
+    /// Set when a fenced batch that writes is first sent under this lease: from then on a loss
+    /// no longer aborts its holder (the fence decides whether each write lands; `crate::fence`).
     fenced: AtomicBool,
 }
 

@@ -14,7 +14,8 @@
 //! The examples' own data (stock, payments) stays on one Redis: `REDIS_URL`, else the first of
 //! `REDIS_URLS`; with `cluster`, in the cluster. TLS (a `rediss://` URL, with the `tls`
 //! feature) applies to the data connection too. It is written through fenced writes
-//! ([`Data::fenced`], `tower_lock::fence`), on a connection of its own.
+//! ([`Data::fenced`], `tower_lock::fence`), on a connection of its own (on a cluster, the lock
+//! store's).
 //!
 //! A URL is never printed with its password: banners and errors show
 //! `redis://user:***@host:port/` ([`redacted`]). A connection that fails at start-up is an

@@ -145,14 +145,13 @@
 //! handler again. The same happens if the store loses the record (a Redis without persistence
 //! restarting, a failover to a replica that had not received it) or if the lease is lost and
 //! a newer request takes the key before the record could be written. No middleware can close
-//! this window: the side effect and the
-//! record live in different systems. A handler closes it by making its own write conditional on
-//! the key: [`IdempotencyKey`] gives it the key (and principal), and the [`Lease`](crate::Lease)
-//! its [`key`](crate::Lease::key) and [fencing token](crate::Lease::fencing_token). Record the
-//! side effect under a unique constraint on the key (in the same transaction as the write), and
-//! on a retry that finds it, return it instead of acting again; pass the fencing token so the
-//! storage rejects a stale holder's write ([`crate::fence`], `examples/sql.rs`,
-//! `examples/payments.rs`).
+//! this window: the side effect and the record live in different systems. A handler closes it
+//! by making its own write conditional on the key: [`IdempotencyKey`] gives it the key (and
+//! principal), and the [`Lease`](crate::Lease) its [`key`](crate::Lease::key) and [fencing
+//! token](crate::Lease::fencing_token). Record the side effect under a unique constraint on the
+//! key (in the same transaction as the write), and on a retry that finds it, return it instead
+//! of acting again; pass the fencing token so the storage rejects a stale holder's write
+//! ([`crate::fence`], `examples/sql.rs`, `examples/payments.rs`).
 //!
 //! A request dropped before its record is written (client gone, timeout, panic) stores nothing
 //! and releases the lock in a spawned task, so a retry runs at once rather than waiting for the
