@@ -18,8 +18,11 @@
 //! and before the layer stored the response, the retry would run the handler again. So the
 //! handler records each payment under its account and idempotency key, and a retry that finds
 //! one returns it instead of charging again (in a real service: a unique constraint on
-//! `(account, idempotency_key)` in the payments table, with the lease's fencing token guarding
-//! the write).
+//! `(account, idempotency_key)` in the payments table; see `examples/sql.rs`). The record is
+//! read and written through fenced writes ([`tower_lock::fence`]) with the lease's fencing
+//! token: a request whose lease was lost, and whose key a retry has taken since, cannot write
+//! its payment over the retry's (it answers 409 `#stale-write`, and its charge is not
+//! recorded).
 //!
 //! # Routes
 //!
@@ -43,7 +46,8 @@
 //! | `LOCK_TTL_MS` | `10000` | lease time to live (a crashed request's key frees itself after it) |
 //! | `LOCK_WAIT_MS` | `0` | how long a duplicate waits for the first request (then gets its replay) before answering 409; `0` answers 409 at once |
 //! | `RETENTION_S` | `86400` | how long a finished request's response is replayed |
-//! | `IDEMPOTENCY` (or `LOCK`) | `on` | `off` serves `POST /payments` without the layer |
+//! | `IDEMPOTENCY` (or `LOCK`) | `on` | `off` serves `POST /payments` without the layer (and writes payments unfenced) |
+//! | `HEADER_READ_TIMEOUT_MS` | `5000` | how long a client may take to send a request's head before its connection is closed |
 //! | `RUST_LOG` | `info` | log filter |
 //!
 //! Over TLS, with a private CA and a client certificate (mutual TLS):
@@ -80,9 +84,8 @@
 //! With `IDEMPOTENCY=off` the two concurrent requests both answer 201 with different ids, and
 //! `GET /payments` counts 2 charges: the customer was charged twice.
 
-use problem::Problem;
+use problem::{Problem, Refusal};
 use std::{
-    collections::HashMap,
     env,
     error::Error,
     process::ExitCode,
@@ -106,6 +109,7 @@ use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 use tower_lock::{
     IdempotencyConfig, IdempotencyLayer, Lease, LockConfig, MemoryStore, Wait,
+    fence::{Batch, FencedData, data_key},
     idempotency::IdempotencyKey,
 };
 
@@ -161,16 +165,24 @@ async fn run() -> Result<(), Box<dyn Error>> {
         }
     };
     let payments = match chosen.data {
-        Some(conn) => {
+        Some(data) => {
             println!("{}", chosen.description);
-            Payments::Redis(conn)
+            Payments {
+                data: data.fenced,
+                log: Log::Redis(data.conn),
+                per_slot: data.per_slot,
+            }
         }
         None => {
             println!(
                 "REDIS_URL is not set: running as a single process with the in-memory lock \
                  store and in-memory payments"
             );
-            Payments::Memory(Arc::default())
+            Payments {
+                data: FencedData::in_memory(),
+                log: Log::Memory(Arc::default()),
+                per_slot: false,
+            }
         }
     };
     // Only creation takes keys; `route_layer` on this `MethodRouter` wraps the POST handler
@@ -194,9 +206,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
         .await
         .map_err(|e| format!("cannot bind {}:{}: {e}", settings.host, settings.port))?;
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(app::shutdown_signal())
-        .await?;
+    app::serve(listener, app, settings.header_read_timeout).await?;
     println!("stopped");
     Ok(())
 }
@@ -263,7 +273,7 @@ async fn create_payment(
     headers: axum::http::HeaderMap,
     params: Result<Query<WorkParams>, QueryRejection>,
     body: Result<Json<NewPayment>, JsonRejection>,
-) -> Result<(StatusCode, Json<Payment>), Problem> {
+) -> Result<(StatusCode, Json<Payment>), Refusal> {
     let key = match key {
         Some(Extension(key)) => key.as_str().to_owned(),
         // Without the layer, read the header here.
@@ -274,24 +284,24 @@ async fn create_payment(
             .map(|v| v.trim_matches('"').to_owned())
             .ok_or_else(|| Problem::bad_request("the `idempotency-key` header is required"))?,
     };
+    let lease = lease.as_ref();
     let Query(params) = params.map_err(|e| Problem::bad_request(e.body_text()))?;
     if params.work_ms > MAX_WORK_MS {
-        return Err(Problem::bad_request(format!(
-            "work_ms must be at most {MAX_WORK_MS}"
-        )));
+        return Err(Problem::bad_request(format!("work_ms must be at most {MAX_WORK_MS}")).into());
     }
     let Json(new) = body.map_err(Problem::bad_json)?;
     let (amount, currency) = validate(new)?;
 
     // 1. Check: a payment already made under this key (the layer could not store its response).
-    if let Some(existing) = payments.get(&account, &key).await? {
+    if let Some(existing) = payments.get(lease, &account, &key).await? {
         if existing.amount != amount || existing.currency != currency {
             return Err(Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "idempotency-key-reused",
                 "Idempotency key reused",
                 "this idempotency key was used for a different payment; use a new key",
-            ));
+            )
+            .into());
         }
         tracing::info!(
             key,
@@ -303,15 +313,16 @@ async fn create_payment(
     // 2. Charge the card. Without the layer a concurrent duplicate is in step 1 meanwhile,
     //    finds nothing, and charges again.
     tokio::time::sleep(Duration::from_millis(params.work_ms)).await;
-    // 3. Record. A real service writes this in one transaction with a unique constraint on
-    //    (account, key), passing `lease.fencing_token()` so a stale holder's write is refused.
+    // 3. Record, fenced by the lease's token: refused (409, nothing recorded) if a newer holder
+    //    of this key has been here since. A real service writes this in one transaction with a
+    //    unique constraint on (account, key), and the token in the row (`examples/sql.rs`).
     let payment = Payment {
         id: format!("pay_{:016x}", fastrand::u64(..)),
         amount,
         currency,
     };
-    payments.create(&account, &key, &payment).await?;
-    let fencing_token = lease.as_ref().map(Lease::fencing_token);
+    payments.create(lease, &account, &key, &payment).await?;
+    let fencing_token = lease.map(Lease::fencing_token);
     tracing::info!(
         account,
         key,
@@ -352,90 +363,116 @@ fn validate(new: NewPayment) -> Result<(i64, String), Problem> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Payment storage: plain reads and writes, with no atomicity of their own.
+// Payment storage: each payment under its account and key, read and written through fenced
+// batches (`tower_lock::fence`), and a log of every charge.
 
 #[derive(Clone)]
-enum Payments {
-    /// One process only.
-    Memory(Arc<Mutex<MemoryPayments>>),
-    /// Shared by every instance.
-    Redis(store::DataConnection),
+struct Payments {
+    data: FencedData,
+    /// Where the log of charges is read from.
+    log: Log,
+    /// The data is on a cluster: the log (one key) is in another slot than a payment, so it is
+    /// appended after the payment's fenced write rather than with it.
+    per_slot: bool,
 }
 
-#[derive(Default)]
-struct MemoryPayments {
-    by_key: HashMap<(String, String), Payment>,
-    log: Vec<Record>,
+#[derive(Clone)]
+enum Log {
+    /// One process only.
+    Memory(Arc<Mutex<Vec<Record>>>),
+    /// Shared by every instance, under `LOG_KEY`.
+    Redis(store::DataConnection),
 }
 
 /// Every charge made, in order, as JSON records.
 const LOG_KEY: &str = "payments:log";
 
-fn by_key(account: &str, key: &str) -> String {
-    format!("payments:by-key:{}:{account}:{key}", account.len())
+/// A payment's key: in its lease's hash slot (the lease's key names the account and the
+/// idempotency key), or, served without the layer, by account and key.
+fn payment_key(lease: Option<&Lease>, account: &str, key: &str) -> Vec<u8> {
+    match lease {
+        Some(lease) => data_key("payments:by-key:", lease.key()),
+        None => format!("payments:by-key:{}:{account}:{key}", account.len()).into_bytes(),
+    }
 }
 
 impl Payments {
-    async fn get(&self, account: &str, key: &str) -> Result<Option<Payment>, Problem> {
-        match self {
-            Self::Memory(state) => Ok(state
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .by_key
-                .get(&(account.to_owned(), key.to_owned()))
-                .cloned()),
-            Self::Redis(conn) => {
-                let json: Option<String> = conn
-                    .clone()
-                    .get(by_key(account, key))
-                    .await
-                    .map_err(Problem::storage)?;
-                json.map(|json| serde_json::from_str(&json).map_err(Problem::corrupt))
-                    .transpose()
-            }
+    /// A batch fenced by `lease`, or unfenced without the layer.
+    fn batch(&self, lease: Option<&Lease>) -> Batch {
+        match lease {
+            Some(lease) => self.data.batch(lease),
+            None => self.data.unfenced_batch(),
         }
     }
 
-    async fn create(&self, account: &str, key: &str, payment: &Payment) -> Result<(), Problem> {
+    async fn get(
+        &self,
+        lease: Option<&Lease>,
+        account: &str,
+        key: &str,
+    ) -> Result<Option<Payment>, Refusal> {
+        let found = self
+            .batch(lease)
+            .get(payment_key(lease, account, key))
+            .apply()
+            .await?;
+        found
+            .data(0)
+            .map(|json| serde_json::from_slice(json).map_err(|e| Problem::corrupt(&e).into()))
+            .transpose()
+    }
+
+    async fn create(
+        &self,
+        lease: Option<&Lease>,
+        account: &str,
+        key: &str,
+        payment: &Payment,
+    ) -> Result<(), Refusal> {
         let record = Record {
             account: account.to_owned(),
             idempotency_key: key.to_owned(),
             payment: payment.clone(),
         };
-        match self {
-            Self::Memory(state) => {
-                let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
-                state
-                    .by_key
-                    .insert((account.to_owned(), key.to_owned()), payment.clone());
-                state.log.push(record);
-                Ok(())
-            }
-            Self::Redis(conn) => {
-                let payment = serde_json::to_string(payment).map_err(Problem::corrupt)?;
-                let record = serde_json::to_string(&record).map_err(Problem::corrupt)?;
-                let mut conn = conn.clone();
-                let () = conn
-                    .set(by_key(account, key), payment)
-                    .await
-                    .map_err(Problem::storage)?;
-                let _: usize = conn
-                    .rpush(LOG_KEY, record)
-                    .await
-                    .map_err(Problem::storage)?;
-                Ok(())
-            }
+        let json = serde_json::to_string(payment).map_err(|e| Problem::corrupt(&e))?;
+        let logged = serde_json::to_string(&record).map_err(|e| Problem::corrupt(&e))?;
+        let mut batch = self
+            .batch(lease)
+            .set(payment_key(lease, account, key), json);
+        let with_log = matches!(self.log, Log::Redis(_)) && !self.per_slot;
+        if with_log {
+            batch = batch.rpush(LOG_KEY, &logged);
         }
+        if let Err(error) = batch.apply().await {
+            tracing::warn!(
+                account,
+                key,
+                error = &error as &dyn Error,
+                "payment not recorded"
+            );
+            return Err(error.into());
+        }
+        match &self.log {
+            Log::Memory(log) => log
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(record),
+            Log::Redis(_) if !with_log => {
+                self.data
+                    .unfenced_batch()
+                    .rpush(LOG_KEY, &logged)
+                    .apply()
+                    .await?;
+            }
+            Log::Redis(_) => {}
+        }
+        Ok(())
     }
 
     async fn list(&self) -> Result<Vec<Record>, Problem> {
-        match self {
-            Self::Memory(state) => Ok(state
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .log
-                .clone()),
-            Self::Redis(conn) => {
+        match &self.log {
+            Log::Memory(log) => Ok(log.lock().unwrap_or_else(PoisonError::into_inner).clone()),
+            Log::Redis(conn) => {
                 let records: Vec<String> = conn
                     .clone()
                     .lrange(LOG_KEY, 0, -1)
@@ -443,7 +480,7 @@ impl Payments {
                     .map_err(Problem::storage)?;
                 records
                     .iter()
-                    .map(|json| serde_json::from_str(json).map_err(Problem::corrupt))
+                    .map(|json| serde_json::from_str(json).map_err(|e| Problem::corrupt(&e)))
                     .collect()
             }
         }
@@ -464,7 +501,7 @@ impl Problem {
         )
     }
 
-    fn corrupt(error: serde_json::Error) -> Self {
+    fn corrupt(error: &serde_json::Error) -> Self {
         tracing::error!(%error, "a stored payment is not valid JSON");
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -485,6 +522,7 @@ struct Settings {
     wait: Wait,
     retention: Duration,
     idempotency: bool,
+    header_read_timeout: Duration,
 }
 
 impl Settings {
@@ -515,6 +553,7 @@ impl Settings {
             },
             retention: Duration::from_secs(app::env_or("RETENTION_S", 86_400)?),
             idempotency,
+            header_read_timeout: app::header_read_timeout()?,
         })
     }
 }

@@ -20,7 +20,9 @@ use crate::{error::ConfigError, wait::Wait};
 #[non_exhaustive]
 pub enum OnLeaseLost {
     /// Drop the handler's future at once and answer 503 (the default): nothing more runs
-    /// without the lock.
+    /// without the lock. Except once the handler has sent a [fenced write](crate::fence) that
+    /// writes: it may have landed, so the handler runs to its end and its own answer (200, or
+    /// 409 for a write the fence refused) goes out, never a 503 that says nothing was done.
     #[default]
     Abort,
     /// Let the handler finish; [`Lease::is_lost`](crate::Lease::is_lost) and

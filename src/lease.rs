@@ -65,6 +65,9 @@ struct Inner {
     notify: Notify,
     /// The background renewal of this lease, woken when its holder releases it.
     on_release: AtomicWaker,
+    /// Set when a fenced batch that writes is first sent under this lease: from then on a loss
+    /// no longer aborts its holder (the fence decides whether each write lands; `crate::fence`).
+    fenced: AtomicBool,
 }
 
 const REASONS: [LostReason; 3] = [
@@ -126,6 +129,7 @@ impl Lease {
                 releasing: AtomicBool::new(false),
                 notify: Notify::new(),
                 on_release: AtomicWaker::new(),
+                fenced: AtomicBool::new(false),
             }),
         }
     }
@@ -237,6 +241,20 @@ impl Lease {
             }
             notified.await;
         }
+    }
+
+    /// Whether a fenced batch that writes ([`crate::fence`]) has been sent under this lease.
+    ///
+    /// Once one has, the layers no longer abort the holder when the lease is lost: the write
+    /// may have landed, and only the holder's own answer can say whether it did (the fence
+    /// refuses its writes once a newer holder has touched the resource).
+    pub fn has_fenced_writes(&self) -> bool {
+        self.inner.fenced.load(Ordering::Acquire)
+    }
+
+    /// Marks that a fenced write is about to be sent under this lease.
+    pub(crate) fn mark_fenced(&self) {
+        self.inner.fenced.store(true, Ordering::Release);
     }
 
     /// When the lease was acquired (the process's clock).

@@ -139,8 +139,12 @@
 //! holder that stalls longer than the TTL (a long GC pause, a partition) can still be running
 //! when its lease expires and a second holder starts; that is why every lease carries a
 //! [fencing token](Lease::fencing_token), strictly increasing per key, for the storage behind
-//! the handler to reject stale writes. A single Redis without persistence that restarts loses
-//! every lease (the layer notices at the next renewal); a failover to a replica may too.
+//! the handler to reject stale writes. The [`fence`] module makes that the easy way to write:
+//! a [`FencedData`](fence::FencedData) batch (in Redis, or in memory) is applied only if no
+//! newer holder of its keys has touched them, and a refusal is a 409 a handler can `?`; a
+//! handler that has sent one is never answered 503 for a write that landed. A single Redis
+//! without persistence that restarts loses every lease (the layer notices at the next
+//! renewal); a failover to a replica may too.
 //!
 //! # Feature flags
 //!
@@ -173,6 +177,7 @@ mod concat;
 mod config;
 mod engine;
 mod error;
+pub mod fence;
 pub mod idempotency;
 pub mod key;
 mod lease;

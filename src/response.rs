@@ -93,12 +93,31 @@
 //! ## idempotency-principal-invalid
 //!
 //! The request names its caller in a form that cannot be used; the detail says what is wrong.
+//!
 //! ## request-rejected
 //!
 //! The request was refused before its handler ran: its body, query or path did not parse as
 //! the route expects (a malformed JSON body, a missing `Content-Type`, a field of the wrong
 //! type). The `detail` says what; fix the request. Emitted by [`ProblemRejection`], for the
 //! extractors of the routes that use it.
+//!
+//! ## stale-write
+//!
+//! A [fenced write](crate::fence) was refused: the request's lock was lost while it ran, and a
+//! newer request has used the resource since. Nothing of this request was written (409, from
+//! [`FenceError::Stale`](crate::fence::FenceError::Stale)). Look at the resource again before
+//! retrying.
+//!
+//! ## data-store-unavailable
+//!
+//! The store of a fenced write failed or did not answer in time: the write may or may not have
+//! been applied (503, `Retry-After: 1`, from [`FenceError::Store`](crate::fence::FenceError::Store)).
+//!
+//! ## fenced-write-invalid
+//!
+//! The server's fenced write cannot be applied to the data as stored (a key of another type, a
+//! counter that is not a number, keys of several cluster slots): a server error, for its
+//! operators. Nothing was written (500).
 
 use std::time::Duration;
 
@@ -295,6 +314,9 @@ mod tests {
             "idempotency-principal-unauthorized",
             "idempotency-principal-invalid",
             "request-rejected",
+            "stale-write",
+            "data-store-unavailable",
+            "fenced-write-invalid",
         ];
         for kind in kinds {
             assert!(
@@ -308,13 +330,17 @@ mod tests {
             include_str!("response.rs"),
             include_str!("idempotency/response.rs"),
             include_str!("response/extractor.rs"),
+            include_str!("fence/error.rs"),
         ] {
             for literal in source.split('"').skip(1).step_by(2) {
                 let emitted = literal.starts_with("lock-")
                     || literal.starts_with("lease-")
                     || literal.starts_with("idempotency-")
                     || literal.starts_with("request-")
-                    || literal.starts_with("invalid-");
+                    || literal.starts_with("invalid-")
+                    || literal.starts_with("stale-")
+                    || literal.starts_with("data-store-")
+                    || literal.starts_with("fenced-");
                 if emitted && !literal.contains(' ') && !literal.contains('{') {
                     assert!(kinds.contains(&literal), "{literal} has no section");
                 }

@@ -44,9 +44,8 @@ const CRC_TABLES: [[u16; 256]; 8] = {
     tables
 };
 
-#[cfg(test)]
 fn crc16(data: &[u8]) -> u16 {
-    Crc16::default().update(data).finish()
+    Crc16::default().update(data).0
 }
 
 /// A CRC16 computed over several pieces, as if they were one byte string.
@@ -91,7 +90,6 @@ impl Crc16 {
 
 /// The hash slot of `key`, by Redis's rule: only the part between the first `{` and the first
 /// `}` after it counts, if that part is not empty.
-#[cfg(test)]
 pub(crate) fn of(key: &[u8]) -> u16 {
     let hashed = key
         .iter()

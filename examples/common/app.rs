@@ -1,6 +1,61 @@
-//! Small pieces every example needs: reading the environment and stopping cleanly.
+//! Small pieces every example needs: reading the environment, serving, and stopping cleanly.
+#![allow(dead_code)]
 
-use std::{env, fmt::Display, process::ExitCode, str::FromStr};
+use std::{env, fmt::Display, pin::pin, process::ExitCode, str::FromStr, time::Duration};
+
+use axum::Router;
+use hyper_util::{
+    rt::{TokioIo, TokioTimer},
+    server::graceful::GracefulShutdown,
+    service::TowerToHyperService,
+};
+use tokio::net::TcpListener;
+
+/// How long a client may take to send a request's head (`HEADER_READ_TIMEOUT_MS`, default 5 s):
+/// a connection that sends half a head is closed then, rather than kept open for ever.
+pub fn header_read_timeout() -> Result<Duration, String> {
+    env_or("HEADER_READ_TIMEOUT_MS", 5_000).map(Duration::from_millis)
+}
+
+/// Serves `app` on `listener` (HTTP/1.1) until Ctrl-C or SIGTERM, then lets the requests in
+/// flight finish. Through hyper itself rather than `axum::serve`, which sets no timer, so that
+/// a client that never finishes its request head is cut off after `header_read_timeout`.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    header_read_timeout: Duration,
+) -> std::io::Result<()> {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout);
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = pin!(shutdown_signal());
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    // Out of file descriptors, say: wait a little rather than spin.
+                    tracing::warn!(%error, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
 
 /// Logs through `tracing-subscriber`, filtered by `RUST_LOG` (default `info`).
 pub fn init_logging() {

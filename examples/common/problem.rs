@@ -75,3 +75,33 @@ impl IntoResponse for Problem {
             .into_response()
     }
 }
+
+/// A handler's error answer: the example's own problem, or a fenced write's (with the crate's
+/// problem types: `#stale-write` 409, `#data-store-unavailable` 503, `#fenced-write-invalid`
+/// 500; see `tower_lock::response`).
+#[derive(Debug)]
+pub enum Refusal {
+    Problem(Problem),
+    Fence(tower_lock::fence::FenceError),
+}
+
+impl From<Problem> for Refusal {
+    fn from(problem: Problem) -> Self {
+        Self::Problem(problem)
+    }
+}
+
+impl From<tower_lock::fence::FenceError> for Refusal {
+    fn from(error: tower_lock::fence::FenceError) -> Self {
+        Self::Fence(error)
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        match self {
+            Self::Problem(problem) => problem.into_response(),
+            Self::Fence(error) => error.into_response(),
+        }
+    }
+}

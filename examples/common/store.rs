@@ -13,7 +13,9 @@
 //!
 //! The examples' own data (stock, payments) stays on one Redis: `REDIS_URL`, else the first of
 //! `REDIS_URLS`; with `cluster`, in the cluster. TLS (a `rediss://` URL, with the `tls`
-//! feature) applies to the data connection too.
+//! feature) applies to the data connection too. It is written through fenced writes
+//! ([`Data::fenced`], `tower_lock::fence`), on a connection of its own (on a cluster, the lock
+//! store's).
 //!
 //! A URL is never printed with its password: banners and errors show
 //! `redis://user:***@host:port/` ([`redacted`]). A connection that fails at start-up is an
@@ -31,7 +33,7 @@ use redis::{
 use tower_lock::store::TlsConfig;
 use tower_lock::{
     KeySource, LockConfig, LockLayer, Locker, MemoryStore, RedisStore, RedlockStore,
-    store::StoreError,
+    fence::FencedData, store::StoreError,
 };
 
 /// A connection for the example's own data: one Redis, or the cluster.
@@ -86,11 +88,23 @@ pub enum Store {
     Cluster(tower_lock::ClusterStore),
 }
 
+/// Where an example keeps its own data, in Redis.
+#[derive(Clone)]
+pub struct Data {
+    /// For plain reads (a listing).
+    pub conn: DataConnection,
+    /// For every write of data a lock protects: fenced by the lease's tokens.
+    pub fenced: FencedData,
+    /// Whether the server hashes keys to slots (a cluster): a fenced batch then touches one
+    /// slot.
+    pub per_slot: bool,
+}
+
 /// What [`from_env`] chose.
 pub struct Chosen {
     pub store: Store,
     /// `None` with [`Store::Memory`]: keep the data in the process.
-    pub data: Option<DataConnection>,
+    pub data: Option<Data>,
     /// One line for the start-up banner.
     pub description: String,
 }
@@ -156,7 +170,7 @@ pub async fn from_env() -> Result<Chosen, Box<dyn Error>> {
             }
             Ok(Chosen {
                 store: Store::Redis(store),
-                data: Some(tls.single(&url).await?),
+                data: Some(tls.data(&url).await?),
                 description,
             })
         }
@@ -177,7 +191,7 @@ pub async fn from_env() -> Result<Chosen, Box<dyn Error>> {
                     redacted(&data_url)
                 ),
                 store: Store::Redlock(store),
-                data: Some(tls.single(&data_url).await?),
+                data: Some(tls.data(&data_url).await?),
             })
         }
         "cluster" => cluster(urls, &tls).await,
@@ -269,13 +283,17 @@ impl Tls {
         info.map_err(|e| format!("{}: {e}", redacted(url)))
     }
 
-    /// A connection for the example's data, to `url`.
-    pub async fn single(&self, url: &str) -> Result<DataConnection, Box<dyn Error>> {
+    /// A connection for the example's data, to `url`: one Redis server.
+    pub async fn data(&self, url: &str) -> Result<Data, Box<dyn Error>> {
         let conn = redis::Client::open(self.connection_info(url)?)?
             .get_connection_manager()
             .await
             .map_err(|e| format!("the data connection to {}: {}", redacted(url), chain(&e)))?;
-        Ok(DataConnection::Single(conn))
+        Ok(Data {
+            fenced: FencedData::new(RedisStore::from_connection_manager(conn.clone())),
+            conn: DataConnection::Single(conn),
+            per_slot: false,
+        })
     }
 }
 
@@ -308,8 +326,13 @@ async fn cluster(urls: Vec<String>, tls: &Tls) -> Result<Chosen, Box<dyn Error>>
         )
     })?;
     Ok(Chosen {
+        data: Some(Data {
+            conn: DataConnection::Cluster(conn),
+            // The store's own connection: a batch goes to the master of its slot.
+            fenced: FencedData::new(store.clone()),
+            per_slot: true,
+        }),
         store: Store::Cluster(store),
-        data: Some(DataConnection::Cluster(conn)),
         description: format!(
             "locks and data in the Redis Cluster seeded by {}",
             described.join(",")

@@ -122,9 +122,12 @@ impl Hold {
         self
     }
 
-    /// Whether a loss aborts the holder's work ([`OnLeaseLost::Abort`]).
+    /// Whether a loss aborts the holder's work: with [`OnLeaseLost::Abort`], until the holder
+    /// sends its first fenced batch that writes. From then on the work runs to its end, whatever happens to
+    /// the lease: the batch may have landed, and the holder's own answer is the only one that
+    /// can say so (the fence refuses its later batches once a newer holder touched the data).
     pub(crate) fn aborts_on_loss(&self) -> bool {
-        self.on_lost == OnLeaseLost::Abort
+        self.on_lost == OnLeaseLost::Abort && !self.lease.has_fenced_writes()
     }
 
     /// Records how the holder's work ended (the first call wins).

@@ -26,7 +26,7 @@ use crate::{
     engine::{Guarded, Hold, Release, poll_guarded},
     error::LockError,
     key::LockKey,
-    store::{BoxFuture, StoreError, StoreErrorKind},
+    store::{BoxFuture, Completed, StoreError, StoreErrorKind},
     telemetry::{self, Outcome},
 };
 
@@ -86,7 +86,7 @@ pin_project! {
             run: Option<Run>,
         },
         Completing {
-            complete: BoxFuture<Result<bool, StoreError>>,
+            complete: BoxFuture<Result<Completed, StoreError>>,
             run: Option<Run>,
             response: Option<Response<ResponseBody<ResBody>>>,
         },
@@ -369,8 +369,8 @@ where
                     });
                 }
                 StateProj::Collecting { collect, run } => {
-                    // Keep the lease renewed while the body is read. A loss now is found by the
-                    // record write, which then writes nothing.
+                    // Keep the lease renewed while the body is read. A loss now is settled by the
+                    // record write, which stores the record only if no newer request is there.
                     let running = run.as_mut().expect(POLLED_AFTER_READY);
                     let _ = running.hold.poll_lost(cx);
                     let collected = ready!(collect.poll(cx));
@@ -406,6 +406,7 @@ where
                         Arc::clone(&layer.records).complete(
                             running.key.clone(),
                             running.hold.token().clone(),
+                            running.hold.lease().fencing_token(),
                             record.encode(),
                             config.retention,
                         ),
@@ -425,11 +426,23 @@ where
                     let result = ready!(complete.as_mut().poll(cx));
                     let running = run.take().expect(POLLED_AFTER_READY);
                     let outcome = match &result {
-                        Ok(true) => Outcome::Stored,
-                        Ok(false) => {
+                        Ok(Completed {
+                            stored: true,
+                            released,
+                        }) => {
+                            if !released {
+                                tracing::warn!(
+                                    "the lease was lost before the response could be stored; \
+                                     nobody else holds the key, so it is stored all the same"
+                                );
+                            }
+                            Outcome::Stored
+                        }
+                        Ok(Completed { stored: false, .. }) => {
                             tracing::warn!(
-                                "the lease was lost before the response could be stored; a \
-                                 retry runs the handler again"
+                                "the lease was lost before the response could be stored, and a \
+                                 newer request holds the key or stored its own: this one is not \
+                                 stored"
                             );
                             Outcome::NotStored
                         }
@@ -444,7 +457,9 @@ where
                             Outcome::NotStored
                         }
                     };
-                    running.hold.settle(outcome, result.as_ref().copied());
+                    running
+                        .hold
+                        .settle(outcome, result.as_ref().map(|c| c.released));
                     return Poll::Ready(Ok(response.take().expect(POLLED_AFTER_READY)));
                 }
                 StateProj::Releasing { release, output } => {

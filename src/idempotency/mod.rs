@@ -93,7 +93,13 @@
 //!    operation — in Redis one Lua script: if the lock key still holds our token, `SET` the
 //!    record with its [retention](IdempotencyConfig::retention) (24 h) and `DEL` the lock — writes
 //!    the record and releases the lock together. There is no moment when a retry could find
-//!    neither the lock nor the record and run the handler a second time.
+//!    neither the lock nor the record and run the handler a second time. Each record carries
+//!    its lease's fencing token, and never replaces a record with a higher one. If the lease
+//!    was lost before the response was ready (a handler that sent a [fenced write](crate::fence)
+//!    runs to its end, and [`OnLeaseLost::Continue`](crate::OnLeaseLost) lets any run on), the
+//!    record is still stored when nobody holds the key, so that a retry replays what the
+//!    handler did rather than doing it again; never while a newer request holds the key (its
+//!    record is the one to keep), nor over a newer record.
 //!
 //! # Responses
 //!
@@ -145,14 +151,15 @@
 //! If the process dies after the handler's side effect (the card was charged) and before the
 //! record is written, nothing is stored; the lock expires after its TTL and a retry runs the
 //! handler again. The same happens if the store loses the record (a Redis without persistence
-//! restarting, a failover to a replica that had not received it) or if the lease is lost before
-//! the record could be written. No middleware can close this window: the side effect and the
-//! record live in different systems. A handler closes it by making its own write conditional on
-//! the key: [`IdempotencyKey`] gives it the key (and principal), and the [`Lease`](crate::Lease)
-//! its [`key`](crate::Lease::key) and [fencing token](crate::Lease::fencing_token). Record the
-//! side effect under a unique constraint on the key (in the same transaction as the write), and
-//! on a retry that finds it, return it instead of acting again; pass the fencing token so the
-//! storage rejects a stale holder's write.
+//! restarting, a failover to a replica that had not received it) or if the lease is lost and
+//! a newer request takes the key before the record could be written. No middleware can close
+//! this window: the side effect and the record live in different systems. A handler closes it
+//! by making its own write conditional on the key: [`IdempotencyKey`] gives it the key (and
+//! principal), and the [`Lease`](crate::Lease) its [`key`](crate::Lease::key) and [fencing
+//! token](crate::Lease::fencing_token). Record the side effect under a unique constraint on the
+//! key (in the same transaction as the write), and on a retry that finds it, return it instead
+//! of acting again; pass the fencing token so the storage rejects a stale holder's write
+//! ([`crate::fence`], `examples/sql.rs`, `examples/payments.rs`).
 //!
 //! A request dropped before its record is written (client gone, timeout, panic) stores nothing
 //! and releases the lock in a spawned task, so a retry runs at once rather than waiting for the

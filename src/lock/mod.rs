@@ -52,6 +52,22 @@
 //! `TimeoutLayer` outside it bounds wait plus handler; when it fires, the future is dropped and
 //! the lease is released in a spawned task.
 //!
+//! # A lease lost while the handler runs
+//!
+//! A lease can be lost under a running handler (a pause past its TTL, a store that forgot it):
+//! by default ([`OnLeaseLost::Abort`](crate::OnLeaseLost)) the handler is dropped and the client
+//! gets 503 `#lease-lost`, which tells it that nothing was done. That is only true while the
+//! handler has written nothing, so the answer follows what the handler wrote:
+//!
+//! | the lease is lost | the handler | the client gets |
+//! |---|---|---|
+//! | before its first [fenced write](crate::fence) | is dropped | 503 `#lease-lost`: nothing was written |
+//! | after it | runs to its end; its later fenced writes are refused if a newer holder was there | the handler's answer: 200 when its writes landed, 409 `#stale-write` when the fence refused them (nothing written), 503 `#data-store-unavailable` when the store did not answer (they may have) |
+//!
+//! Writes the crate does not see (another database written directly, an unfenced batch) do not
+//! change the rule: fence them, or use [`OnLeaseLost::Continue`](crate::OnLeaseLost) and check
+//! [`Lease::is_lost`](crate::Lease::is_lost) before each.
+//!
 
 mod body;
 #[cfg(feature = "axum")]

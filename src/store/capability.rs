@@ -6,7 +6,7 @@ use std::{fmt, future::Future, pin::Pin, sync::Arc, task, time::Duration};
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::{Acquire, BoxFuture, LockStore, StoreError};
+use super::{Acquire, BoxFuture, LockStore, StoreError, fenced::FencedWrites};
 use crate::{
     key::{KeySet, LockKey},
     token::Token,
@@ -42,6 +42,9 @@ pub struct Capabilities {
     pub(crate) release_notices: Option<Arc<dyn ReleaseNotices>>,
     pub(crate) records: Option<Arc<dyn Records>>,
     pub(crate) key_sets: Option<Arc<dyn AcquireSet>>,
+    /// Fenced writes to data kept in the store (`crate::fence`): for `FencedData`, not the
+    /// engine.
+    pub(crate) fenced: Option<Arc<dyn FencedWrites>>,
 }
 
 impl Capabilities {
@@ -86,6 +89,7 @@ impl fmt::Debug for Capabilities {
             .field("release_notices", &self.release_notices())
             .field("idempotency_records", &self.idempotency_records())
             .field("key_sets", &self.key_sets())
+            .field("fenced_writes", &self.fenced.is_some())
             .finish()
     }
 }
@@ -122,16 +126,31 @@ pub(crate) trait Records: Send + Sync + 'static {
     /// The record stored for `key`, if it has not expired.
     fn lookup(self: Arc<Self>, key: LockKey) -> BoxFuture<Result<Option<Bytes>, StoreError>>;
 
-    /// **If `key` holds `token`**, stores `record` for `retention` and releases `key` (hands it
-    /// on, with hand-off), as one step, and answers `true`; otherwise changes nothing and
-    /// answers `false`. No other request may ever see the lock gone and the record missing.
+    /// Stores `record` for `retention`, fenced by `fencing_token`, and releases `key` if it
+    /// holds `token` (hands it on, with hand-off), as one step. No other request may ever see
+    /// the lock gone and the record missing.
+    ///
+    /// The record is stored unless a record with a higher fencing token is there, or another
+    /// holder has the key (a newer request runs; its record is the one to keep): a response
+    /// finished after its lease was lost is stored when nobody holds the key, so that a retry
+    /// replays it rather than running the handler again, and never replaces a newer one.
     fn complete(
         self: Arc<Self>,
         key: LockKey,
         token: Token,
+        fencing_token: u64,
         record: Bytes,
         retention: Duration,
-    ) -> BoxFuture<Result<bool, StoreError>>;
+    ) -> BoxFuture<Result<Completed, StoreError>>;
+}
+
+/// What [`Records::complete`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Completed {
+    /// The record was stored.
+    pub(crate) stored: bool,
+    /// The key was held with the caller's token, and is released.
+    pub(crate) released: bool,
 }
 
 /// Takes and gives back a lease's several keys at once.
@@ -322,7 +341,11 @@ impl Capabilities {
             key_sets: now
                 .key_sets
                 .is_some()
-                .then_some(routed as Arc<dyn AcquireSet>),
+                .then(|| Arc::clone(&routed) as Arc<dyn AcquireSet>),
+            fenced: now
+                .fenced
+                .is_some()
+                .then_some(routed as Arc<dyn FencedWrites>),
         }
     }
 }
@@ -431,13 +454,17 @@ impl<R: Route> Records for Routed<R> {
         self: Arc<Self>,
         key: LockKey,
         token: Token,
+        fencing_token: u64,
         record: Bytes,
         retention: Duration,
-    ) -> BoxFuture<Result<bool, StoreError>> {
+    ) -> BoxFuture<Result<Completed, StoreError>> {
         Box::pin(async move {
             self.run(
                 |caps| caps.records.as_ref(),
-                |records| records.complete(key.clone(), token.clone(), record.clone(), retention),
+                |records| {
+                    let (key, token, record) = (key.clone(), token.clone(), record.clone());
+                    records.complete(key, token, fencing_token, record, retention)
+                },
                 error_of,
                 || Err(missing("keep records")),
             )
@@ -477,6 +504,26 @@ impl<R: Route> AcquireSet for Routed<R> {
                 |sets| sets.release_set(keys.clone(), token.clone()),
                 error_of,
                 || Err(missing("take sets of keys")),
+            )
+            .await
+        })
+    }
+}
+
+/// Sent to the current target only, never again after a failover: a batch whose answer was
+/// lost may have been applied, and a second run would apply its counters and appends twice.
+#[cfg(feature = "sentinel")]
+impl<R: Route> FencedWrites for Routed<R> {
+    fn apply(
+        self: Arc<Self>,
+        plan: super::fenced::Plan,
+    ) -> BoxFuture<Result<super::fenced::Applied, StoreError>> {
+        Box::pin(async move {
+            self.run(
+                |caps| caps.fenced.as_ref(),
+                |fenced| fenced.apply(plan.clone()),
+                |_| None,
+                || Err(missing("write fenced data")),
             )
             .await
         })

@@ -16,6 +16,7 @@ mod capability;
 mod cluster;
 pub(crate) mod error;
 mod eviction;
+pub(crate) mod fenced;
 mod memory;
 mod redis;
 mod redlock;
@@ -32,8 +33,8 @@ pub use self::capability::Capabilities;
 #[cfg(feature = "sentinel")]
 pub(crate) use self::capability::Route;
 pub(crate) use self::capability::{
-    AcquireSet, Attempt, Backend, HandOff, QueueSignals, QueueWatch, Records, ReleaseNotice,
-    ReleaseNotices, SetAttempt, Signal,
+    AcquireSet, Attempt, Backend, Completed, HandOff, QueueSignals, QueueWatch, Records,
+    ReleaseNotice, ReleaseNotices, SetAttempt, Signal,
 };
 #[cfg(feature = "cluster")]
 pub use self::cluster::ClusterStore;

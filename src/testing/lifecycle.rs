@@ -27,8 +27,8 @@ use tracing_subscriber::{Registry, layer::Context as LayerContext, prelude::*};
 use super::Scripted;
 use crate::telemetry::outcome::documented::{self, Recorder};
 use crate::{
-    IdempotencyConfig, IdempotencyLayer, Key, LockConfig, LockLayer, OnLeaseLost, Wait,
-    idempotency::SharedKeySpace,
+    IdempotencyConfig, IdempotencyLayer, Key, Lease, LockConfig, LockLayer, OnLeaseLost, Wait,
+    fence::FencedData, idempotency::SharedKeySpace,
 };
 
 const MS: Duration = Duration::from_millis(1);
@@ -45,6 +45,8 @@ enum Handler {
     Panics(Duration),
     /// Answers 200 at once with a body that streams for this long.
     Streams(Duration),
+    /// Sends a fenced batch at once, then answers 200 after this long.
+    WritesFenced(Duration),
 }
 
 /// What happens to the store meanwhile.
@@ -106,29 +108,39 @@ impl std::error::Error for Failure {}
 type Svc = BoxCloneService<Request<Body>, Response<Body>, Failure>;
 
 fn handler(kind: Handler) -> Svc {
-    BoxCloneService::new(service_fn(move |_req: Request<Body>| async move {
-        match kind {
-            Handler::Works(d) => {
-                sleep(d).await;
-                Ok(Response::new(Body::from("done")))
-            }
-            Handler::Fails(d) => {
-                sleep(d).await;
-                Err(Failure)
-            }
-            Handler::Panics(d) => {
-                sleep(d).await;
-                panic!("the handler panicked");
-            }
-            Handler::Streams(d) => {
-                let chunks = futures_util::stream::unfold(0u8, move |n| async move {
-                    if n == 4 {
-                        return None;
-                    }
-                    sleep(d / 4).await;
-                    Some((Ok::<_, Infallible>(Bytes::from(vec![b'x'; 8])), n + 1))
-                });
-                Ok(Response::new(Body::from_stream(chunks)))
+    let data = FencedData::in_memory();
+    BoxCloneService::new(service_fn(move |req: Request<Body>| {
+        let data = data.clone();
+        async move {
+            match kind {
+                Handler::Works(d) => {
+                    sleep(d).await;
+                    Ok(Response::new(Body::from("done")))
+                }
+                Handler::Fails(d) => {
+                    sleep(d).await;
+                    Err(Failure)
+                }
+                Handler::Panics(d) => {
+                    sleep(d).await;
+                    panic!("the handler panicked");
+                }
+                Handler::Streams(d) => {
+                    let chunks = futures_util::stream::unfold(0u8, move |n| async move {
+                        if n == 4 {
+                            return None;
+                        }
+                        sleep(d / 4).await;
+                        Some((Ok::<_, Infallible>(Bytes::from(vec![b'x'; 8])), n + 1))
+                    });
+                    Ok(Response::new(Body::from_stream(chunks)))
+                }
+                Handler::WritesFenced(d) => {
+                    let lease = req.extensions().get::<Lease>().expect("a lease").clone();
+                    data.batch(&lease).set("k", "v").apply().await.unwrap();
+                    sleep(d).await;
+                    Ok(Response::new(Body::from("done")))
+                }
             }
         }
     }))
@@ -301,9 +313,23 @@ fn cases() -> Vec<Case> {
             fault: Fault::LeaseDeleted(500 * MS),
             on_lease_lost: OnLeaseLost::Continue,
             within: (2000 * MS, 2010 * MS),
-            // The handler finished without its lease: nothing can be recorded for it.
-            outcome: PerLayer("completed_lease_lost", "not_stored"),
+            // The handler finished without its lease; nobody else holds the key, so its record
+            // is stored all the same (a retry replays it rather than running it again).
+            outcome: PerLayer("completed_lease_lost", "stored"),
             ..case("lease deleted while the handler runs, continue")
+        },
+        Case {
+            handler: Handler::WritesFenced(2000 * MS),
+            fault: Fault::LeaseDeleted(500 * MS),
+            // Not aborted: its write may have landed, and only its own answer can say so.
+            within: (2000 * MS, 2010 * MS),
+            outcome: PerLayer("completed_lease_lost", "stored"),
+            ..case("lease deleted after the handler's fenced write, abort")
+        },
+        Case {
+            handler: Handler::WritesFenced(2000 * MS),
+            within: (2000 * MS, 2010 * MS),
+            ..case("a handler with a fenced write")
         },
         Case {
             handler: Handler::Works(10_000 * MS),

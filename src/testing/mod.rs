@@ -166,9 +166,10 @@ impl Records for Scripted {
         self: Arc<Self>,
         key: LockKey,
         token: Token,
+        fencing_token: u64,
         record: Bytes,
         retention: Duration,
-    ) -> BoxFuture<Result<bool, StoreError>> {
+    ) -> BoxFuture<Result<crate::store::Completed, StoreError>> {
         let records = self
             .inner
             .capabilities()
@@ -180,7 +181,9 @@ impl Records for Scripted {
                 tokio::time::sleep(Duration::from_millis(delay as u64)).await;
             }
             self.record(Call::Release)?;
-            records.complete(key, token, record, retention).await
+            records
+                .complete(key, token, fencing_token, record, retention)
+                .await
         })
     }
 }

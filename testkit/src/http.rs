@@ -54,7 +54,18 @@ impl Http {
         path: &str,
         body: Option<&str>,
     ) -> std::io::Result<Reply> {
-        let result = self.try_request(method, path, body).await;
+        self.request_with(method, path, body, &[]).await
+    }
+
+    /// [`request`](Self::request) with more headers (`name: value`, each as given).
+    pub async fn request_with(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> std::io::Result<Reply> {
+        let result = self.try_request(method, path, body, headers).await;
         if result.is_err() {
             self.conn = None;
         }
@@ -66,6 +77,7 @@ impl Http {
         method: &str,
         path: &str,
         body: Option<&str>,
+        headers: &[(&str, &str)],
     ) -> std::io::Result<Reply> {
         if self.conn.is_none() {
             let stream = TcpStream::connect(("127.0.0.1", self.port)).await?;
@@ -74,9 +86,13 @@ impl Http {
         }
         let conn = self.conn.as_mut().unwrap();
         let body = body.unwrap_or("");
+        let extra: String = headers
+            .iter()
+            .map(|(name, value)| format!("{name}: {value}\r\n"))
+            .collect();
         let head = format!(
             "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n\
-             content-length: {}\r\n\r\n{body}",
+             {extra}content-length: {}\r\n\r\n{body}",
             body.len()
         );
         conn.get_mut().write_all(head.as_bytes()).await?;

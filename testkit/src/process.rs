@@ -250,6 +250,21 @@ impl Process {
         self.output.lock().unwrap().clone()
     }
 
+    /// The process's id, while it has not been killed.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Sends it `signal` (`STOP`, `CONT`, ...) with `kill`; panics if that fails.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.pid().expect("the process was killed");
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid.to_string()])
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run kill -{signal}: {e}"));
+        assert!(status.success(), "kill -{signal} {pid} failed");
+    }
+
     /// Whether the process still runs.
     pub fn is_running(&mut self) -> bool {
         self.child

@@ -93,7 +93,7 @@ impl Instance {
     }
 
     /// The example at `binary` with `env` alone.
-    fn start_binary_env(binary: PathBuf, env: &[(&str, &str)]) -> Self {
+    pub fn start_binary_env(binary: PathBuf, env: &[(&str, &str)]) -> Self {
         for _ in 0..5 {
             let port = free_port();
             let mut command = Command::new(&binary);
@@ -121,6 +121,16 @@ impl Instance {
     /// Everything the process printed so far.
     pub fn output(&self) -> String {
         self.process.output()
+    }
+
+    /// SIGSTOP: the whole process stops (its timers and renewals with it), as in a long pause.
+    pub fn pause(&self) {
+        self.process.signal("STOP");
+    }
+
+    /// SIGCONT, after [`pause`](Self::pause).
+    pub fn resume(&self) {
+        self.process.signal("CONT");
     }
 
     /// Panics if the process printed a panic message.

@@ -28,8 +28,8 @@ use tower::ServiceExt;
 use tower_lock::{LockLayer, LockStore, MemoryStore, RedisStore};
 use tower_lock_testkit::RedisServer;
 
-/// Every key under the crate's default prefix but the fencing counters: what a test's leases
-/// left behind.
+/// Every key under the crate's default prefix but the fencing counters and the fences of data
+/// written through `tower_lock::fence`: what a test's leases left behind.
 pub trait LockKeys {
     fn lock_keys(&self) -> impl Future<Output = Vec<Vec<u8>>> + Send;
 }
@@ -42,7 +42,7 @@ impl LockKeys for RedisServer {
             .query_async(&mut conn)
             .await
             .unwrap();
-        keys.into_iter().filter(|k| !is_fence_counter(k)).collect()
+        keys.into_iter().filter(|k| is_lease_state(k)).collect()
     }
 }
 
@@ -67,6 +67,15 @@ pub fn is_record_key(key: &[u8]) -> bool {
     key.iter()
         .position(|&b| b == b'}')
         .is_some_and(|end| key[end + 1..].starts_with(b"record:"))
+/// Whether `key` is a lease's (a lock key, its queue or its record): not a fencing counter, and
+/// not the fence of data written through `tower_lock::fence` (`<prefix>{<tag>}data-fence:...`),
+/// which lives as long as the data.
+pub fn is_lease_state(key: &[u8]) -> bool {
+    let data_fence = key
+        .iter()
+        .position(|&b| b == b'}')
+        .is_some_and(|end| key[end + 1..].starts_with(b"data-fence:"));
+    !is_fence_counter(key) && !data_fence
 }
 
 /// Whether `key` is one of the fencing counters (`tower-lock:fence` on a server that does not

@@ -82,24 +82,32 @@ impl MemoryStore {
     }
 
     /// [`release`](LockStore::release), running `then` under the lease map's lock just before
-    /// the delete when the lease is held with `token`, so that what `then` writes (an
-    /// idempotency record) appears atomically with the release. Returns whether it released.
-    pub(crate) fn release_with(&self, key: &LockKey, token: &Token, then: impl FnOnce()) -> bool {
+    /// the delete, so that what `then` writes (an idempotency record) appears atomically with
+    /// the release. `then` learns who holds `key`: `token` (`Some(true)`), another holder
+    /// (`Some(false)`) or nobody (`None`). Returns what `then` answered, and whether it
+    /// released the lease.
+    pub(crate) fn release_with<T>(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        then: impl FnOnce(Option<bool>) -> T,
+    ) -> (T, bool) {
         let now = Instant::now();
         let mut leases = self.leases();
-        match leases.get(key.as_bytes()) {
-            Some(entry) if entry.token == *token => {
-                let live = entry.expires > now;
-                if live {
-                    then();
-                }
+        let holder = leases
+            .get(key.as_bytes())
+            .map(|entry| (entry.token == *token, entry.expires > now));
+        match holder {
+            Some((true, live)) => {
+                let answer = then(live.then_some(true));
                 leases.remove(key.as_bytes());
                 self.inner
                     .releases
                     .released(Bytes::copy_from_slice(key.as_bytes()));
-                live
+                (answer, live)
             }
-            _ => false,
+            Some((false, true)) => (then(Some(false)), false),
+            _ => (then(None), false),
         }
     }
 }

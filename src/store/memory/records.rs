@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::MemoryStore;
 use crate::{
     key::LockKey,
-    store::{BoxFuture, Records, StoreError},
+    store::{BoxFuture, Completed, Records, StoreError},
     token::Token,
 };
 
@@ -25,23 +25,48 @@ const SWEEP_EVERY: u64 = 256;
 /// The records of one [`MemoryStore`] (shared by its clones). Expiry follows [`tokio::time`].
 #[derive(Debug, Default)]
 pub(crate) struct MemoryRecords {
-    map: Mutex<HashMap<Bytes, (Bytes, Instant)>>,
+    /// Each record with its lease's fencing token and its expiry.
+    map: Mutex<HashMap<Bytes, Stored>>,
     writes: AtomicU64,
 }
 
+#[derive(Debug)]
+struct Stored {
+    record: Bytes,
+    fence: u64,
+    expires: Instant,
+}
+
 impl MemoryRecords {
-    fn map(&self) -> MutexGuard<'_, HashMap<Bytes, (Bytes, Instant)>> {
+    fn map(&self) -> MutexGuard<'_, HashMap<Bytes, Stored>> {
         // Every update is a single insert or retain: a poisoned lock is still consistent.
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn insert(&self, key: Bytes, record: Bytes, retention: Duration) {
+    /// Stores `record`, fenced by `fence`, unless a live record with a higher fence is there.
+    /// Returns whether it stored it.
+    fn insert(&self, key: Bytes, record: Bytes, fence: u64, retention: Duration) -> bool {
         let now = Instant::now();
         let mut map = self.map();
         if self.writes.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
-            map.retain(|_, (_, expires)| *expires > now);
+            map.retain(|_, stored| stored.expires > now);
         }
-        map.insert(key, (record, now + retention));
+        if map
+            .get(&key)
+            .is_some_and(|stored| stored.expires > now && stored.fence > fence)
+        {
+            return false;
+        }
+        let expires = now + retention;
+        map.insert(
+            key,
+            Stored {
+                record,
+                fence,
+                expires,
+            },
+        );
+        true
     }
 
     #[cfg(test)]
@@ -60,23 +85,31 @@ impl MemoryStore {
         self.records()
             .map()
             .get(key.as_bytes())
-            .filter(|(_, expires)| *expires > now)
-            .map(|(record, _)| record.clone())
+            .filter(|stored| stored.expires > now)
+            .map(|stored| stored.record.clone())
     }
 
     fn complete_now(
         &self,
         key: &LockKey,
         token: &Token,
+        fence: u64,
         record: Bytes,
         retention: Duration,
-    ) -> bool {
+    ) -> Completed {
         // The record is inserted while the lease map is locked, before the lease is removed:
-        // an acquire (which needs that lock) sees either the lease or the record.
-        self.release_with(key, token, || {
-            self.records()
-                .insert(Bytes::copy_from_slice(key.as_bytes()), record, retention)
-        })
+        // an acquire (which needs that lock) sees either the lease or the record. Not while
+        // another holder has the key: a newer request runs, and its record is the one to keep.
+        let (stored, released) = self.release_with(key, token, |holder| {
+            holder != Some(false)
+                && self.records().insert(
+                    Bytes::copy_from_slice(key.as_bytes()),
+                    record,
+                    fence,
+                    retention,
+                )
+        });
+        Completed { stored, released }
     }
 }
 
@@ -91,10 +124,11 @@ impl Records for MemoryStore {
         self: Arc<Self>,
         key: LockKey,
         token: Token,
+        fencing_token: u64,
         record: Bytes,
         retention: Duration,
-    ) -> BoxFuture<Result<bool, StoreError>> {
-        let done = self.complete_now(&key, &token, record, retention);
+    ) -> BoxFuture<Result<Completed, StoreError>> {
+        let done = self.complete_now(&key, &token, fencing_token, record, retention);
         Box::pin(std::future::ready(Ok(done)))
     }
 }
@@ -105,21 +139,21 @@ mod tests {
     use crate::store::{Acquire, LockStore};
 
     #[tokio::test(start_paused = true)]
-    async fn complete_needs_the_token_and_records_expire() {
+    async fn records_expire() {
         let store = MemoryStore::new();
         let key = LockKey::new("t:", "s", b"k", 64).unwrap();
-        let (mine, other) = (Token::generate().unwrap(), Token::generate().unwrap());
-        let ttl = Duration::from_secs(10);
+        let mine = Token::generate().unwrap();
         let retention = Duration::from_secs(60);
-        assert!(matches!(
-            store.acquire(&key, &mine, ttl).await.unwrap(),
-            Acquire::Acquired { .. }
-        ));
+        let Acquire::Acquired { fencing_token } = store
+            .acquire(&key, &mine, Duration::from_secs(10))
+            .await
+            .unwrap()
+        else {
+            panic!("not acquired");
+        };
         let record = Bytes::from_static(b"r");
-        assert!(!store.complete_now(&key, &other, record.clone(), retention));
-        assert_eq!(store.lookup_now(&key), None);
-        assert_eq!(store.held(), 1, "a stranger's complete released the lease");
-        assert!(store.complete_now(&key, &mine, record, retention));
+        let done = store.complete_now(&key, &mine, fencing_token, record, retention);
+        assert!(done.stored && done.released);
         assert_eq!(store.held(), 0);
         assert_eq!(store.lookup_now(&key).unwrap(), "r");
         tokio::time::advance(retention).await;
@@ -134,6 +168,7 @@ mod tests {
             store.records().insert(
                 Bytes::copy_from_slice(key.as_bytes()),
                 Bytes::new(),
+                1,
                 Duration::from_millis(10),
             );
             tokio::time::advance(Duration::from_millis(20)).await;

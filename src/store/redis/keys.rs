@@ -12,6 +12,7 @@
 //! lock key  <prefix>{<tag>}<scope length>:<scope>:<value>
 //! queue     <prefix>{<tag>}queue:<scope length>:<scope>:<value>
 //! record    <prefix>{<tag>}record:<scope length>:<scope>:<value>
+//! fence     <prefix>{<tag>}data-fence:<scope length>:<scope>:<value>   (`crate::fence`)
 //! counters  <prefix>fence:{<tag>}   <prefix>fence
 //! ```
 //!

@@ -10,6 +10,7 @@
 mod acquire;
 mod commit;
 mod connection;
+mod fenced;
 mod handoff;
 mod keys;
 mod native;
@@ -635,6 +636,7 @@ impl LockStore for RedisStore {
             group_commit: true,
             hand_off: self.handoff.is_some().then(|| this.clone() as _),
             records: Some(this.clone()),
+            fenced: Some(this.clone()),
             key_sets: Some(this),
             ..Capabilities::none()
         }

@@ -62,7 +62,7 @@ fn set_script(body: &str) -> String {
 }
 
 /// Every script a [`RedisStore`] runs, by name, put together once per process.
-pub(super) static LUA: LazyLock<[(&str, String); 4]> = LazyLock::new(|| {
+pub(super) static LUA: LazyLock<[(&str, String); 5]> = LazyLock::new(|| {
     [
         ("ops", OPS_PARTS.concat()),
         (
@@ -77,6 +77,7 @@ pub(super) static LUA: LazyLock<[(&str, String); 4]> = LazyLock::new(|| {
             "release_set",
             set_script(include_str!("scripts/release_set.lua")),
         ),
+        ("fenced", include_str!("scripts/fenced.lua").to_owned()),
     ]
 });
 

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tower_lock_testkit::RedisServer;
 
-use super::{Acquire, Attempt, BoxFuture, LockStore, QueueWatch, StoreError};
+use super::{Acquire, Attempt, BoxFuture, Completed, LockStore, QueueWatch, StoreError};
 use crate::{key::LockKey, token::Token};
 
 /// The crate-private operations of a store, reached through its capabilities as the engine
@@ -76,19 +76,20 @@ pub(super) trait Ops: LockStore {
         records.lookup(key.clone())
     }
 
-    /// The record written with the release, if `token` holds `key`.
+    /// The record written with the release (see `Records::complete`), fenced by `fence`.
     fn complete(
         &self,
         key: &LockKey,
         token: &Token,
+        fence: u64,
         record: Bytes,
         retention: Duration,
-    ) -> BoxFuture<Result<bool, StoreError>> {
+    ) -> BoxFuture<Result<Completed, StoreError>> {
         let records = self
             .capabilities()
             .records
             .expect("the store keeps records");
-        records.complete(key.clone(), token.clone(), record, retention)
+        records.complete(key.clone(), token.clone(), fence, record, retention)
     }
 }
 
@@ -214,23 +215,41 @@ pub(super) async fn every_key(server: &RedisServer) -> Vec<Vec<u8>> {
         .unwrap()
 }
 
-/// The store's `complete`: only the lock's holder writes the record, and the record appears
-/// exactly as the lock goes. Run on every store that keeps records.
+/// The store's `complete`: the holder writes the record and releases the lock in one step; a
+/// stranger changes nothing; a lease lost with nobody after it still stores its record; a lease
+/// lost to a newer holder never stores over it, nor while it runs. Run on every store that keeps
+/// records.
 pub(super) async fn complete_is_one_step_for_the_holder(store: impl LockStore) {
-    let key = LockKey::new("tower-lock:", "idempotency", b"k", 64).unwrap();
     let ttl = Duration::from_secs(10);
     let retention = Duration::from_secs(60);
     let (mine, other) = (Token::generate().unwrap(), Token::generate().unwrap());
-    assert!(matches!(
-        store.acquire(&key, &mine, ttl).await.unwrap(),
-        Acquire::Acquired { .. }
-    ));
+    let (stored_and_released, refused) = (
+        Completed {
+            stored: true,
+            released: true,
+        },
+        Completed {
+            stored: false,
+            released: false,
+        },
+    );
+    let acquire = async |key: &LockKey, token: &Token, ttl: Duration| match store
+        .acquire(key, token, ttl)
+        .await
+        .unwrap()
+    {
+        Acquire::Acquired { fencing_token } => fencing_token,
+        other => panic!("not acquired: {other:?}"),
+    };
+
+    let key = LockKey::new("tower-lock:", "idempotency", b"k", 64).unwrap();
+    let fence = acquire(&key, &mine, ttl).await;
     let record = Bytes::from_static(b"record");
-    assert!(
-        !store
-            .complete(&key, &other, record.clone(), retention)
-            .await
-            .unwrap()
+    let answer = store.complete(&key, &other, fence + 1, record.clone(), retention);
+    assert_eq!(
+        answer.await.unwrap(),
+        refused,
+        "a stranger's complete while it is held"
     );
     assert_eq!(
         store.lookup(&key).await.unwrap(),
@@ -244,25 +263,75 @@ pub(super) async fn complete_is_one_step_for_the_holder(store: impl LockStore) {
         ),
         "a stranger released the lock"
     );
-    assert!(
-        store
-            .complete(&key, &mine, record.clone(), retention)
-            .await
-            .unwrap()
+    let answer = store.complete(&key, &mine, fence, record.clone(), retention);
+    assert_eq!(answer.await.unwrap(), stored_and_released);
+    assert_eq!(store.lookup(&key).await.unwrap(), Some(record.clone()));
+    let answer = store.complete(&key, &mine, fence, record.clone(), retention);
+    assert_eq!(
+        answer.await.unwrap(),
+        Completed {
+            stored: true,
+            released: false
+        },
+        "the same completion sent again stores the same record, and releases nothing"
     );
-    assert_eq!(store.lookup(&key).await.unwrap(), Some(record));
-    assert!(
-        matches!(
-            store.acquire(&key, &other, ttl).await.unwrap(),
-            Acquire::Acquired { .. }
-        ),
-        "the lock was not released"
+    let next = acquire(&key, &other, ttl).await;
+    assert!(next > fence, "the lock was not released");
+
+    // A lease lost (expired) with nobody after it: its record is stored all the same, so that a
+    // retry replays it.
+    let short = Duration::from_millis(100);
+    let lost = LockKey::new("tower-lock:", "idempotency", b"lost", 64).unwrap();
+    let stale = acquire(&lost, &mine, short).await;
+    tokio::time::sleep(short * 3).await;
+    let answer = store.complete(&lost, &mine, stale, Bytes::from_static(b"late"), retention);
+    assert_eq!(
+        answer.await.unwrap(),
+        Completed {
+            stored: true,
+            released: false
+        }
     );
-    assert!(
-        !store
-            .complete(&key, &mine, Bytes::new(), retention)
-            .await
-            .unwrap(),
-        "completed twice"
+    assert_eq!(store.lookup(&lost).await.unwrap().unwrap(), "late");
+
+    // Lost to a newer holder: nothing while it runs, and never over its record.
+    let taken = LockKey::new("tower-lock:", "idempotency", b"taken", 64).unwrap();
+    let stale = acquire(&taken, &mine, short).await;
+    tokio::time::sleep(short * 3).await;
+    let newer = acquire(&taken, &other, ttl).await;
+    assert!(newer > stale);
+    let answer = store.complete(
+        &taken,
+        &mine,
+        stale,
+        Bytes::from_static(b"stale"),
+        retention,
     );
+    assert_eq!(
+        answer.await.unwrap(),
+        refused,
+        "stored while a newer holder runs"
+    );
+    assert_eq!(store.lookup(&taken).await.unwrap(), None);
+    let answer = store.complete(
+        &taken,
+        &other,
+        newer,
+        Bytes::from_static(b"newer"),
+        retention,
+    );
+    assert_eq!(answer.await.unwrap(), stored_and_released);
+    let answer = store.complete(
+        &taken,
+        &mine,
+        stale,
+        Bytes::from_static(b"stale"),
+        retention,
+    );
+    assert_eq!(
+        answer.await.unwrap(),
+        refused,
+        "a stale completion replaced a newer record"
+    );
+    assert_eq!(store.lookup(&taken).await.unwrap().unwrap(), "newer");
 }

@@ -232,14 +232,19 @@ async fn every_script_stays_in_one_slot_on_a_cluster_mode_server() {
         .expect("no hand-off");
     assert!(matches!(signal, Signal::Granted { .. }), "{signal:?}");
     let answer = b.enqueue(&key, &waiter, ttl).await.unwrap();
-    assert!(matches!(answer, Attempt::Acquired { .. }), "{answer:?}");
+    let Attempt::Acquired { fencing_token } = answer else {
+        panic!("not acquired: {answer:?}");
+    };
     assert!(b.renew(&key, &waiter, ttl).await.unwrap());
     let record = Bytes::from_static(b"the response");
-    assert!(
-        b.complete(&key, &waiter, record.clone(), Duration::from_secs(60))
-            .await
-            .unwrap()
+    let answer = b.complete(
+        &key,
+        &waiter,
+        fencing_token,
+        record.clone(),
+        Duration::from_secs(60),
     );
+    assert!(answer.await.unwrap().released);
     assert_eq!(b.lookup(&key).await.unwrap(), Some(record));
     assert_eq!(errors_of(&server, "CROSSSLOT"), 0);
 }

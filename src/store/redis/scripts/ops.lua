@@ -13,11 +13,11 @@
 -- | `n` renew | lock | token, ttl ms |
 -- | `c` complete | lock, record (, fencing counter, queue) | token, record, record ttl ms |
 --
--- Returns two values per operation: for an acquire its code and number (see `acquire`), for the
--- others 1 or 0, then 0; for an operation Redis refused (a key of the wrong type, say), -1 and
--- Redis's message. One operation's error does not stop the others, and the fencing counters
--- are saved whatever happened. Every key of one call is in one hash slot on a cluster (the
--- caller groups operations by slot).
+-- Returns two values per operation: for an acquire its code and number (see `acquire`), for a
+-- complete 0 to 3 (see `complete`), for the others 1 or 0, then 0; for an operation Redis
+-- refused (a key of the wrong type, say), -1 and Redis's message. One operation's error does
+-- not stop the others, and the fencing counters are saved whatever happened. Every key of one
+-- call is in one hash slot on a cluster (the caller groups operations by slot).
 local function run(f, ...)
   local ok, code, n = pcall(f, ...)
   if ok then

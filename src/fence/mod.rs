@@ -1,0 +1,186 @@
+//! Fenced writes: the data behind a lock, written only by its newest holder.
+//!
+//! A lease can always be lost while its holder still runs: a stop-the-world pause, a stalled
+//! runtime, a partition longer than the TTL. Then a second holder takes the key, and the first
+//! one's writes, when it resumes, would land on top of the second's. Every lease carries a
+//! *fencing token* per key, strictly increasing per key ([`Lease::fencing_token`]); a write
+//! that carries it can be refused by the data when a newer holder has been there. This module
+//! makes that the easy way to write the data kept next to the lock, in Redis or in memory.
+//!
+//! ```no_run
+//! # #[cfg(feature = "axum")] {
+//! use axum::{Json, Router, extract::{Path, State}, routing::post};
+//! use tower_lock::{Key, Lease, LockLayer, RedisStore, fence::{FenceError, FencedData, data_key}};
+//!
+//! async fn purchase(
+//!     State(data): State<FencedData>,
+//!     lease: Lease,
+//!     Path(sku): Path<String>,
+//! ) -> Result<Json<u64>, FenceError> {
+//!     // The stock lives in the lock key's hash slot, under the lease's token for that key.
+//!     let stock = data_key("stock:", lease.key());
+//!     let read = data.batch(&lease).get(&stock).apply().await?;
+//!     let left = read
+//!         .data(0)
+//!         .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
+//!         .unwrap_or(0)
+//!         .saturating_sub(1);
+//!     // ... take the payment ...
+//!     // Refused (409, nothing written) if a newer holder of this SKU read or wrote it since.
+//!     data.batch(&lease)
+//!         .set(&stock, left.to_string())
+//!         .rpush("journal", format!("{sku} sold, {left} left"))
+//!         .apply()
+//!         .await?;
+//!     Ok(Json(left))
+//! }
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::connect("redis://127.0.0.1/").await?;
+//! // The data may live on another server: connect a store to it and use that here.
+//! let data = FencedData::new(store.clone());
+//! let app: Router = Router::new()
+//!     .route("/items/{sku}/purchase", post(purchase))
+//!     .route_layer(LockLayer::new(store, Key::path_param("sku")))
+//!     .with_state(data);
+//! # let _ = app; Ok(()) }
+//! # }
+//! ```
+//!
+//! # What a fence checks
+//!
+//! Each resource (a lock key of the lease) has a *fence* next to the data: the highest
+//! fencing token that touched it through this module, kept under `<prefix>{<tag>}data-fence:<rest of the lock key>` (in the lock key's slot, and no
+//! key a client can spell as a lock key). A
+//! [`Batch`] (reads and writes) fenced by a lease is applied, in one atomic step, only if the
+//! lease's token for each of its resources is at least that resource's fence; then each fence
+//! is raised to the token. Otherwise nothing is applied and the batch fails with
+//! [`FenceError::Stale`].
+//!
+//! Reads raise the fence too (when the resource has one, or the read found a value): a
+//! read-modify-write is only safe if a holder that read *before* a newer holder cannot write
+//! *after* it. A batch that only reads what does not exist leaves nothing behind, so that
+//! requests naming resources that do not exist add no keys. Tokens only ever grow, so a stale
+//! holder stays refused for good, whatever it retries.
+//!
+//! Fencing orders the writes; it does not make a lost lease exclusive again. A holder whose
+//! lease ran out, with no newer holder yet, still writes (its token is still the highest): from
+//! the data's point of view its work came first, and the next holder reads its result.
+//!
+//! # The answer tells the truth
+//!
+//! A handler must answer from what the data did: 200 only when its writes were applied; 409
+//! ([`FenceError::Stale`], `?` in a handler) when they were refused, and nothing was written;
+//! 503 ([`FenceError::Store`]) when the store did not answer, and the write may or may not
+//! have landed.
+//!
+//! The layers keep to the same rule. By default ([`OnLeaseLost::Abort`](crate::OnLeaseLost))
+//! a handler whose lease is lost is stopped and answered 503 `#lease-lost`; that is only true
+//! while the handler has written nothing. So **once a handler has sent a fenced batch that
+//! writes, a lost lease no longer stops it**: it runs to its end, its later batches are checked
+//! by the fence like the first, and its own answer (200, 409 or 503) goes to the client. Until
+//! then (fenced reads included: they change nothing a client sees) a lost lease stops it as
+//! before, and the 503 is true: nothing was written. The same holds for
+//! [`Locker::run`](crate::Locker::run), whose work is not dropped after its first fenced write.
+//! [`Lease::has_fenced_writes`] tells whether one was sent. Writes made some other way (an
+//! unfenced batch, another database) are not seen: a handler that makes them gets the old rule.
+//!
+//! With the [`IdempotencyLayer`](crate::IdempotencyLayer), the record of a response finished
+//! after its lease was lost is still stored, so that a retry replays it rather than running
+//! the handler again, unless a newer request holds the key or has stored its own record: a
+//! record is fenced by the lease's token too, and never replaces a newer one.
+//!
+//! # Keys, slots and topologies
+//!
+//! A batch is one Lua script in Redis (one critical section in memory), so it is atomic
+//! wherever one script can reach all of its keys:
+//!
+//! | data kept in | atomic | |
+//! |---|---|---|
+//! | one Redis server ([`RedisStore`](crate::RedisStore)) | yes | any keys |
+//! | the master of a Sentinel set (`SentinelStore`) | yes | a batch is not sent again after a failover, since it may have landed |
+//! | a Redis Cluster (`ClusterStore`) | within one hash slot | every key of a batch in one slot: name data keys with [`data_key`]; resources of other slots go in batches of their own |
+//! | Redlock's independent masters | no | no step is atomic across them; not a [`FencedStore`]: keep the data on one Redis (or a Sentinel or cluster) and fence it with the Redlock lease's tokens |
+//! | this process ([`FencedData::in_memory`]) | yes | one instance only |
+//!
+//! On a cluster, a batch whose keys are in several slots fails with [`FenceError::Invalid`]
+//! before it is sent. The redis crate's cluster client sends a command again when its reply
+//! was lost on a broken connection: a batch may then run twice, which is harmless for `set`,
+//! `hset` and `del`, but counts an `incr_by` or an `rpush` twice.
+//!
+//! A batch on a lease of several keys ([`FencedData::batch`]) is guarded by every key's own
+//! token: the resource a token guards is always its lock key. For a batch that touches some of
+//! them, [`FencedData::batch_on`] names the keys.
+//!
+//! # SQL databases
+//!
+//! A SQL row is fenced the same way, in the statement that writes it: keep the token that last
+//! wrote the row in a column, and write only when yours is not lower.
+//!
+//! ```sql
+//! UPDATE items SET stock = stock - 1, fence = $token
+//!  WHERE sku = $sku AND fence <= $token AND stock > 0;
+//! -- 1 row: applied. 0 rows: out of stock, or a newer holder wrote the row (read `fence` to
+//! -- tell which): answer 409, not 200.
+//! ```
+//!
+//! A read that a later write depends on fences the row too (`UPDATE items SET fence = $token
+//! WHERE sku = $sku AND fence <= $token RETURNING stock`), or the write compares what it read.
+//! An insert-once write (a payment per idempotency key) needs no column: a unique constraint
+//! on the key refuses the second. `examples/sql.rs` runs both against SQLite.
+//!
+//! [`Lease::fencing_token`]: crate::Lease::fencing_token
+//! [`Lease::has_fenced_writes`]: crate::Lease::has_fenced_writes
+
+mod batch;
+mod data;
+mod error;
+mod memory;
+
+use bytes::Bytes;
+
+pub use self::batch::{Batch, Replies};
+pub use self::data::{FencedData, FencedStore};
+pub use self::error::FenceError;
+use crate::key::LockKey;
+pub use crate::store::fenced::Reply;
+
+/// Role of a resource's fence key, after the lock key's hash tag (as the store's companion keys
+/// put theirs: see `store/redis/keys.rs`).
+const FENCE_ROLE: &[u8] = b"data-fence:";
+
+/// The key of `resource`'s fence: `<prefix>{<tag>}data-fence:<rest of the lock key>`, in the
+/// lock key's hash slot. A lock key goes on after its tag with a digit (its scope's length), so
+/// no lock key a client can spell is a fence, and no fence is another resource's.
+pub(crate) fn fence_key(resource: &LockKey) -> Bytes {
+    let bytes = resource.as_bytes();
+    let (head, rest) = bytes.split_at(resource.prefix().len() + resource.hash_tag().len());
+    Bytes::from([head, FENCE_ROLE, rest].concat())
+}
+
+/// A data key for `resource`, in its hash slot: `name` followed by the lock key without its
+/// prefix (`<name>{<tag>}<scope length>:<scope>:<value>`), so one name gives each resource a key
+/// of its own.
+///
+/// On a cluster every key of a batch must share one hash slot; keys made here share the slot
+/// of `resource`'s lock key and fence. `name` must not contain `{` or `}` (the hash tag must
+/// be the key's first): such a key lands in another slot, and a batch on a cluster refuses it.
+/// On one server or in memory any key will do; this one is still unique per resource.
+///
+/// ```
+/// use tower_lock::{Locker, MemoryStore, fence::data_key};
+///
+/// let locker = Locker::new(MemoryStore::new());
+/// let apple = locker.key("sku", "apple")?;
+/// let key = data_key("stock:", &apple);
+/// assert!(key.starts_with(b"stock:{"));
+/// assert!(key.ends_with(b":sku:apple"));
+/// # Ok::<(), tower_lock::key::KeyRejection>(())
+/// ```
+pub fn data_key(name: &str, resource: &LockKey) -> Vec<u8> {
+    let unprefixed = &resource.as_bytes()[resource.prefix().len()..];
+    [name.as_bytes(), unprefixed].concat()
+}
+
+#[cfg(test)]
+mod tests;
