@@ -1,0 +1,99 @@
+"""Schedules: which faults, how often, how long, and the load they fall on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass
+class Phase:
+    # "redis": one lock Redis, each instance through its own proxy; "sentinel": a master, a
+    # replica and three sentinels, the instances with LOCK_STORE=sentinel (no proxy: the
+    # sentinels name the master's own address).
+    store: str
+    # Faults in order; each is followed by `gap_s` of load without faults.
+    steps: list[str]
+    # Load before the first fault.
+    warmup_s: float = 2.0
+    # Repeat the steps until this much time has passed (0: once).
+    repeat_for_s: float = 0.0
+
+
+@dataclass
+class Schedule:
+    name: str
+    phases: list[Phase]
+    ttl_ms: int = 1000
+    wait_ms: int = 1000
+    clients: int = 24
+    instances: int = 3
+    skus: int = 12
+    stock: int = 10_000_000
+    # Most purchases are quick; some work long enough to be caught mid-purchase by a pause.
+    long_fraction: float = 0.1
+    long_work_ms: tuple[int, int] = (20, 200)
+    short_work_ms: tuple[int, int] = (0, 5)
+    # A pause lasts over twice the TTL, and catches a few long purchases ("baits") holding
+    # their SKUs, stock read, write not yet made (the issue's scenario).
+    pause_s: float = 2.5
+    baits: int = 1
+    bait_work_ms: int = 400
+    bait_lead_s: float = 0.2
+    # A killed instance or Redis stays down this long before it is started again.
+    down_s: float = 0.5
+    partition_s: float = 2.5
+    slow_s: float = 2.5
+    # Each way, so a round trip is twice this: 300 ms, under half the TTL, so leases survive.
+    latency_ms: int = 150
+    # Load without faults after each fault heals: longer than the checker's recovery window
+    # (TTL + its slack, 3 s here), so that each recovery is judged on its own.
+    gap_s: float = 3.5
+    sentinel_down_after_ms: int = 1000
+
+    def only(self, kinds: set[str], name: str) -> "Schedule":
+        """The same schedule, with only the faults of `kinds`."""
+        phases = []
+        for p in self.phases:
+            steps = [s for s in p.steps if s in kinds]
+            if steps:
+                phases.append(replace(p, steps=steps))
+        return replace(self, name=name, phases=phases)
+
+    def without_faults(self, name: str, seconds: float) -> "Schedule":
+        return replace(self, name=name, phases=[Phase("redis", [], warmup_s=seconds)])
+
+
+REDIS_FAULTS = ["pause", "kill", "redis-restart", "partition", "slow-network", "cut",
+                "pubsub-kill"]
+
+
+def interleave(counts: dict[str, int]) -> list[str]:
+    """Round robin over the kinds, each as many times as asked."""
+    steps = []
+    left = dict(counts)
+    while any(left.values()):
+        for kind in counts:
+            if left[kind]:
+                steps.append(kind)
+                left[kind] -= 1
+    return steps
+
+
+SHORT = Schedule(
+    name="short",
+    phases=[
+        Phase("redis", interleave({"pause": 4, **{k: 2 for k in REDIS_FAULTS[1:]}})),
+        Phase("sentinel", ["sentinel-failover"] * 2),
+    ],
+)
+
+LONG = Schedule(
+    name="long",
+    clients=32,
+    phases=[
+        Phase("redis", list(REDIS_FAULTS), repeat_for_s=22 * 60),
+        Phase("sentinel", ["sentinel-failover"], repeat_for_s=8 * 60),
+    ],
+)
+
+SCHEDULES = {"short": SHORT, "long": LONG}
