@@ -602,7 +602,9 @@ def check_recovery(history: History, report: Report, slack: float) -> None:
         for r in asked:
             if r.status in ACQUIRED and r.complete is not None and r.complete <= f.end + window:
                 first_sku[r.sku] = min(first_sku.get(r.sku, math.inf), r.complete)
-                first_instance[r.instance] = min(first_instance.get(r.instance, math.inf), r.complete)
+                first_instance[r.instance] = min(
+                    first_instance.get(r.instance, math.inf), r.complete
+                )
         missing = [s for s in skus if s not in first_sku]
         instances = sorted({r.instance for r in asked})
         missing_instances = [i for i in instances if i not in first_instance]
@@ -640,9 +642,12 @@ def percentile(values: list[float], p: float) -> float | None:
     return values[min(len(values) - 1, max(0, math.ceil(p * len(values)) - 1))]
 
 
-def figures(history: History, report: Report) -> list[dict]:
-    """One row per fault kind (and one for requests no fault touched): requests in flight
-    while the fault lasted, their answers, violations, p99 latency, time to recover."""
+def figures(
+    history: History, report: Report, recovery_slack: float = RECOVERY_SLACK
+) -> list[dict]:
+    """One row per fault kind: requests in flight while the fault lasted, their answers,
+    violations, p99 latency, time to recover; and one row, "none", for the requests that
+    neither a fault nor the recovery from one (TTL + `recovery_slack` after it) touched."""
     end_of_run = history.end if history.end is not None else math.inf
     by_invoke = sorted(history.requests, key=lambda r: r.invoke)
     invokes = [r.invoke for r in by_invoke]
@@ -661,13 +666,16 @@ def figures(history: History, report: Report) -> list[dict]:
         during = []
         for f in faults:
             f_end = f.end if f.end is not None else end_of_run
+            healed = f_end + history.ttl + recovery_slack
             lo = bisect.bisect_left(invokes, f.start - longest)
-            hi = bisect.bisect_right(invokes, f_end)
+            hi = bisect.bisect_right(invokes, healed)
             for r in by_invoke[lo:hi]:
                 complete = r.complete if r.complete is not None else end_of_run
                 if r.id not in ids and f.overlaps(r.invoke, complete):
                     ids.add(r.id)
                     during.append(r)
+                elif r.invoke <= healed and complete >= f.start:
+                    touched.add(r.id)
         touched |= ids
         fault_ids = {f.id for f in faults}
         violations = sum(
@@ -686,7 +694,9 @@ def figures(history: History, report: Report) -> list[dict]:
     return rows
 
 
-def row(kind: str, times: int, requests: list[Request], violations: int, recoveries: list[float]) -> dict:
+def row(
+    kind: str, times: int, requests: list[Request], violations: int, recoveries: list[float]
+) -> dict:
     answers = collections.Counter(
         str(r.status) if r.status is not None else ("no answer" if r.complete is None else "conn")
         for r in requests
@@ -700,7 +710,9 @@ def row(kind: str, times: int, requests: list[Request], violations: int, recover
         "violations": violations,
         "p99_ms": None if not latencies else round(percentile(latencies, 0.99) * 1000),
         "recover_max_ms": None if not recoveries else round(max(recoveries) * 1000),
-        "recover_median_ms": None if not recoveries else round(statistics.median(recoveries) * 1000),
+        "recover_median_ms": (
+            None if not recoveries else round(statistics.median(recoveries) * 1000)
+        ),
     }
 
 
@@ -760,7 +772,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"... {n - args.max_printed} more {rule} violations")
     for note in report.notes:
         print(f"note: {note}")
-    rows = figures(history, report)
+    rows = figures(history, report, args.recovery_slack)
     if args.figures:
         print(figures_table(rows))
     counts = dict(report.counts)

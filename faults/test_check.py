@@ -398,7 +398,8 @@ class Figures(unittest.TestCase):
         h.fault("pause", 1.0, 2.0, target="i1")
         h.request(0.5, 2.5, status=409, instance="i1")
         h.request(1.5, 1.6, token=1, instance="i2")
-        h.request(2.2, 2.3, token=2, instance="i2")
+        h.request(2.2, 2.3, token=2, instance="i2")  # recovering: in neither row
+        h.request(9.0, 9.1, token=3, instance="i2")
         history = h.history()
         report = check.check(history)
         rows = {r["fault"]: r for r in check.figures(history, report)}

@@ -18,21 +18,23 @@ STORE_WIDE = "lock-store"
 
 async def pause(run: "Run") -> None:
     """SIGSTOP an instance past the TTL, while it holds leases mid-purchase, then SIGCONT: the
-    issue's scenario. A few long purchases ("baits") are sent to it first, so that it holds
-    some SKUs, their stock read and their write not yet made, when it freezes; the other
-    clients leave it alone from then until the baits are answered (an instance busy with
-    other requests when it resumes notices its lost leases before it writes more often, and
-    the point is to see what happens when it does not)."""
+    issue's scenario. The other clients leave the instance alone until it has answered what
+    they sent it; then a long purchase (the "bait") is sent to it, so that it holds a SKU, its
+    stock read and its write not yet made, when it freezes; the clients come back once the
+    bait is answered. (An instance busy with other requests when it resumes notices its lost
+    leases before it writes more often, and the point is to see what happens when it does
+    not.)"""
     target = run.rng.choice(sorted(run.env.instances))
     duration = run.schedule.pause_s
     run.load.spared.add(target)
-    baits = [
-        asyncio.create_task(
-            run.load.purchase({}, target, sku, run.schedule.bait_work_ms,
-                              run.load.next_id("bait"), bait=True)
-        )
-        for sku in run.rng.sample(run.skus, min(run.schedule.baits, len(run.skus)))
-    ]
+    await wait_for(f"{target} never finished its requests", lambda: not run.load.busy[target],
+                   30, 0.01)
+    sku = run.rng.choice(run.skus)
+    bait_id = run.load.next_id("bait")
+    run.bait_ids.add(bait_id)
+    bait = asyncio.create_task(
+        run.load.purchase({}, target, sku, run.schedule.bait_work_ms, bait_id, bait=True)
+    )
     await asyncio.sleep(run.schedule.bait_lead_s)
     instance = run.env.instances[target]
     fid = run.history.fault_start("pause", target, duration_ms=int(duration * 1000))
@@ -42,7 +44,7 @@ async def pause(run: "Run") -> None:
     finally:
         instance.resume()
     run.history.fault_end(fid, "pause")
-    await asyncio.gather(*baits)
+    await bait
     run.load.spared.discard(target)
 
 
@@ -117,9 +119,9 @@ async def pubsub_kill(run: "Run") -> None:
 
 
 async def sentinel_failover(run: "Run") -> None:
-    """The master Sentinel names changes: by `SENTINEL FAILOVER` (the old master is demoted
-    at once), or by killing the master (the sentinels fail over after down-after-milliseconds;
-    the old master comes back empty, and Sentinel makes it a replica). The two alternate."""
+    """The master Sentinel names changes: by `SENTINEL FAILOVER`, or by killing the master
+    (the sentinels fail over after down-after-milliseconds; the old master comes back empty).
+    The two alternate. The fault lasts until the old master is a replica of the new one."""
     sentinels = run.env.sentinels
     old = sentinels.master()
     new = next(s for s in sentinels.servers if s is not old)
@@ -148,6 +150,10 @@ async def sentinel_failover(run: "Run") -> None:
                    lambda: sentinels.named_master() == {new.port}, 30, 0.05)
     if killed:
         await old.start()
+    # Healed once there is one master again: until the old one is demoted, a store that has
+    # not followed yet can still take leases on it.
+    await wait_for("the old master never became a replica", lambda: sentinels.is_replica(old),
+                   60, 0.05)
     run.history.fault_end(fid, "sentinel-failover")
 
 

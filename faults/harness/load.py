@@ -89,11 +89,12 @@ class Load:
         self.rng = rng
         self.label = label
         self.instances: dict[str, int] = {}
-        # Instances the clients leave alone for a while (a pause's target, holding its baits).
+        # Instances the clients leave alone for a while (a pause's target, holding its bait).
         self.spared: set[str] = set()
         self.go = asyncio.Event()
         self.stopping = False
         self.in_flight = 0
+        self.busy: collections.Counter = collections.Counter()  # requests in flight, per instance
         self.idle = asyncio.Event()
         self.idle.set()
         self.sequence = 0
@@ -155,6 +156,7 @@ class Load:
                   "invoke": None, "complete": None, "status": None, "token": None,
                   "stock": None, "problem": None, "error": None, **extra}
         self.in_flight += 1
+        self.busy[instance] += 1
         record["invoke"] = self.history.now()
         try:
             conn = pool.get(port)
@@ -195,6 +197,7 @@ class Load:
             record["error"] = f"closed ({type(e).__name__})"
         finally:
             self.in_flight -= 1
+            self.busy[instance] -= 1
             if not self.in_flight:
                 self.idle.set()
         self.counts[record["status"] or record["error"].split(" ")[0]] += 1

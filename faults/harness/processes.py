@@ -204,6 +204,12 @@ class Sentinels:
         (port,) = ports
         return next(s for s in self.servers if s.port == port)
 
+    def is_replica(self, server: RedisServer) -> bool:
+        try:
+            return server("ROLE")[0] == "slave"
+        except (OSError, resp.RedisError, IndexError, TypeError):
+            return False
+
     def replica_in_sync(self, replica: RedisServer) -> bool:
         try:
             info = replica("INFO", "replication")

@@ -8,6 +8,7 @@ import asyncio
 import datetime
 import json
 import random
+import signal
 import time
 from pathlib import Path
 
@@ -49,6 +50,8 @@ class Run:
         self.journal = False
         self.stock_url: str | None = None
         self.lock_redis: RedisServer | None = None
+        self.bait_ids: set[str] = set()
+        self.journal_seen = 0
 
     # -- helpers the faults use ---------------------------------------------------------------
 
@@ -58,12 +61,25 @@ class Run:
     # -- the run ------------------------------------------------------------------------------
 
     async def execute(self) -> Path:
+        """Runs it; on Ctrl-C or SIGTERM, stops everything it started and raises
+        `asyncio.CancelledError`."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.sup = Supervisor(self.workdir)
         self.history = History(self.workdir / "history.jsonl")
+        self.load = None
+        loop = asyncio.get_running_loop()
+        me = asyncio.current_task()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, me.cancel)
         try:
             await self._execute()
         finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            if self.load is not None:
+                for task in self.load.tasks:
+                    task.cancel()
+                await asyncio.gather(*self.load.tasks, return_exceptions=True)
             self.sup.stop_all()
             self.history.close()
         return self.history.path
@@ -120,6 +136,9 @@ class Run:
                     raise ValueError("sentinel-failover needs the sentinel phase")
                 await FAULTS[kind](self)
                 await asyncio.sleep(self.schedule.gap_s)
+                if phase.until_stale_write and self.stale_bait_write():
+                    self.note("stopped: a pause's bait wrote after its lease ran out")
+                    return
             rounds += 1
             elapsed = time.monotonic() - started
             if not phase.repeat_for_s or elapsed >= phase.repeat_for_s:
@@ -127,6 +146,15 @@ class Run:
             if rounds % 5 == 0:
                 self.log(f"[{self.label}] {elapsed:.0f} s, {sum(self.load.counts.values())} "
                          "requests")
+
+    def stale_bait_write(self) -> bool:
+        """Whether the journal shows a write of a pause's bait (its lease ran out during the
+        pause: whatever it wrote after, it wrote without a lease). Without a journal: never."""
+        if not self.journal:
+            return False
+        entries = self.data("LRANGE", JOURNAL_KEY, self.journal_seen, -1)
+        self.journal_seen += len(entries)
+        return any(json.loads(e).get("request") in self.bait_ids for e in entries)
 
     def base_env(self) -> dict:
         s = self.schedule

@@ -17,6 +17,9 @@ class Phase:
     warmup_s: float = 2.0
     # Repeat the steps until this much time has passed (0: once).
     repeat_for_s: float = 0.0
+    # Stop early, once the data's journal shows a pause's bait wrote after its lease ran out
+    # (a control's schedule: one such write is what it is there to show).
+    until_stale_write: bool = False
 
 
 @dataclass
@@ -29,14 +32,13 @@ class Schedule:
     instances: int = 3
     skus: int = 12
     stock: int = 10_000_000
-    # Most purchases are quick; some work long enough to be caught mid-purchase by a pause.
+    # Most purchases are quick; some work long enough to be held up mid-purchase by a fault.
     long_fraction: float = 0.1
     long_work_ms: tuple[int, int] = (20, 200)
     short_work_ms: tuple[int, int] = (0, 5)
-    # A pause lasts over twice the TTL, and catches a few long purchases ("baits") holding
-    # their SKUs, stock read, write not yet made (the issue's scenario).
+    # A pause lasts over twice the TTL, and catches a long purchase (the "bait") holding its
+    # SKU, stock read, write not yet made (the issue's scenario).
     pause_s: float = 2.5
-    baits: int = 1
     bait_work_ms: int = 400
     bait_lead_s: float = 0.2
     # A killed instance or Redis stays down this long before it is started again.
@@ -50,14 +52,11 @@ class Schedule:
     gap_s: float = 3.5
     sentinel_down_after_ms: int = 1000
 
-    def only(self, kinds: set[str], name: str) -> "Schedule":
-        """The same schedule, with only the faults of `kinds`."""
-        phases = []
-        for p in self.phases:
-            steps = [s for s in p.steps if s in kinds]
-            if steps:
-                phases.append(replace(p, steps=steps))
-        return replace(self, name=name, phases=phases)
+    def pauses(self, name: str, at_most: int) -> "Schedule":
+        """Pauses only, until one's bait writes stale (or `at_most` of them), with shorter
+        gaps (recovery is not what a control is for): the fencing-off control's schedule."""
+        phase = Phase("redis", ["pause"] * at_most, until_stale_write=True)
+        return replace(self, name=name, phases=[phase], gap_s=1.5)
 
     def without_faults(self, name: str, seconds: float) -> "Schedule":
         return replace(self, name=name, phases=[Phase("redis", [], warmup_s=seconds)])
