@@ -17,8 +17,8 @@ STORE_WIDE = "lock-store"
 
 
 async def pause(run: "Run") -> None:
-    """SIGSTOP an instance past the TTL, while it holds leases mid-purchase, then SIGCONT: the
-    issue's scenario. The other clients leave the instance alone until it has answered what
+    """SIGSTOP an instance past the TTL while it holds a lease mid-purchase, then SIGCONT: the
+    classic stale write. The other clients leave the instance alone until it has answered what
     they sent it; then a long purchase (the "bait") is sent to it, so that it holds a SKU, its
     stock read and its write not yet made, when it freezes; the clients come back once the
     bait is answered. (An instance busy with other requests when it resumes notices its lost

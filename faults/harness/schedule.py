@@ -37,7 +37,7 @@ class Schedule:
     long_work_ms: tuple[int, int] = (20, 200)
     short_work_ms: tuple[int, int] = (0, 5)
     # A pause lasts over twice the TTL, and catches a long purchase (the "bait") holding its
-    # SKU, stock read, write not yet made (the scenario).
+    # SKU, stock read, write not yet made.
     pause_s: float = 2.5
     bait_work_ms: int = 400
     bait_lead_s: float = 0.2
