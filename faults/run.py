@@ -37,7 +37,8 @@ from harness.runner import Run  # noqa: E402
 from harness.schedule import SCHEDULES  # noqa: E402
 
 # The fencing-off control pauses an instance holding a SKU until one of those pauses ends in a
-# stale write the data accepted (the journal shows it), at most this many times. A paused
+# stale write the data accepted (the journal shows the paused holder's write after a newer
+# holder's), at most this many times. A paused
 # holder that resumes writes before it notices its lost lease in about a third of the pauses
 # (the example as it was before fenced writes: `docs/RELIABILITY.md`); without a journal to
 # stop on, all of them run.
@@ -50,11 +51,14 @@ CONTROLS = {
 }
 
 
-def build() -> str:
-    """The inventory example, release build, with Sentinel; built once per run."""
-    print("building the inventory example (release, --features sentinel)", flush=True)
+def build(profile: str) -> str:
+    """The inventory example, with Sentinel; built once per run. `release` by default; `dev`
+    builds it as `cargo test --all-features` does (so after the tests, at no cost)."""
+    args = (["--release", "--features", "sentinel"] if profile == "release"
+            else ["--all-features"])
+    print(f"building the inventory example ({' '.join(args)})", flush=True)
     out = subprocess.run(
-        ["cargo", "build", "--release", "--example", "inventory", "--features", "sentinel",
+        ["cargo", "build", "--example", "inventory", *args,
          "--message-format=json-render-diagnostics"],
         cwd=ROOT, stdout=subprocess.PIPE, check=True,
     ).stdout.decode()
@@ -84,10 +88,14 @@ def check(history: Path, summary: Path) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--schedule", choices=sorted(SCHEDULES), default="short")
+    parser.add_argument("--schedule", choices=sorted(SCHEDULES), default="short",
+                        help="short: about 3 minutes; long: 30 minutes of faults")
     parser.add_argument("--binary", help="the inventory example's binary (default: build it)")
+    parser.add_argument("--profile", choices=["release", "dev"], default="release",
+                        help="how to build it (dev: as the tests build it, no extra build)")
     parser.add_argument("--out", type=Path, help="where histories and logs go")
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=None,
+                        help="repeat a run's choices of targets, SKUs and work")
     parser.add_argument("--only", action="append", choices=["main", *CONTROLS],
                         help="run only these (repeatable)")
     parser.add_argument("--controls", choices=["pauses", "same"], default="pauses",
@@ -98,7 +106,7 @@ def main() -> int:
     if shutil.which("redis-server") is None:
         raise SystemExit("redis-server not found: apt-get install -y redis-server (or run "
                          "scripts/test.sh, which installs it)")
-    binary = args.binary or build()
+    binary = args.binary or build(args.profile)
     schedule = SCHEDULES[args.schedule]
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

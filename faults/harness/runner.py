@@ -41,8 +41,8 @@ class Run:
         self.binary = binary
         self.workdir = workdir
         self.seed = seed
-        self.fencing = fencing
-        self.lock = lock
+        self.fencing_setting = fencing
+        self.lock_setting = lock
         self.log = log
         self.rng = random.Random(seed)
         self.skus = [f"sku{i}" for i in range(schedule.skus)]
@@ -52,6 +52,7 @@ class Run:
         self.lock_redis: RedisServer | None = None
         self.bait_ids: set[str] = set()
         self.journal_seen = 0
+        self.newest_token: dict[str, int] = {}
 
     # -- helpers the faults use ---------------------------------------------------------------
 
@@ -91,7 +92,7 @@ class Run:
         self.history.write({
             "type": "run", "label": self.label, "schedule": s.name, "seed": self.seed,
             "ttl_ms": s.ttl_ms, "wait_ms": s.wait_ms, "store_timeout_ms": STORE_TIMEOUT_MS,
-            "lock": self.lock, "fencing": self.fencing, "skus": self.skus,
+            "lock": self.lock_setting, "fencing": self.fencing_setting, "skus": self.skus,
             "clients": s.clients, "started": datetime.datetime.now().isoformat(timespec="seconds"),
         })
         settings = Settings(s.clients, s.wait_ms, s.long_fraction, s.long_work_ms,
@@ -137,7 +138,7 @@ class Run:
                 await FAULTS[kind](self)
                 await asyncio.sleep(self.schedule.gap_s)
                 if phase.until_stale_write and self.stale_bait_write():
-                    self.note("stopped: a pause's bait wrote after its lease ran out")
+                    self.note("stopped: a pause's bait wrote after a newer holder had")
                     return
             rounds += 1
             elapsed = time.monotonic() - started
@@ -148,21 +149,32 @@ class Run:
                          "requests")
 
     def stale_bait_write(self) -> bool:
-        """Whether the journal shows a write of a pause's bait (its lease ran out during the
-        pause: whatever it wrote after, it wrote without a lease). Without a journal: never."""
+        """Whether the journal shows a pause's bait writing its SKU after a write with a newer
+        token (a holder that came after it, while it was frozen): the stale write a
+        fencing-off control is there to show. Without a journal: never. (When to stop is all
+        this decides; the checker judges the history on its own.)"""
         if not self.journal:
             return False
         entries = self.data("LRANGE", JOURNAL_KEY, self.journal_seen, -1)
         self.journal_seen += len(entries)
-        return any(json.loads(e).get("request") in self.bait_ids for e in entries)
+        for raw in entries:
+            entry = json.loads(raw)
+            token = entry.get("token")
+            newest = self.newest_token.get(entry["sku"])
+            if (entry.get("request") in self.bait_ids and token is not None
+                    and newest is not None and token < newest):
+                return True
+            if token is not None:
+                self.newest_token[entry["sku"]] = max(token, newest or 0)
+        return False
 
     def base_env(self) -> dict:
         s = self.schedule
         return {
             "STOCK_URL": f"redis://127.0.0.1:{self.data.port}/",
             "WRITE_JOURNAL": JOURNAL_KEY,
-            "FENCING": self.fencing,
-            "LOCK": self.lock,
+            "FENCING": self.fencing_setting,
+            "LOCK": self.lock_setting,
             "LOCK_TTL_MS": str(s.ttl_ms),
             "LOCK_WAIT_MS": str(s.wait_ms),
             "RUST_LOG": "warn",

@@ -17,8 +17,8 @@ class Phase:
     warmup_s: float = 2.0
     # Repeat the steps until this much time has passed (0: once).
     repeat_for_s: float = 0.0
-    # Stop early, once the data's journal shows a pause's bait wrote after its lease ran out
-    # (a control's schedule: one such write is what it is there to show).
+    # Stop early, once the data's journal shows a pause's bait wrote after a newer holder had
+    # (a control's schedule: one such stale write is what it is there to show).
     until_stale_write: bool = False
 
 
@@ -53,7 +53,7 @@ class Schedule:
     sentinel_down_after_ms: int = 1000
 
     def pauses(self, name: str, at_most: int) -> "Schedule":
-        """Pauses only, until one's bait writes stale (or `at_most` of them), with shorter
+        """Pauses only, until a bait writes stale (or `at_most` of them), with shorter
         gaps (recovery is not what a control is for): the fencing-off control's schedule."""
         phase = Phase("redis", ["pause"] * at_most, until_stale_write=True)
         return replace(self, name=name, phases=[phase], gap_s=1.5)
