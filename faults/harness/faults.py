@@ -149,6 +149,10 @@ async def sentinel_failover(run: "Run") -> None:
     await wait_for("the sentinels never named the new master",
                    lambda: sentinels.named_master() == {new.port}, 30, 0.05)
     if killed:
+        # Started again with the settings it was first started with: the first master comes
+        # back as a master (empty: a restart without persistence), the way a supervisor
+        # restarts a crashed server, until Sentinel demotes it; the first replica comes back
+        # a replica of the other server, which is the master again by then.
         await old.start()
     # Healed once there is one master again: until the old one is demoted, a store that has
     # not followed yet can still take leases on it.

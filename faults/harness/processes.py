@@ -144,16 +144,17 @@ class Sentinels:
     def __init__(self, sup: Supervisor, down_after_ms: int):
         self.sup = sup
         self.down_after_ms = down_after_ms
-        self.servers = [RedisServer(sup, "sentinel-master"), None]
+        # The first master and its replica; which is which changes with each failover.
+        self.servers: list[RedisServer] = []
         self.sentinel_ports: list[int] = []
 
     async def start(self) -> None:
-        master = self.servers[0]
+        master = RedisServer(self.sup, "sentinel-master")
         await master.start()
-        replica = RedisServer(sup=self.sup, name="sentinel-replica",
+        replica = RedisServer(self.sup, "sentinel-replica",
                               args=("--replicaof", "127.0.0.1", str(master.port)))
-        self.servers[1] = replica
         await replica.start()
+        self.servers = [master, replica]
         for i in range(3):
             port = free_port()
             d = self.sup.workdir / f"sentinel-{i}"
