@@ -17,7 +17,8 @@
 //! `REDIS_URLS`; with `cluster`, in the cluster; with `sentinel`, on `REDIS_URL` (required: a
 //! Redis of its own, since the sentinels' master changes with each failover and a connection
 //! to it would not follow). TLS (a `rediss://` URL, with the `tls` feature) applies to the data
-//! connection too, and with `sentinel` to the sentinels and their master.
+//! connection too, and with `sentinel` (`rediss://` sentinel URLs) to the sentinels and every
+//! master they name.
 //!
 //! A URL is never printed with its password: banners and errors show
 //! `redis://user:***@host:port/` ([`redacted`]). A connection that fails at start-up is an
@@ -263,25 +264,25 @@ impl Tls {
         return tower_lock::ClusterStore::connect(urls).await;
     }
 
-    /// `SentinelStore::connect`, with the TLS settings (for the sentinels and every master
-    /// they name).
+    /// `SentinelStore::connect`, or over TLS (to the sentinels and every master they name)
+    /// with the TLS settings when the sentinels' URLs are `rediss://` URLs.
     #[cfg(feature = "sentinel")]
     pub async fn sentinel_store(
         &self,
         sentinels: &[String],
         master: &str,
     ) -> Result<tower_lock::SentinelStore, StoreError> {
-        let sentinels = sentinels.iter().map(String::as_str);
         #[cfg(feature = "tls")]
-        return tower_lock::SentinelStore::connect_with_tls(
-            sentinels,
-            master,
-            redis::RedisConnectionInfo::default(),
-            &self.config,
-        )
-        .await;
-        #[cfg(not(feature = "tls"))]
-        return tower_lock::SentinelStore::connect(sentinels, master).await;
+        if sentinels.iter().any(|url| url.starts_with("rediss://")) {
+            return tower_lock::SentinelStore::connect_with_tls(
+                sentinels.iter().map(String::as_str),
+                master,
+                redis::RedisConnectionInfo::default(),
+                &self.config,
+            )
+            .await;
+        }
+        tower_lock::SentinelStore::connect(sentinels.iter().map(String::as_str), master).await
     }
 
     /// The address and settings of `url`, with the TLS settings.
