@@ -32,8 +32,9 @@ async def pause(run: "Run") -> None:
     sku = run.rng.choice(run.skus)
     bait_id = run.load.next_id("bait")
     run.bait_ids.add(bait_id)
+    pool = {}
     bait = asyncio.create_task(
-        run.load.purchase({}, target, sku, run.schedule.bait_work_ms, bait_id, bait=True)
+        run.load.purchase(pool, target, sku, run.schedule.bait_work_ms, bait_id, bait=True)
     )
     await asyncio.sleep(run.schedule.bait_lead_s)
     instance = run.env.instances[target]
@@ -45,6 +46,8 @@ async def pause(run: "Run") -> None:
         instance.resume()
     run.history.fault_end(fid, "pause")
     await bait
+    for conn in pool.values():
+        conn.close()
     run.load.spared.discard(target)
 
 
