@@ -144,7 +144,8 @@ async fn run() -> Result<(), Box<dyn Error>> {
         .build()?;
 
     // LOCK_STORE picks the topology (`examples/common/store.rs`). Idempotency records are
-    // written atomically with the release, on one server: memory, redis or cluster, not redlock.
+    // written atomically with the release, on one server: memory, redis, cluster or sentinel,
+    // not redlock.
     // Keys are scoped by the account that `authenticate` put into the extensions.
     let by_account = |parts: &Parts| {
         let Account(id) = parts.extensions.get::<Account>()?;
@@ -158,9 +159,12 @@ async fn run() -> Result<(), Box<dyn Error>> {
         store::Store::Redis(store) => IdempotencyLayer::with_config(store, by_account, config),
         #[cfg(feature = "cluster")]
         store::Store::Cluster(store) => IdempotencyLayer::with_config(store, by_account, config),
+        #[cfg(feature = "sentinel")]
+        store::Store::Sentinel(store) => IdempotencyLayer::with_config(store, by_account, config),
         store::Store::Redlock(_) => {
             return Err(
-                "idempotency records need one store: use LOCK_STORE=redis or cluster".into(),
+                "idempotency records need one store: use LOCK_STORE=redis, cluster or sentinel"
+                    .into(),
             );
         }
     };

