@@ -67,6 +67,8 @@ pub fn is_record_key(key: &[u8]) -> bool {
     key.iter()
         .position(|&b| b == b'}')
         .is_some_and(|end| key[end + 1..].starts_with(b"record:"))
+}
+
 /// Whether `key` is a lease's (a lock key, its queue or its record): not a fencing counter, and
 /// not the fence of data written through `tower_lock::fence` (`<prefix>{<tag>}data-fence:...`),
 /// which lives as long as the data.
