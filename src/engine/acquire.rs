@@ -18,7 +18,7 @@ use crate::{
     error::LockError,
     key::{KeyRejection, KeySet},
     lease::{Fences, Lease},
-    store::{Attempt, SetAttempt, Signal, StoreError, StoreErrorKind},
+    store::{Attempt, Epoch, SetAttempt, Signal, StoreError, StoreErrorKind},
     telemetry::{self, Chain, Op},
     token::Token,
 };
@@ -60,10 +60,11 @@ enum Answer {
         expires_in: Option<Duration>,
         blocked: usize,
     },
-    /// The same, and the caller is queued for it.
+    /// The same, and the caller is queued for it, as of the store's hand-off epoch `since`.
     Queued {
         expires_in: Option<Duration>,
         blocked: usize,
+        since: Epoch,
     },
 }
 
@@ -75,9 +76,10 @@ impl From<Attempt> for Answer {
                 expires_in,
                 blocked: 0,
             },
-            Attempt::Queued { expires_in } => Self::Queued {
+            Attempt::Queued { expires_in, since } => Self::Queued {
                 expires_in,
                 blocked: 0,
+                since,
             },
         }
     }
@@ -99,9 +101,11 @@ impl From<SetAttempt> for Answer {
             SetAttempt::Queued {
                 expires_in,
                 blocked,
+                since,
             } => Self::Queued {
                 expires_in,
                 blocked,
+                since,
             },
         }
     }
@@ -240,11 +244,15 @@ pub(crate) async fn acquire(
             Ok(Answer::Queued {
                 expires_in,
                 blocked: at,
+                since,
             }) => {
                 blocked = at;
                 queued = true;
                 if queue.is_none() {
-                    queue = guard.store().queue_watch(guard.key(), guard.token());
+                    // Told to check again at once if the store's signals changed course while
+                    // the answer was on its way (a release meanwhile may have found nobody
+                    // listening and dropped this entry).
+                    queue = guard.store().queue_watch(guard.key(), guard.token(), since);
                 }
                 expires_in
             }

@@ -21,8 +21,8 @@ use crate::{
     error::{LockError, LostReason},
     key::LockKey,
     store::{
-        Acquire, Attempt, BoxFuture, Capabilities, HandOff, LockStore, QueueSignals, QueueWatch,
-        Signal, StoreError, StoreErrorKind,
+        Acquire, Attempt, BoxFuture, Capabilities, Epoch, HandOff, LockStore, QueueSignals,
+        QueueWatch, Signal, StoreError, StoreErrorKind,
     },
     testing::{Call, Scripted},
     token::Token,
@@ -571,6 +571,7 @@ impl HandOff for Queueing {
         let answer = match enqueued.len() {
             1 => Ok(Attempt::Queued {
                 expires_in: Some(5000 * MS),
+                since: Epoch::default(),
             }),
             2 => Err(StoreError::msg(StoreErrorKind::Unavailable, "down")),
             _ => Ok(Attempt::Acquired { fencing_token: 42 }),
@@ -578,7 +579,7 @@ impl HandOff for Queueing {
         Box::pin(std::future::ready(answer))
     }
 
-    fn queue_watch(&self, _key: &LockKey, _token: &Token) -> Option<QueueWatch> {
+    fn queue_watch(&self, _key: &LockKey, _token: &Token, _since: Epoch) -> Option<QueueWatch> {
         let (tx, rx) = mpsc::unbounded_channel();
         // Check again now (the second attempt fails), then: a hand-off that the release sent
         // after that failure has already passed on.

@@ -32,7 +32,7 @@ pub use self::capability::Capabilities;
 #[cfg(feature = "sentinel")]
 pub(crate) use self::capability::Route;
 pub(crate) use self::capability::{
-    AcquireSet, Attempt, Backend, HandOff, QueueSignals, QueueWatch, Records, ReleaseNotice,
+    AcquireSet, Attempt, Backend, Epoch, HandOff, QueueSignals, QueueWatch, Records, ReleaseNotice,
     ReleaseNotices, SetAttempt, Signal,
 };
 #[cfg(feature = "cluster")]

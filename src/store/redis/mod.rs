@@ -573,7 +573,11 @@ impl LockStore for RedisStore {
         token: &Token,
         ttl: Duration,
     ) -> Result<Acquire, StoreError> {
-        Ok(self.attempt(key, token, ttl, None).await?.into_acquire())
+        let since = super::Epoch::default();
+        Ok(self
+            .attempt(key, token, ttl, None, since)
+            .await?
+            .into_acquire())
     }
 
     async fn renew(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<bool, StoreError> {
