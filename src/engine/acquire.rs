@@ -13,7 +13,7 @@ use std::{sync::Arc, time::Duration};
 
 use tokio::time::{Instant, sleep_until, timeout};
 
-use super::{release::ReleaseOnDrop, state::Engine, terms::Terms};
+use super::{local::GaveUp, release::ReleaseOnDrop, state::Engine, terms::Terms};
 use crate::{
     error::LockError,
     key::{KeyRejection, KeySet},
@@ -148,9 +148,9 @@ pub(crate) async fn acquire(
     // Requests of this process that want the same key wait here, in order, and only the first
     // contends in the store; a holder's release wakes the next at once. A set takes its turns
     // one key after the other, in lock order.
-    match engine.local.turns(guard.keys(), deadline).await {
+    match engine.local.turns(guard.keys(), deadline, floor).await {
         Ok(turns) => guard.set_turns(turns),
-        Err(gave_up) => {
+        Err(GaveUp::Held { holder_left }) => {
             let waited = start.elapsed();
             tracing::debug!(?waited, "lease contended in this process; giving up");
             telemetry::contended(&guard.key().scope_label(), waited);
@@ -158,10 +158,20 @@ pub(crate) async fn acquire(
             // lease, or the TTL the store reported for another holder. The head may not have
             // heard from the store yet: then the TTL, what it holds if it takes the key.
             return Err(LockError::Contended {
-                expires_in: Some(gave_up.holder_left.unwrap_or(ttl)),
+                expires_in: Some(holder_left.unwrap_or(ttl)),
                 waited,
                 attempts: 0,
             });
+        }
+        // The turn never came because the store did not answer the request before this one
+        // (or failed it): an outage, not contention.
+        Err(GaveUp::Unavailable(error)) => {
+            tracing::debug!(
+                error = %Chain(&error),
+                "lock store failed the request before this one in this process; giving up"
+            );
+            telemetry::store_error(&guard.key().scope_label(), Op::Acquire);
+            return Err(error.into());
         }
     }
     // With a store that hands off, a waiter joins the key's queue and is handed the key by the
@@ -195,7 +205,8 @@ pub(crate) async fn acquire(
             Some(_) => None,
             None => guard.store().watch_any(guard.keys()),
         };
-        guard.arm(true);
+        guard.arm_until(sent_at + guard.store().validity(ttl));
+        guard.asking();
         let (store, token) = (guard.store(), guard.token().clone());
         let answer = match guard.keys().as_one() {
             Some(key) => timeout(limit, store.attempt(key.clone(), token, ttl, waits))
@@ -213,6 +224,8 @@ pub(crate) async fn acquire(
         // The store's refusal of this attempt, when it asked to be asked again.
         let mut refused = None;
         let mut blocked = 0;
+        // The store answered (held, or queued), rather than failed.
+        let answered = answer.is_ok();
         let expires_in = match answer {
             Ok(Answer::Acquired(fences)) => {
                 let waited = sent_at - start;
@@ -266,6 +279,7 @@ pub(crate) async fn acquire(
                     error = %Chain(&error),
                     "lock store asked to try again; retrying"
                 );
+                guard.failed(&error);
                 refused = Some(error);
                 None
             }
@@ -273,6 +287,7 @@ pub(crate) async fn acquire(
             // releases in case the command was executed after all (and leaves the queue).
             Err(error) if deadline.is_some() => {
                 telemetry::store_error(&guard.key().scope_label(), Op::Acquire);
+                guard.failed(&error);
                 return Err(error.into());
             }
             // An unbounded one (background work) waits through the outage.
@@ -286,6 +301,7 @@ pub(crate) async fn acquire(
                 // That release leaves the store's queue, or hands on a key handed to this
                 // token meanwhile: go on with a fresh token, so that no message for the old one
                 // (a hand-off given away already) can be taken for ours.
+                guard.failed(&error);
                 guard.release_and_renew_token(Token::generate()?);
                 queue = None;
                 queued = false;
@@ -293,7 +309,9 @@ pub(crate) async fn acquire(
                 None
             }
         };
-        guard.held_elsewhere(blocked, expires_in);
+        if answered {
+            guard.held_elsewhere(blocked, expires_in);
+        }
         // While queued, the key may be handed to us at any moment (and a set keeps what the
         // queue kept for it): stay armed, so that giving up (or being dropped) leaves the queue
         // or passes the keys on.

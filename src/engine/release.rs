@@ -1,6 +1,13 @@
 //! Giving a lease back: now (a [`Release`] the owner awaits) or on drop (a spawned one).
+//!
+//! Either way the release (or the holder's own way of letting go: the idempotency layer's
+//! record written with the release) is sent again after a failure for as long as the lease is
+//! valid: it is token-checked, so sending it twice is safe, and given up it would leave the key
+//! locked until its TTL (or, for a record, let a retry run the handler again). See
+//! `docs/DECISIONS.md`, "A failed release or completion is sent again while the lease is valid".
 
 use std::{
+    fmt,
     future::Future,
     pin::Pin,
     sync::Arc,
@@ -8,16 +15,110 @@ use std::{
     time::Duration,
 };
 
-use tokio::{runtime::Handle, time::Instant};
+use tokio::{
+    runtime::Handle,
+    time::{Instant, sleep, timeout},
+};
 
 use super::local::Turns;
 use crate::{
     key::{KeySet, LockKey},
     lease::Lease,
-    store::{Backend, BoxFuture, StoreError},
+    store::{Backend, BoxFuture, StoreError, StoreErrorKind},
     telemetry::{self, Chain, Op},
     token::Token,
 };
+
+/// The first pause before a failed release is sent again; it doubles up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+
+/// The longest pause between two sends of a failed release.
+const RETRY_MAX: Duration = Duration::from_millis(500);
+
+/// A holder's own way of letting go of its lease, in place of the store's release: an
+/// operation that releases the key only if it holds the holder's token (so that it may be sent
+/// again), answering whether it did. The idempotency layer's record-and-release is one.
+#[derive(Clone)]
+pub(crate) struct LetGo(Arc<dyn Fn() -> BoxFuture<Result<bool, StoreError>> + Send + Sync>);
+
+impl LetGo {
+    pub(crate) fn new(
+        op: impl Fn() -> BoxFuture<Result<bool, StoreError>> + Send + Sync + 'static,
+    ) -> Self {
+        Self(Arc::new(op))
+    }
+}
+
+impl fmt::Debug for LetGo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LetGo")
+    }
+}
+
+/// Whether sending a release again may succeed: not for credentials, TLS or settings that
+/// time does not fix.
+fn worth_again(error: &StoreError) -> bool {
+    !matches!(
+        error.kind(),
+        StoreErrorKind::Authentication
+            | StoreErrorKind::Tls
+            | StoreErrorKind::Config
+            | StoreErrorKind::Entropy
+    )
+}
+
+/// What one [`Release`] sends: the store's release of `keys` (or `op`), each send bounded by
+/// `limit`, sent again after a failure until `until` (the lease's end, as last confirmed).
+struct Sending {
+    store: Arc<Backend>,
+    keys: KeySet,
+    token: Token,
+    limit: Duration,
+    until: Instant,
+    op: Option<LetGo>,
+}
+
+impl Sending {
+    fn once(&self) -> BoxFuture<Result<bool, StoreError>> {
+        match &self.op {
+            None => self
+                .store
+                .release_set(self.keys.clone(), self.token.clone(), self.limit),
+            Some(op) => {
+                let (call, limit) = ((op.0)(), self.limit);
+                Box::pin(async move {
+                    timeout(limit, call)
+                        .await
+                        .unwrap_or_else(|_| Err(StoreError::timeout(limit)))
+                })
+            }
+        }
+    }
+
+    /// The first send's answer, then (after a failure) the last one's.
+    fn run(
+        self,
+        first: BoxFuture<Result<bool, StoreError>>,
+    ) -> BoxFuture<Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut answer = first.await;
+            let mut pause = RETRY_FIRST;
+            while let Err(error) = &answer {
+                if !worth_again(error) || Instant::now() + pause >= self.until {
+                    break;
+                }
+                tracing::debug!(
+                    error = %Chain(error),
+                    "lease release failed; sending it again while the lease is valid"
+                );
+                sleep(pause).await;
+                pause = (pause * 2).min(RETRY_MAX);
+                answer = self.once().await;
+            }
+            answer
+        })
+    }
+}
 
 /// Releases a lease when dropped, unless disarmed; never blocks and never panics.
 ///
@@ -39,6 +140,12 @@ pub(crate) struct ReleaseOnDrop {
     fallback: bool,
     /// This request's places in the process-local queues of its keys, passed on after release.
     turns: Option<Turns>,
+    /// The lease once held: its end (as renewals extend it) bounds the release's retries.
+    lease: Option<Lease>,
+    /// Before that, when what the latest attempt may have taken runs out.
+    until: Instant,
+    /// The holder's own way of letting go, if not the store's release.
+    op: Option<LetGo>,
 }
 
 impl ReleaseOnDrop {
@@ -53,6 +160,9 @@ impl ReleaseOnDrop {
             held_since: None,
             fallback: true,
             turns: None,
+            lease: None,
+            until: Instant::now(),
+            op: None,
         }
     }
 
@@ -80,6 +190,13 @@ impl ReleaseOnDrop {
         self.armed = armed;
     }
 
+    /// Arms the guard for an attempt that may take the key until `until` (sent now, with its
+    /// TTL's validity): a failed release is sent again until then.
+    pub(crate) fn arm_until(&mut self, until: Instant) {
+        self.armed = true;
+        self.until = self.until.max(until);
+    }
+
     /// Takes this request's turns at its keys in the process-local queues.
     pub(crate) fn set_turns(&mut self, turns: Turns) {
         self.turns = Some(turns);
@@ -89,6 +206,7 @@ impl ReleaseOnDrop {
     /// this request in the process's queues are told of the lease.
     pub(crate) fn held(&mut self, at: Instant, lease: &Lease) {
         self.held_since = Some(at);
+        self.lease = Some(lease.clone());
         if let Some(turns) = &self.turns {
             turns.acquired(lease);
         }
@@ -100,6 +218,22 @@ impl ReleaseOnDrop {
     pub(crate) fn held_elsewhere(&self, blocked: usize, expires_in: Option<Duration>) {
         if let Some(turns) = &self.turns {
             turns.held_elsewhere(blocked, expires_in);
+        }
+    }
+
+    /// An attempt goes to the store: the waiters behind this request in the process's queues
+    /// that give up meanwhile wait for its answer.
+    pub(crate) fn asking(&self) {
+        if let Some(turns) = &self.turns {
+            turns.asking();
+        }
+    }
+
+    /// The store failed the attempt: the waiters behind this request in the process's queues
+    /// that give up answer with this failure (503), not as if the key were held.
+    pub(crate) fn failed(&self, error: &StoreError) {
+        if let Some(turns) = &self.turns {
+            turns.failed(error);
         }
     }
 
@@ -125,27 +259,49 @@ impl ReleaseOnDrop {
         }
     }
 
-    /// Disarms the guard and returns the release, for the caller to await.
+    /// Lets go with `op` instead of the store's release, from now on (this release, and the
+    /// one the guard would send when dropped).
+    pub(crate) fn let_go_with(&mut self, op: LetGo) {
+        self.op = Some(op);
+    }
+
+    /// Disarms the guard and returns the release, for the caller to await. A failed release is
+    /// sent again while the lease is valid.
     ///
     /// If that future is dropped before it finishes (the client hung up while the response
     /// future was releasing), a fallback guard inside it spawns the release again.
     pub(crate) fn release_now(&mut self) -> Release {
         self.armed = false;
-        let limit = self.timeout;
+        let sending = Sending {
+            store: Arc::clone(&self.store),
+            keys: self.keys.clone(),
+            token: self.token.clone(),
+            limit: self.timeout,
+            until: self
+                .lease
+                .as_ref()
+                .map_or(self.until, |lease| lease.valid_until().max(self.until)),
+            op: self.op.clone(),
+        };
+        let fallback = ReleaseOnDrop {
+            store: Arc::clone(&self.store),
+            keys: self.keys.clone(),
+            token: self.token.clone(),
+            timeout: self.timeout,
+            armed: self.fallback,
+            held_since: None,
+            fallback: false,
+            turns: None,
+            lease: None,
+            until: sending.until,
+            op: self.op.clone(),
+        };
+        let first = sending.once();
         Release {
-            release: self
-                .store
-                .release_set(self.keys.clone(), self.token.clone(), limit),
-            fallback: ReleaseOnDrop {
-                store: Arc::clone(&self.store),
-                keys: self.keys.clone(),
-                token: self.token.clone(),
-                timeout: limit,
-                armed: self.fallback,
-                held_since: None,
-                fallback: false,
-                turns: None,
-            },
+            first: Some(first),
+            rest: Some(sending),
+            release: None,
+            fallback,
             turns: self.turns.take(),
             held_since: self.held_since.take(),
             sent_at: None,
@@ -166,12 +322,18 @@ impl Drop for ReleaseOnDrop {
     }
 }
 
-/// A release in flight, from [`ReleaseOnDrop::release_now`]: the store's release (bounded by
-/// the store timeout), then this process's turns at the keys passed on, the round trip and the
+/// A release in flight, from [`ReleaseOnDrop::release_now`]: the store's release (each send
+/// bounded by the store timeout, sent again after a failure while the lease is valid), then
+/// this process's turns at the keys passed on (after the first answer), the round trip and the
 /// hold time recorded, and a failure logged. Dropped before it finishes, its armed fallback
 /// sends the release again in a spawned task.
 pub(crate) struct Release {
-    release: BoxFuture<Result<bool, StoreError>>,
+    /// The first send, whose answer passes the turns on.
+    first: Option<BoxFuture<Result<bool, StoreError>>>,
+    /// What sends it again, until the first answer.
+    rest: Option<Sending>,
+    /// The sends after a failure of the first, once it answered.
+    release: Option<BoxFuture<Result<bool, StoreError>>>,
     fallback: ReleaseOnDrop,
     turns: Option<Turns>,
     held_since: Option<Instant>,
@@ -184,11 +346,24 @@ impl Future for Release {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         let sent_at = *this.sent_at.get_or_insert_with(Instant::now);
-        let result = ready!(this.release.as_mut().poll(cx));
+        if let Some(first) = &mut this.first {
+            let answer = ready!(first.as_mut().poll(cx));
+            this.first = None;
+            telemetry::round_trip(Op::Release, sent_at.elapsed());
+            // The next request of this process may try the keys now: the key is free, or the
+            // store failed and its answer is as good as ours.
+            drop(this.turns.take());
+            let rest = this.rest.take().expect("a release sends once before again");
+            this.release = Some(rest.run(Box::pin(std::future::ready(answer))));
+        }
+        let result = ready!(
+            this.release
+                .as_mut()
+                .expect("polled after completion")
+                .as_mut()
+                .poll(cx)
+        );
         this.fallback.armed = false;
-        // Only now may the next request of this process try the keys.
-        drop(this.turns.take());
-        telemetry::round_trip(Op::Release, sent_at.elapsed());
         let key = this.fallback.key();
         match &result {
             Ok(released) => tracing::debug!(released, "lease released"),
@@ -197,7 +372,8 @@ impl Future for Release {
                 tracing::warn!(
                     scope = %key.scope_label(),
                     error = %Chain(error),
-                    "lease release failed; the key frees itself when its TTL runs out"
+                    "lease release failed while the lease was valid; the key frees itself \
+                     when its TTL runs out"
                 );
             }
         }

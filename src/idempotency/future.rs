@@ -23,7 +23,7 @@ use super::{
     state::IdempotencyState,
 };
 use crate::{
-    engine::{Guarded, Hold, Release, poll_guarded},
+    engine::{Guarded, Hold, LetGo, Release, poll_guarded},
     error::LockError,
     key::LockKey,
     store::{BoxFuture, StoreError, StoreErrorKind},
@@ -86,7 +86,7 @@ pin_project! {
             run: Option<Run>,
         },
         Completing {
-            complete: BoxFuture<Result<bool, StoreError>>,
+            complete: Release,
             run: Option<Run>,
             response: Option<Response<ResponseBody<ResBody>>>,
         },
@@ -401,15 +401,22 @@ where
                             .collect(),
                         body: data.clone(),
                     };
-                    let complete = bounded(
-                        store_timeout,
-                        Arc::clone(&layer.records).complete(
-                            running.key.clone(),
-                            running.hold.token().clone(),
-                            record.encode(),
-                            config.retention,
-                        ),
-                    );
+                    // The record written with the release, in one step; sent again after a
+                    // failure while the lease is valid (it is token-checked), and never followed
+                    // by a plain release, which would free the key without the record.
+                    let complete = {
+                        let (records, key) = (Arc::clone(&layer.records), running.key.clone());
+                        let (token, retention) = (running.hold.token().clone(), config.retention);
+                        let record = record.encode();
+                        running.hold.let_go_with(LetGo::new(move || {
+                            Arc::clone(&records).complete(
+                                key.clone(),
+                                token.clone(),
+                                record.clone(),
+                                retention,
+                            )
+                        }))
+                    };
                     let body = ResponseBody::full_with_trailers(data, trailers);
                     this.state.set(State::Completing {
                         complete,
@@ -422,7 +429,7 @@ where
                     run,
                     response,
                 } => {
-                    let result = ready!(complete.as_mut().poll(cx));
+                    let result = ready!(Pin::new(complete).poll(cx));
                     let running = run.take().expect(POLLED_AFTER_READY);
                     let outcome = match &result {
                         Ok(true) => Outcome::Stored,
@@ -433,12 +440,14 @@ where
                             );
                             Outcome::NotStored
                         }
-                        // Maybe written, maybe not: the hold spawns a token-checked release,
-                        // which is a no-op if it was.
+                        // Failed, sent again, and failed until the lease ran out: no record, and
+                        // the key frees itself with its TTL (a plain release now would free it
+                        // sooner, without the record, for a retry to run the handler again).
                         Err(error) => {
                             tracing::warn!(
                                 error = error as &dyn std::error::Error,
-                                "storing the idempotency record failed; a retry runs the handler \
+                                "storing the idempotency record failed for as long as the lease \
+                                 was valid; a retry after the lease runs out runs the handler \
                                  again"
                             );
                             Outcome::NotStored
