@@ -5,7 +5,8 @@
 //! each script call one atomic step; the clients around them follow `src/locker.rs`,
 //! `src/renew.rs` and `src/store/handoff.rs`. The checker explores every reachable state of 3
 //! or 4 processes contending for one key, with network delays, processes that crash, hang, give
-//! up or lose a message, and leases that run out, and checks:
+//! up or lose a message, subscriptions that break and come back, a pool on which a release
+//! overtakes its attempt, and leases that run out, and checks:
 //!
 //! - **exclusion**: never two processes that each believe they hold a valid lease (a belief
 //!   lasts until the acquire's or renewal's send time + TTL, or a grant's stamp + claim window
@@ -14,9 +15,12 @@
 //! - **first come, first served**: when a script gives the key to a token, no live, unharmed
 //!   waiter whose queue entry appeared before that token's still waits;
 //! - **no starvation**: every run ends (the state graph has no cycle), and ends with every
-//!   process that neither crashed nor hung having acquired, run and released (or given up).
+//!   process that neither crashed nor hung having acquired, run and released (or given up);
+//! - **woken**: a live waiter asleep on its fallback timer has something else that will wake
+//!   it (a signal or message on its way, a queue entry, a resubscription to come), unless a
+//!   message of its was lost.
 //!
-//! And it can fail: the same checker on deliberately broken scripts (and one broken client)
+//! And it can fail: the same checker on deliberately broken scripts (and broken clients)
 //! finds each break, one per property, and prints the run that shows it. The model's Redis is
 //! checked against a real `redis-server` by replaying its script runs. See
 //! `docs/RELIABILITY.md`, "The hand-off protocol under a model checker", for what is modelled,
