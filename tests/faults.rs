@@ -316,7 +316,10 @@ async fn a_release_that_fails_is_sent_again_while_the_lease_is_valid() {
         books.entered.load(Ordering::SeqCst) == 1
     })
     .await;
+    // Refused first, then dropped once the proxy no longer listens, so that the connection
+    // manager's reconnect cannot slip in between (the handler runs 300 ms).
     proxy.refuse();
+    tokio::time::sleep(Duration::from_millis(50)).await;
     proxy.drop_all();
     assert_eq!(running.await.unwrap(), StatusCode::OK);
     assert_eq!(

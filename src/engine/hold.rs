@@ -157,9 +157,10 @@ impl Hold {
     }
 
     /// Lets go with `op` (the idempotency layer's record written with the release) instead of
-    /// the store's release, now: returned to await, and sent again after a failure while the
-    /// lease is valid (also if the returned future is dropped). The hold stays, for
-    /// [`settle`](Self::settle) to record how that ended; never a plain release after it.
+    /// the store's release, now: returned to await (its first answer); after a failure it is
+    /// sent again in a spawned task while the lease is valid (also if the returned future is
+    /// dropped). The hold stays, for [`settle`](Self::settle) to record how that ended; never
+    /// a plain release after it.
     pub(crate) fn let_go_with(&mut self, op: LetGo) -> Release {
         self.lease.set_releasing();
         self.release.let_go_with(op);
@@ -167,8 +168,8 @@ impl Hold {
     }
 
     /// Ends the hold after [`let_go_with`](Self::let_go_with) answered: released, not ours any
-    /// more, or failed for as long as the lease was valid (then the key frees itself when its
-    /// TTL runs out).
+    /// more, or failed (then it is being sent again, and failing that the key frees itself when
+    /// its TTL runs out).
     pub(crate) fn settle(mut self, outcome: Outcome, answer: Result<bool, &StoreError>) {
         self.finish(outcome);
         if let Ok(released) = answer {

@@ -1,9 +1,10 @@
 //! Giving a lease back: now (a [`Release`] the owner awaits) or on drop (a spawned one).
 //!
-//! Either way the release (or the holder's own way of letting go: the idempotency layer's
-//! record written with the release) is sent again after a failure for as long as the lease is
-//! valid: it is token-checked, so sending it twice is safe, and given up it would leave the key
-//! locked until its TTL (or, for a record, let a retry run the handler again). See
+//! Either way a release (or the holder's own way of letting go: the idempotency layer's record
+//! written with the release) that fails is sent again, in a spawned task, for as long as the
+//! lease is valid: it is token-checked, so sending it twice is safe, and given up it would
+//! leave the key locked until its TTL (or, for a record, let a retry run the handler again).
+//! The owner awaits only the first answer. See
 //! `docs/DECISIONS.md`, "A failed release or completion is sent again while the lease is valid".
 
 use std::{
@@ -65,59 +66,6 @@ fn worth_again(error: &StoreError) -> bool {
             | StoreErrorKind::Config
             | StoreErrorKind::Entropy
     )
-}
-
-/// What one [`Release`] sends: the store's release of `keys` (or `op`), each send bounded by
-/// `limit`, sent again after a failure until `until` (the lease's end, as last confirmed).
-struct Sending {
-    store: Arc<Backend>,
-    keys: KeySet,
-    token: Token,
-    limit: Duration,
-    until: Instant,
-    op: Option<LetGo>,
-}
-
-impl Sending {
-    fn once(&self) -> BoxFuture<Result<bool, StoreError>> {
-        match &self.op {
-            None => self
-                .store
-                .release_set(self.keys.clone(), self.token.clone(), self.limit),
-            Some(op) => {
-                let (call, limit) = ((op.0)(), self.limit);
-                Box::pin(async move {
-                    timeout(limit, call)
-                        .await
-                        .unwrap_or_else(|_| Err(StoreError::timeout(limit)))
-                })
-            }
-        }
-    }
-
-    /// The first send's answer, then (after a failure) the last one's.
-    fn run(
-        self,
-        first: BoxFuture<Result<bool, StoreError>>,
-    ) -> BoxFuture<Result<bool, StoreError>> {
-        Box::pin(async move {
-            let mut answer = first.await;
-            let mut pause = RETRY_FIRST;
-            while let Err(error) = &answer {
-                if !worth_again(error) || Instant::now() + pause >= self.until {
-                    break;
-                }
-                tracing::debug!(
-                    error = %Chain(error),
-                    "lease release failed; sending it again while the lease is valid"
-                );
-                sleep(pause).await;
-                pause = (pause * 2).min(RETRY_MAX);
-                answer = self.once().await;
-            }
-            answer
-        })
-    }
 }
 
 /// Releases a lease when dropped, unless disarmed; never blocks and never panics.
@@ -265,24 +213,13 @@ impl ReleaseOnDrop {
         self.op = Some(op);
     }
 
-    /// Disarms the guard and returns the release, for the caller to await. A failed release is
-    /// sent again while the lease is valid.
+    /// Disarms the guard and returns the release, for the caller to await: its first answer. A
+    /// release that fails is sent again in a spawned task while the lease is valid.
     ///
     /// If that future is dropped before it finishes (the client hung up while the response
     /// future was releasing), a fallback guard inside it spawns the release again.
     pub(crate) fn release_now(&mut self) -> Release {
         self.armed = false;
-        let sending = Sending {
-            store: Arc::clone(&self.store),
-            keys: self.keys.clone(),
-            token: self.token.clone(),
-            limit: self.timeout,
-            until: self
-                .lease
-                .as_ref()
-                .map_or(self.until, |lease| lease.valid_until().max(self.until)),
-            op: self.op.clone(),
-        };
         let fallback = ReleaseOnDrop {
             store: Arc::clone(&self.store),
             keys: self.keys.clone(),
@@ -293,19 +230,77 @@ impl ReleaseOnDrop {
             fallback: false,
             turns: None,
             lease: None,
-            until: sending.until,
+            until: self
+                .lease
+                .as_ref()
+                .map_or(self.until, |lease| lease.valid_until().max(self.until)),
             op: self.op.clone(),
         };
-        let first = sending.once();
         Release {
-            first: Some(first),
-            rest: Some(sending),
-            release: None,
+            release: fallback.send(),
             fallback,
             turns: self.turns.take(),
             held_since: self.held_since.take(),
             sent_at: None,
         }
+    }
+
+    /// One send of the release (or of the holder's own way of letting go), bounded by the
+    /// store timeout.
+    fn send(&self) -> BoxFuture<Result<bool, StoreError>> {
+        match &self.op {
+            None => self
+                .store
+                .release_set(self.keys.clone(), self.token.clone(), self.timeout),
+            Some(op) => {
+                let (call, limit) = ((op.0)(), self.timeout);
+                Box::pin(async move {
+                    timeout(limit, call)
+                        .await
+                        .unwrap_or_else(|_| Err(StoreError::timeout(limit)))
+                })
+            }
+        }
+    }
+
+    /// After the first send failed with `error`: the release sent again, with growing pauses,
+    /// until one answers or `until` (the lease's end) would pass; the last answer. `None` if
+    /// there is no time for another, or sending again cannot help. Owns what it sends: for a
+    /// spawned task.
+    fn again(&self, error: &StoreError) -> Option<BoxFuture<Result<bool, StoreError>>> {
+        if !worth_again(error) || Instant::now() + RETRY_FIRST >= self.until {
+            return None;
+        }
+        let sender = ReleaseOnDrop {
+            store: Arc::clone(&self.store),
+            keys: self.keys.clone(),
+            token: self.token.clone(),
+            timeout: self.timeout,
+            armed: false,
+            held_since: None,
+            fallback: false,
+            turns: None,
+            lease: None,
+            until: self.until,
+            op: self.op.clone(),
+        };
+        Some(Box::pin(async move {
+            let mut pause = RETRY_FIRST;
+            loop {
+                sleep(pause).await;
+                let answer = sender.send().await;
+                pause = (pause * 2).min(RETRY_MAX);
+                match &answer {
+                    Err(error) if worth_again(error) && Instant::now() + pause < sender.until => {
+                        tracing::debug!(
+                            error = %Chain(error),
+                            "lease release failed again; sending it again while the lease is valid"
+                        );
+                    }
+                    _ => return answer,
+                }
+            }
+        }))
     }
 }
 
@@ -322,18 +317,13 @@ impl Drop for ReleaseOnDrop {
     }
 }
 
-/// A release in flight, from [`ReleaseOnDrop::release_now`]: the store's release (each send
-/// bounded by the store timeout, sent again after a failure while the lease is valid), then
-/// this process's turns at the keys passed on (after the first answer), the round trip and the
-/// hold time recorded, and a failure logged. Dropped before it finishes, its armed fallback
-/// sends the release again in a spawned task.
+/// A release in flight, from [`ReleaseOnDrop::release_now`]: the store's release (bounded by
+/// the store timeout), then this process's turns at the keys passed on, the round trip and the
+/// hold time recorded, and a failure logged. A failure is answered at once, and the release is
+/// sent again in a spawned task while the lease is valid. Dropped before it answers, its armed
+/// fallback sends the release again in a spawned task.
 pub(crate) struct Release {
-    /// The first send, whose answer passes the turns on.
-    first: Option<BoxFuture<Result<bool, StoreError>>>,
-    /// What sends it again, until the first answer.
-    rest: Option<Sending>,
-    /// The sends after a failure of the first, once it answered.
-    release: Option<BoxFuture<Result<bool, StoreError>>>,
+    release: BoxFuture<Result<bool, StoreError>>,
     fallback: ReleaseOnDrop,
     turns: Option<Turns>,
     held_since: Option<Instant>,
@@ -346,45 +336,51 @@ impl Future for Release {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         let sent_at = *this.sent_at.get_or_insert_with(Instant::now);
-        if let Some(first) = &mut this.first {
-            let answer = ready!(first.as_mut().poll(cx));
-            this.first = None;
-            telemetry::round_trip(Op::Release, sent_at.elapsed());
-            // The next request of this process may try the keys now: the key is free, or the
-            // store failed and its answer is as good as ours.
-            drop(this.turns.take());
-            let rest = this.rest.take().expect("a release sends once before again");
-            this.release = Some(rest.run(Box::pin(std::future::ready(answer))));
-        }
-        let result = ready!(
-            this.release
-                .as_mut()
-                .expect("polled after completion")
-                .as_mut()
-                .poll(cx)
-        );
+        let result = ready!(this.release.as_mut().poll(cx));
         this.fallback.armed = false;
-        let key = this.fallback.key();
-        match &result {
-            Ok(released) => tracing::debug!(released, "lease released"),
-            Err(error) => {
-                telemetry::store_error(&key.scope_label(), Op::Release);
-                tracing::warn!(
-                    scope = %key.scope_label(),
-                    error = %Chain(error),
-                    "lease release failed while the lease was valid; the key frees itself \
-                     when its TTL runs out"
-                );
-            }
+        // Only now may the next request of this process try the keys: the key is free, or the
+        // store failed, and its answer to that request is as good as ours.
+        drop(this.turns.take());
+        telemetry::round_trip(Op::Release, sent_at.elapsed());
+        let key = this.fallback.key().clone();
+        if let Err(error) = &result
+            && let Some(again) = this.fallback.again(error)
+            && let Ok(runtime) = Handle::try_current()
+        {
+            tracing::debug!(
+                scope = %key.scope_label(),
+                error = %Chain(error),
+                "lease release failed; sending it again while the lease is valid"
+            );
+            let held_since = this.held_since.take();
+            runtime.spawn(async move { settle(&key, held_since, &again.await) });
+            return Poll::Ready(result);
         }
-        if let Some(since) = this.held_since.take() {
-            telemetry::released(
-                &key.scope_label(),
-                result.as_ref().map(|r| *r).map_err(|_| ()),
-                since.elapsed(),
+        settle(&key, this.held_since.take(), &result);
+        Poll::Ready(result)
+    }
+}
+
+/// Logs how a release ended (after any sends again) and records it in the metrics.
+fn settle(key: &LockKey, held_since: Option<Instant>, result: &Result<bool, StoreError>) {
+    match result {
+        Ok(released) => tracing::debug!(released, "lease released"),
+        Err(error) => {
+            telemetry::store_error(&key.scope_label(), Op::Release);
+            tracing::warn!(
+                scope = %key.scope_label(),
+                error = %Chain(error),
+                "lease release failed for as long as the lease was valid; the key frees itself \
+                 when its TTL runs out"
             );
         }
-        Poll::Ready(result)
+    }
+    if let Some(since) = held_since {
+        telemetry::released(
+            &key.scope_label(),
+            result.as_ref().map(|r| *r).map_err(|_| ()),
+            since.elapsed(),
+        );
     }
 }
 

@@ -401,9 +401,10 @@ where
                             .collect(),
                         body: data.clone(),
                     };
-                    // The record written with the release, in one step; sent again after a
-                    // failure while the lease is valid (it is token-checked), and never followed
-                    // by a plain release, which would free the key without the record.
+                    // The record written with the release, in one step; after a failure sent
+                    // again in a spawned task while the lease is valid (it is token-checked),
+                    // and never followed by a plain release, which would free the key without
+                    // the record.
                     let complete = {
                         let (records, key) = (Arc::clone(&layer.records), running.key.clone());
                         let (token, retention) = (running.hold.token().clone(), config.retention);
@@ -440,15 +441,14 @@ where
                             );
                             Outcome::NotStored
                         }
-                        // Failed, sent again, and failed until the lease ran out: no record, and
-                        // the key frees itself with its TTL (a plain release now would free it
-                        // sooner, without the record, for a retry to run the handler again).
+                        // Failed: it is sent again in a spawned task while the lease is
+                        // valid; a retry meanwhile gets 409, then the record. Never a plain
+                        // release, which would free the key without the record.
                         Err(error) => {
                             tracing::warn!(
                                 error = error as &dyn std::error::Error,
-                                "storing the idempotency record failed for as long as the lease \
-                                 was valid; a retry after the lease runs out runs the handler \
-                                 again"
+                                "storing the idempotency record failed; sending it again while \
+                                 the lease is valid"
                             );
                             Outcome::NotStored
                         }

@@ -92,10 +92,11 @@
 //!    the record and releases the lock together. There is no moment when a retry could find
 //!    neither the lock nor the record and run the handler a second time. If that operation
 //!    fails (the store unreachable for a moment, a Redis Cluster slot in migration answering
-//!    `TRYAGAIN`), it is sent again, with growing pauses, for as long as the lease is valid: it
-//!    only acts while the lock holds the request's token, so sending it twice is safe. The
-//!    response is answered once it succeeds or the lease has run out. It is never replaced by
-//!    a plain release, which would free the key without the record.
+//!    `TRYAGAIN`), the response is answered all the same, and the operation is sent again in
+//!    the background, with growing pauses, for as long as the lease is valid: it only acts
+//!    while the lock holds the request's token, so sending it twice is safe. A retry meanwhile
+//!    gets 409, then the replay. It is never replaced by a plain release, which would free the
+//!    key without the record.
 //!
 //! # Responses
 //!
@@ -106,7 +107,7 @@
 //! | header malformed, repeated, too short or too long | 400 | `#idempotency-key-invalid` | |
 //! | key finished before, different fingerprint | 422 | `#idempotency-key-reused` | |
 //! | key's first request still running (or still writing its record: see step 7) | 409 | `#lock-contended` | holder's remaining TTL |
-//! | the handler ran, and its record could not be written while its lease was valid | the handler's response, not stored | | |
+//! | the handler ran, and writing its record failed (sent again in the background while the lease is valid) | the handler's response | | |
 //! | request body over `max_request_body` | 413 | `#request-body-too-large` | |
 //! | request body failed to arrive | 400 | `#request-body-unreadable` | |
 //! | no principal for the request | 500 | `#idempotency-principal-missing` | |
@@ -144,10 +145,9 @@
 //! record is written, nothing is stored; the lock expires after its TTL and a retry runs the
 //! handler again. The same happens if the store loses the record (a Redis without persistence
 //! restarting, a failover to a replica that had not received it), if the lease is lost before
-//! the record could be written, or if writing it fails for as long as the lease is valid (the
-//! store down for longer than what is left of the lease's TTL): then the client gets the
-//! handler's response, and a retry after the lock has expired runs the handler again (a retry
-//! before that gets 409). No middleware can close this window: the side effect and the
+//! the record could be written, or if writing it fails every time it is sent while the lease is
+//! valid (the store down for longer than what is left of the lease's TTL): a retry after the
+//! lock has expired runs the handler again (a retry before that gets 409). No middleware can close this window: the side effect and the
 //! record live in different systems. A handler closes it by making its own write conditional on
 //! the key: [`IdempotencyKey`] gives it the key (and principal), and the [`Lease`](crate::Lease)
 //! its [`key`](crate::Lease::key) and [fencing token](crate::Lease::fencing_token). Record the
