@@ -616,3 +616,126 @@ async fn a_slot_migrating_under_load_delays_acquires_without_failing_them() {
         "0"
     );
 }
+
+/// The idempotency layer's record written with the release, while the lock key's slot
+/// migrates: Redis refuses it with `TRYAGAIN` (its record key is on neither side yet) until the
+/// migration ends, longer than the cluster client tries. It is sent again while the lease is
+/// valid and stored once the slot has moved, and the client's retry after the migration gets
+/// the replay. Before, the client's refusal ended it: the armed guard's plain release freed the
+/// key without the record, and the retry ran the handler again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_written_while_its_slot_migrates_is_stored_after_the_migration() {
+    use std::sync::atomic::AtomicUsize;
+    use tower_lock::{IdempotencyLayer, idempotency::SharedKeySpace};
+
+    let backend = Cluster(RedisCluster::start(3, 0));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(backend.store().await, SharedKeySpace);
+    let app = Router::new()
+        .route(
+            "/payments",
+            post({
+                let runs = Arc::clone(&runs);
+                move || async move {
+                    let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                    (StatusCode::CREATED, format!("charged, run {n}"))
+                }
+            }),
+        )
+        .route_layer(layer);
+    let pay = || {
+        axum::http::Request::post("/payments")
+            .header("idempotency-key", "5f0b6c1e-9d0a-4d8e-9a55-1f6f1c2b7a01")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    let first = tokio::spawn({
+        let (app, request) = (app.clone(), pay());
+        async move { send(&app, request).await }
+    });
+    // The handler runs: its lock key is on one master.
+    let cluster = &backend.0;
+    let started = Instant::now();
+    let (source, lock_key) = loop {
+        let found = cluster.masters().into_iter().find_map(|node| {
+            let keys = lock_keys_on(node);
+            keys.into_iter().next().map(|k| (node, k))
+        });
+        if let Some(found) = found {
+            break found;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "no lock key");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let slot = key_slot(lock_key.as_bytes());
+    let target = *cluster
+        .masters()
+        .iter()
+        .find(|n| n.port() != source.port())
+        .unwrap();
+    let id = |n: &RedisServer| n.cli(&["CLUSTER", "MYID"]).trim().to_owned();
+    let (source_id, target_id) = (id(source), id(target));
+    let slot_arg = slot.to_string();
+    let tries_before = errors_of(source, "TRYAGAIN");
+    target.cli(&["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &source_id]);
+    source.cli(&["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &target_id]);
+    // The handler ends (at 1.5 s); its record is refused for as long as the slot migrates.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    assert!(
+        errors_of(source, "TRYAGAIN") > tries_before,
+        "the record write met no TRYAGAIN: the migration was not exercised ({lock_key} in slot \
+         {slot}; {:?}; first answered: {})",
+        source.cli(&["CLUSTER", "GETKEYSINSLOT", &slot_arg, "1000"]),
+        first.is_finished()
+    );
+    let keys: Vec<String> = source
+        .cli(&["CLUSTER", "GETKEYSINSLOT", &slot_arg, "1000"])
+        .lines()
+        .filter(|k| !k.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let target_port = target.port().to_string();
+    let mut migrate = vec![
+        "MIGRATE",
+        "127.0.0.1",
+        &target_port,
+        "",
+        "0",
+        "5000",
+        "KEYS",
+    ];
+    migrate.extend(keys.iter().map(String::as_str));
+    let migrated = source.cli(&migrate);
+    assert!(
+        migrated.contains("OK") || migrated.contains("NOKEY"),
+        "{migrated}"
+    );
+    let mut masters = cluster.masters();
+    masters.sort_by_key(|n| (n.port() != target.port(), n.port() != source.port()));
+    for node in masters {
+        node.cli(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", &target_id]);
+    }
+    let first = first.await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    // The client retries after the migration, once the lock is gone.
+    let started = Instant::now();
+    while !lock_keys_on(target).iter().all(|k| k.ends_with(":record")) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the lock stayed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let retry = send(&app, pay()).await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(
+        retry
+            .headers()
+            .get("idempotent-replayed")
+            .map(|v| v.to_str().unwrap()),
+        Some("true"),
+        "the retry ran the handler again"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "charged twice");
+}

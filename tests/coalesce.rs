@@ -300,8 +300,9 @@ async fn redis_gave_up_locally_answers_the_holders_lease() {
         .await;
 }
 
-/// The head of the local queue has not heard from the store yet (its acquire is in flight):
-/// a request that gives up behind it answers the TTL, what the head holds if it takes the key.
+/// The head of the local queue has not heard from the store yet (its acquire is in flight): a
+/// request that gives up behind it waits for that answer (at most a store timeout after it was
+/// sent), and answers with the head's lease: the TTL. (Had the store failed it, 503.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gave_up_behind_a_head_still_acquiring_answers_the_ttl() {
     let store = support::Tweaked {

@@ -288,6 +288,88 @@ async fn default_bb8_pool_is_bounded_by_the_layer() {
     println!("bb8 defaults: recovered {took:?} after connections were accepted again");
 }
 
+/// A release that fails (the store's connections dropped and refused as the handler ends)
+/// is sent again while the lease is valid: the key is free soon after the store is back, not
+/// locked until its TTL (10 s) with the process alive. Before, it was never sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_fails_is_sent_again_while_the_lease_is_valid() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(redis.port());
+    let config = LockConfig::builder()
+        .ttl(Duration::from_secs(10))
+        .wait(Wait::default().deadline(DEADLINE))
+        .build()
+        .unwrap();
+    let books = Arc::new(Books::default());
+    let app = books_app(
+        Arc::clone(&books),
+        layer(connect(&proxy.url()).await, config),
+    );
+    let running = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, purchase("k", 300)).await.status() }
+    });
+    let mut conn = redis.client().await;
+    wait_for("the holder runs", Duration::from_secs(3), async || {
+        books.entered.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    // Refused first, then dropped once the proxy no longer listens, so that the connection
+    // manager's reconnect cannot slip in between (the handler runs 300 ms).
+    proxy.refuse();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    proxy.drop_all();
+    assert_eq!(running.await.unwrap(), StatusCode::OK);
+    assert_eq!(
+        held(&mut conn).await,
+        1,
+        "the release could not reach Redis"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.heal();
+    let took = wait_for(
+        "the key freed by the release sent again",
+        Duration::from_secs(4),
+        async || held(&mut conn).await == 0,
+    )
+    .await;
+    println!("freed {took:?} after the store came back");
+}
+
+/// An outage is not contention: with the store stalled and a 500 ms wait, six concurrent
+/// purchases of one SKU all get 503 `#lock-store-unavailable` (the first after its store
+/// timeout; the five queued behind it in this process when it fails), none 409 "held by
+/// another holder" with `Retry-After` as if someone held the lock. Before, those five got 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_queued_behind_a_store_that_does_not_answer_get_503() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(redis.port());
+    let app = books_app(
+        Arc::default(),
+        layer(connect(&proxy.url()).await, bounded()),
+    );
+    assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
+    proxy.stall();
+    let bound = DEADLINE.max(STORE_TIMEOUT) + MARGIN;
+    let tasks: Vec<_> = (0..6)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { assert_503_within(&app, "k", bound).await })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    proxy.heal();
+    let mut conn = redis.client().await;
+    wait_for(
+        "keys taken during the stall released",
+        Duration::from_secs(3),
+        async || held(&mut conn).await == 0,
+    )
+    .await;
+}
+
 /// Connections dropped under a running holder: the renewal fails, is retried while the lease
 /// is valid, the connection comes back, and the lease is kept (a store error is not a loss);
 /// nobody else gets in meanwhile. Refused connections answer 503 at once.

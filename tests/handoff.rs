@@ -529,6 +529,94 @@ async fn a_broken_subscription_still_gets_the_handoff() {
     assert!(server.lock_keys().await.is_empty(), "keys left behind");
 }
 
+/// The registration gap: a waiter (a single key, or a set with the held key in it) whose
+/// attempt queued it while its process listened, but whose answer ("queued") reaches it only
+/// after its store's subscription broke and came back (held in the fault proxy, as a stalled
+/// runtime, retransmits or a slow `WAIT` would hold it). The holder's release in between found
+/// nobody listening on the waiter's channel and dropped its entry as a dead waiter's, freeing
+/// the key; the resubscription told only the waiters already registered to check again.
+/// Answers how long after the answer arrived the waiter got the key.
+async fn acquired_after_a_late_queued_answer(set: bool, ttl: Duration) -> Duration {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let holder = RedisStore::connect(server.url()).await.unwrap();
+    let waiter = RedisStore::connect(proxy.url()).await.unwrap();
+    handoff_subscriptions(&server, 2).await;
+    let config = LockConfig::builder()
+        .ttl(ttl)
+        .wait(Wait::constant(Duration::from_secs(30)).deadline(Duration::from_secs(60)))
+        .build()
+        .unwrap();
+    let holder = Locker::with_config(holder, config.clone());
+    let waiter = Locker::with_config(waiter, config);
+    let hot = key(&holder);
+    let keys: Vec<LockKey> = if set {
+        vec![hot.clone(), holder.key("handoff", "other").unwrap()]
+    } else {
+        vec![hot.clone()]
+    };
+    // The scripts are on the server already (the proxy would hold a `NOSCRIPT` instead).
+    let warm = [
+        holder.key("handoff", "a").unwrap(),
+        holder.key("handoff", "b").unwrap(),
+    ];
+    holder.acquire(warm).await.unwrap().release().await.unwrap();
+    let held = holder.acquire(hot.clone()).await.unwrap();
+    // The waiter's attempt runs; its answer waits in the proxy.
+    proxy.hold_replies_after(hot.as_bytes());
+    let next = tokio::spawn(async move {
+        let guard = waiter.acquire(keys).await.unwrap();
+        let at = Instant::now();
+        guard.release().await.unwrap();
+        at
+    });
+    queued(&server, &hot, 1).await;
+    assert!(proxy.holding_replies());
+    // The waiter's process loses its subscription (the holder's too).
+    redis_cli(&[
+        "-p",
+        &server.port().to_string(),
+        "CLIENT",
+        "KILL",
+        "TYPE",
+        "pubsub",
+    ]);
+    // Nobody listens on the waiter's channel: the release drops its entry and frees the key.
+    held.release().await.unwrap();
+    assert_eq!(queue_len(&server, &hot).await, 0);
+    // The subscriptions come back (a second later), and have their registered waiters check
+    // again; then the answer arrives (within the connection's 2 s response timeout).
+    handoff_subscriptions(&server, 2).await;
+    proxy.release_replies();
+    let answered = Instant::now();
+    let acquired = next.await.unwrap();
+    assert!(server.lock_keys().await.is_empty(), "keys left behind");
+    acquired.saturating_duration_since(answered)
+}
+
+/// The registration gap, for one key: the waiter checks again as soon as its answer arrives,
+/// and takes the free key, rather than sleep until its fallback timer (the holder's TTL when
+/// it queued, 10 s). Before registration compared the store's epoch: 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_answer_that_arrives_after_a_resubscription_checks_again() {
+    let took = acquired_after_a_late_queued_answer(false, Duration::from_secs(10)).await;
+    assert!(
+        took < Duration::from_secs(2),
+        "the waiter slept on its fallback timer while the key was free: {took:?}"
+    );
+}
+
+/// The same for a set (TTL 30 s: a queued set checks again every renewal interval, 10 s).
+/// Before: 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_whose_queued_answer_arrives_after_a_resubscription_checks_again() {
+    let took = acquired_after_a_late_queued_answer(true, Duration::from_secs(30)).await;
+    assert!(
+        took < Duration::from_secs(2),
+        "the set slept on its fallback timer while its keys were free: {took:?}"
+    );
+}
+
 /// A store used from another runtime after the one it was connected in shut down keeps its
 /// subscription (it runs on a thread of its own, not as a task of that runtime): waiters of
 /// three such processes still queue, in arrival order, and each is handed the key by the release

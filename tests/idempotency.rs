@@ -924,6 +924,53 @@ async fn redis_keeps_the_record_next_to_a_released_lock() {
     assert!(String::from_utf8_lossy(records[0]).contains(KEY));
 }
 
+/// The record written with the release fails (the store's connections dropped 150 ms into a
+/// 400 ms handler: the first call after that fails, then the connection comes back): it is
+/// sent again while the lease is valid, and stored. Before, the armed drop guard sent a plain
+/// release, which freed the key without the record: the client had its 201, and its retry ran
+/// the handler again ("charged" twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_write_that_fails_is_sent_again_not_replaced_by_a_release() {
+    let server = tower_lock_testkit::RedisServer::start();
+    let proxy = tower_lock_testkit::Proxy::start(server.port());
+    let store = tower_lock::RedisStore::connect(proxy.url()).await.unwrap();
+    let layer = IdempotencyLayer::with_config(store, by_tenant, IdempotencyConfig::default());
+    let runs = Arc::new(Runs::default());
+    let app = make_app(Arc::clone(&runs), Some(layer));
+    let key = format!("\"{KEY}\"");
+    let pay_slowly = move || post_to("/payments?wait_ms=400", Some(&key), Some("t1"), "{}");
+    let first = tokio::spawn({
+        let (app, request) = (app.clone(), pay_slowly());
+        async move { send(&app, request).await }
+    });
+    wait_until(|| runs.started.load(Ordering::SeqCst) == 1).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    proxy.drop_all();
+    let first = first.await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    // The client retries once the lock is gone (with the record, or without it).
+    let started = Instant::now();
+    while !server
+        .lock_keys()
+        .await
+        .iter()
+        .all(|k| k.ends_with(b":record"))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the lock stayed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let retry = send(&app, pay_slowly()).await;
+    assert!(
+        replayed(&retry),
+        "the retry ran again: {:?}",
+        retry.status()
+    );
+    assert_eq!(runs.started.load(Ordering::SeqCst), 1, "charged twice");
+}
+
 /// Tower contracts: the future is `Send`, the error type is the inner one, and a plain tower
 /// stack (no axum) replays too.
 #[tokio::test]

@@ -5,7 +5,8 @@
 //! each script call one atomic step; the clients around them follow `src/locker.rs`,
 //! `src/renew.rs` and `src/store/handoff.rs`. The checker explores every reachable state of 3
 //! or 4 processes contending for one key, with network delays, processes that crash, hang, give
-//! up or lose a message, and leases that run out, and checks:
+//! up or lose a message, subscriptions that break and come back, a pool on which a release
+//! overtakes its attempt, and leases that run out, and checks:
 //!
 //! - **exclusion**: never two processes that each believe they hold a valid lease (a belief
 //!   lasts until the acquire's or renewal's send time + TTL, or a grant's stamp + claim window
@@ -14,9 +15,12 @@
 //! - **first come, first served**: when a script gives the key to a token, no live, unharmed
 //!   waiter whose queue entry appeared before that token's still waits;
 //! - **no starvation**: every run ends (the state graph has no cycle), and ends with every
-//!   process that neither crashed nor hung having acquired, run and released (or given up).
+//!   process that neither crashed nor hung having acquired, run and released (or given up);
+//! - **woken**: a live waiter asleep on its fallback timer has something else that will wake
+//!   it (a signal or message on its way, a queue entry, a resubscription to come), unless a
+//!   message of its was lost.
 //!
-//! And it can fail: the same checker on deliberately broken scripts (and one broken client)
+//! And it can fail: the same checker on deliberately broken scripts (and broken clients)
 //! finds each break, one per property, and prints the run that shows it. The model's Redis is
 //! checked against a real `redis-server` by replaying its script runs. See
 //! `docs/RELIABILITY.md`, "The hand-off protocol under a model checker", for what is modelled,
@@ -34,6 +38,19 @@ fn faults(budget: u8) -> Faults {
         hang: true,
         give_up: true,
         lose: true,
+        resubscribe: false,
+    }
+}
+
+/// One failure: a subscription that breaks (and comes back).
+fn only_breaks() -> Faults {
+    Faults {
+        budget: 1,
+        crash: false,
+        hang: false,
+        give_up: false,
+        lose: false,
+        resubscribe: true,
     }
 }
 
@@ -53,6 +70,9 @@ fn config(name: &str, processes: u8, faults: Faults) -> Config {
         reversed: vec![],
         key_agrees: true,
         fallback_timer: true,
+        registration_epoch: true,
+        breaks: vec![],
+        pool: false,
         sources: Sources::crate_scripts(),
     }
 }
@@ -187,6 +207,58 @@ fn idempotency_release() {
     holds(c);
 }
 
+/// Only one failure: a subscription that breaks (messages on their way to that process are
+/// lost, and a release finds nobody on its channel) and comes back at any later moment, each
+/// time telling the waiters registered then to check again, with any answer on its way across
+/// it. Three processes contending from the start, with network delays: the registration gap
+/// (a "queued" answer read after the subscription came back) is closed, and every waiter is
+/// woken by something other than its fallback timer. Extended: arriving at any time.
+#[test]
+fn a_subscription_that_breaks_and_comes_back() {
+    let mut c = config(
+        "3 processes, delays, a subscription break",
+        3,
+        only_breaks(),
+    );
+    c.start_together = !extended();
+    holds(c);
+}
+
+/// The same with a second failure, a waiter that gives up (of any kind when extended),
+/// contending from the start, without delays.
+#[test]
+fn a_subscription_that_breaks_and_a_waiter_that_gives_up() {
+    let mut f = faults(2);
+    f.resubscribe = true;
+    f.crash = extended();
+    f.hang = extended();
+    f.lose = extended();
+    let mut c = config("3 processes, together, a break and a give-up", 3, f);
+    c.start_together = true;
+    c.delays = false;
+    holds(c);
+}
+
+/// Calls through a pool of connections: a waiter that gives up while its attempt is on its
+/// way sends its release, which may reach Redis first (`src/store/redis/commit.rs`). The late
+/// attempt then takes the key for a holder that is gone, or queues it: the key stays held until
+/// its TTL or a claim window runs out, and every property still holds.
+#[test]
+fn a_release_that_overtakes_its_attempt_on_a_pool() {
+    let mut f = faults(1);
+    f.crash = false;
+    f.hang = false;
+    f.lose = false;
+    let mut c = config("3 processes, together, delays, a pool, 1 give-up", 3, f);
+    c.start_together = true;
+    c.pool = true;
+    let report = holds(c);
+    assert!(
+        report.overtaken > 0,
+        "no release overtook its attempt: {report}"
+    );
+}
+
 // ---- Sets of keys: a process that takes both keys as one lease. ----
 
 /// A set of both keys and a process on each of them, arriving at any time, with network
@@ -232,6 +304,22 @@ fn two_sets_and_a_single_key() {
     let budget = u8::from(extended());
     let mut c = config("set + set + X, any arrival", 3, faults(budget));
     c.sets = vec![0, 1];
+    c.delays = extended();
+    holds(c);
+}
+
+/// A set and a process on each of its keys, contending from the start, with a subscription
+/// that breaks and comes back. Extended: with delays.
+#[test]
+fn a_set_and_a_subscription_that_breaks() {
+    let mut c = config(
+        "set + X + Y, together, a subscription break",
+        3,
+        only_breaks(),
+    );
+    c.sets = vec![0];
+    c.second_key = vec![2];
+    c.start_together = true;
     c.delays = extended();
     holds(c);
 }
@@ -391,6 +479,38 @@ fn without_the_fallback_timer_a_lost_grant_starves_its_waiter() {
     let (property, trace) = fails(c);
     assert_eq!(property, Property::NoStarvation, "{trace}");
     assert!(trace.contains("is lost"), "{trace}");
+}
+
+/// The client before registration compared the store's epoch: a waiter whose "queued" answer
+/// arrives after its subscription broke and came back registers with nothing to wake it. The
+/// release in between found nobody on its channel and dropped its entry; the resubscription
+/// told only the waiters registered then. It sleeps until its fallback timer while the key is
+/// free.
+#[test]
+fn without_the_epoch_a_late_queued_answer_leaves_its_waiter_asleep() {
+    let mut c = config("broken: no epoch at registration", 3, only_breaks());
+    c.start_together = true;
+    c.delays = false;
+    c.registration_epoch = false;
+    let (property, trace) = fails(c);
+    assert_eq!(property, Property::Woken, "{trace}");
+    assert!(trace.contains("subscription breaks"), "{trace}");
+    assert!(trace.contains("subscription is back"), "{trace}");
+}
+
+/// The same gap for a set (whose subscription is the one that breaks).
+#[test]
+fn without_the_epoch_a_set_with_a_late_queued_answer_sleeps() {
+    let mut c = config("broken: no epoch at registration, a set", 3, only_breaks());
+    c.sets = vec![0];
+    c.second_key = vec![2];
+    c.breaks = vec![0];
+    c.start_together = true;
+    c.delays = false;
+    c.registration_epoch = false;
+    let (property, trace) = fails(c);
+    assert_eq!(property, Property::Woken, "{trace}");
+    assert!(trace.contains("P1 hears: queued for key"), "{trace}");
 }
 
 /// A hand-over that does not ask whether the waiter's process is alive (no `PUBSUB NUMSUB`):

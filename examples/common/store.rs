@@ -382,7 +382,7 @@ async fn sentinel(data_url: Option<String>, tls: &Tls) -> Result<Chosen, Box<dyn
     let described = sentinels.iter().map(|u| redacted(u)).collect::<Vec<_>>();
     Ok(Chosen {
         store: Store::Sentinel(store),
-        data: Some(tls.single(&data_url).await?),
+        data: Some(tls.data(&data_url).await?),
         description: format!(
             "locks on the master the sentinels {} name `{master}`; data in Redis at {}",
             described.join(","),

@@ -13,12 +13,12 @@ use std::{sync::Arc, time::Duration};
 
 use tokio::time::{Instant, sleep_until, timeout};
 
-use super::{release::ReleaseOnDrop, state::Engine, terms::Terms};
+use super::{local::GaveUp, release::ReleaseOnDrop, state::Engine, terms::Terms};
 use crate::{
     error::LockError,
     key::{KeyRejection, KeySet},
     lease::{Fences, Lease},
-    store::{Attempt, SetAttempt, Signal, StoreError, StoreErrorKind},
+    store::{Attempt, Epoch, SetAttempt, Signal, StoreError, StoreErrorKind},
     telemetry::{self, Chain, Op},
     token::Token,
 };
@@ -60,10 +60,11 @@ enum Answer {
         expires_in: Option<Duration>,
         blocked: usize,
     },
-    /// The same, and the caller is queued for it.
+    /// The same, and the caller is queued for it, as of the store's hand-off epoch `since`.
     Queued {
         expires_in: Option<Duration>,
         blocked: usize,
+        since: Epoch,
     },
 }
 
@@ -75,9 +76,10 @@ impl From<Attempt> for Answer {
                 expires_in,
                 blocked: 0,
             },
-            Attempt::Queued { expires_in } => Self::Queued {
+            Attempt::Queued { expires_in, since } => Self::Queued {
                 expires_in,
                 blocked: 0,
+                since,
             },
         }
     }
@@ -99,9 +101,11 @@ impl From<SetAttempt> for Answer {
             SetAttempt::Queued {
                 expires_in,
                 blocked,
+                since,
             } => Self::Queued {
                 expires_in,
                 blocked,
+                since,
             },
         }
     }
@@ -144,9 +148,9 @@ pub(crate) async fn acquire(
     // Requests of this process that want the same key wait here, in order, and only the first
     // contends in the store; a holder's release wakes the next at once. A set takes its turns
     // one key after the other, in lock order.
-    match engine.local.turns(guard.keys(), deadline).await {
+    match engine.local.turns(guard.keys(), deadline, floor).await {
         Ok(turns) => guard.set_turns(turns),
-        Err(gave_up) => {
+        Err(GaveUp::Held { holder_left }) => {
             let waited = start.elapsed();
             tracing::debug!(?waited, "lease contended in this process; giving up");
             telemetry::contended(&guard.key().scope_label(), waited);
@@ -154,10 +158,20 @@ pub(crate) async fn acquire(
             // lease, or the TTL the store reported for another holder. The head may not have
             // heard from the store yet: then the TTL, what it holds if it takes the key.
             return Err(LockError::Contended {
-                expires_in: Some(gave_up.holder_left.unwrap_or(ttl)),
+                expires_in: Some(holder_left.unwrap_or(ttl)),
                 waited,
                 attempts: 0,
             });
+        }
+        // The turn never came because the store did not answer the request before this one
+        // (or failed it): an outage, not contention.
+        Err(GaveUp::Unavailable(error)) => {
+            tracing::debug!(
+                error = %Chain(&error),
+                "lock store failed the request before this one in this process; giving up"
+            );
+            telemetry::store_error(&guard.key().scope_label(), Op::Acquire);
+            return Err(error.into());
         }
     }
     // With a store that hands off, a waiter joins the key's queue and is handed the key by the
@@ -191,7 +205,8 @@ pub(crate) async fn acquire(
             Some(_) => None,
             None => guard.store().watch_any(guard.keys()),
         };
-        guard.arm(true);
+        guard.arm_until(sent_at + guard.store().validity(ttl));
+        guard.asking();
         let (store, token) = (guard.store(), guard.token().clone());
         let answer = match guard.keys().as_one() {
             Some(key) => timeout(limit, store.attempt(key.clone(), token, ttl, waits))
@@ -209,6 +224,8 @@ pub(crate) async fn acquire(
         // The store's refusal of this attempt, when it asked to be asked again.
         let mut refused = None;
         let mut blocked = 0;
+        // The store answered (held, or queued), rather than failed.
+        let answered = answer.is_ok();
         let expires_in = match answer {
             Ok(Answer::Acquired(fences)) => {
                 let waited = sent_at - start;
@@ -240,11 +257,15 @@ pub(crate) async fn acquire(
             Ok(Answer::Queued {
                 expires_in,
                 blocked: at,
+                since,
             }) => {
                 blocked = at;
                 queued = true;
                 if queue.is_none() {
-                    queue = guard.store().queue_watch(guard.key(), guard.token());
+                    // Told to check again at once if the store's signals changed course while
+                    // the answer was on its way (a release meanwhile may have found nobody
+                    // listening and dropped this entry).
+                    queue = guard.store().queue_watch(guard.key(), guard.token(), since);
                 }
                 expires_in
             }
@@ -258,6 +279,7 @@ pub(crate) async fn acquire(
                     error = %Chain(&error),
                     "lock store asked to try again; retrying"
                 );
+                guard.failed(&error);
                 refused = Some(error);
                 None
             }
@@ -265,6 +287,7 @@ pub(crate) async fn acquire(
             // releases in case the command was executed after all (and leaves the queue).
             Err(error) if deadline.is_some() => {
                 telemetry::store_error(&guard.key().scope_label(), Op::Acquire);
+                guard.failed(&error);
                 return Err(error.into());
             }
             // An unbounded one (background work) waits through the outage.
@@ -278,6 +301,7 @@ pub(crate) async fn acquire(
                 // That release leaves the store's queue, or hands on a key handed to this
                 // token meanwhile: go on with a fresh token, so that no message for the old one
                 // (a hand-off given away already) can be taken for ours.
+                guard.failed(&error);
                 guard.release_and_renew_token(Token::generate()?);
                 queue = None;
                 queued = false;
@@ -285,7 +309,9 @@ pub(crate) async fn acquire(
                 None
             }
         };
-        guard.held_elsewhere(blocked, expires_in);
+        if answered {
+            guard.held_elsewhere(blocked, expires_in);
+        }
         // While queued, the key may be handed to us at any moment (and a set keeps what the
         // queue kept for it): stay armed, so that giving up (or being dropped) leaves the queue
         // or passes the keys on.

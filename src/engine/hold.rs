@@ -19,7 +19,7 @@ use tracing::Span;
 
 use super::{
     acquire::Acquired,
-    release::{Release, ReleaseOnDrop},
+    release::{LetGo, Release, ReleaseOnDrop},
     renew::{RenewalSettings, Renewer},
     state::Engine,
     terms::Terms,
@@ -159,12 +159,22 @@ impl Hold {
         (reason == LostReason::MaxHold).then(|| self.release())
     }
 
-    /// Ends the hold after the caller released the lease by other means (the idempotency
-    /// layer's record-and-release call), as that call answered: released, not ours any more,
-    /// or failed (then a token-checked release is spawned, a no-op if the call did release).
+    /// Lets go with `op` (the idempotency layer's record written with the release) instead of
+    /// the store's release, now: returned to await (its first answer); after a failure it is
+    /// sent again in a spawned task while the lease is valid (also if the returned future is
+    /// dropped). The hold stays, for [`settle`](Self::settle) to record how that ended; never
+    /// a plain release after it.
+    pub(crate) fn let_go_with(&mut self, op: LetGo) -> Release {
+        self.lease.set_releasing();
+        self.release.let_go_with(op);
+        self.release.release_now()
+    }
+
+    /// Ends the hold after [`let_go_with`](Self::let_go_with) answered: released, not ours any
+    /// more, or failed (then it is being sent again, and failing that the key frees itself when
+    /// its TTL runs out).
     pub(crate) fn settle(mut self, outcome: Outcome, answer: Result<bool, &StoreError>) {
         self.finish(outcome);
-        self.lease.set_releasing();
         if let Ok(released) = answer {
             self.release.disarm(released);
         }

@@ -14,7 +14,11 @@
 //! The head of a key's queue publishes what it knows of the key's holder: its own lease once it
 //! holds the key, or the remaining TTL the store reported for another holder. A waiter that
 //! gives up here is told that, so its 409's `Retry-After` is the holder's remaining lease, as it
-//! would be had it asked the store itself.
+//! would be had it asked the store itself. It also publishes that it is asking the store, and
+//! that the store failed: a waiter whose deadline passes while the head's call is on its way
+//! waits for its answer (at most a store timeout from when it was sent), and one whose turn
+//! never came because the store did not answer gives up with that failure (503), not as if
+//! someone held the key (409).
 
 use std::{
     collections::HashMap,
@@ -23,13 +27,14 @@ use std::{
 };
 
 use tokio::{
-    sync::{Mutex as FairMutex, OwnedMutexGuard},
-    time::{Instant, timeout_at},
+    sync::{Mutex as FairMutex, Notify, OwnedMutexGuard},
+    time::{Instant, sleep_until, timeout_at},
 };
 
 use crate::{
     key::{KeySet, LockKey},
     lease::Lease,
+    store::StoreError,
 };
 
 /// The local queues of one [`Locker`](crate::Locker), one per key in use.
@@ -46,14 +51,21 @@ struct Entry {
     turn: Arc<FairMutex<()>>,
     /// Published by the turn's holder, read by a waiter that gives up.
     holder: Mutex<Holder>,
+    /// Told whenever the holder is published, for a waiter that waits for the head's answer.
+    published: Notify,
 }
 
 /// What the head of a key's queue knows of the key's holder.
 #[derive(Debug, Default)]
 enum Holder {
-    /// The head has not heard from the store yet.
+    /// The head has not asked the store yet.
     #[default]
     Unknown,
+    /// The head's first call is on its way, sent then.
+    Asking { since: Instant },
+    /// The store failed the head's last call (or did not answer it in time). Kept when the turn
+    /// passes on, until the next head asks: it is about the store, not about the head.
+    Failing(StoreError),
     /// The store told the head that someone else holds the key, until about then.
     Elsewhere { until: Instant },
     /// The head holds the key: its lease, kept up to date by its renewals.
@@ -63,6 +75,12 @@ enum Holder {
 impl Entry {
     fn holder(&self) -> std::sync::MutexGuard<'_, Holder> {
         self.holder.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Publishes what the head knows now, and tells the waiters waiting for it.
+    fn publish(&self, holder: Holder) {
+        *self.holder() = holder;
+        self.published.notify_waiters();
     }
 }
 
@@ -77,21 +95,26 @@ pub(crate) struct Turn {
 }
 
 /// A waiter that gave up in the local queue: how long the key's holder has left, as far as the
-/// head of the queue knows (`None` if it has not heard from the store yet).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct GaveUp {
-    pub(crate) holder_left: Option<Duration>,
+/// head of the queue knows (`None` if it has not heard from the store yet); or, when its turn
+/// never came because the store did not answer the head, that failure.
+#[derive(Debug, Clone)]
+pub(crate) enum GaveUp {
+    Held { holder_left: Option<Duration> },
+    Unavailable(StoreError),
 }
 
 /// Table capacity (entries) above which a mostly empty table is shrunk.
 const SHRINK_ABOVE: usize = 1024;
 
 impl LocalQueues {
-    /// Waits for this process's turn at `key`, or gives up when the deadline passes first.
+    /// Waits for this process's turn at `key`, or gives up when the deadline passes first. A
+    /// head whose call to the store is on its way then is given until `store_timeout` after it
+    /// sent it to answer, so that the waiter gives up with what the store said.
     pub(crate) async fn turn(
         self: &Arc<Self>,
         key: &LockKey,
         deadline: Option<Instant>,
+        store_timeout: Duration,
     ) -> Result<Turn, GaveUp> {
         let key = key.shared();
         let entry = {
@@ -111,11 +134,7 @@ impl LocalQueues {
             Err(_) => match deadline {
                 Some(deadline) => match timeout_at(deadline, queue.lock_owned()).await {
                     Ok(guard) => guard,
-                    Err(_) => {
-                        return Err(GaveUp {
-                            holder_left: turn.holder_left(),
-                        });
-                    }
+                    Err(_) => return Err(turn.gave_up(store_timeout).await),
                 },
                 None => queue.lock_owned().await,
             },
@@ -130,10 +149,11 @@ impl LocalQueues {
         self: &Arc<Self>,
         keys: &KeySet,
         deadline: Option<Instant>,
+        store_timeout: Duration,
     ) -> Result<Turns, GaveUp> {
         let mut turns = Turns::default();
         for key in keys {
-            turns.push(self.turn(key, deadline).await?);
+            turns.push(self.turn(key, deadline, store_timeout).await?);
         }
         Ok(turns)
     }
@@ -156,27 +176,80 @@ impl Turn {
             .expect("a turn has its entry until dropped")
     }
 
-    /// The holder's time left, as the queue's head last published it.
-    fn holder_left(&self) -> Option<Duration> {
-        match &*self.entry().holder() {
-            Holder::Unknown => None,
-            Holder::Elsewhere { until } => Some(until.saturating_duration_since(Instant::now())),
-            Holder::Head(lease) => Some(lease.time_left()),
+    /// Why a waiter whose deadline passed gives up, from what the queue's head published: the
+    /// holder's time left; or the store's failure, waiting first for the answer to a call the
+    /// head has on its way (until `store_timeout` after it was sent: then it failed).
+    async fn gave_up(&self, store_timeout: Duration) -> GaveUp {
+        let entry = self.entry();
+        loop {
+            // Registered before reading, so that a publication in between is not missed.
+            let published = entry.published.notified();
+            let asked_at = match &*entry.holder() {
+                Holder::Unknown => return GaveUp::Held { holder_left: None },
+                Holder::Elsewhere { until } => {
+                    let holder_left = Some(until.saturating_duration_since(Instant::now()));
+                    return GaveUp::Held { holder_left };
+                }
+                Holder::Head(lease) => {
+                    let holder_left = Some(lease.time_left());
+                    return GaveUp::Held { holder_left };
+                }
+                Holder::Failing(error) => return GaveUp::Unavailable(error.clone()),
+                Holder::Asking { since } => *since,
+            };
+            let timed_out = asked_at + store_timeout;
+            if Instant::now() >= timed_out {
+                return GaveUp::Unavailable(StoreError::timeout(store_timeout));
+            }
+            tokio::select! {
+                () = published => {}
+                () = sleep_until(timed_out) => {}
+            }
+        }
+    }
+
+    /// The head sends a call to the store: a waiter that gives up meanwhile waits for its
+    /// answer. (What the head knew of another holder stands until the answer.)
+    pub(crate) fn asking(&self) {
+        let entry = self.entry();
+        let mut holder = entry.holder();
+        if matches!(*holder, Holder::Unknown | Holder::Failing(_)) {
+            *holder = Holder::Asking {
+                since: Instant::now(),
+            };
         }
     }
 
     /// The store answered the head that the key is held by someone else for `expires_in`.
     pub(crate) fn held_elsewhere(&self, expires_in: Option<Duration>) {
-        if let Some(expires_in) = expires_in {
-            *self.entry().holder() = Holder::Elsewhere {
+        match expires_in {
+            Some(expires_in) => self.entry().publish(Holder::Elsewhere {
                 until: Instant::now() + expires_in,
-            };
+            }),
+            None => self.answered(),
         }
+    }
+
+    /// The store answered the head, and said nothing of another holder of this key: what the
+    /// head knew of one stands; that it was asking, or that the store failed, does not.
+    fn answered(&self) {
+        let entry = self.entry();
+        let mut holder = entry.holder();
+        if matches!(*holder, Holder::Asking { .. } | Holder::Failing(_)) {
+            *holder = Holder::Unknown;
+        }
+        drop(holder);
+        entry.published.notify_waiters();
+    }
+
+    /// The head's call failed: a waiter that gives up answers with this failure.
+    pub(crate) fn failed(&self, error: &StoreError) {
+        self.entry().publish(Holder::Failing(error.clone()));
     }
 
     /// The head acquired the key: a waiter that gives up is told this lease's time left.
     pub(crate) fn acquired(&self, lease: &Lease) {
-        *self.entry().holder() = Holder::Head(lease.clone());
+        self.entry().publish(Holder::Head(lease.clone()));
     }
 }
 
@@ -197,26 +270,36 @@ impl Turns {
         }
     }
 
-    fn get(&self, i: usize) -> Option<&Turn> {
-        match i {
-            0 => self.first.as_ref(),
-            i => self.rest.get(i - 1),
-        }
+    fn all(&self) -> impl Iterator<Item = &Turn> {
+        self.first.iter().chain(&self.rest)
+    }
+
+    /// A call goes to the store for every key.
+    pub(crate) fn asking(&self) {
+        self.all().for_each(Turn::asking);
     }
 
     /// The store answered that the key at `blocked` (in lock order) is held by someone else,
-    /// for `expires_in`: told to the waiters behind this request at that key.
+    /// for `expires_in`: told to the waiters behind this request at that key (and that the
+    /// store answered, to those at the others).
     pub(crate) fn held_elsewhere(&self, blocked: usize, expires_in: Option<Duration>) {
-        if let Some(turn) = self.get(blocked) {
-            turn.held_elsewhere(expires_in);
+        for (i, turn) in self.all().enumerate() {
+            if i == blocked {
+                turn.held_elsewhere(expires_in);
+            } else {
+                turn.answered();
+            }
         }
+    }
+
+    /// The store failed the call for every key.
+    pub(crate) fn failed(&self, error: &StoreError) {
+        self.all().for_each(|turn| turn.failed(error));
     }
 
     /// Every key is held by `lease`: a waiter at any of them that gives up is told its time left.
     pub(crate) fn acquired(&self, lease: &Lease) {
-        for turn in self.first.iter().chain(&self.rest) {
-            turn.acquired(lease);
-        }
+        self.all().for_each(|turn| turn.acquired(lease));
     }
 }
 
@@ -231,10 +314,17 @@ impl Drop for Turns {
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        // Only the holder of the turn publishes: it forgets what it knew before passing the
-        // turn on, so the next head starts from `Unknown`.
+        // Only the holder of the turn publishes: it forgets what it knew of the holder before
+        // passing the turn on, so the next head starts from `Unknown`; a failure of the store
+        // stands until the next head asks it. Waiting waiters are told either way.
         if self.guard.is_some() {
-            *self.entry().holder() = Holder::Unknown;
+            let entry = self.entry();
+            let mut holder = entry.holder();
+            if !matches!(*holder, Holder::Failing(_)) {
+                *holder = Holder::Unknown;
+            }
+            drop(holder);
+            entry.published.notify_waiters();
         }
         // Pass the turn on first, then forget the key if nobody else holds or waits for it
         // (every holder and waiter keeps a clone of the entry, taken under this same lock).
@@ -265,6 +355,16 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// The store timeout the waiters are given.
+    const T: Duration = Duration::from_secs(1);
+
+    fn holder_left(gave_up: GaveUp) -> Option<Duration> {
+        match gave_up {
+            GaveUp::Held { holder_left } => holder_left,
+            GaveUp::Unavailable(error) => panic!("an outage: {error}"),
+        }
+    }
+
     fn key(v: &str) -> LockKey {
         LockKey::new("p:", "s", v.as_bytes(), 64).unwrap()
     }
@@ -272,13 +372,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn first_come_first_served_and_cleaned_up() {
         let queues = Arc::new(LocalQueues::default());
-        let first = queues.turn(&key("k"), None).await.unwrap();
+        let first = queues.turn(&key("k"), None, T).await.unwrap();
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut waiters = Vec::new();
         for i in 0..5 {
             let (queues, order) = (Arc::clone(&queues), Arc::clone(&order));
             waiters.push(tokio::spawn(async move {
-                let _turn = queues.turn(&key("k"), None).await.unwrap();
+                let _turn = queues.turn(&key("k"), None, T).await.unwrap();
                 order.lock().unwrap().push(i);
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }));
@@ -286,8 +386,8 @@ mod tests {
         }
         // A waiter that gives up leaves the queue without blocking the rest.
         let deadline = Instant::now() + Duration::from_millis(5);
-        assert!(queues.turn(&key("k"), Some(deadline)).await.is_err());
-        assert!(queues.turn(&key("other"), Some(deadline)).await.is_ok());
+        assert!(queues.turn(&key("k"), Some(deadline), T).await.is_err());
+        assert!(queues.turn(&key("other"), Some(deadline), T).await.is_ok());
         drop(first);
         for waiter in waiters {
             waiter.await.unwrap();
@@ -301,7 +401,7 @@ mod tests {
         let queues = Arc::new(LocalQueues::default());
         let mut turns = Vec::new();
         for i in 0..5000 {
-            turns.push(queues.turn(&key(&i.to_string()), None).await.unwrap());
+            turns.push(queues.turn(&key(&i.to_string()), None, T).await.unwrap());
         }
         assert!(queues.capacity() >= 5000);
         drop(turns);
@@ -316,10 +416,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_waiter_dropped_while_queued_leaves_no_entry() {
         let queues = Arc::new(LocalQueues::default());
-        let holder = queues.turn(&key("k"), None).await.unwrap();
+        let holder = queues.turn(&key("k"), None, T).await.unwrap();
         let waiter = tokio::spawn({
             let queues = Arc::clone(&queues);
-            async move { queues.turn(&key("k"), None).await.map(drop) }
+            async move { queues.turn(&key("k"), None, T).await.map(drop) }
         });
         tokio::task::yield_now().await;
         waiter.abort();
@@ -343,7 +443,7 @@ mod tests {
             let keys = [ab.clone(), bc.clone(), ba.clone(), KeySet::from(b.clone())][i % 4].clone();
             let (queues, served) = (Arc::clone(&queues), Arc::clone(&served));
             tasks.push(tokio::spawn(async move {
-                let turns = queues.turns(&keys, None).await.unwrap();
+                let turns = queues.turns(&keys, None, T).await.unwrap();
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 drop(turns);
                 *served.lock().unwrap() += 1;
@@ -360,12 +460,12 @@ mod tests {
 
         // A set waiting behind a holder of one key keeps its place there: single-key
         // requests that come after it wait behind it.
-        let holder = queues.turn(&b, None).await.unwrap();
+        let holder = queues.turn(&b, None, T).await.unwrap();
         let order = Arc::new(Mutex::new(Vec::new()));
         let set = tokio::spawn({
             let (queues, order, ab) = (Arc::clone(&queues), Arc::clone(&order), ab.clone());
             async move {
-                let _turns = queues.turns(&ab, None).await.unwrap();
+                let _turns = queues.turns(&ab, None, T).await.unwrap();
                 order.lock().unwrap().push("set");
             }
         });
@@ -373,7 +473,7 @@ mod tests {
         let single = tokio::spawn({
             let (queues, order, b) = (Arc::clone(&queues), Arc::clone(&order), b.clone());
             async move {
-                let _turn = queues.turn(&b, None).await.unwrap();
+                let _turn = queues.turn(&b, None, T).await.unwrap();
                 order.lock().unwrap().push("single");
             }
         });
@@ -384,12 +484,12 @@ mod tests {
         assert_eq!(*order.lock().unwrap(), ["set", "single"]);
 
         // A set that gives up passes on the turns it had.
-        let holder = queues.turn(&b, None).await.unwrap();
+        let holder = queues.turn(&b, None, T).await.unwrap();
         let soon = Some(Instant::now() + Duration::from_millis(5));
-        let gave_up = queues.turns(&ab, soon).await;
+        let gave_up = queues.turns(&ab, soon, T).await;
         assert!(gave_up.is_err());
         assert!(
-            queues.turn(&a, soon).await.is_ok(),
+            queues.turn(&a, soon, T).await.is_ok(),
             "the set kept its turn at a"
         );
         drop(holder);
@@ -400,43 +500,89 @@ mod tests {
     async fn a_waiter_that_gives_up_hears_the_holders_time_left() {
         let queues = Arc::new(LocalQueues::default());
         let soon = || Some(Instant::now() + Duration::from_millis(5));
-        let head = queues.turn(&key("k"), None).await.unwrap();
+        let head = queues.turn(&key("k"), None, T).await.unwrap();
         // The head has not heard from the store yet.
-        let gave_up = queues.turn(&key("k"), soon()).await.unwrap_err();
-        assert_eq!(gave_up.holder_left, None);
+        let gave_up = queues.turn(&key("k"), soon(), T).await.unwrap_err();
+        assert_eq!(holder_left(gave_up), None);
         // The store told the head that another process holds the key for 4 s more.
         head.held_elsewhere(Some(Duration::from_secs(4)));
         tokio::time::advance(Duration::from_secs(1)).await;
-        let gave_up = queues.turn(&key("k"), soon()).await.unwrap_err();
+        let gave_up = queues.turn(&key("k"), soon(), T).await.unwrap_err();
         assert_eq!(
-            gave_up.holder_left,
+            holder_left(gave_up),
             Some(Duration::from_secs(3) - Duration::from_millis(5))
         );
         // An answer without a TTL keeps what the head knew.
         head.held_elsewhere(None);
-        assert!(
-            queues
-                .turn(&key("k"), soon())
-                .await
-                .unwrap_err()
-                .holder_left
-                .is_some()
-        );
+        let gave_up = queues.turn(&key("k"), soon(), T).await.unwrap_err();
+        assert!(holder_left(gave_up).is_some());
         // The head acquired: its own lease, renewals included.
         let lease = Lease::new(key("k"), 1, Instant::now(), Duration::from_secs(10));
         head.acquired(&lease);
         tokio::time::advance(Duration::from_secs(2)).await;
         lease.renewed(Instant::now(), Duration::from_secs(10));
-        let gave_up = queues.turn(&key("k"), soon()).await.unwrap_err();
+        let gave_up = queues.turn(&key("k"), soon(), T).await.unwrap_err();
         assert_eq!(
-            gave_up.holder_left,
+            holder_left(gave_up),
             Some(Duration::from_secs(10) - Duration::from_millis(5))
         );
         // The next head starts from nothing.
         drop(head);
-        let next = queues.turn(&key("k"), None).await.unwrap();
-        let gave_up = queues.turn(&key("k"), soon()).await.unwrap_err();
-        assert_eq!(gave_up.holder_left, None);
+        let next = queues.turn(&key("k"), None, T).await.unwrap();
+        let gave_up = queues.turn(&key("k"), soon(), T).await.unwrap_err();
+        assert_eq!(holder_left(gave_up), None);
+        drop(next);
+        assert_eq!(queues.len(), 0, "entries left behind");
+    }
+
+    /// A waiter whose deadline passes while the head's call to the store is on its way waits
+    /// for its answer: a failure (or no answer within the store timeout) is what it gives up
+    /// with (503), not contention; an answer that the key is held, contention (409). A failure
+    /// stands for the next head's waiters until that head asks the store itself.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_behind_a_failing_head_gives_up_with_the_failure() {
+        let queues = Arc::new(LocalQueues::default());
+        let soon = || Some(Instant::now() + Duration::from_millis(5));
+        let head = queues.turn(&key("k"), None, T).await.unwrap();
+        // The head asks; the store fails it 300 ms later.
+        head.asking();
+        let started = Instant::now();
+        let waiter = tokio::spawn({
+            let queues = Arc::clone(&queues);
+            async move { queues.turn(&key("k"), soon(), T).await.map(drop) }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let down = StoreError::msg(crate::store::StoreErrorKind::Unavailable, "down");
+        head.failed(&down);
+        let Err(GaveUp::Unavailable(error)) = waiter.await.unwrap() else {
+            panic!("gave up as if the key were held")
+        };
+        assert_eq!(error.to_string(), "down");
+        assert_eq!(started.elapsed(), Duration::from_millis(300));
+        // The failure stands for the next head's waiters, until it asks.
+        let next = tokio::spawn({
+            let queues = Arc::clone(&queues);
+            async move { queues.turn(&key("k"), None, T).await.unwrap() }
+        });
+        tokio::task::yield_now().await;
+        drop(head);
+        let next = next.await.unwrap();
+        let gave_up = queues.turn(&key("k"), soon(), T).await.unwrap_err();
+        assert!(matches!(gave_up, GaveUp::Unavailable(_)), "{gave_up:?}");
+        // It asks, and hears nothing: a waiter gives up at the store timeout.
+        next.asking();
+        let started = Instant::now();
+        let gave_up = queues.turn(&key("k"), soon(), T).await.unwrap_err();
+        assert_eq!(started.elapsed(), T);
+        let GaveUp::Unavailable(error) = gave_up else {
+            panic!("gave up as if the key were held")
+        };
+        assert_eq!(error.kind(), crate::store::StoreErrorKind::Timeout);
+        // It asks again and hears that the key is held: contention.
+        next.asking();
+        next.held_elsewhere(Some(Duration::from_secs(4)));
+        let gave_up = queues.turn(&key("k"), soon(), T).await.unwrap_err();
+        assert!(holder_left(gave_up).is_some());
         drop(next);
         assert_eq!(queues.len(), 0, "entries left behind");
     }

@@ -29,5 +29,5 @@ mod tests;
 pub use self::{acquiring::Acquiring, guard::LeaseGuard, locker::Locker};
 pub(crate) use self::{
     hold::{Guarded, Hold, poll_guarded},
-    release::Release,
+    release::{LetGo, Release},
 };

@@ -1,6 +1,14 @@
 //! Giving a lease back: now (a [`Release`] the owner awaits) or on drop (a spawned one).
+//!
+//! Either way a release (or the holder's own way of letting go: the idempotency layer's record
+//! written with the release) that fails is sent again, in a spawned task, for as long as the
+//! lease is valid: it is token-checked, so sending it twice is safe, and given up it would
+//! leave the key locked until its TTL (or, for a record, let a retry run the handler again).
+//! The owner awaits only the first answer. See
+//! `docs/DECISIONS.md`, "A failed release or completion is sent again while the lease is valid".
 
 use std::{
+    fmt,
     future::Future,
     pin::Pin,
     sync::Arc,
@@ -8,16 +16,57 @@ use std::{
     time::Duration,
 };
 
-use tokio::{runtime::Handle, time::Instant};
+use tokio::{
+    runtime::Handle,
+    time::{Instant, sleep, timeout},
+};
 
 use super::local::Turns;
 use crate::{
     key::{KeySet, LockKey},
     lease::Lease,
-    store::{Backend, BoxFuture, StoreError},
+    store::{Backend, BoxFuture, StoreError, StoreErrorKind},
     telemetry::{self, Chain, Op},
     token::Token,
 };
+
+/// The first pause before a failed release is sent again; it doubles up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+
+/// The longest pause between two sends of a failed release.
+const RETRY_MAX: Duration = Duration::from_millis(500);
+
+/// A holder's own way of letting go of its lease, in place of the store's release: an
+/// operation that releases the key only if it holds the holder's token (so that it may be sent
+/// again), answering whether it did. The idempotency layer's record-and-release is one.
+#[derive(Clone)]
+pub(crate) struct LetGo(Arc<dyn Fn() -> BoxFuture<Result<bool, StoreError>> + Send + Sync>);
+
+impl LetGo {
+    pub(crate) fn new(
+        op: impl Fn() -> BoxFuture<Result<bool, StoreError>> + Send + Sync + 'static,
+    ) -> Self {
+        Self(Arc::new(op))
+    }
+}
+
+impl fmt::Debug for LetGo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LetGo")
+    }
+}
+
+/// Whether sending a release again may succeed: not for credentials, TLS or settings that
+/// time does not fix.
+fn worth_again(error: &StoreError) -> bool {
+    !matches!(
+        error.kind(),
+        StoreErrorKind::Authentication
+            | StoreErrorKind::Tls
+            | StoreErrorKind::Config
+            | StoreErrorKind::Entropy
+    )
+}
 
 /// Releases a lease when dropped, unless disarmed; never blocks and never panics.
 ///
@@ -39,6 +88,12 @@ pub(crate) struct ReleaseOnDrop {
     fallback: bool,
     /// This request's places in the process-local queues of its keys, passed on after release.
     turns: Option<Turns>,
+    /// The lease once held: its end (as renewals extend it) bounds the release's retries.
+    lease: Option<Lease>,
+    /// Before that, when what the latest attempt may have taken runs out.
+    until: Instant,
+    /// The holder's own way of letting go, if not the store's release.
+    op: Option<LetGo>,
 }
 
 impl ReleaseOnDrop {
@@ -53,6 +108,9 @@ impl ReleaseOnDrop {
             held_since: None,
             fallback: true,
             turns: None,
+            lease: None,
+            until: Instant::now(),
+            op: None,
         }
     }
 
@@ -80,6 +138,13 @@ impl ReleaseOnDrop {
         self.armed = armed;
     }
 
+    /// Arms the guard for an attempt that may take the key until `until` (sent now, with its
+    /// TTL's validity): a failed release is sent again until then.
+    pub(crate) fn arm_until(&mut self, until: Instant) {
+        self.armed = true;
+        self.until = self.until.max(until);
+    }
+
     /// Takes this request's turns at its keys in the process-local queues.
     pub(crate) fn set_turns(&mut self, turns: Turns) {
         self.turns = Some(turns);
@@ -89,6 +154,7 @@ impl ReleaseOnDrop {
     /// this request in the process's queues are told of the lease.
     pub(crate) fn held(&mut self, at: Instant, lease: &Lease) {
         self.held_since = Some(at);
+        self.lease = Some(lease.clone());
         if let Some(turns) = &self.turns {
             turns.acquired(lease);
         }
@@ -100,6 +166,22 @@ impl ReleaseOnDrop {
     pub(crate) fn held_elsewhere(&self, blocked: usize, expires_in: Option<Duration>) {
         if let Some(turns) = &self.turns {
             turns.held_elsewhere(blocked, expires_in);
+        }
+    }
+
+    /// An attempt goes to the store: the waiters behind this request in the process's queues
+    /// that give up meanwhile wait for its answer.
+    pub(crate) fn asking(&self) {
+        if let Some(turns) = &self.turns {
+            turns.asking();
+        }
+    }
+
+    /// The store failed the attempt: the waiters behind this request in the process's queues
+    /// that give up answer with this failure (503), not as if the key were held.
+    pub(crate) fn failed(&self, error: &StoreError) {
+        if let Some(turns) = &self.turns {
+            turns.failed(error);
         }
     }
 
@@ -125,31 +207,100 @@ impl ReleaseOnDrop {
         }
     }
 
-    /// Disarms the guard and returns the release, for the caller to await.
+    /// Lets go with `op` instead of the store's release, from now on (this release, and the
+    /// one the guard would send when dropped).
+    pub(crate) fn let_go_with(&mut self, op: LetGo) {
+        self.op = Some(op);
+    }
+
+    /// Disarms the guard and returns the release, for the caller to await: its first answer. A
+    /// release that fails is sent again in a spawned task while the lease is valid.
     ///
     /// If that future is dropped before it finishes (the client hung up while the response
     /// future was releasing), a fallback guard inside it spawns the release again.
     pub(crate) fn release_now(&mut self) -> Release {
         self.armed = false;
-        let limit = self.timeout;
+        let fallback = ReleaseOnDrop {
+            store: Arc::clone(&self.store),
+            keys: self.keys.clone(),
+            token: self.token.clone(),
+            timeout: self.timeout,
+            armed: self.fallback,
+            held_since: None,
+            fallback: false,
+            turns: None,
+            lease: None,
+            until: self
+                .lease
+                .as_ref()
+                .map_or(self.until, |lease| lease.valid_until().max(self.until)),
+            op: self.op.clone(),
+        };
         Release {
-            release: self
-                .store
-                .release_set(self.keys.clone(), self.token.clone(), limit),
-            fallback: ReleaseOnDrop {
-                store: Arc::clone(&self.store),
-                keys: self.keys.clone(),
-                token: self.token.clone(),
-                timeout: limit,
-                armed: self.fallback,
-                held_since: None,
-                fallback: false,
-                turns: None,
-            },
+            release: fallback.send(),
+            fallback,
             turns: self.turns.take(),
             held_since: self.held_since.take(),
             sent_at: None,
         }
+    }
+
+    /// One send of the release (or of the holder's own way of letting go), bounded by the
+    /// store timeout.
+    fn send(&self) -> BoxFuture<Result<bool, StoreError>> {
+        match &self.op {
+            None => self
+                .store
+                .release_set(self.keys.clone(), self.token.clone(), self.timeout),
+            Some(op) => {
+                let (call, limit) = ((op.0)(), self.timeout);
+                Box::pin(async move {
+                    timeout(limit, call)
+                        .await
+                        .unwrap_or_else(|_| Err(StoreError::timeout(limit)))
+                })
+            }
+        }
+    }
+
+    /// After the first send failed with `error`: the release sent again, with growing pauses,
+    /// until one answers or `until` (the lease's end) would pass; the last answer. `None` if
+    /// there is no time for another, or sending again cannot help. Owns what it sends: for a
+    /// spawned task.
+    fn again(&self, error: &StoreError) -> Option<BoxFuture<Result<bool, StoreError>>> {
+        if !worth_again(error) || Instant::now() + RETRY_FIRST >= self.until {
+            return None;
+        }
+        let sender = ReleaseOnDrop {
+            store: Arc::clone(&self.store),
+            keys: self.keys.clone(),
+            token: self.token.clone(),
+            timeout: self.timeout,
+            armed: false,
+            held_since: None,
+            fallback: false,
+            turns: None,
+            lease: None,
+            until: self.until,
+            op: self.op.clone(),
+        };
+        Some(Box::pin(async move {
+            let mut pause = RETRY_FIRST;
+            loop {
+                sleep(pause).await;
+                let answer = sender.send().await;
+                pause = (pause * 2).min(RETRY_MAX);
+                match &answer {
+                    Err(error) if worth_again(error) && Instant::now() + pause < sender.until => {
+                        tracing::debug!(
+                            error = %Chain(error),
+                            "lease release failed again; sending it again while the lease is valid"
+                        );
+                    }
+                    _ => return answer,
+                }
+            }
+        }))
     }
 }
 
@@ -168,8 +319,9 @@ impl Drop for ReleaseOnDrop {
 
 /// A release in flight, from [`ReleaseOnDrop::release_now`]: the store's release (bounded by
 /// the store timeout), then this process's turns at the keys passed on, the round trip and the
-/// hold time recorded, and a failure logged. Dropped before it finishes, its armed fallback
-/// sends the release again in a spawned task.
+/// hold time recorded, and a failure logged. A failure is answered at once, and the release is
+/// sent again in a spawned task while the lease is valid. Dropped before it answers, its armed
+/// fallback sends the release again in a spawned task.
 pub(crate) struct Release {
     release: BoxFuture<Result<bool, StoreError>>,
     fallback: ReleaseOnDrop,
@@ -186,29 +338,49 @@ impl Future for Release {
         let sent_at = *this.sent_at.get_or_insert_with(Instant::now);
         let result = ready!(this.release.as_mut().poll(cx));
         this.fallback.armed = false;
-        // Only now may the next request of this process try the keys.
+        // Only now may the next request of this process try the keys: the key is free, or the
+        // store failed, and its answer to that request is as good as ours.
         drop(this.turns.take());
         telemetry::round_trip(Op::Release, sent_at.elapsed());
-        let key = this.fallback.key();
-        match &result {
-            Ok(released) => tracing::debug!(released, "lease released"),
-            Err(error) => {
-                telemetry::store_error(&key.scope_label(), Op::Release);
-                tracing::warn!(
-                    scope = %key.scope_label(),
-                    error = %Chain(error),
-                    "lease release failed; the key frees itself when its TTL runs out"
-                );
-            }
+        let key = this.fallback.key().clone();
+        if let Err(error) = &result
+            && let Some(again) = this.fallback.again(error)
+            && let Ok(runtime) = Handle::try_current()
+        {
+            tracing::debug!(
+                scope = %key.scope_label(),
+                error = %Chain(error),
+                "lease release failed; sending it again while the lease is valid"
+            );
+            let held_since = this.held_since.take();
+            runtime.spawn(async move { settle(&key, held_since, &again.await) });
+            return Poll::Ready(result);
         }
-        if let Some(since) = this.held_since.take() {
-            telemetry::released(
-                &key.scope_label(),
-                result.as_ref().map(|r| *r).map_err(|_| ()),
-                since.elapsed(),
+        settle(&key, this.held_since.take(), &result);
+        Poll::Ready(result)
+    }
+}
+
+/// Logs how a release ended (after any sends again) and records it in the metrics.
+fn settle(key: &LockKey, held_since: Option<Instant>, result: &Result<bool, StoreError>) {
+    match result {
+        Ok(released) => tracing::debug!(released, "lease released"),
+        Err(error) => {
+            telemetry::store_error(&key.scope_label(), Op::Release);
+            tracing::warn!(
+                scope = %key.scope_label(),
+                error = %Chain(error),
+                "lease release failed for as long as the lease was valid; the key frees itself \
+                 when its TTL runs out"
             );
         }
-        Poll::Ready(result)
+    }
+    if let Some(since) = held_since {
+        telemetry::released(
+            &key.scope_label(),
+            result.as_ref().map(|r| *r).map_err(|_| ()),
+            since.elapsed(),
+        );
     }
 }
 

@@ -21,8 +21,8 @@ use crate::{
     error::{LockError, LostReason},
     key::LockKey,
     store::{
-        Acquire, Attempt, BoxFuture, Capabilities, HandOff, LockStore, QueueSignals, QueueWatch,
-        Signal, StoreError, StoreErrorKind,
+        Acquire, Attempt, BoxFuture, Capabilities, Epoch, HandOff, LockStore, QueueSignals,
+        QueueWatch, Signal, StoreError, StoreErrorKind,
     },
     testing::{Call, Scripted},
     token::Token,
@@ -571,6 +571,7 @@ impl HandOff for Queueing {
         let answer = match enqueued.len() {
             1 => Ok(Attempt::Queued {
                 expires_in: Some(5000 * MS),
+                since: Epoch::default(),
             }),
             2 => Err(StoreError::msg(StoreErrorKind::Unavailable, "down")),
             _ => Ok(Attempt::Acquired { fencing_token: 42 }),
@@ -578,7 +579,7 @@ impl HandOff for Queueing {
         Box::pin(std::future::ready(answer))
     }
 
-    fn queue_watch(&self, _key: &LockKey, _token: &Token) -> Option<QueueWatch> {
+    fn queue_watch(&self, _key: &LockKey, _token: &Token, _since: Epoch) -> Option<QueueWatch> {
         let (tx, rx) = mpsc::unbounded_channel();
         // Check again now (the second attempt fails), then: a hand-off that the release sent
         // after that failure has already passed on.
@@ -621,4 +622,35 @@ async fn after_a_store_error_a_stale_handoff_is_not_taken() {
         sleep(5 * MS).await;
     }
     guard.release().await.unwrap();
+}
+
+/// A release that fails answers at once, and is sent again in a spawned task, 50 ms after the
+/// first send and then twice as long each time up to 500 ms, for as long as the lease is
+/// valid: it frees the key once the store answers again. One that fails until the lease's end
+/// is given up then (the key expires).
+#[tokio::test(start_paused = true)]
+async fn a_failed_release_is_sent_again_while_the_lease_is_valid() {
+    let store = Scripted::new();
+    let locker = locker(&store, config(2_000 * MS, Wait::none()));
+    let k = locker.key("t", "k").unwrap();
+    let guard = locker.acquire(k.clone()).await.unwrap();
+    store.set_down(true);
+    let started = Instant::now();
+    assert!(guard.release().await.is_err());
+    assert_eq!(started.elapsed(), Duration::ZERO, "the caller waited");
+    tokio::time::sleep(300 * MS).await;
+    store.set_down(false);
+    tokio::time::sleep(100 * MS).await;
+    // Sent at 0, 50, 150 and 350 ms: the last answered.
+    assert_eq!(store.count(is_release), 4);
+    let free = locker.try_acquire(k.clone()).await.unwrap();
+    free.expect("not freed").release().await.unwrap();
+
+    let before = store.count(is_release);
+    let guard = locker.acquire(k.clone()).await.unwrap();
+    store.set_down(true);
+    assert!(guard.release().await.is_err());
+    tokio::time::sleep(5_000 * MS).await;
+    // 0, 50, 150, 350, 750, 1250, 1750 ms: the next would come after the lease's end (2 s).
+    assert_eq!(store.count(is_release) - before, 7);
 }

@@ -1,7 +1,10 @@
 use std::{
     future::Future,
     pin::Pin,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     task::{Context, Poll, ready},
     time::Duration,
 };
@@ -23,10 +26,10 @@ use super::{
     state::IdempotencyState,
 };
 use crate::{
-    engine::{Guarded, Hold, Release, poll_guarded},
+    engine::{Guarded, Hold, LetGo, Release, poll_guarded},
     error::LockError,
     key::LockKey,
-    store::{BoxFuture, Completed, StoreError, StoreErrorKind},
+    store::{BoxFuture, StoreError, StoreErrorKind},
     telemetry::{self, Outcome},
 };
 
@@ -86,7 +89,8 @@ pin_project! {
             run: Option<Run>,
         },
         Completing {
-            complete: BoxFuture<Result<Completed, StoreError>>,
+            complete: Release,
+            stored: Arc<AtomicBool>,
             run: Option<Run>,
             response: Option<Response<ResponseBody<ResBody>>>,
         },
@@ -401,35 +405,51 @@ where
                             .collect(),
                         body: data.clone(),
                     };
-                    let complete = bounded(
-                        store_timeout,
-                        Arc::clone(&layer.records).complete(
-                            running.key.clone(),
-                            running.hold.token().clone(),
-                            running.hold.lease().fencing_token(),
-                            record.encode(),
-                            config.retention,
-                        ),
-                    );
+                    // The record written with the release, in one step, fenced by the lease's
+                    // token; after a failure sent again in a spawned task while the lease is
+                    // valid (it is token-checked), and never followed by a plain release, which
+                    // would free the key without the record. The release's answer says whether
+                    // the key was released; `stored`, whether the record was written.
+                    let stored = Arc::new(AtomicBool::new(false));
+                    let complete = {
+                        let (records, key) = (Arc::clone(&layer.records), running.key.clone());
+                        let (token, retention) = (running.hold.token().clone(), config.retention);
+                        let fencing_token = running.hold.lease().fencing_token();
+                        let (record, stored) = (record.encode(), Arc::clone(&stored));
+                        running.hold.let_go_with(LetGo::new(move || {
+                            let stored = Arc::clone(&stored);
+                            let complete = Arc::clone(&records).complete(
+                                key.clone(),
+                                token.clone(),
+                                fencing_token,
+                                record.clone(),
+                                retention,
+                            );
+                            Box::pin(async move {
+                                let completed = complete.await?;
+                                stored.store(completed.stored, Ordering::Relaxed);
+                                Ok(completed.released)
+                            })
+                        }))
+                    };
                     let body = ResponseBody::full_with_trailers(data, trailers);
                     this.state.set(State::Completing {
                         complete,
+                        stored,
                         run: Some(running),
                         response: Some(Response::from_parts(head, body)),
                     });
                 }
                 StateProj::Completing {
                     complete,
+                    stored,
                     run,
                     response,
                 } => {
-                    let result = ready!(complete.as_mut().poll(cx));
+                    let result = ready!(Pin::new(complete).poll(cx));
                     let running = run.take().expect(POLLED_AFTER_READY);
                     let outcome = match &result {
-                        Ok(Completed {
-                            stored: true,
-                            released,
-                        }) => {
+                        Ok(released) if stored.load(Ordering::Relaxed) => {
                             if !released {
                                 tracing::warn!(
                                     "the lease was lost before the response could be stored; \
@@ -438,7 +458,7 @@ where
                             }
                             Outcome::Stored
                         }
-                        Ok(Completed { stored: false, .. }) => {
+                        Ok(_) => {
                             tracing::warn!(
                                 "the lease was lost before the response could be stored, and a \
                                  newer request holds the key or stored its own: this one is not \
@@ -446,20 +466,19 @@ where
                             );
                             Outcome::NotStored
                         }
-                        // Maybe written, maybe not: the hold spawns a token-checked release,
-                        // which is a no-op if it was.
+                        // Failed: it is sent again in a spawned task while the lease is
+                        // valid; a retry meanwhile gets 409, then the record. Never a plain
+                        // release, which would free the key without the record.
                         Err(error) => {
                             tracing::warn!(
                                 error = error as &dyn std::error::Error,
-                                "storing the idempotency record failed; a retry runs the handler \
-                                 again"
+                                "storing the idempotency record failed; sending it again while \
+                                 the lease is valid"
                             );
                             Outcome::NotStored
                         }
                     };
-                    running
-                        .hold
-                        .settle(outcome, result.as_ref().map(|c| c.released));
+                    running.hold.settle(outcome, result.as_ref().copied());
                     return Poll::Ready(Ok(response.take().expect(POLLED_AFTER_READY)));
                 }
                 StateProj::Releasing { release, output } => {

@@ -99,7 +99,13 @@
 //!    runs to its end, and [`OnLeaseLost::Continue`](crate::OnLeaseLost) lets any run on), the
 //!    record is still stored when nobody holds the key, so that a retry replays what the
 //!    handler did rather than doing it again; never while a newer request holds the key (its
-//!    record is the one to keep), nor over a newer record.
+//!    record is the one to keep), nor over a newer record. If that operation fails (the store
+//!    unreachable for a moment, a Redis Cluster slot in migration answering `TRYAGAIN`), the
+//!    response is answered all the same, and the operation is sent again in the background,
+//!    with growing pauses, for as long as the lease is valid: it only acts while the lock holds
+//!    the request's token, so sending it twice is safe. A retry meanwhile gets 409, then the
+//!    replay. It is never replaced by a plain release, which would free the key without the
+//!    record.
 //!
 //! # Responses
 //!
@@ -109,7 +115,8 @@
 //! | header missing on a route that requires it | 400 | `#idempotency-key-missing` | |
 //! | header malformed, repeated, too short or too long | 400 | `#idempotency-key-invalid` | |
 //! | key finished before, different fingerprint | 422 | `#idempotency-key-reused` | |
-//! | key's first request still running | 409 | `#lock-contended` | holder's remaining TTL |
+//! | key's first request still running (or still writing its record: see step 7) | 409 | `#lock-contended` | holder's remaining TTL |
+//! | the handler ran, and writing its record failed (sent again in the background while the lease is valid) | the handler's response | | |
 //! | request body over `max_request_body` | 413 | `#request-body-too-large` | |
 //! | request body failed to arrive | 400 | `#request-body-unreadable` | |
 //! | no principal for the request (`None`, an empty id) | 500 | `#idempotency-principal-missing` | |
@@ -151,19 +158,23 @@
 //! If the process dies after the handler's side effect (the card was charged) and before the
 //! record is written, nothing is stored; the lock expires after its TTL and a retry runs the
 //! handler again. The same happens if the store loses the record (a Redis without persistence
-//! restarting, a failover to a replica that had not received it) or if the lease is lost and
-//! a newer request takes the key before the record could be written. No middleware can close
-//! this window: the side effect and the record live in different systems. A handler closes it
-//! by making its own write conditional on the key: [`IdempotencyKey`] gives it the key (and
-//! principal), and the [`Lease`](crate::Lease) its [`key`](crate::Lease::key) and [fencing
-//! token](crate::Lease::fencing_token). Record the side effect under a unique constraint on the
-//! key (in the same transaction as the write), and on a retry that finds it, return it instead
-//! of acting again; pass the fencing token so the storage rejects a stale holder's write
-//! ([`crate::fence`], `examples/sql.rs`, `examples/payments.rs`).
+//! restarting, a failover to a replica that had not received it), if the lease is lost and a
+//! newer request takes the key before the record could be written, or if writing it fails
+//! every time it is sent while the lease is valid (the store down for longer than what is left
+//! of the lease's TTL): a retry after the lock has expired runs the handler again (a retry
+//! before that gets 409). No middleware can close this window: the side effect and the record
+//! live in different systems. A handler closes it by making its own write conditional on the
+//! key: [`IdempotencyKey`] gives it the key (and principal), and the [`Lease`](crate::Lease)
+//! its [`key`](crate::Lease::key) and [fencing token](crate::Lease::fencing_token). Record the
+//! side effect under a unique constraint on the key (in the same transaction as the write), and
+//! on a retry that finds it, return it instead of acting again; pass the fencing token so the
+//! storage rejects a stale holder's write ([`crate::fence`], `examples/sql.rs`,
+//! `examples/payments.rs`).
 //!
-//! A request dropped before its record is written (client gone, timeout, panic) stores nothing
+//! A request dropped before its response is read (client gone, timeout, panic) stores nothing
 //! and releases the lock in a spawned task, so a retry runs at once rather than waiting for the
-//! retention or the TTL.
+//! retention or the TTL. One dropped while its record is being written leaves the write (and
+//! its retries) to a spawned task, never a plain release.
 //!
 //! # Stores
 //!

@@ -110,9 +110,11 @@ pub(crate) trait HandOff: Send + Sync + 'static {
     ) -> BoxFuture<Result<Attempt, StoreError>>;
 
     /// Registers `token` to hear the hand-off of `key`, after `enqueue` answered
-    /// [`Attempt::Queued`]; signals that arrived in between are delivered. `None`: this store
-    /// cannot tell it now (its subscription is down).
-    fn queue_watch(&self, key: &LockKey, token: &Token) -> Option<QueueWatch>;
+    /// [`Attempt::Queued`] with `since`; signals that arrived in between are delivered, and a
+    /// [`Signal::Retry`] if the store's signals may have missed the waiter while the answer was
+    /// on its way (see [`Epoch`]). `None`: this store cannot tell it now (its subscription is
+    /// down).
+    fn queue_watch(&self, key: &LockKey, token: &Token, since: Epoch) -> Option<QueueWatch>;
 }
 
 /// Announces releases to the waiters of this process.
@@ -193,10 +195,12 @@ pub(crate) enum SetAttempt {
         blocked: usize,
     },
     /// The key at `blocked` is held by another holder, and the caller has a place in its
-    /// hand-off queue: check again within `expires_in` if told nothing.
+    /// hand-off queue: check again within `expires_in` if told nothing. `since`: for
+    /// [`HandOff::queue_watch`].
     Queued {
         expires_in: Option<Duration>,
         blocked: usize,
+        since: Epoch,
     },
 }
 
@@ -208,9 +212,22 @@ pub(crate) enum Attempt {
     /// Held by another holder.
     Contended { expires_in: Option<Duration> },
     /// Held by another holder, and the caller has a place in the key's hand-off queue: check
-    /// again within `expires_in` if told nothing.
-    Queued { expires_in: Option<Duration> },
+    /// again within `expires_in` if told nothing. `since`: for [`HandOff::queue_watch`].
+    Queued {
+        expires_in: Option<Duration>,
+        since: Epoch,
+    },
 }
+
+/// When a store's hand-off signals last changed course: a count of the times it told every
+/// registered waiter to check again (its subscription broke, came back, or moved to another
+/// server). Read before an attempt that may queue, and handed back with the attempt's
+/// registration: a waiter whose answer ("queued") arrives after such a change was not
+/// registered to hear it, and a release in between may have taken its queue entry for a dead
+/// waiter's (nobody listened on its channel), so it checks again at once rather than sleep
+/// until its fallback timer while the key is free.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Epoch(pub(crate) u64);
 
 impl From<super::Acquire> for Attempt {
     fn from(answer: super::Acquire) -> Self {
@@ -416,12 +433,12 @@ impl<R: Route> HandOff for Routed<R> {
         })
     }
 
-    fn queue_watch(&self, key: &LockKey, token: &Token) -> Option<QueueWatch> {
+    fn queue_watch(&self, key: &LockKey, token: &Token, since: Epoch) -> Option<QueueWatch> {
         let target = self.0.current();
         R::capabilities(&target)
             .hand_off
             .as_ref()?
-            .queue_watch(key, token)
+            .queue_watch(key, token, since)
     }
 }
 
@@ -667,9 +684,15 @@ impl Backend {
         }))
     }
 
-    /// Registers `token`'s waiter for the hand-off of `key` (a store that hands off).
-    pub(crate) fn queue_watch(&self, key: &LockKey, token: &Token) -> Option<QueueWatch> {
-        self.caps.hand_off.as_ref()?.queue_watch(key, token)
+    /// Registers `token`'s waiter for the hand-off of `key` (a store that hands off), after an
+    /// attempt answered "queued" with `since`.
+    pub(crate) fn queue_watch(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        since: Epoch,
+    ) -> Option<QueueWatch> {
+        self.caps.hand_off.as_ref()?.queue_watch(key, token, since)
     }
 
     pub(crate) fn renew(

@@ -33,7 +33,7 @@ pub use self::capability::Capabilities;
 #[cfg(feature = "sentinel")]
 pub(crate) use self::capability::Route;
 pub(crate) use self::capability::{
-    AcquireSet, Attempt, Backend, Completed, HandOff, QueueSignals, QueueWatch, Records,
+    AcquireSet, Attempt, Backend, Completed, Epoch, HandOff, QueueSignals, QueueWatch, Records,
     ReleaseNotice, ReleaseNotices, SetAttempt, Signal,
 };
 #[cfg(feature = "cluster")]

@@ -73,12 +73,17 @@ use crate::{error::ConfigError, key::LockKey, token::Token};
 /// - A majority down: acquire fails with a [`StoreError`] (503 at once), renewals fail and the
 ///   lease is lost when it runs out.
 /// - **A node restarted without persistence** forgets the leases it held. One such node is
-///   harmless: the other members of each quorum still hold them. If a second node of the same
-///   quorum restarts empty before the leases expire, another client can win a quorum while the
-///   first holder still holds the key; the first holder hears of it at its next renewal (the
-///   renewal cannot reach a quorum: the lease is lost). Redlock's remedy is a *delayed restart*:
-///   keep a crashed node out for at least the longest TTL in use, or run it with `appendonly yes`
-///   and `appendfsync always`.
+///   harmless: the other members of each quorum still hold them, and the next renewal that a
+///   quorum grants puts each lease back on the nodes that answered that they do not hold it
+///   (`SET NX PX` with the holder's token, for what is left of the TTL), within a renewal
+///   interval (a third of the TTL) of the node's return. Another node restarted after that is
+///   harmless too. Two nodes of a quorum restarted empty *together* (the second before the
+///   first has a lease back: within a renewal interval of the first's return, or while it is
+///   down) let another client win a quorum while the first holder still holds the key; the
+///   first holder hears of it at its next renewal (the renewal cannot reach a quorum: the
+///   lease is lost). Redlock's remedy is a *delayed restart*: keep a crashed node out for at
+///   least the longest TTL in use (then it returns with nothing to forget), one node at a
+///   time, or run the nodes with `appendonly yes` and `appendfsync always`.
 /// - Clock jumps on a node (an NTP step, not a slew) shorten its leases beyond the drift
 ///   allowance; run the nodes with slewed time.
 ///
@@ -241,6 +246,37 @@ impl RedlockStore {
         .await
     }
 
+    /// Puts a lease that a quorum has just renewed back on the nodes at `indices`, which
+    /// answered that they do not hold it (restarted empty, most likely), for what is left of
+    /// `ttl`: `SET NX PX` with the holder's token, so a key held there by anyone else stays. So
+    /// a lease renewed past a restart lives on every node again, not on a bare quorum for as
+    /// long as it is held. Failures are left to the next renewal.
+    async fn put_back(&self, indices: &[usize], key: &LockKey, token: &Token, ttl: Duration) {
+        if ttl.is_zero() {
+            return;
+        }
+        let limit = self.timeout_for(ttl);
+        join_all(indices.iter().map(|&i| {
+            let node = &self.nodes[i];
+            async move {
+                match timeout(limit, node.put_back(key, token, ttl)).await {
+                    Ok(Ok(true)) => tracing::debug!(
+                        node = i,
+                        "a Redlock node had lost a held lease (restarted empty?); put it back"
+                    ),
+                    Ok(Ok(false)) => {}
+                    Ok(Err(error)) => tracing::debug!(
+                        node = i,
+                        error = &error as &dyn std::error::Error,
+                        "putting a lease back on a Redlock node failed"
+                    ),
+                    Err(_) => {}
+                }
+            }
+        }))
+        .await;
+    }
+
     /// Releases on the nodes at `indices`, at once; failures are left to the TTL.
     async fn release_on(&self, indices: &[usize], key: &LockKey, token: &Token, ttl: Duration) {
         let limit = self.timeout_for(ttl);
@@ -330,7 +366,15 @@ impl LockStore for RedlockStore {
     async fn renew(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<bool, StoreError> {
         let start = Instant::now();
         let answers = self.on_all(ttl, |node| node.renew(key, token, ttl)).await;
-        self.renewal_quorum(answers, start, ttl)
+        let missing: Vec<usize> = (answers.iter().enumerate())
+            .filter_map(|(i, answer)| matches!(answer, Ok(false)).then_some(i))
+            .collect();
+        let renewed = self.renewal_quorum(answers, start, ttl)?;
+        if renewed && !missing.is_empty() {
+            self.put_back(&missing, key, token, ttl.saturating_sub(start.elapsed()))
+                .await;
+        }
+        Ok(renewed)
     }
 
     async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, StoreError> {

@@ -13,6 +13,7 @@
 //! | [`Proxy::refuse`] | refused (`ECONNREFUSED`: nothing listens) | unchanged |
 //! | [`Proxy::drop_all`] | unchanged | closed, both sides, at once |
 //! | [`Proxy::drop_reply_to`] | unchanged | the next request containing `needle` is sent on; its connection is closed when the reply comes back, before the client sees it (once) |
+//! | [`Proxy::hold_replies_after`] | unchanged | the next request containing `needle` is sent on; the replies on its connection are held from then on until [`Proxy::release_replies`] (once) |
 //! | [`Proxy::redirect`] | forwarded to another server | unchanged |
 //!
 //! Latency delays each chunk from the moment the proxy read it, without capping throughput:
@@ -63,6 +64,11 @@ struct Shared {
     drop_reply: Mutex<Option<Vec<u8>>>,
     /// Replies dropped so far.
     replies_dropped: AtomicUsize,
+    /// Set by `hold_replies_after`: the bytes a request must contain to have its connection's
+    /// replies held.
+    hold_replies: Mutex<Option<Vec<u8>>>,
+    /// Whether replies on a connection armed by `hold_replies_after` are held now.
+    holding: watch::Sender<bool>,
     /// Where new connections go.
     upstream: Mutex<SocketAddr>,
 }
@@ -97,6 +103,8 @@ impl Proxy {
             accepted: AtomicUsize::new(0),
             drop_reply: Mutex::new(None),
             replies_dropped: AtomicUsize::new(0),
+            hold_replies: Mutex::new(None),
+            holding: watch::channel(false).0,
             upstream: Mutex::new(([127, 0, 0, 1], upstream).into()),
         });
         let accept_shared = Arc::clone(&shared);
@@ -156,6 +164,26 @@ impl Proxy {
     /// passing the reply on: the request ran, its caller only sees the connection drop.
     pub fn drop_reply_to(&self, needle: &[u8]) {
         *self.shared.drop_reply.lock().unwrap() = Some(needle.to_vec());
+    }
+
+    /// Once: the next chunk a client sends that contains `needle` is sent on to the server, and
+    /// from then on the replies on that connection are held in the proxy (the server has
+    /// answered, its caller has not heard) until [`release_replies`](Self::release_replies).
+    /// Other connections, and requests, flow as the mode says.
+    pub fn hold_replies_after(&self, needle: &[u8]) {
+        *self.shared.hold_replies.lock().unwrap() = Some(needle.to_vec());
+    }
+
+    /// Whether a connection's replies are held now (a request matched
+    /// [`hold_replies_after`](Self::hold_replies_after)'s needle).
+    pub fn holding_replies(&self) -> bool {
+        *self.shared.holding.borrow()
+    }
+
+    /// Sends the replies held by [`hold_replies_after`](Self::hold_replies_after) on, in order,
+    /// and lets that connection's replies flow again.
+    pub fn release_replies(&self) {
+        self.shared.holding.send_replace(false);
     }
 
     /// Replies dropped by [`drop_reply_to`](Self::drop_reply_to) so far.
@@ -263,11 +291,13 @@ async fn connection(client: TcpStream, upstream: SocketAddr, shared: Arc<Shared>
     // Both halves of both sockets drop here: each side sees the connection close.
 }
 
-/// One connection's part in `drop_reply_to`.
+/// One connection's part in `drop_reply_to` and `hold_replies_after`.
 #[derive(Default)]
 struct Cut {
     /// A request whose reply is to be dropped was sent on.
     armed: AtomicBool,
+    /// A request after which replies are held was sent on.
+    hold: AtomicBool,
     /// Closes the connection.
     now: Notify,
 }
@@ -352,11 +382,28 @@ async fn pump(
                         *needle = None;
                         cut.armed.store(true, Ordering::SeqCst);
                     }
+                    drop(needle);
+                    let mut needle = shared.hold_replies.lock().unwrap();
+                    let hit = needle
+                        .as_deref()
+                        .is_some_and(|n| bytes.windows(n.len()).any(|w| w == n));
+                    if hit {
+                        *needle = None;
+                        shared.holding.send_replace(true);
+                        cut.hold.store(true, Ordering::SeqCst);
+                    }
                 }
                 Way::Reply if cut.armed.load(Ordering::SeqCst) => {
                     shared.replies_dropped.fetch_add(1, Ordering::SeqCst);
                     cut.now.notify_one();
                     return;
+                }
+                Way::Reply if cut.hold.load(Ordering::SeqCst) => {
+                    let mut holding = shared.holding.subscribe();
+                    if holding.wait_for(|held| !held).await.is_err() {
+                        return;
+                    }
+                    cut.hold.store(false, Ordering::SeqCst);
                 }
                 Way::Reply => {}
             }

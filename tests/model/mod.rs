@@ -34,6 +34,10 @@ pub(crate) enum Property {
     FencingOrder,
     /// A live waiter queued before another gets the key first.
     Fifo,
+    /// A live waiter asleep on its fallback timer (no lost message excusing it) has something
+    /// that will wake it sooner: a signal or message on its way, an entry in a queue of its
+    /// keys, or a resubscription to come that tells it to check again.
+    Woken,
     /// Every run ends, and ends with every live process done.
     NoStarvation,
 }
@@ -56,6 +60,8 @@ pub(crate) struct Report {
     pub(crate) grants_run: usize,
     /// Steps in which a release handed the key to a waiter.
     pub(crate) hand_overs: usize,
+    /// Steps in which a release ran before its acquisition's attempt (a pool).
+    pub(crate) overtaken: usize,
     pub(crate) elapsed: Duration,
     pub(crate) violation: Option<Violation>,
 }
@@ -76,6 +82,13 @@ impl fmt::Display for Report {
             self.hand_overs,
             self.elapsed
         )?;
+        if self.overtaken > 0 {
+            write!(
+                f,
+                "; {} steps run a release before its own attempt",
+                self.overtaken
+            )?;
+        }
         match &self.violation {
             None => write!(f, "; all properties hold"),
             Some(v) => write!(
@@ -198,6 +211,7 @@ pub(crate) fn check_model(model: &mut Model) -> Report {
     let mut offsets: Vec<usize> = vec![0];
     let mut edges: Vec<u32> = Vec::new();
     let (mut terminal, mut holders, mut grants_run, mut hand_overs) = (0, 0, 0, 0);
+    let mut overtaken = 0;
     let mut violation = None;
     let mut i = root as usize;
     'explore: while i < visited.states.len() {
@@ -216,6 +230,7 @@ pub(crate) fn check_model(model: &mut Model) -> Report {
                 grants_run += usize::from(matches!(succ.step, Step::Signal(_) | Step::Deliver(_)));
             }
             hand_overs += usize::from(succ.handed_on);
+            overtaken += usize::from(matches!(succ.step, Step::Overtake(_)));
             let found = step_violation(&state, &succ);
             if let Some((property, message)) = found {
                 violation = Some((property, message, i as u32, true));
@@ -269,6 +284,7 @@ pub(crate) fn check_model(model: &mut Model) -> Report {
         holders,
         grants_run,
         hand_overs,
+        overtaken,
         elapsed: started.elapsed(),
         violation,
     }
@@ -331,7 +347,37 @@ fn invariant(model: &Model, s: &State) -> Option<(Property, String)> {
             }
         }
     }
-    None
+    forgotten(model, s)
+}
+
+/// A live waiter that only its fallback timer will wake, though no message of its was lost:
+/// its entry is gone from the queue (a release took it for a dead waiter's while its
+/// subscription was down), and nothing on its way or to come will tell it.
+fn forgotten(model: &Model, s: &State) -> Option<(Property, String)> {
+    s.procs.iter().enumerate().find_map(|(p, q)| {
+        let asleep = q.status == Status::Alive
+            && matches!(q.phase, Phase::Waiting { .. })
+            && !q.lost_message;
+        if !asleep || !q.signals.is_empty() || !q.inbox.is_empty() || (q.registered && q.sub_down) {
+            return None;
+        }
+        let queued = model
+            .keys_of(p as u8)
+            .iter()
+            .any(|&key| model.queued(s, key).contains(&(p as u8, q.acq)));
+        (!queued).then(|| {
+            (
+                Property::Woken,
+                format!(
+                    "P{}#{} is in no queue and will hear nothing: only its fallback timer wakes \
+                     it ({:?})",
+                    p + 1,
+                    q.acq,
+                    q.phase
+                ),
+            )
+        })
+    })
 }
 
 fn key_name(key: usize) -> &'static str {
@@ -364,6 +410,7 @@ fn on_given(before: &State, after: &State, key: usize, x: (u8, u8)) -> Option<(P
         let waits = w.acq == acq
             && w.status == Status::Alive
             && !w.lost_message
+            && !w.broken
             && matches!(
                 w.phase,
                 Phase::Attempting { .. } | Phase::Waiting { .. } | Phase::Sleeping { .. }

@@ -80,6 +80,10 @@ pub(crate) struct Faults {
     pub(crate) give_up: bool,
     /// A pub/sub message to a process is lost.
     pub(crate) lose: bool,
+    /// A process's subscription breaks (its messages in flight are lost, and Redis sees nobody
+    /// on its channel) and comes back at any later time; each tells the waiters registered then
+    /// to check again (`src/store/redis/handoff.rs` `retry_all`).
+    pub(crate) resubscribe: bool,
 }
 
 /// The scripts the model runs: the crate's, or a deliberately broken variant.
@@ -140,6 +144,16 @@ pub(crate) struct Config {
     /// Queued waiters keep `acquire_held`'s fallback timer (`false` only to show that the
     /// no-starvation check can fail).
     pub(crate) fallback_timer: bool,
+    /// A waiter whose "queued" answer arrives after its subscription broke or came back checks
+    /// again when it registers (`Handoff::register`'s epoch): `false` is the client before
+    /// that, only to show that the checker finds the registration gap.
+    pub(crate) registration_epoch: bool,
+    /// The processes whose subscription may break (`Faults::resubscribe`); empty: every one.
+    pub(crate) breaks: Vec<u8>,
+    /// Calls go through a pool of connections: a release may reach Redis before its
+    /// acquisition's own attempt sent before it (`src/store/redis/commit.rs`, a caller that
+    /// gave up while its attempt was in flight).
+    pub(crate) pool: bool,
     pub(crate) sources: Sources,
 }
 
@@ -224,6 +238,8 @@ pub(crate) enum Op {
     Acquire {
         stamp: i16,
         rescan: bool,
+        /// Sent with the process's channel: its subscription was up (`Handoff::ready`).
+        listen: bool,
     },
     #[default]
     Renew,
@@ -236,6 +252,8 @@ pub(crate) struct Request {
     pub(crate) op: Op,
     pub(crate) acq: u8,
     pub(crate) aged: bool,
+    /// The process's subscription broke or came back since it was sent (its epoch moved on).
+    pub(crate) straddled: bool,
 }
 
 /// A reply on its way back.
@@ -247,6 +265,8 @@ pub(crate) struct Answer {
     /// for a set), `(n, 0)` otherwise.
     pub(crate) reply: (i16, i32, i32),
     pub(crate) aged: bool,
+    /// The process's subscription broke or came back since the request was sent.
+    pub(crate) straddled: bool,
 }
 
 /// A hand-off message on its way to a process, parsed as `src/store/handoff.rs` `parse` does.
@@ -277,8 +297,14 @@ pub(crate) struct Proc {
     pub(crate) outbox: Seq<Request, 3>,
     pub(crate) replies: Seq<Answer, 3>,
     pub(crate) inbox: Seq<Message, 4>,
-    /// A message for this acquisition was lost: it is excused from first-come-first-served.
+    /// A message for this acquisition was lost: it is excused from first-come-first-served,
+    /// and may sleep until its fallback timer.
     pub(crate) lost_message: bool,
+    /// The subscription is down (`Faults::resubscribe`): Redis sees nobody on its channel.
+    pub(crate) sub_down: bool,
+    /// The subscription broke during this acquisition: a release meanwhile may have skipped
+    /// it, so it is excused from first-come-first-served (not from being woken).
+    pub(crate) broken: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -312,6 +338,10 @@ pub(crate) enum Step {
     Hang(u8),
     GiveUp(u8),
     Lose(u8),
+    Break(u8),
+    Resubscribe(u8),
+    /// A release run ahead of its acquisition's earlier attempt (a pool).
+    Overtake(u8),
 }
 
 pub(crate) struct Successor {
@@ -363,6 +393,8 @@ pub(crate) struct Keys {
     record_value: Val,
     zero: Val,
     one: Val,
+    /// `''`: the stamp and channel of an attempt that does not queue.
+    empty: Val,
     /// The batch script's operation kinds.
     kind_acquire: Val,
     kind_release: Val,
@@ -416,6 +448,7 @@ impl Model {
                 record_value: id("record"),
                 zero: id("0"),
                 one: id("1"),
+                empty: id(""),
                 kind_acquire: id("a"),
                 kind_release: id("r"),
                 kind_renew: id("n"),
@@ -439,6 +472,7 @@ impl Model {
                 config.sets.contains(&p),
                 config.second_key.contains(&p),
                 config.reversed.contains(&p),
+                config.breaks.contains(&p),
             )
         };
         for p in 0..config.processes {
@@ -576,10 +610,43 @@ impl Model {
         for p in 0..self.config.processes {
             let proc = &s.procs[p];
             if !proc.outbox.is_empty() {
-                out.push(self.exec(s, p, describe));
+                out.push(self.exec(s, p, 0, describe));
+            }
+            if let Some(at) = self.overtaking(proc) {
+                out.push(self.exec(s, p, at, describe));
             }
             if proc.status != Status::Alive {
                 continue;
+            }
+            if proc.sub_down {
+                // The subscription comes back, at any time (a second later, in the client).
+                let mut n = *s;
+                change_course(&mut n.procs[p], false);
+                let note = describe.then(|| {
+                    format!(
+                        "P{}'s subscription is back: its registered waiter is told to check again",
+                        p + 1
+                    )
+                });
+                out.push(succ(Step::Resubscribe(p), n, Vec::new(), note));
+            } else if may_fault
+                && faults.resubscribe
+                && (self.config.breaks.is_empty() || self.config.breaks.contains(&p))
+                // Only where it can matter: before or during an acquisition (a holder is in no
+                // queue and expects no message; a break then only delays its next one).
+                && (proc.phase.waiting() || proc.phase == Phase::Idle)
+            {
+                let mut n = *s;
+                change_course(&mut n.procs[p], true);
+                n.faults += 1;
+                let note = describe.then(|| {
+                    format!(
+                        "FAULT: P{}'s subscription breaks (messages on their way to it are lost; \
+                         its registered waiter is told to check again)",
+                        p + 1
+                    )
+                });
+                out.push(succ(Step::Break(p), n, Vec::new(), note));
             }
             if !proc.replies.is_empty() {
                 out.push(self.reply(s, p, describe));
@@ -615,6 +682,7 @@ impl Model {
                     q.signals.clear();
                     q.pending = None;
                     q.lost_message = false;
+                    q.broken = false;
                     let note = self.attempt(&mut n, p, describe);
                     let note = describe.then(|| {
                         format!("P{} starts acquisition #{}; {}", p + 1, proc.acq + 1, note)
@@ -673,6 +741,7 @@ impl Model {
                                 op: Op::Renew,
                                 acq: q.acq,
                                 aged: false,
+                                straddled: false,
                             });
                             let note = describe.then(|| format!("P{} sends a renewal", p + 1));
                             out.push(succ(Step::Renew(p), n, Vec::new(), note));
@@ -734,6 +803,7 @@ impl Model {
                         op: Op::Release,
                         acq: q.acq,
                         aged: false,
+                        straddled: false,
                     });
                 }
                 q.phase = Phase::GaveUp;
@@ -769,6 +839,20 @@ impl Model {
             }
         }
         out
+    }
+
+    /// With a pool of connections: the first release in `q`'s connection that has an attempt
+    /// of its own acquisition before it, which it may overtake.
+    fn overtaking(&self, q: &Proc) -> Option<usize> {
+        if !self.config.pool {
+            return None;
+        }
+        let requests = q.outbox.as_slice();
+        let at = requests.iter().position(|r| r.op == Op::Release)?;
+        requests[..at]
+            .iter()
+            .any(|r| r.acq == requests[at].acq && matches!(r.op, Op::Acquire { .. }))
+            .then_some(at)
     }
 
     /// The acquisitions in `fifo` that neither wait nor have an entry in the queue are done
@@ -891,14 +975,21 @@ impl Model {
     }
 
     /// `acquire_held`'s loop body up to the attempt (src/locker.rs 240-258): the attempt goes
-    /// out with a stamp read now and `rescan` when registered (`RedisStore::enqueue`).
+    /// out with a stamp read now and `rescan` when registered (`RedisStore::enqueue`), with the
+    /// process's channel only while its subscription is up (`Handoff::ready`).
     fn attempt(&self, n: &mut State, p: u8, describe: bool) -> String {
         let q = &mut n.procs[p];
         let rescan = q.registered;
+        let listen = !q.sub_down;
         q.outbox.push(Request {
-            op: Op::Acquire { stamp: 0, rescan },
+            op: Op::Acquire {
+                stamp: 0,
+                rescan,
+                listen,
+            },
             acq: q.acq,
             aged: false,
+            straddled: false,
         });
         q.phase = Phase::Attempting { sent_at: 0 };
         if describe {
@@ -908,10 +999,11 @@ impl Model {
         }
     }
 
-    /// Redis runs the request at the head of `p`'s connection.
-    fn exec(&mut self, s: &State, p: u8, describe: bool) -> Successor {
+    /// Redis runs the request at `at` in `p`'s connection (the head, but for a release that
+    /// overtakes on a pool).
+    fn exec(&mut self, s: &State, p: u8, at: usize, describe: bool) -> Successor {
         let mut n = *s;
-        let req = n.procs[p].outbox.remove(0);
+        let req = n.procs[p].outbox.remove(at);
         let k = &self.keys;
         let t = self.config.timing;
         let token = k.tokens[usize::from(p)][usize::from(req.acq)];
@@ -936,17 +1028,19 @@ impl Model {
         // then its operations (see `ops.lua`).
         let mut batch = vec![k.one, k.claim, k.retention];
         let (script, keys) = match req.op {
-            Op::Acquire { stamp, rescan } if set => {
-                let stamp = self.interner.borrow_mut().id(stamp_text(stamp).as_bytes());
-                batch = vec![
-                    token,
-                    k.ttl,
-                    k.retention,
-                    k.claim,
-                    stamp,
-                    channel,
-                    if rescan { k.one } else { k.zero },
-                ];
+            Op::Acquire {
+                stamp,
+                rescan,
+                listen,
+            } if set => {
+                // `src/store/redis/set.rs` `set_script`: no place, no stamp nor channel.
+                let (stamp, channel, rescan) = if listen {
+                    let stamp = self.interner.borrow_mut().id(stamp_text(stamp).as_bytes());
+                    (stamp, channel, if rescan { k.one } else { k.zero })
+                } else {
+                    (k.empty, k.empty, k.zero)
+                };
+                batch = vec![token, k.ttl, k.retention, k.claim, stamp, channel, rescan];
                 (self.scripts.acquire_set, set_keys)
             }
             // A set's keys renew together, in one batch (`src/engine/renew.rs` `renew_keys`).
@@ -958,16 +1052,19 @@ impl Model {
                 batch = vec![token, k.claim, k.retention];
                 (self.scripts.release_set, set_keys)
             }
-            Op::Acquire { stamp, rescan } => {
-                let stamp = self.interner.borrow_mut().id(stamp_text(stamp).as_bytes());
-                batch.extend([
-                    k.kind_acquire,
-                    token,
-                    k.ttl,
-                    stamp,
-                    channel,
-                    if rescan { k.one } else { k.zero },
-                ]);
+            Op::Acquire {
+                stamp,
+                rescan,
+                listen,
+            } => {
+                // `commit.rs`: an attempt without a place sends `'' '' 0`.
+                let (stamp, channel, rescan) = if listen {
+                    let stamp = self.interner.borrow_mut().id(stamp_text(stamp).as_bytes());
+                    (stamp, channel, if rescan { k.one } else { k.zero })
+                } else {
+                    (k.empty, k.empty, k.zero)
+                };
+                batch.extend([k.kind_acquire, token, k.ttl, stamp, channel, rescan]);
                 (self.scripts.ops, vec![lock, k.fence, queue])
             }
             Op::Renew => {
@@ -988,7 +1085,7 @@ impl Model {
             .procs
             .iter()
             .zip(&k.channels)
-            .filter(|(q, _)| q.status != Status::Crashed)
+            .filter(|(q, _)| q.status != Status::Crashed && !q.sub_down)
             .map(|(_, c)| *c)
             .collect();
         let outcome = self.redis.run(script, &keys, &args, &s.db, &subscribed);
@@ -1007,7 +1104,7 @@ impl Model {
             // is no longer waiting) is dropped now rather than carried: only a waiter reads
             // messages, and only for its current token (`deliver`).
             let readable = msg.acq == target.acq && (target.registered || target.phase.waiting());
-            if target.status == Status::Alive && readable {
+            if target.status == Status::Alive && !target.sub_down && readable {
                 target.inbox.push(msg);
             }
         }
@@ -1043,6 +1140,7 @@ impl Model {
                 acq: req.acq,
                 reply,
                 aged: false,
+                straddled: req.straddled,
             });
         }
         let mut given = Vec::new();
@@ -1079,7 +1177,12 @@ impl Model {
         } else {
             String::new()
         };
-        let mut succ = succ(Step::Exec(p), n, Vec::new(), describe.then_some(note));
+        let step = if at == 0 {
+            Step::Exec(p)
+        } else {
+            Step::Overtake(p)
+        };
+        let mut succ = succ(step, n, Vec::new(), describe.then_some(note));
         succ.handed_on = !given.is_empty() && req.op == Op::Release;
         succ.given = given;
         succ
@@ -1164,14 +1267,7 @@ impl Model {
                     }
                     2 => {
                         q.queued = true;
-                        let mut note = String::new();
-                        if !q.registered {
-                            q.registered = true;
-                            if let Some(sig) = q.pending.take() {
-                                q.signals.push(sig);
-                                note = " (a message that came first is delivered)".into();
-                            }
-                        }
+                        let note = register(q, answer.straddled && self.config.registration_epoch);
                         let fallback = expires_in.unwrap_or(t.ttl).min(t.interval);
                         q.phase = Phase::Waiting { fallback };
                         format!(
@@ -1222,14 +1318,7 @@ impl Model {
                     // lease would run out.
                     2 => {
                         q.queued = true;
-                        let mut note = String::new();
-                        if !q.registered {
-                            q.registered = true;
-                            if let Some(sig) = q.pending.take() {
-                                q.signals.push(sig);
-                                note = " (a message that came first is delivered)".into();
-                            }
-                        }
+                        let note = register(q, answer.straddled && self.config.registration_epoch);
                         let fallback = expires_in.unwrap_or(t.ttl);
                         q.phase = Phase::Waiting { fallback };
                         format!("P{} hears: queued, check again in {fallback}{note}", p + 1)
@@ -1374,8 +1463,8 @@ impl Model {
                     )
                 }
             }
-            // A resubscription: check again now (never sent here: the model's subscriptions
-            // do not break).
+            // The subscription broke or came back, or the waiter registered after it did:
+            // check again now.
             Signal::Retry => {
                 let note = self.attempt(&mut n, p, describe);
                 format!("P{} is told to check again; {note}", p + 1)
@@ -1438,9 +1527,14 @@ impl Model {
         for (p, q) in s.procs.iter().enumerate() {
             let _ = writeln!(
                 out,
-                "      P{}: {:?} #{} {:?} signals {:?} in flight: {} requests, {} replies, {} messages",
+                "      P{}: {:?}{} #{} {:?} signals {:?} in flight: {} requests, {} replies, {} messages",
                 p + 1,
                 q.status,
+                if q.sub_down {
+                    " (subscription down)"
+                } else {
+                    ""
+                },
                 q.acq,
                 q.phase,
                 q.signals,
@@ -1477,8 +1571,59 @@ fn release(n: &mut State, p: u8) {
         op: Op::Release,
         acq: q.acq,
         aged: false,
+        straddled: false,
     });
     q.phase = Phase::Releasing;
+}
+
+/// `p`'s subscription breaks (`down`) or comes back: Redis sees nobody on its channel while it
+/// is down, and messages on their way to it are lost; either way the registered waiter is told
+/// to check again (`retry_all`), and the epoch moves on, which the acquire attempts on their
+/// way will show when they register. A waiter harmed by a break is excused from first come,
+/// first served (a release may have skipped it), not from being woken.
+fn change_course(q: &mut Proc, down: bool) {
+    q.sub_down = down;
+    if down {
+        q.inbox.clear();
+        q.broken |= q.phase.waiting();
+    }
+    if q.registered {
+        retry(q);
+    }
+    for r in q.outbox.iter_mut() {
+        r.straddled |= matches!(r.op, Op::Acquire { .. });
+    }
+    for a in q.replies.iter_mut() {
+        a.straddled |= matches!(a.op, Op::Acquire { .. });
+    }
+}
+
+/// The registered waiter is told to check again, unless a "check again" it has not read yet
+/// will make it do so anyway (it checks after now either way: one is enough).
+fn retry(q: &mut Proc) {
+    if !q.signals.contains(&Signal::Retry) {
+        q.signals.push(Signal::Retry);
+    }
+}
+
+/// The waiter registers (`queue_watch`), unless it is registered already: a message that came
+/// first is delivered, and with `retry` (its answer straddled a change of its subscription's
+/// course) it is told to check again (`Handoff::register`).
+fn register(q: &mut Proc, retry: bool) -> String {
+    if q.registered {
+        return String::new();
+    }
+    q.registered = true;
+    let mut note = String::new();
+    if let Some(sig) = q.pending.take() {
+        q.signals.push(sig);
+        note.push_str(" (a message that came first is delivered)");
+    }
+    if retry {
+        self::retry(q);
+        note.push_str(" (its subscription changed course since it sent the attempt: it is told to check again)");
+    }
+    note
 }
 
 /// The queue watch is dropped (`Registration::drop`): unregistered, pending message gone.

@@ -10,18 +10,20 @@ use super::{
 };
 use crate::{
     key::LockKey,
-    store::{Acquire, Attempt, BoxFuture, HandOff, LockStore, QueueWatch, StoreError},
+    store::{Acquire, Attempt, BoxFuture, Epoch, HandOff, LockStore, QueueWatch, StoreError},
     token::Token,
 };
 
 impl RedisStore {
-    /// One acquire script. With hand-off on, `place` queues the caller (`None`: do not queue).
+    /// One acquire script. With hand-off on, `place` queues the caller (`None`: do not queue);
+    /// `since` is the hand-off's epoch read before it (see [`Epoch`]).
     pub(super) async fn attempt(
         &self,
         key: &LockKey,
         token: &Token,
         ttl: Duration,
         place: Option<Place>,
+        since: Epoch,
     ) -> Result<Answer, StoreError> {
         let op = Op::Acquire {
             key: key.clone(),
@@ -52,7 +54,7 @@ impl RedisStore {
             1 => Answer::Attempt(Attempt::Acquired {
                 fencing_token: u64::try_from(n).unwrap_or(0),
             }),
-            2 => Answer::Attempt(Attempt::Queued { expires_in }),
+            2 => Answer::Attempt(Attempt::Queued { expires_in, since }),
             3 => Answer::Unheard { expires_in },
             _ => Answer::Attempt(Attempt::Contended { expires_in }),
         })
@@ -75,7 +77,9 @@ impl Answer {
             Self::Attempt(Attempt::Acquired { fencing_token }) => {
                 Acquire::Acquired { fencing_token }
             }
-            Self::Attempt(Attempt::Contended { expires_in } | Attempt::Queued { expires_in })
+            Self::Attempt(
+                Attempt::Contended { expires_in } | Attempt::Queued { expires_in, .. },
+            )
             | Self::Unheard { expires_in } => Acquire::Contended { expires_in },
         }
     }
@@ -91,13 +95,16 @@ impl RedisStore {
     ) -> Result<Attempt, StoreError> {
         let Some(handoff) = &self.handoff else {
             return Ok(self
-                .attempt(key, token, ttl, None)
+                .attempt(key, token, ttl, None, Epoch::default())
                 .await?
                 .into_acquire()
                 .into());
         };
         let mut resubscribed = false;
         loop {
+            // Read first: any change of course of the signals after this one, the waiter hears
+            // of when it registers.
+            let since = handoff.epoch();
             // Queued only while this store listens: otherwise nobody would hear the hand-off.
             // (`ready` starts the subscriber again if its runtime shut down.)
             let place = handoff.ready().await.then(|| Place {
@@ -105,7 +112,7 @@ impl RedisStore {
                 channel: handoff.channel_arc(),
                 rescan: handoff.is_registered(token),
             });
-            match self.attempt(key, token, ttl, place).await? {
+            match self.attempt(key, token, ttl, place, since).await? {
                 Answer::Attempt(answer) => return Ok(answer),
                 // The subscription is up, but not on this server: on the one the store's
                 // address named before (a failover, a virtual IP or DNS name that moved).
@@ -133,11 +140,11 @@ impl HandOff for RedisStore {
         Box::pin(async move { self.enqueue_now(&key, &token, ttl).await })
     }
 
-    fn queue_watch(&self, _key: &LockKey, token: &Token) -> Option<QueueWatch> {
+    fn queue_watch(&self, _key: &LockKey, token: &Token, since: Epoch) -> Option<QueueWatch> {
         // With replica acknowledgement, a handed-over key is confirmed (and acknowledged)
         // before the waiter runs: the release that handed it over did not wait for replicas.
         self.handoff
             .as_ref()?
-            .register(token, self.replicas.is_some())
+            .register(token, since, self.replicas.is_some())
     }
 }

@@ -21,7 +21,9 @@
 //! whose callers all gave up is abandoned. Through a bb8 pool, a few calls go at once
 //! ([`Committer::POOL_WINDOW`]), each on its own connection, so that a stalled checkout does not
 //! hold up the others; a release may then overtake its own acquire if the caller gave up on it
-//! while it was in flight, as it could before batching, and the key is then held until its TTL.
+//! while it was in flight, as it could before batching, and the key is then held until its TTL
+//! (checked under the protocol model, `tests/protocol_model.rs
+//! a_release_that_overtakes_its_attempt_on_a_pool`: it costs time, never exclusion or order).
 //! Lanes of several runtimes also send their calls at once, like a pool's.
 
 use std::{

@@ -31,7 +31,7 @@ use tokio::{
     time::Instant,
 };
 
-use crate::store::{QueueSignals, QueueWatch, Signal};
+use crate::store::{Epoch, QueueSignals, QueueWatch, Signal};
 use crate::{telemetry::Chain, token::Token};
 
 /// How long to wait before subscribing again after the connection broke; also the least time
@@ -73,6 +73,9 @@ struct Registry {
     /// answers that it was queued, and the hand-off may be faster than that answer. (Also
     /// messages for waiters that left: dropped when they expire.)
     pending: HashMap<[u8; TOKEN_LEN], (Instant, Signal)>,
+    /// How many times every registered waiter was told to check again (the subscription broke,
+    /// came back, or moved): bumped under this lock, read without it before an attempt.
+    epoch: Arc<AtomicU64>,
 }
 
 impl Registry {
@@ -98,8 +101,10 @@ impl Registry {
     }
 
     /// Has every waiter check again now (hand-offs may have been missed, or their queue entries
-    /// may be on a server the store no longer uses).
+    /// may be on a server the store no longer uses), and starts a new epoch, so that a waiter
+    /// whose attempt was on its way meanwhile checks again when it registers.
     fn retry_all(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
         for tx in self.waiters.values() {
             let _ = tx.send(Signal::Retry);
         }
@@ -138,6 +143,8 @@ pub(crate) struct Handoff {
     settled: watch::Sender<u64>,
     channel: Arc<str>,
     waiters: Waiters,
+    /// The registry's epoch, read without its lock.
+    epoch: Arc<AtomicU64>,
     /// How many waiters are registered (to skip the lock when none are).
     registered: Arc<AtomicUsize>,
     state: Arc<State>,
@@ -153,6 +160,11 @@ impl Handoff {
             |_| format!("pid-{}", std::process::id()),
             |t| String::from_utf8_lossy(t.as_bytes()).into_owned(),
         );
+        let epoch = Arc::new(AtomicU64::new(0));
+        let registry = Registry {
+            epoch: Arc::clone(&epoch),
+            ..Registry::default()
+        };
         Arc::new(Self {
             target: watch::Sender::new(Target {
                 client,
@@ -160,7 +172,8 @@ impl Handoff {
             }),
             settled: watch::Sender::new(0),
             channel: Arc::from(format!("tower-lock:handoff:{id}")),
-            waiters: Arc::default(),
+            waiters: Arc::new(Mutex::new(registry)),
+            epoch,
             registered: Arc::default(),
             state: Arc::default(),
         })
@@ -283,23 +296,42 @@ impl Handoff {
         self.is_live()
     }
 
-    /// The channel this store's waiters are told on.
-    /// The channel, shared (no copy), for a queue entry.
+    /// The epoch now: read before an attempt that may queue, and passed to
+    /// [`register`](Self::register) with its answer.
+    pub(crate) fn epoch(&self) -> Epoch {
+        Epoch(self.epoch.load(Ordering::Acquire))
+    }
+
+    /// The channel this store's waiters are told on, shared (no copy), for a queue entry.
     pub(crate) fn channel_arc(&self) -> Arc<str> {
         Arc::clone(&self.channel)
     }
 
-    /// Registers `token`'s waiter, after its attempt answered that it is queued; a message
-    /// that arrived before is delivered now.
+    /// Registers `token`'s waiter, after its attempt, sent in epoch `since`, answered that it
+    /// is queued; a message that arrived before is delivered now.
+    ///
+    /// If every waiter was told to check again since (the subscription broke, came back or
+    /// moved while the answer was on its way), this one is told too: a release in between may
+    /// have found nobody listening on the channel and dropped its entry as a dead waiter's, and
+    /// nothing else would wake it before its fallback timer.
     ///
     /// With `confirm_first`, a hand-off is reported as [`Signal::Retry`], so that the waiter
     /// confirms the key (with the store's replica acknowledgement) before it runs.
-    pub(crate) fn register(&self, token: &Token, confirm_first: bool) -> Option<QueueWatch> {
+    pub(crate) fn register(
+        &self,
+        token: &Token,
+        since: Epoch,
+        confirm_first: bool,
+    ) -> Option<QueueWatch> {
         let id: [u8; TOKEN_LEN] = token.as_bytes().try_into().ok()?;
         let (tx, rx) = mpsc::unbounded_channel();
         let mut registry = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, signal)) = registry.pending.remove(&id) {
             let _ = tx.send(signal);
+        }
+        // Compared under the lock that every `retry_all` holds: exact.
+        if registry.epoch.load(Ordering::Acquire) != since.0 {
+            let _ = tx.send(Signal::Retry);
         }
         registry.waiters.insert(id, tx);
         drop(registry);
@@ -586,12 +618,31 @@ mod tests {
             );
         }
         assert!(!handoff.is_registered(&token));
-        let mut watch = handoff.register(&token, false).unwrap();
+        let mut watch = handoff.register(&token, handoff.epoch(), false).unwrap();
         assert!(handoff.is_registered(&token));
         assert_eq!(watch.signal().await, granted);
         drop(watch);
         assert!(!handoff.is_registered(&token));
         assert!(handoff.waiters.lock().unwrap().pending.is_empty());
+    }
+
+    /// A waiter whose attempt was on its way while every registered waiter was told to check
+    /// again (its answer, "queued", arrived after the subscription broke and came back) is told
+    /// to check again when it registers: the release in between may have dropped its entry. One
+    /// whose attempt was sent after that is not.
+    #[tokio::test]
+    async fn a_waiter_registered_after_a_resubscription_checks_again() {
+        let handoff = Handoff::new(Client::open("redis://127.0.0.1:1/").unwrap());
+        let (late, settled) = (Token::generate().unwrap(), Token::generate().unwrap());
+        let since = handoff.epoch();
+        // The subscription breaks, then comes back: two rounds of "check again".
+        handoff.waiters.lock().unwrap().retry_all();
+        handoff.waiters.lock().unwrap().retry_all();
+        let mut watch = handoff.register(&late, since, false).unwrap();
+        assert_eq!(watch.signal().await, Signal::Retry);
+        let mut watch = handoff.register(&settled, handoff.epoch(), false).unwrap();
+        let quiet = tokio::time::timeout(Duration::from_millis(20), watch.signal()).await;
+        assert!(quiet.is_err(), "told to check again for nothing: {quiet:?}");
     }
 
     /// A subscription up for a target the store has since left (a failover, a moved address)

@@ -514,6 +514,28 @@ impl RedisStore {
         }
     }
 
+    /// `SET key token NX PX ttl`: puts a lease back where the key is missing (a Redlock node
+    /// that restarted empty while the lease was held elsewhere); whether it was set. Never
+    /// overwrites a key, and touches no fencing counter.
+    pub(crate) async fn put_back(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut set = redis::cmd("SET");
+        set.arg(key.as_bytes())
+            .arg(token.as_bytes())
+            .arg("NX")
+            .arg("PX")
+            .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1));
+        match self.query(Request::Cmd(&set)).await? {
+            Ok(Value::Nil) => Ok(false),
+            Ok(_) => Ok(true),
+            Err(e) => Err(self.store_error(e)),
+        }
+    }
+
     /// A group-commit queue of its own, for a copy with other settings.
     fn own_queue(mut self) -> Self {
         self.committer = Arc::new(Committer::new(self.committer.window()));
@@ -603,7 +625,11 @@ impl LockStore for RedisStore {
         token: &Token,
         ttl: Duration,
     ) -> Result<Acquire, StoreError> {
-        Ok(self.attempt(key, token, ttl, None).await?.into_acquire())
+        let since = super::Epoch::default();
+        Ok(self
+            .attempt(key, token, ttl, None, since)
+            .await?
+            .into_acquire())
     }
 
     async fn renew(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<bool, StoreError> {

@@ -21,7 +21,7 @@ use super::{
 };
 use crate::{
     key::{KeySet, LockKey},
-    store::{AcquireSet, BoxFuture, SetAttempt, StoreError, StoreErrorKind},
+    store::{AcquireSet, BoxFuture, Epoch, SetAttempt, StoreError, StoreErrorKind},
     token::Token,
 };
 
@@ -184,6 +184,8 @@ impl RedisStore {
         let handoff = self.handoff.as_ref().filter(|_| wait);
         let mut resubscribed = false;
         loop {
+            // As for one key (`enqueue_now`): read before the attempt.
+            let since = handoff.map_or_else(Epoch::default, |h| h.epoch());
             let place = match handoff {
                 Some(handoff) => handoff.ready().await.then(|| Place {
                     stamp: handoff::stamp(),
@@ -205,6 +207,7 @@ impl RedisStore {
                     } => SetAttempt::Queued {
                         expires_in,
                         blocked,
+                        since,
                     },
                     // Subscribed, but not on this server (an address that moved): subscribe
                     // again, and once that is up, try once more.

@@ -58,6 +58,7 @@ impl AcquireSet for RedlockStore {
                         | SetAttempt::Queued {
                             expires_in,
                             blocked,
+                            ..
                         },
                     ) => held.push((expires_in, blocked)),
                     // A timed-out or failed call may still have taken the keys.

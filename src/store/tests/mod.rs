@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tower_lock_testkit::RedisServer;
 
-use super::{Acquire, Attempt, BoxFuture, Completed, LockStore, QueueWatch, StoreError};
+use super::{Acquire, Attempt, BoxFuture, Completed, Epoch, LockStore, QueueWatch, StoreError};
 use crate::{key::LockKey, token::Token};
 
 /// The crate-private operations of a store, reached through its capabilities as the engine
@@ -39,10 +39,20 @@ pub(super) trait Ops: LockStore {
         hand_off.enqueue(key.clone(), token.clone(), ttl)
     }
 
-    /// The registration for `token`'s hand-off of `key`.
-    fn queue_watch(&self, key: &LockKey, token: &Token) -> Option<QueueWatch> {
+    /// The registration for `token`'s hand-off of `key`, after an attempt answered `queued`
+    /// (`None`: registered with no attempt, as of the store's first epoch).
+    fn queue_watch(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        queued: Option<&Attempt>,
+    ) -> Option<QueueWatch> {
+        let since = match queued {
+            Some(Attempt::Queued { since, .. }) => *since,
+            _ => Epoch::default(),
+        };
         let hand_off = self.capabilities().hand_off.expect("the store hands off");
-        hand_off.queue_watch(key, token)
+        hand_off.queue_watch(key, token, since)
     }
 
     /// Renewals of `leases` sent at once, one answer per lease: with group commit, the first

@@ -37,7 +37,7 @@ async fn settled_store(server: &RedisServer) -> RedisStore {
     // Registered at once, before the subscription (a few round trips away) can be up.
     let probe = Token::generate().unwrap();
     let mut watch = store
-        .queue_watch(&key("probe", "settled"), &probe)
+        .queue_watch(&key("probe", "settled"), &probe, None)
         .expect("hand-off is on");
     // None within 1 s: the subscription came up before the probe registered, and told its
     // waiters then.
@@ -225,7 +225,9 @@ async fn every_script_stays_in_one_slot_on_a_cluster_mode_server() {
     assert!(matches!(answer, Acquire::Acquired { .. }), "{answer:?}");
     let answer = b.enqueue(&key, &waiter, ttl).await.unwrap();
     assert!(matches!(answer, Attempt::Queued { .. }), "{answer:?}");
-    let mut watch = b.queue_watch(&key, &waiter).expect("hand-off is on");
+    let mut watch = b
+        .queue_watch(&key, &waiter, Some(&answer))
+        .expect("hand-off is on");
     assert!(a.release(&key, &holder).await.unwrap());
     let signal = tokio::time::timeout(Duration::from_secs(2), watch.signal())
         .await
@@ -273,17 +275,16 @@ async fn a_record_is_not_a_lock_key_a_client_can_spell() {
         store.acquire(&spelled, &holder, ttl).await.unwrap(),
         Acquire::Acquired { .. }
     ));
-    assert!(matches!(
-        store.acquire(&victim, &owner, ttl).await.unwrap(),
-        Acquire::Acquired { .. }
-    ));
+    let Acquire::Acquired { fencing_token } = store.acquire(&victim, &owner, ttl).await.unwrap()
+    else {
+        panic!("the victim's key is free");
+    };
     let record = Bytes::from_static(b"the stored response");
-    assert!(
-        store
-            .complete(&victim, &owner, record.clone(), ttl)
-            .await
-            .unwrap()
-    );
+    let completed = store
+        .complete(&victim, &owner, fencing_token, record.clone(), ttl)
+        .await
+        .unwrap();
+    assert!(completed.stored && completed.released);
     assert_eq!(store.lookup(&victim).await.unwrap(), Some(record));
     assert_eq!(
         get(&server, &spelled).await.as_deref(),

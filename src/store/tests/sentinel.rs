@@ -89,7 +89,7 @@ async fn queued_waiters_queue_again_on_the_new_master() {
     for (store, token) in &waiters {
         let answer = store.enqueue(&k, token, ttl).await.unwrap();
         assert!(matches!(answer, Attempt::Queued { .. }), "{answer:?}");
-        watches.push(store.queue_watch(&k, token).unwrap());
+        watches.push(store.queue_watch(&k, token, Some(&answer)).unwrap());
     }
     let tokens: Vec<Vec<u8>> = waiters.iter().map(|(_, t)| t.as_bytes().to_vec()).collect();
     // Replicated: the replica has the lease and the queue.
