@@ -26,6 +26,7 @@ use crate::{
     callgrind::{self, ByName},
     common::{control, flushall},
     http::Variant,
+    machine::{command_line, cpu_model},
     stats::{f0, f1, f2, median, stat, verdict},
 };
 
@@ -574,7 +575,8 @@ pub(crate) fn render(w: &mut String, s: &Settings, r: &[Vec<(Case, CountSample)>
          allocations, bytes, system calls but wake-ups and Redis commands, and {:.2} % for \
          wake-ups. The callgrind outputs are kept in \
          `target/lock_bench-counts/`, with each case's functions by instructions per operation \
-         (`<case>.profile.txt`, inclusive and self).\n",
+         (`<case>.profile.txt`, inclusive and self). Tools: {}, {}, on {} ({} CPUs), \
+         redis-server {}.\n",
         LONG - SHORT,
         s.runs,
         largest_spread(r, &[&unparked]),
@@ -590,6 +592,14 @@ pub(crate) fn render(w: &mut String, s: &Settings, r: &[Vec<(Case, CountSample)>
             ]
         ),
         largest_spread(r, &[&wake_ups]),
+        command_line("valgrind", &["--version"]),
+        command_line("strace", &["-V"]),
+        cpu_model(),
+        command_line("nproc", &[]),
+        command_line("redis-server", &["--version"])
+            .split_whitespace()
+            .nth(2)
+            .unwrap_or("unknown"),
     );
     let figures: [Figure<'_>; 9] = [
         ("instructions outside the runtime's park", &unparked, f0),
