@@ -54,7 +54,7 @@ echo "using $(openssl version)" >&2
 echo "using $(python3 --version)" >&2
 
 # The gates a change must pass before its tests count (skipped when arguments pick tests):
-# formatting, clippy with and without features, rustdoc, and the package as crates.io would
+# formatting, clippy with and without features, rustdoc, the public API's listing, and the package as crates.io would
 # receive it (built from the packaged files alone).
 if [ "$#" -eq 0 ]; then
   if command -v rustup >/dev/null 2>&1; then
@@ -64,6 +64,8 @@ if [ "$#" -eq 0 ]; then
   cargo clippy --workspace --all-targets --quiet -- -D warnings
   cargo clippy --workspace --all-targets --all-features --quiet -- -D warnings
   RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features --quiet
+  # The public API as checked in (docs/public-api.txt): a change to the surface shows in review.
+  python3 scripts/public_api.py
   cargo package --allow-dirty --quiet
 fi
 
