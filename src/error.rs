@@ -42,7 +42,7 @@ impl fmt::Display for LostReason {
 
 /// A lock could not be acquired, or was lost.
 ///
-/// The layer turns each into a response (see [`RejectionResponse`](crate::RejectionResponse))
+/// The layer turns each into a response (see [`LockLayer::rejection_response`](crate::LockLayer::rejection_response))
 /// and also puts the error into that response's extensions, for outer layers to inspect.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]

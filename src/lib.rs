@@ -202,7 +202,7 @@ pub use lease::Lease;
 #[cfg(feature = "axum")]
 pub use lock::MissingLease;
 pub use lock::{LockLayer, LockService};
-pub use response::{ProblemJson, RejectionResponse};
+pub use response::Rejection;
 #[cfg(feature = "cluster")]
 pub use store::ClusterStore;
 #[cfg(feature = "sentinel")]

@@ -13,8 +13,24 @@
 //! | [`LockError::Key`], a body larger than a body key source reads | 413 | `#request-body-too-large` | none |
 //! | [`LockError::Key`], misconfigured route | 500 | `#lock-key-misconfigured` | none |
 //!
-//! Replace it with [`LockLayer::rejection_response`](crate::LockLayer::rejection_response): any
-//! `Fn(&LockError, StatusCode) -> Response<Bytes>` will do. The layer inserts the [`LockError`]
+//! Replace it with [`LockLayer::rejection_response`](crate::LockLayer::rejection_response): a
+//! closure that gets the [`Rejection`] (the error, the status the config assigns, the
+//! `Retry-After` the default would send, and the default response itself) and returns the
+//! response, so that a custom body keeps the rest:
+//!
+//! ```
+//! use axum::{Router, http::{HeaderValue, header}, routing::post};
+//! use tower_lock::{Key, LockLayer, MemoryStore};
+//!
+//! let layer = LockLayer::new(MemoryStore::new(), Key::path_param("sku")).rejection_response(|rejection| {
+//!     // The status and `Retry-After` of the default, with a body of the service's own.
+//!     let mut response = rejection.with_body(format!(r#"{{"error":"busy","status":{}}}"#, rejection.status().as_u16()));
+//!     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+//!     response
+//! });
+//! let app: Router = Router::new().route("/items/{sku}/purchase", post(|| async { "sold" }).layer(layer));
+//! ```
+//! The layer inserts the [`LockError`]
 //! into the extensions of whatever response is built, for outer layers to inspect. With the
 //! `axum` feature a [`LockError`] is itself a response (the same problem, with the statuses of
 //! the default config), so a handler that takes a lease with [`Locker`](crate::Locker) can use
@@ -134,37 +150,84 @@ pub use extractor::ProblemRejection;
 /// The base of every problem `type` URI this crate emits.
 pub const PROBLEM_TYPE_BASE: &str = "https://docs.rs/tower-lock/latest/tower_lock/response/";
 
-/// Builds the response for a rejected request.
-pub trait RejectionResponse: Send + Sync + 'static {
-    /// The response for `error`; `status` is the status the layer's config assigns to it.
-    fn response(&self, error: &LockError, status: StatusCode) -> Response<Bytes>;
+/// A request a layer refused, as its rejection hook sees it
+/// ([`LockLayer::rejection_response`](crate::LockLayer::rejection_response),
+/// [`IdempotencyLayer::rejection_response`](crate::IdempotencyLayer::rejection_response)): the
+/// error, the status the layer's config assigns to it, the `Retry-After` the default response
+/// sends, and that default response, so that a hook changes what it means to change and keeps
+/// the rest. `E` is [`LockError`] for the lock layer and
+/// [`IdempotencyError`](crate::idempotency::IdempotencyError) for the idempotency layer.
+#[derive(Debug)]
+pub struct Rejection<'a, E = LockError> {
+    error: &'a E,
+    status: StatusCode,
 }
 
-impl<F> RejectionResponse for F
-where
-    F: Fn(&LockError, StatusCode) -> Response<Bytes> + Send + Sync + 'static,
-{
-    fn response(&self, error: &LockError, status: StatusCode) -> Response<Bytes> {
-        self(error, status)
+impl<'a, E> Rejection<'a, E> {
+    pub(crate) fn new(error: &'a E, status: StatusCode) -> Self {
+        Self { error, status }
+    }
+
+    /// What went wrong.
+    pub fn error(&self) -> &'a E {
+        self.error
+    }
+
+    /// The status the layer's config assigns to the error.
+    pub fn status(&self) -> StatusCode {
+        self.status
     }
 }
 
-/// The default [`RejectionResponse`]: `application/problem+json` (see the [module docs](self)).
-#[derive(Debug, Clone, Copy, Default)]
-#[non_exhaustive]
-pub struct ProblemJson;
+impl Rejection<'_, LockError> {
+    /// The `Retry-After` the default response sends, in whole seconds (at least 1), or `None`
+    /// where retrying the same request cannot succeed (a bad key).
+    pub fn retry_after(&self) -> Option<Duration> {
+        describe(self.error).3.map(Duration::from_secs)
+    }
 
-impl RejectionResponse for ProblemJson {
-    fn response(&self, error: &LockError, status: StatusCode) -> Response<Bytes> {
-        let (kind, title, detail, retry_after) = describe(error);
-        let mut response = problem(status, kind, title, &detail);
-        if let Some(secs) = retry_after {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
+    /// The default response: the `application/problem+json` body of the [module docs](self),
+    /// with the status and `Retry-After`.
+    pub fn problem(&self) -> Response<Bytes> {
+        lock_problem(self.error, self.status)
+    }
+
+    /// A response with this status and `Retry-After` (as the default sends it), and `body`; add
+    /// a `Content-Type` for it.
+    pub fn with_body(&self, body: impl Into<Bytes>) -> Response<Bytes> {
+        with_body(self.status, self.retry_after(), body.into())
+    }
+}
+
+/// A response with `status`, `Retry-After` and `body`.
+pub(crate) fn with_body(
+    status: StatusCode,
+    retry_after: Option<Duration>,
+    body: Bytes,
+) -> Response<Bytes> {
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    if let Some(after) = retry_after {
         response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(after.as_secs()));
     }
+    response
+}
+
+/// A layer's rejection hook: builds the response for a refused request.
+pub(crate) type Respond<E> = dyn Fn(&Rejection<'_, E>) -> Response<Bytes> + Send + Sync;
+
+/// The default response for a lock error: problem+json, with `Retry-After` where it helps.
+pub(crate) fn lock_problem(error: &LockError, status: StatusCode) -> Response<Bytes> {
+    let (kind, title, detail, retry_after) = describe(error);
+    let mut response = problem(status, kind, title, &detail);
+    if let Some(secs) = retry_after {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    response
 }
 
 /// An `application/problem+json` response whose `type` is `kind` under [`PROBLEM_TYPE_BASE`].
@@ -243,7 +306,8 @@ fn describe(error: &LockError) -> (&'static str, &'static str, String, Option<u6
 
 /// The problem the layer answers with, with the default config's statuses (409 for
 /// [`LockError::Contended`], 503 when the store failed or the lease was lost, 400, 413 or 500
-/// for a key), so that a handler that takes a lease itself can return the error with `?`:
+/// for a key; never a layer's configured statuses or its rejection hook, which this error does
+/// not know of: a handler that wants them returns its own response), so that a handler that takes a lease itself can return the error with `?`:
 ///
 /// ```
 /// use axum::{extract::State, response::IntoResponse};
@@ -262,9 +326,7 @@ fn describe(error: &LockError) -> (&'static str, &'static str, String, Option<u6
 impl axum::response::IntoResponse for LockError {
     fn into_response(self) -> axum::response::Response {
         let status = status_for(&self, StatusCode::CONFLICT, StatusCode::SERVICE_UNAVAILABLE);
-        ProblemJson
-            .response(&self, status)
-            .map(axum::body::Body::from)
+        lock_problem(&self, status).map(axum::body::Body::from)
     }
 }
 
@@ -294,6 +356,35 @@ mod tests {
 
     fn json(response: &Response<Bytes>) -> serde_json::Value {
         serde_json::from_slice(response.body()).unwrap()
+    }
+
+    #[test]
+    fn a_hook_keeps_the_status_and_retry_after() {
+        let contended = LockError::Contended {
+            expires_in: Some(Duration::from_millis(2_500)),
+            waited: Duration::ZERO,
+            attempts: 1,
+        };
+        let rejection = Rejection::new(&contended, StatusCode::LOCKED);
+        assert_eq!(rejection.status(), StatusCode::LOCKED);
+        assert_eq!(rejection.retry_after(), Some(Duration::from_secs(3)));
+        let custom = rejection.with_body("busy");
+        assert_eq!(custom.status(), StatusCode::LOCKED);
+        assert_eq!(custom.headers()[header::RETRY_AFTER], "3");
+        assert_eq!(custom.body(), "busy");
+        let default = rejection.problem();
+        assert_eq!(default.status(), StatusCode::LOCKED);
+        assert_eq!(default.headers()[header::RETRY_AFTER], "3");
+        assert_eq!(json(&default)["status"], 423);
+        let bad = LockError::Key(KeyRejection::missing("the header `x-sku`"));
+        let rejection = Rejection::new(&bad, StatusCode::BAD_REQUEST);
+        assert_eq!(rejection.retry_after(), None);
+        assert!(
+            !rejection
+                .with_body("no")
+                .headers()
+                .contains_key(header::RETRY_AFTER)
+        );
     }
 
     #[test]
@@ -378,7 +469,7 @@ mod tests {
             waited: Duration::ZERO,
             attempts: 1,
         };
-        let r = ProblemJson.response(&contended, StatusCode::CONFLICT);
+        let r = lock_problem(&contended, StatusCode::CONFLICT);
         assert_eq!(r.status(), 409);
         assert_eq!(
             r.headers()[header::CONTENT_TYPE],
@@ -395,7 +486,7 @@ mod tests {
             attempts: 1,
         };
         assert_eq!(
-            ProblemJson.response(&short, StatusCode::CONFLICT).headers()[header::RETRY_AFTER],
+            lock_problem(&short, StatusCode::CONFLICT).headers()[header::RETRY_AFTER],
             "1"
         );
 
@@ -403,7 +494,7 @@ mod tests {
             StoreErrorKind::Unavailable,
             "secret internals",
         ));
-        let r = ProblemJson.response(&store, StatusCode::SERVICE_UNAVAILABLE);
+        let r = lock_problem(&store, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");
         assert!(
             !String::from_utf8_lossy(r.body()).contains("secret"),
@@ -412,14 +503,14 @@ mod tests {
 
         let lost = LockError::LeaseLost(LostReason::NotHeld);
         assert!(
-            json(&ProblemJson.response(&lost, StatusCode::SERVICE_UNAVAILABLE))["type"]
+            json(&lock_problem(&lost, StatusCode::SERVICE_UNAVAILABLE))["type"]
                 .as_str()
                 .unwrap()
                 .ends_with("#lease-lost")
         );
 
         let bad = LockError::Key(KeyRejection::invalid("the \"key\" is bad"));
-        let r = ProblemJson.response(&bad, StatusCode::BAD_REQUEST);
+        let r = lock_problem(&bad, StatusCode::BAD_REQUEST);
         assert_eq!(
             json(&r)["detail"],
             "the \"key\" is bad",
@@ -444,7 +535,7 @@ mod tests {
         );
         let large = LockError::Key(KeyRejection::body_too_large(10));
         assert_eq!(status_for(&large, c, u), StatusCode::PAYLOAD_TOO_LARGE);
-        let r = ProblemJson.response(&large, StatusCode::PAYLOAD_TOO_LARGE);
+        let r = lock_problem(&large, StatusCode::PAYLOAD_TOO_LARGE);
         assert!(
             json(&r)["type"]
                 .as_str()

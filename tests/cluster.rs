@@ -630,15 +630,20 @@ async fn a_record_written_while_its_slot_migrates_is_stored_after_the_migration(
 
     let backend = Cluster(RedisCluster::start(3, 0));
     let runs = Arc::new(AtomicUsize::new(0));
+    // The first run ends only once the slot migrates (the test adds the permit), whatever the
+    // machine's load.
+    let migrating = Arc::new(tokio::sync::Semaphore::new(0));
     let layer = IdempotencyLayer::new(backend.store().await, SharedKeySpace);
     let app = Router::new()
         .route(
             "/payments",
             post({
-                let runs = Arc::clone(&runs);
+                let (runs, migrating) = (Arc::clone(&runs), Arc::clone(&migrating));
                 move || async move {
                     let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
-                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                    if n == 1 {
+                        let _ = migrating.acquire().await;
+                    }
                     (StatusCode::CREATED, format!("charged, run {n}"))
                 }
             }),
@@ -680,8 +685,16 @@ async fn a_record_written_while_its_slot_migrates_is_stored_after_the_migration(
     let tries_before = errors_of(source, "TRYAGAIN");
     target.cli(&["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &source_id]);
     source.cli(&["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &target_id]);
-    // The handler ends (at 1.5 s); its record is refused for as long as the slot migrates.
-    tokio::time::sleep(Duration::from_millis(3000)).await;
+    // The handler ends; its record is refused for as long as the slot migrates.
+    migrating.add_permits(1);
+    let started = Instant::now();
+    while errors_of(source, "TRYAGAIN") == tries_before
+        && started.elapsed() < Duration::from_secs(10)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // And keeps being refused for a while (the client's own retries end; the crate's go on).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
         errors_of(source, "TRYAGAIN") > tries_before,
         "the record write met no TRYAGAIN: the migration was not exercised ({lock_key} in slot \
@@ -720,7 +733,10 @@ async fn a_record_written_while_its_slot_migrates_is_stored_after_the_migration(
     assert_eq!(first.status(), StatusCode::CREATED);
     // The client retries after the migration, once the lock is gone.
     let started = Instant::now();
-    while !lock_keys_on(target).iter().all(|k| k.ends_with(":record")) {
+    while !lock_keys_on(target)
+        .iter()
+        .all(|k| support::is_record_key(k.as_bytes()))
+    {
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "the lock stayed"

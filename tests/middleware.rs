@@ -488,11 +488,10 @@ async fn custom_rejections_and_statuses() {
         .unwrap();
     let counter = Counter::new();
     let layer = LockLayer::with_config(MemoryStore::new(), Key::path_param("sku"), config)
-        .rejection_response(|error: &LockError, status: StatusCode| {
-            let mut r = axum::http::Response::new(Bytes::from(format!("custom {status}")));
-            *r.status_mut() = status;
-            assert!(matches!(error, LockError::Contended { .. }));
-            r
+        .rejection_response(|rejection| {
+            assert!(matches!(rejection.error(), LockError::Contended { .. }));
+            // A body of its own; the status and `Retry-After` of the default.
+            rejection.with_body(format!("custom {}", rejection.status()))
         });
     let app = counter_app(Arc::clone(&counter), Some(layer));
     let running = tokio::spawn({
@@ -504,6 +503,7 @@ async fn custom_rejections_and_statuses() {
     }
     let r = send(&app, purchase("k", 0)).await;
     assert_eq!(r.status(), StatusCode::LOCKED);
+    assert!(r.headers().contains_key(axum::http::header::RETRY_AFTER));
     assert!(matches!(
         r.extensions().get::<LockError>(),
         Some(LockError::Contended { .. })

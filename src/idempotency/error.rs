@@ -8,7 +8,7 @@ use crate::{config::LockConfig, error::LockError, response::status_for};
 
 /// Why a request was answered by the [`IdempotencyLayer`](super::IdempotencyLayer) itself.
 ///
-/// The layer turns each into a response (see [`IdempotencyResponse`](super::IdempotencyResponse))
+/// The layer turns each into a response (see [`IdempotencyLayer::rejection_response`](super::IdempotencyLayer::rejection_response))
 /// and puts the error into that response's extensions, for outer layers to inspect.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]

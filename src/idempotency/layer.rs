@@ -1,11 +1,14 @@
 use std::{any::TypeId, fmt, sync::Arc};
 
+use bytes::Bytes;
+use http::Response;
 use tower::Layer;
+
+use crate::response::Rejection;
 
 use super::{
     config::IdempotencyConfig,
     principal::{Principal, SharedKeySpace},
-    response::{IdempotencyProblem, IdempotencyResponse},
     service::IdempotencyService,
     state::IdempotencyState,
     store::IdempotencyStore,
@@ -81,14 +84,20 @@ impl IdempotencyLayer {
                 config,
                 principal: Arc::new(principal),
                 shared_key_space,
-                respond: Arc::new(IdempotencyProblem),
+                respond: None,
             }),
         }
     }
 
-    /// Replaces the problem+json responses (see [`IdempotencyResponse`]).
-    pub fn rejection_response(mut self, respond: impl IdempotencyResponse) -> Self {
-        Arc::make_mut(&mut self.state).respond = Arc::new(respond);
+    /// Builds the responses of the requests the layer answers itself with `respond` instead of
+    /// problem+json. It gets the [`Rejection`]: the [`IdempotencyError`](super::IdempotencyError),
+    /// the status the layer assigns, the `Retry-After` the default sends, and the default
+    /// response. The layer puts the error into the extensions of whatever it returns.
+    pub fn rejection_response<F>(mut self, respond: F) -> Self
+    where
+        F: Fn(&Rejection<'_, super::IdempotencyError>) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        Arc::make_mut(&mut self.state).respond = Some(Arc::new(respond));
         self
     }
 

@@ -218,6 +218,5 @@ pub use key::MissingIdempotencyKey;
 pub use layer::IdempotencyLayer;
 pub use predicate::{Always, NotError, NotRejected, NotServerError, StorePredicate};
 pub use principal::{Principal, PrincipalAnswer, PrincipalRejection, SharedKeySpace};
-pub use response::{IdempotencyProblem, IdempotencyResponse};
 pub use service::IdempotencyService;
 pub use store::IdempotencyStore;

@@ -1,93 +1,102 @@
 //! The idempotency layer's own answers, as problem+json.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::{Response, StatusCode, header};
 
 use super::error::IdempotencyError;
-use crate::response::{ProblemJson, RejectionResponse, problem};
 
-/// Builds the response for a request the idempotency layer answers itself.
-///
-/// Implemented for closures `Fn(&IdempotencyError, StatusCode) -> Response<Bytes>`; the default
-/// is [`IdempotencyProblem`].
-pub trait IdempotencyResponse: Send + Sync + 'static {
-    /// The response for `error`; `status` is the status the layer assigns to it.
-    fn response(&self, error: &IdempotencyError, status: StatusCode) -> Response<Bytes>;
-}
+use crate::response::{Rejection, lock_problem, problem, with_body};
 
-impl<F> IdempotencyResponse for F
-where
-    F: Fn(&IdempotencyError, StatusCode) -> Response<Bytes> + Send + Sync + 'static,
-{
-    fn response(&self, error: &IdempotencyError, status: StatusCode) -> Response<Bytes> {
-        self(error, status)
+impl Rejection<'_, IdempotencyError> {
+    /// The `Retry-After` the default response sends, in whole seconds: the lock's (for
+    /// [`IdempotencyError::Lock`]), else `None`.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self.error() {
+            IdempotencyError::Lock(error) => Rejection::new(error, self.status()).retry_after(),
+            _ => None,
+        }
+    }
+
+    /// The default response: RFC 9457 `application/problem+json`, with `type` under
+    /// [`PROBLEM_TYPE_BASE`](crate::response::PROBLEM_TYPE_BASE); the lock's own errors (409,
+    /// 503) exactly as [`LockLayer`](crate::LockLayer) answers them, `Retry-After` included. See
+    /// the [module docs](super#responses) for the table.
+    pub fn problem(&self) -> Response<Bytes> {
+        idempotency_problem(self.error(), self.status())
+    }
+
+    /// A response with this status, the `Retry-After` and `WWW-Authenticate` the default sends,
+    /// and `body`; add a `Content-Type` for it.
+    pub fn with_body(&self, body: impl Into<Bytes>) -> Response<Bytes> {
+        let mut response = with_body(self.status(), self.retry_after(), body.into());
+        if let IdempotencyError::PrincipalRejected(rejection) = self.error()
+            && let Some(challenge) = rejection.challenge()
+        {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, challenge.clone());
+        }
+        response
     }
 }
 
-/// The default [`IdempotencyResponse`]: RFC 9457 `application/problem+json`, with `type` under
-/// [`PROBLEM_TYPE_BASE`](crate::response::PROBLEM_TYPE_BASE); the lock's own errors (409, 503) exactly as
-/// [`LockLayer`](crate::LockLayer) answers them, `Retry-After` included. See the
-/// [module docs](super#responses) for the table.
-#[derive(Debug, Clone, Copy, Default)]
-#[non_exhaustive]
-pub struct IdempotencyProblem;
-
-impl IdempotencyResponse for IdempotencyProblem {
-    fn response(&self, error: &IdempotencyError, status: StatusCode) -> Response<Bytes> {
-        let (kind, title, detail) = match error {
-            IdempotencyError::Lock(error) => return ProblemJson.response(error, status),
-            IdempotencyError::MissingKey => (
-                "idempotency-key-missing",
-                "Idempotency key missing",
-                "this operation requires an `Idempotency-Key` header; send a unique key \
+/// The default response for a request the idempotency layer answers itself.
+pub(crate) fn idempotency_problem(error: &IdempotencyError, status: StatusCode) -> Response<Bytes> {
+    let (kind, title, detail) = match error {
+        IdempotencyError::Lock(error) => return lock_problem(error, status),
+        IdempotencyError::MissingKey => (
+            "idempotency-key-missing",
+            "Idempotency key missing",
+            "this operation requires an `Idempotency-Key` header; send a unique key \
                  (such as a UUID) and the same key again when retrying"
-                    .to_owned(),
-            ),
-            IdempotencyError::InvalidKey(detail) => (
-                "idempotency-key-invalid",
-                "Invalid idempotency key",
-                detail.to_string(),
-            ),
-            IdempotencyError::KeyReused => (
-                "idempotency-key-reused",
-                "Idempotency key reused",
-                "this idempotency key was already used for a different request (another \
+                .to_owned(),
+        ),
+        IdempotencyError::InvalidKey(detail) => (
+            "idempotency-key-invalid",
+            "Invalid idempotency key",
+            detail.to_string(),
+        ),
+        IdempotencyError::KeyReused => (
+            "idempotency-key-reused",
+            "Idempotency key reused",
+            "this idempotency key was already used for a different request (another \
                  method, path, content type or body); use a new key for a new request"
-                    .to_owned(),
-            ),
-            IdempotencyError::BodyTooLarge { limit } => (
-                "request-body-too-large",
-                "Request body too large",
-                format!("the request body is larger than the {limit} bytes accepted"),
-            ),
-            IdempotencyError::BodyUnreadable(_) => (
-                "request-body-unreadable",
-                "Request body unreadable",
-                "the request body could not be read".to_owned(),
-            ),
-            IdempotencyError::PrincipalRejected(rejection) => {
-                let (kind, title) = match (rejection.is_client_error(), rejection.challenge()) {
-                    (false, _) => (
-                        "idempotency-principal-missing",
-                        "Idempotency principal missing",
-                    ),
-                    (true, Some(_)) => (
-                        "idempotency-principal-unauthorized",
-                        "Caller not authenticated",
-                    ),
-                    (true, None) => ("idempotency-principal-invalid", "Invalid caller"),
-                };
-                let mut response = problem(status, kind, title, rejection.detail());
-                if let Some(challenge) = rejection.challenge() {
-                    response
-                        .headers_mut()
-                        .insert(header::WWW_AUTHENTICATE, challenge.clone());
-                }
-                return response;
+                .to_owned(),
+        ),
+        IdempotencyError::BodyTooLarge { limit } => (
+            "request-body-too-large",
+            "Request body too large",
+            format!("the request body is larger than the {limit} bytes accepted"),
+        ),
+        IdempotencyError::BodyUnreadable(_) => (
+            "request-body-unreadable",
+            "Request body unreadable",
+            "the request body could not be read".to_owned(),
+        ),
+        IdempotencyError::PrincipalRejected(rejection) => {
+            let (kind, title) = match (rejection.is_client_error(), rejection.challenge()) {
+                (false, _) => (
+                    "idempotency-principal-missing",
+                    "Idempotency principal missing",
+                ),
+                (true, Some(_)) => (
+                    "idempotency-principal-unauthorized",
+                    "Caller not authenticated",
+                ),
+                (true, None) => ("idempotency-principal-invalid", "Invalid caller"),
+            };
+            let mut response = problem(status, kind, title, rejection.detail());
+            if let Some(challenge) = rejection.challenge() {
+                response
+                    .headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, challenge.clone());
             }
-        };
-        problem(status, kind, title, &detail)
-    }
+            return response;
+        }
+    };
+    problem(status, kind, title, &detail)
 }
 
 #[cfg(test)]
@@ -102,7 +111,7 @@ mod tests {
     fn problems() {
         let lock = LockConfig::default();
         let reused = IdempotencyError::KeyReused;
-        let r = IdempotencyProblem.response(&reused, reused.status(&lock));
+        let r = idempotency_problem(&reused, reused.status(&lock));
         assert_eq!(r.status(), 422);
         assert_eq!(
             r.headers()[header::CONTENT_TYPE],
@@ -115,21 +124,21 @@ mod tests {
             format!("{PROBLEM_TYPE_BASE}#idempotency-key-reused")
         );
         let err = IdempotencyError::invalid_key("the \"key\" is bad".into());
-        let r = IdempotencyProblem.response(&err, err.status(&lock));
+        let r = idempotency_problem(&err, err.status(&lock));
         assert_eq!(r.status(), 400);
         let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
         assert_eq!(body["detail"], "the \"key\" is bad");
         let contended = IdempotencyError::Lock(LockError::from(crate::store::StoreError::timeout(
             Duration::from_secs(1),
         )));
-        let r = IdempotencyProblem.response(&contended, contended.status(&lock));
+        let r = idempotency_problem(&contended, contended.status(&lock));
         assert_eq!(r.status(), 503);
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");
         let big = IdempotencyError::BodyTooLarge { limit: 10 };
         assert_eq!(big.status(&lock), 413);
         let missing = IdempotencyError::from(PrincipalRejection::missing());
         assert_eq!(missing.status(&lock), 500);
-        let r = IdempotencyProblem.response(&missing, missing.status(&lock));
+        let r = idempotency_problem(&missing, missing.status(&lock));
         let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
         assert_eq!(
             body["type"],
@@ -140,14 +149,14 @@ mod tests {
         let said = IdempotencyError::from(
             PrincipalRejection::missing().with_detail("the tenant layer did not run"),
         );
-        let r = IdempotencyProblem.response(&said, said.status(&lock));
+        let r = idempotency_problem(&said, said.status(&lock));
         assert_eq!(r.status(), 500);
         let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
         assert_eq!(body["detail"], "the tenant layer did not run");
         let who = IdempotencyError::from(PrincipalRejection::unauthorized(
             HeaderValue::from_static("Bearer"),
         ));
-        let r = IdempotencyProblem.response(&who, who.status(&lock));
+        let r = idempotency_problem(&who, who.status(&lock));
         assert_eq!(r.status(), 401);
         assert_eq!(r.headers()[header::WWW_AUTHENTICATE], "Bearer");
         let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
@@ -156,7 +165,7 @@ mod tests {
             format!("{PROBLEM_TYPE_BASE}#idempotency-principal-unauthorized")
         );
         let bad = IdempotencyError::from(PrincipalRejection::bad_request("not an account id"));
-        let r = IdempotencyProblem.response(&bad, bad.status(&lock));
+        let r = idempotency_problem(&bad, bad.status(&lock));
         assert_eq!(r.status(), 400);
         let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
         assert_eq!(body["detail"], "not an account id");

@@ -11,9 +11,14 @@ use super::{
     error::IdempotencyError,
     key::{self, IdempotencyKey},
     principal::{Principal, PrincipalRejection},
-    response::IdempotencyResponse,
 };
-use crate::{engine::Locker, error::LockError, key::LockKey, store::Records};
+use crate::{
+    engine::Locker,
+    error::LockError,
+    key::LockKey,
+    response::{Rejection, Respond},
+    store::Records,
+};
 
 /// What every clone of the service needs, behind one `Arc`.
 #[derive(Clone)]
@@ -25,7 +30,8 @@ pub(crate) struct IdempotencyState {
     /// Whether the principal is [`SharedKeySpace`](super::SharedKeySpace), the only one whose
     /// requests share one key space (an empty id from any other is no caller).
     pub(super) shared_key_space: bool,
-    pub(super) respond: Arc<dyn IdempotencyResponse>,
+    /// The rejection hook; `None`: the default problem+json.
+    pub(super) respond: Option<Arc<Respond<IdempotencyError>>>,
 }
 
 impl IdempotencyState {
@@ -76,7 +82,10 @@ impl IdempotencyState {
         } else {
             tracing::debug!(error = &error as &dyn std::error::Error, %status, "idempotency layer answered");
         }
-        let mut response = self.respond.response(&error, status);
+        let mut response = match &self.respond {
+            None => super::response::idempotency_problem(&error, status),
+            Some(respond) => respond(&Rejection::new(&error, status)),
+        };
         response.extensions_mut().insert(error);
         response
     }

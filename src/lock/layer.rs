@@ -1,5 +1,7 @@
 use std::{fmt, marker::PhantomData, sync::Arc};
 
+use bytes::Bytes;
+use http::Response;
 use tower::Layer;
 
 use super::{
@@ -10,7 +12,7 @@ use crate::{
     config::LockConfig,
     engine::Locker,
     key::{FromBody, FromHead, IntoKeys},
-    response::{ProblemJson, RejectionResponse},
+    response::Rejection,
     store::LockStore,
 };
 
@@ -61,7 +63,7 @@ impl<K> LockLayer<K> {
                 locker,
                 source: keys.into_source(),
                 namespace: None,
-                respond: Arc::new(ProblemJson),
+                respond: None,
                 max_body: DEFAULT_MAX_BODY,
             }),
             _keys: PhantomData,
@@ -77,9 +79,17 @@ impl<K> LockLayer<K> {
         self
     }
 
-    /// Replaces the problem+json rejection responses (see [`response`](crate::response)).
-    pub fn rejection_response(mut self, respond: impl RejectionResponse) -> Self {
-        Arc::make_mut(&mut self.state).respond = Arc::new(respond);
+    /// Builds the responses of refused requests with `respond` instead of the problem+json of
+    /// the [`response`](crate::response) module. It gets the [`Rejection`]: the error, the
+    /// status the config assigns, the `Retry-After` the default sends, and the default response
+    /// (see the [module docs](crate::response) for an example that keeps the status and
+    /// `Retry-After` with a body of its own). The layer puts the [`LockError`](crate::LockError)
+    /// into the extensions of whatever it returns.
+    pub fn rejection_response<F>(mut self, respond: F) -> Self
+    where
+        F: Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        Arc::make_mut(&mut self.state).respond = Some(Arc::new(respond));
         self
     }
 

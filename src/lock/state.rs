@@ -10,7 +10,7 @@ use crate::{
     engine::Locker,
     error::LockError,
     key::{KeyRejection, KeySet, KeyValues, LockKey, Source},
-    response::{RejectionResponse, status_for},
+    response::{Rejection, Respond, lock_problem, status_for},
     telemetry::Chain,
 };
 
@@ -23,7 +23,8 @@ pub(crate) struct LockState {
     pub(crate) locker: Locker,
     pub(super) source: Source,
     pub(super) namespace: Option<Arc<str>>,
-    pub(super) respond: Arc<dyn RejectionResponse>,
+    /// The rejection hook; `None`: the default problem+json.
+    pub(super) respond: Option<Arc<Respond<LockError>>>,
     /// The most body bytes a source that reads the body gets (larger: 413).
     pub(super) max_body: usize,
 }
@@ -120,7 +121,10 @@ impl LockState {
             }
             other => tracing::warn!(%status, error = %Chain(other), "request rejected"),
         }
-        let mut response = self.respond.response(&error, status);
+        let mut response = match &self.respond {
+            None => lock_problem(&error, status),
+            Some(respond) => respond(&Rejection::new(&error, status)),
+        };
         response.extensions_mut().insert(error);
         response
     }

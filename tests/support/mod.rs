@@ -64,9 +64,19 @@ pub fn queue_key(key: &[u8]) -> Vec<u8> {
 
 /// Whether `key` is an idempotency record (`<prefix>{<tag>}record:...`).
 pub fn is_record_key(key: &[u8]) -> bool {
+    has_role(key, b"record:")
+}
+
+/// Whether `key` is a hand-off queue (`<prefix>{<tag>}queue:...`).
+pub fn is_queue_key(key: &[u8]) -> bool {
+    has_role(key, b"queue:")
+}
+
+/// Whether `key`'s companion role (after its hash tag) is `role`.
+fn has_role(key: &[u8], role: &[u8]) -> bool {
     key.iter()
         .position(|&b| b == b'}')
-        .is_some_and(|end| key[end + 1..].starts_with(b"record:"))
+        .is_some_and(|end| key[end + 1..].starts_with(role))
 }
 
 /// Whether `key` is a lease's (a lock key, its queue or its record): not a fencing counter, and
