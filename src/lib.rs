@@ -223,3 +223,7 @@ pub use redis;
 #[cfg(all(doctest, feature = "axum"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+#[cfg(all(doctest, feature = "axum"))]
+#[doc = include_str!("../docs/GUIDE.md")]
+struct GuideDoctests;

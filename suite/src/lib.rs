@@ -1,9 +1,13 @@
 //! tower-lock's integration tests and benchmark, as a package of their own: see `Cargo.toml`.
 //!
-//! Nothing here but the check that every `tests/*.rs` of the repository is one of this package's
-//! `[[test]]` targets (and every target a file), so that a new test file cannot be left out of
-//! the suite unnoticed.
+//! Nothing here but checks of the repository itself: that every `tests/*.rs` is one of this
+//! package's `[[test]]` targets (and every target a file), so that a new test file cannot be
+//! left out of the suite unnoticed; and that every relative link of its markdown resolves
+//! (`doc_links`).
 #![forbid(unsafe_code)]
+
+#[cfg(test)]
+mod doc_links;
 
 #[cfg(test)]
 mod tests {
