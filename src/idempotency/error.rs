@@ -33,13 +33,14 @@ pub enum IdempotencyError {
     /// The request body could not be read (400).
     #[error("the request body could not be read")]
     BodyUnreadable(#[source] Arc<dyn StdError + Send + Sync>),
-    /// The [`Principal`](super::Principal) found none for this request, or an empty id (500: an
-    /// authenticating layer should have run first).
-    #[error("the request has no principal to scope its idempotency key by")]
-    MissingPrincipal,
-    /// The [`Principal`](super::Principal) refused the request as the client's mistake (401 or
-    /// 400, as the rejection says).
-    #[error("the request's caller was refused: {0}")]
+    /// The [`Principal`](super::Principal) found no caller for this request, or refused it: as
+    /// the server's mistake (500: `None`, an empty id, or
+    /// [`PrincipalRejection::missing`](super::PrincipalRejection::missing); an authenticating
+    /// layer should have run first), or as the client's (401 or 400). The rejection says which
+    /// ([`status`](super::PrincipalRejection::status),
+    /// [`is_client_error`](super::PrincipalRejection::is_client_error)) and carries the detail
+    /// the client is sent.
+    #[error("the request has no caller to scope its idempotency key by: {0}")]
     PrincipalRejected(super::PrincipalRejection),
     /// The lock was held by a request with the same key still running (409), or the store failed
     /// (503): the lock's own errors.
@@ -60,7 +61,6 @@ impl IdempotencyError {
             }
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::MissingPrincipal => StatusCode::INTERNAL_SERVER_ERROR,
             Self::PrincipalRejected(rejection) => rejection.status(),
             Self::Lock(error) => {
                 status_for(error, lock.contended_status(), lock.unavailable_status())
@@ -71,11 +71,7 @@ impl IdempotencyError {
 
 impl From<super::PrincipalRejection> for IdempotencyError {
     fn from(rejection: super::PrincipalRejection) -> Self {
-        if rejection.is_client_error() {
-            Self::PrincipalRejected(rejection)
-        } else {
-            Self::MissingPrincipal
-        }
+        Self::PrincipalRejected(rejection)
     }
 }
 

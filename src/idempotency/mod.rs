@@ -119,7 +119,7 @@
 //! | the handler ran, and writing its record failed (sent again in the background while the lease is valid) | the handler's response | | |
 //! | request body over `max_request_body` | 413 | `#request-body-too-large` | |
 //! | request body failed to arrive | 400 | `#request-body-unreadable` | |
-//! | no principal for the request (`None`, an empty id) | 500 | `#idempotency-principal-missing` | |
+//! | no principal for the request (`None`, an empty id, [`PrincipalRejection::missing`]) | 500 | `#idempotency-principal-missing` | |
 //! | the principal refused the caller: [`PrincipalRejection::unauthorized`] | 401, with its `WWW-Authenticate` | `#idempotency-principal-unauthorized` | |
 //! | the principal refused the caller: [`PrincipalRejection::bad_request`] | 400 | `#idempotency-principal-invalid` | |
 //! | store failed, or lease lost while the handler ran | 503 | `#lock-store-unavailable`, `#lease-lost` | 1 |

@@ -19,7 +19,7 @@ use http::{HeaderValue, StatusCode, request::Parts};
 /// | the principal answers | the layer |
 /// |---|---|
 /// | an id (any bytes, not empty) | scopes the key by it |
-/// | `None`, an empty id, or [`PrincipalRejection::missing`] | 500 (`#idempotency-principal-missing`): the request reached the layer without a caller, an ordering misconfiguration |
+/// | `None`, an empty id, or [`PrincipalRejection::missing`] | 500 (`#idempotency-principal-missing`): the request reached the layer without a caller, an ordering misconfiguration; the detail given with [`with_detail`](PrincipalRejection::with_detail), if any, is the client's |
 /// | [`PrincipalRejection::unauthorized`] | 401 (`#idempotency-principal-unauthorized`), with its `WWW-Authenticate` challenge |
 /// | [`PrincipalRejection::bad_request`] | 400 (`#idempotency-principal-invalid`) |
 ///

@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use http::{Response, StatusCode, header};
 
-use super::{error::IdempotencyError, principal::PrincipalRejection};
+use super::error::IdempotencyError;
 use crate::response::{ProblemJson, RejectionResponse, problem};
 
 /// Builds the response for a request the idempotency layer answers itself.
@@ -65,18 +65,17 @@ impl IdempotencyResponse for IdempotencyProblem {
                 "Request body unreadable",
                 "the request body could not be read".to_owned(),
             ),
-            IdempotencyError::MissingPrincipal => (
-                "idempotency-principal-missing",
-                "Idempotency principal missing",
-                PrincipalRejection::missing().detail().to_owned(),
-            ),
             IdempotencyError::PrincipalRejected(rejection) => {
-                let (kind, title) = match rejection.challenge() {
-                    Some(_) => (
+                let (kind, title) = match (rejection.is_client_error(), rejection.challenge()) {
+                    (false, _) => (
+                        "idempotency-principal-missing",
+                        "Idempotency principal missing",
+                    ),
+                    (true, Some(_)) => (
                         "idempotency-principal-unauthorized",
                         "Caller not authenticated",
                     ),
-                    None => ("idempotency-principal-invalid", "Invalid caller"),
+                    (true, None) => ("idempotency-principal-invalid", "Invalid caller"),
                 };
                 let mut response = problem(status, kind, title, rejection.detail());
                 if let Some(challenge) = rejection.challenge() {
@@ -94,8 +93,8 @@ impl IdempotencyResponse for IdempotencyProblem {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::response::PROBLEM_TYPE_BASE;
     use crate::{config::LockConfig, error::LockError};
+    use crate::{idempotency::PrincipalRejection, response::PROBLEM_TYPE_BASE};
     use http::HeaderValue;
     use std::time::Duration;
 
@@ -128,9 +127,23 @@ mod tests {
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");
         let big = IdempotencyError::BodyTooLarge { limit: 10 };
         assert_eq!(big.status(&lock), 413);
-        assert_eq!(IdempotencyError::MissingPrincipal.status(&lock), 500);
         let missing = IdempotencyError::from(PrincipalRejection::missing());
-        assert!(matches!(missing, IdempotencyError::MissingPrincipal));
+        assert_eq!(missing.status(&lock), 500);
+        let r = IdempotencyProblem.response(&missing, missing.status(&lock));
+        let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(
+            body["type"],
+            format!("{PROBLEM_TYPE_BASE}#idempotency-principal-missing")
+        );
+        assert_eq!(body["detail"], PrincipalRejection::missing().detail());
+        // The detail a principal gives goes to the client, whatever the kind.
+        let said = IdempotencyError::from(
+            PrincipalRejection::missing().with_detail("the tenant layer did not run"),
+        );
+        let r = IdempotencyProblem.response(&said, said.status(&lock));
+        assert_eq!(r.status(), 500);
+        let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(body["detail"], "the tenant layer did not run");
         let who = IdempotencyError::from(PrincipalRejection::unauthorized(
             HeaderValue::from_static("Bearer"),
         ));

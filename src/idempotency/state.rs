@@ -10,7 +10,7 @@ use super::{
     config::IdempotencyConfig,
     error::IdempotencyError,
     key::{self, IdempotencyKey},
-    principal::Principal,
+    principal::{Principal, PrincipalRejection},
     response::IdempotencyResponse,
 };
 use crate::{engine::Locker, error::LockError, key::LockKey, store::Records};
@@ -52,7 +52,7 @@ impl IdempotencyState {
             Bytes::new()
         } else {
             match self.principal.principal(parts)? {
-                id if id.is_empty() => return Err(IdempotencyError::MissingPrincipal),
+                id if id.is_empty() => return Err(PrincipalRejection::missing().into()),
                 id => id,
             }
         };
