@@ -114,12 +114,15 @@ fn parse_labels(mut s: &str) -> (BTreeMap<String, String>, &str) {
 
 // ---- The queries. --------------------------------------------------------------------------
 
+/// One selector's matchers: (label, operator, value).
+type Matchers = Vec<(String, String, String)>;
+
 /// What one PromQL expression asks of the crate's metrics.
 #[derive(Debug, Default)]
 struct Query {
     /// Each selector: the metric's family, whether it reads `_bucket` (so `le` is a label),
     /// and its matchers (label, operator, value).
-    selectors: Vec<(String, bool, Vec<(String, String, String)>)>,
+    selectors: Vec<(String, bool, Matchers)>,
     /// Labels named in `by (...)` clauses.
     grouping: BTreeSet<String>,
 }

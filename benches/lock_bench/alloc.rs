@@ -1,14 +1,23 @@
-//! Heap accounting for the memory scenario (e): a global allocator that forwards to `System`
-//! and keeps the bytes currently allocated, once [`COUNTING`] is on.
+//! Heap accounting for the memory scenario (e) and the counts (h): a global allocator that
+//! forwards to `System` and, once [`COUNTING`] is on, keeps the bytes currently allocated and
+//! the allocations made (and their bytes) so far.
 
 use std::{
     alloc::{GlobalAlloc, Layout, System},
-    sync::atomic::{AtomicBool, AtomicIsize, Ordering},
+    sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, Ordering},
 };
 
 struct CountingAlloc;
 
 static HEAP_BYTES: AtomicIsize = AtomicIsize::new(0);
+/// Allocations made (`alloc`, `alloc_zeroed`, `realloc`), and the bytes each asked for.
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+static ALLOCATED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+fn counted(bytes: usize) {
+    ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    ALLOCATED_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
+}
 
 /// Off until the memory scenario (e) starts, and on from then: one shared counter updated by
 /// every allocation would slow the timed scenarios down, allocation-heavy code (the layer, more
@@ -23,6 +32,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
         let ptr = unsafe { System.alloc(layout) };
         if !ptr.is_null() && COUNTING.load(Ordering::Relaxed) {
             HEAP_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
+            counted(layout.size());
         }
         ptr
     }
@@ -32,6 +42,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
         let ptr = unsafe { System.alloc_zeroed(layout) };
         if !ptr.is_null() && COUNTING.load(Ordering::Relaxed) {
             HEAP_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
+            counted(layout.size());
         }
         ptr
     }
@@ -52,6 +63,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
                 new_size as isize - layout.size() as isize,
                 Ordering::Relaxed,
             );
+            counted(new_size);
         }
         new
     }
@@ -63,4 +75,13 @@ static GLOBAL: CountingAlloc = CountingAlloc;
 /// The bytes allocated now, counted from when [`COUNTING`] was turned on.
 pub(crate) fn heap_bytes() -> i64 {
     HEAP_BYTES.load(Ordering::SeqCst) as i64
+}
+
+/// Allocations made since counting was turned on, and the bytes they asked for (a `realloc`
+/// counts as one, of its new size).
+pub(crate) fn allocations() -> (u64, u64) {
+    (
+        ALLOCATIONS.load(Ordering::SeqCst),
+        ALLOCATED_BYTES.load(Ordering::SeqCst),
+    )
 }

@@ -1,6 +1,8 @@
 //! The project's benchmark: HTTP overhead, uncontended lock cycles, contended hand-off,
 //! renewal at scale, memory and group commit, each next to a hand-written baseline or the
-//! `rslock` peer; and orders of several keys against single purchases.
+//! `rslock` peer; orders of several keys against single purchases; and counts per request that
+//! do not depend on the machine's load (instructions, allocations, system calls, Redis
+//! commands).
 //!
 //! `cargo bench -p tower-lock-suite --bench lock_bench` (or `scripts/bench.sh`, which installs `wrk` and
 //! `redis-server` first) starts its own `redis-server` on a free loopback port, runs every
@@ -19,6 +21,7 @@
 //! | `memory.rs`, `alloc.rs` | e. memory, with a counting global allocator |
 //! | `group.rs` | f. group commit: 1, 50 and 256 connections, latency, Redis CPU, `WAIT` |
 //! | `sets.rs` | g. orders of 1, 2 and 3 keys against single purchases (wrk) |
+//! | `counts.rs`, `count_child.rs`, `callgrind.rs` | h. counts per request and per cycle: callgrind, the counting allocator, `strace -c`, `MONITOR` and `INFO commandstats`, over a program of its own on a current-thread runtime |
 //! | `protocol.rs` | the crate's scripts as the "same scripts" baseline sends them, and the drift check |
 //! | `report.rs`, `targets.rs`, `stats.rs`, `machine.rs` | the Markdown report |
 //! | `common.rs` | what several scenarios share |
@@ -32,18 +35,21 @@
 //! | `BENCH_RUNS` | runs per scenario (default 3) |
 //! | `BENCH_QUICK=1` | shortened durations, for a smoke run |
 //! | `BENCH_FULL=1` | the memory flatness run sends 1M requests instead of 100k |
-//! | `BENCH_ONLY` | scenario letters to run, e.g. `ac` (default: all of `abcdefg`); the report keeps the sections of the others from the report it replaces |
+//! | `BENCH_ONLY` | scenario letters to run, e.g. `ac` (default: all of `abcdefgh`); the report keeps the sections of the others from the report it replaces |
 //! | `BENCH_NOTE` | a note printed at the top of the report (e.g. "machine was busy") |
 //! | `BENCH_OUTPUT` | report path (default `docs/BENCHMARKS.md`) |
-//! | `BENCH_VARIANTS` | HTTP variants to run, e.g. `layer,baseline` (for profiling; the report needs all) |
+//! | `BENCH_VARIANTS` | HTTP variants (scenario a) or counted cases (h: `hello`, `baseline`, `baseline-scripts`, `layer`, `locker`, `rslock`, `locker-16`, `rslock-16`) to run, e.g. `layer,baseline` (for profiling; the report needs all) |
 //! | `BENCH_HTTP_S` | seconds each HTTP variant is measured (default 5, quick 2) |
 //! | `BENCH_RSLOCK_RETRY_MS` | rslock's retry delay in the contended scenario (default 20) |
 //!
 //! Only 127.0.0.1 is contacted; every process started here is stopped before it exits.
 
 mod alloc;
+mod callgrind;
 mod common;
 mod contended;
+mod count_child;
+mod counts;
 mod cycles;
 mod group;
 mod http;
@@ -134,7 +140,7 @@ impl Settings {
             quick,
             full,
             only: std::env::var("BENCH_ONLY")
-                .unwrap_or_else(|_| "abcdefg".to_owned())
+                .unwrap_or_else(|_| "abcdefgh".to_owned())
                 .to_ascii_lowercase(),
             variants: std::env::var("BENCH_VARIANTS")
                 .ok()
@@ -181,6 +187,10 @@ fn main() {
         contended::child_main(&args[i + 1..]);
         return;
     }
+    if let Some(i) = args.iter().position(|a| a == "--count-child") {
+        count_child::child_main(&args[i + 1..]);
+        return;
+    }
     // `cargo test --all-targets` runs bench targets without `--bench`: do nothing then.
     if !std::env::args().any(|a| a == "--bench") {
         eprintln!(
@@ -189,7 +199,12 @@ fn main() {
         return;
     }
     let s = Settings::from_env();
-    let wrk_version = require_tool("wrk", &["-v"], "wrk");
+    // wrk drives the HTTP scenarios only.
+    let wrk_version = if "afg".chars().any(|c| s.wants(c)) {
+        require_tool("wrk", &["-v"], "wrk")
+    } else {
+        "not used".to_owned()
+    };
     let redis_version = require_tool("redis-server", &["--version"], "redis-server");
     let load_start = load_average();
     let started = Instant::now();
@@ -229,6 +244,9 @@ fn main() {
     }
     if s.wants('g') {
         results.sets = sets::run(&redis, &s);
+    }
+    if s.wants('h') {
+        results.counts = counts::run(&rt, &redis, &s);
     }
     rt.block_on(flushall(&url));
     rt.shutdown_timeout(Duration::from_secs(2));

@@ -35,6 +35,7 @@ pub(crate) struct Results {
     pub(crate) memory: Vec<MemorySample>,
     pub(crate) group: crate::group::GroupResults,
     pub(crate) sets: Vec<Vec<(sets::Variant, SetSample)>>,
+    pub(crate) counts: Vec<Vec<(crate::counts::Case, crate::counts::CountSample)>>,
 }
 
 pub(crate) struct Meta {
@@ -118,6 +119,7 @@ fn render(s: &Settings, meta: &Meta, r: &Results) -> String {
     render_memory(w, s, r);
     crate::group::render(w, s, &r.group);
     render_sets(w, s, r);
+    crate::counts::render(w, s, &r.counts);
 
     let _ = writeln!(w, "## Not covered\n");
     let _ = writeln!(
@@ -633,7 +635,7 @@ pub(crate) fn write(s: &Settings, meta: &Meta, results: &Results) {
 }
 
 /// Every scenario's letter.
-const SCENARIOS: &str = "abcdefg";
+const SCENARIOS: &str = "abcdefgh";
 
 /// A report's `## ` sections, in order, each with its heading line; what comes before the first
 /// heading is a section with an empty heading.

@@ -158,5 +158,6 @@ pub(crate) fn render(w: &mut String, r: &Results) {
             stat(&ratio, f2)
         );
     }
+    crate::counts::render_targets(w, &r.counts);
     let _ = writeln!(w);
 }

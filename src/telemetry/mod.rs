@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use tracing::{Span, field::Empty};
+use tracing::{Level, Span, field::Empty, level_filters::LevelFilter};
 
 mod metrics;
 pub(crate) mod outcome;
@@ -30,6 +30,13 @@ use crate::{config::KeyDisplay, key::LockKey};
 /// several), and, recorded as they become known, `fencing_token`, `attempts`, `wait_ms`,
 /// `renewals`, `hold_ms`, `outcome`. Never the token.
 pub(crate) fn span(key: &LockKey, keys: usize, display: KeyDisplay) -> Span {
+    // No subscriber takes `info` spans: no span at all. A disabled span still carries its
+    // metadata, and with tracing's `log` feature on (axum's default features turn it on), its
+    // fields are put together and every enter, exit and record of it goes to the `log` facade,
+    // several times per request.
+    if LevelFilter::current() < Level::INFO {
+        return Span::none();
+    }
     let span = tracing::info_span!(
         "lock",
         scope = &*key.scope_label(),
@@ -43,18 +50,19 @@ pub(crate) fn span(key: &LockKey, keys: usize, display: KeyDisplay) -> Span {
         renewals = Empty,
         hold_ms = Empty,
     );
-    if !span.is_disabled() {
-        match display {
-            KeyDisplay::Hashed => {
-                static HASHER: OnceLock<RandomState> = OnceLock::new();
-                let hash = HASHER.get_or_init(RandomState::new).hash_one(key.value());
-                span.record("key", format_args!("{hash:016x}"));
-            }
-            KeyDisplay::Plain => {
-                span.record("key", String::from_utf8_lossy(key.value()).as_ref());
-            }
-            KeyDisplay::Hidden => {}
+    if span.is_disabled() {
+        return Span::none();
+    }
+    match display {
+        KeyDisplay::Hashed => {
+            static HASHER: OnceLock<RandomState> = OnceLock::new();
+            let hash = HASHER.get_or_init(RandomState::new).hash_one(key.value());
+            span.record("key", format_args!("{hash:016x}"));
         }
+        KeyDisplay::Plain => {
+            span.record("key", String::from_utf8_lossy(key.value()).as_ref());
+        }
+        KeyDisplay::Hidden => {}
     }
     span
 }
@@ -121,6 +129,22 @@ impl Op {
             Self::Acquire => "acquire",
             Self::Renew => "renew",
             Self::Release => "release",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_subscriber_a_lease_has_no_span() {
+        // This test binary has tracing's `log` feature on (axum's default features turn it
+        // on), as most applications do: a disabled span would still carry its metadata and
+        // forward every enter, exit and record to the `log` facade.
+        let key = LockKey::new("lock:", "orders", b"42", 512).unwrap();
+        for display in [KeyDisplay::Hashed, KeyDisplay::Plain, KeyDisplay::Hidden] {
+            assert!(span(&key, 1, display).is_none());
         }
     }
 }

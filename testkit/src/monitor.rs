@@ -34,6 +34,11 @@ impl CommandCounts {
         self.0.get(name).copied().unwrap_or(0)
     }
 
+    /// Every command counted, by name (upper case), with its count.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.0.iter().map(|(name, n)| (name.as_str(), *n))
+    }
+
     /// Each command's count divided by `ops`, by name: `EVALSHA 2.00, SET 1.00`, or `none`.
     pub fn per(&self, ops: f64) -> String {
         if self.0.is_empty() {
