@@ -827,7 +827,8 @@ pub async fn a_set_is_not_starved_by_single_keys<B: Backend>(backend: B) {
 /// `POST /orders` (SKUs from the body, in [`SKU_NAMESPACE`]) that works `work_ms`, and panics
 /// for an order of the SKU `boom`; panics become 500s.
 fn orders_app(locker: Locker) -> axum::Router {
-    let layer = LockLayer::from_locker(locker, Key::json("/items/*/sku")).namespace(SKU_NAMESPACE);
+    let layer =
+        LockLayer::from_locker(locker, Key::json("/items/*/sku").unwrap()).namespace(SKU_NAMESPACE);
     axum::Router::new()
         .route(
             "/orders",
