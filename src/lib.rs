@@ -174,7 +174,7 @@
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-
+mod background;
 mod concat;
 mod config;
 mod engine;
