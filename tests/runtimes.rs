@@ -366,3 +366,69 @@ fn a_sentinel_store_connected_on_a_runtime_left_idle_serves_every_other() {
     }
     drop(idle);
 }
+
+/// Polls `future` once, in the current task, and leaves it there (neither polled again nor
+/// dropped, as a future kept in a `select!` loop while another branch runs).
+async fn poll_once<F: std::future::Future + Unpin>(future: &mut F) -> bool {
+    std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(std::pin::Pin::new(&mut *future).poll(cx).is_ready())
+    })
+    .await
+}
+
+/// A task that polls an acquire of `name` once and then keeps it, never polling it again (as a
+/// future kept in a `select!` loop while another branch runs): the acquire's wake-ups reach a
+/// task that does not look at it. `queued`: Redis is paused, so that it cannot be answered.
+fn park(locker: &Locker, name: &str, queued: bool) -> tokio::task::JoinHandle<()> {
+    let locker = locker.clone();
+    let key = locker.key("parked", name).unwrap();
+    tokio::spawn(async move {
+        let mut parked = Box::pin(locker.acquire(key));
+        let answered = poll_once(&mut parked).await;
+        assert!(!answered || !queued, "answered while Redis is paused");
+        std::future::pending::<()>().await;
+        drop(parked);
+    })
+}
+
+/// A caller queued behind a call in flight, polled once and then not polled: the operations
+/// queued after it on its runtime are answered all the same, once Redis answers.
+#[test]
+fn an_unpolled_queued_caller_holds_up_nobody() {
+    let server = RedisServer::start();
+    let main = multi_thread(2);
+    let store = store(&server, &main);
+    let locker = Locker::with_config(store, config());
+    main.block_on(async {
+        // One call in flight, held up by Redis for a moment.
+        stall_redis(&server, 300);
+        // Its caller keeps its guard: no release of its own comes to form the next batch.
+        let first = tokio::spawn({
+            let locker = locker.clone();
+            async move { locker.acquire(locker.key("queued", "first").unwrap()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let parked = park(&locker, "queued", true);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        fresh_keys_are_acquired(&locker, "behind", 5).await;
+        let first = first.await.unwrap().unwrap();
+        parked.abort();
+        assert!(first.release().await.unwrap());
+    });
+}
+
+/// A caller whose operation went out alone, polled once and then not polled: the operations
+/// after it on its runtime are answered once Redis answers.
+#[test]
+fn an_unpolled_lone_caller_holds_up_nobody() {
+    let server = RedisServer::start();
+    let main = multi_thread(2);
+    let store = store(&server, &main);
+    let locker = Locker::with_config(store, config());
+    main.block_on(async {
+        let parked = park(&locker, "lone", false);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        fresh_keys_are_acquired(&locker, "after", 5).await;
+        parked.abort();
+    });
+}
