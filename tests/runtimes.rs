@@ -189,6 +189,20 @@ async fn cycle(locker: &Locker, name: &str) {
     );
 }
 
+/// [`cycle`], answered within 5 s.
+async fn cycle_in_time(locker: &Locker, name: &str) {
+    tokio::time::timeout(Duration::from_secs(5), cycle(locker, name))
+        .await
+        .unwrap_or_else(|_| panic!("{name} was not answered within 5 s"));
+}
+
+/// A store connected on a runtime dropped right after (start-up code).
+fn connected_on_a_dropped_runtime(server: &RedisServer) -> RedisStore {
+    current_thread()
+        .block_on(RedisStore::connect(server.url()))
+        .unwrap()
+}
+
 /// A store connected (and used) on a current-thread runtime whose `block_on` then returned,
 /// leaving it undriven: every other runtime's calls are answered, at once.
 #[test]
@@ -214,17 +228,10 @@ fn a_store_connected_on_a_runtime_left_idle_serves_every_other() {
 #[test]
 fn a_runtime_per_request_serves_every_request() {
     let server = RedisServer::start();
-    let store = current_thread()
-        .block_on(RedisStore::connect(server.url()))
-        .unwrap();
-    let locker = Locker::with_config(store, config());
+    let locker = Locker::with_config(connected_on_a_dropped_runtime(&server), config());
     for i in 0..40 {
         let runtime = current_thread();
-        runtime.block_on(async {
-            tokio::time::timeout(Duration::from_secs(5), cycle(&locker, &format!("req-{i}")))
-                .await
-                .unwrap_or_else(|_| panic!("request {i} was not answered within 5 s"));
-        });
+        runtime.block_on(cycle_in_time(&locker, &format!("req-{i}")));
         drop(runtime);
     }
 }
@@ -234,24 +241,14 @@ fn a_runtime_per_request_serves_every_request() {
 #[test]
 fn thread_local_runtimes_serve_every_request() {
     let server = RedisServer::start();
-    let store = current_thread()
-        .block_on(RedisStore::connect(server.url()))
-        .unwrap();
-    let locker = Locker::with_config(store, config());
+    let locker = Locker::with_config(connected_on_a_dropped_runtime(&server), config());
     let workers: Vec<_> = (0..4)
         .map(|w| {
             let locker = locker.clone();
             std::thread::spawn(move || {
                 let runtime = current_thread();
                 for i in 0..10 {
-                    runtime.block_on(async {
-                        tokio::time::timeout(
-                            Duration::from_secs(5),
-                            cycle(&locker, &format!("w{w}-{i}")),
-                        )
-                        .await
-                        .unwrap_or_else(|_| panic!("w{w}-{i} was not answered within 5 s"));
-                    });
+                    runtime.block_on(cycle_in_time(&locker, &format!("w{w}-{i}")));
                     std::thread::sleep(Duration::from_millis(100));
                 }
             })
