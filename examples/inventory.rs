@@ -219,7 +219,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
     let locker: Locker = chosen.locker(config);
     let purchase_lock =
         LockLayer::from_locker(locker.clone(), Key::path_param("sku")).namespace(SKU_LOCKS);
-    let order_lock = LockLayer::from_locker(locker.clone(), Key::json("/items/*/sku"))
+    let order_lock = LockLayer::from_locker(locker.clone(), Key::json("/items/*/sku")?)
         .namespace(SKU_LOCKS)
         .max_request_body(MAX_ORDER_BODY);
     let data = match (&settings.stock_url, chosen.data) {

@@ -1,6 +1,6 @@
 //! Errors: why a lock was not granted or not kept, and why a setting was refused.
 
-use std::{fmt, time::Duration};
+use std::{borrow::Cow, fmt, time::Duration};
 
 use crate::{key::KeyRejection, store::StoreError};
 
@@ -85,12 +85,15 @@ impl From<KeyRejection> for LockError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     field: &'static str,
-    reason: &'static str,
+    reason: Cow<'static, str>,
 }
 
 impl ConfigError {
-    pub(crate) fn new(field: &'static str, reason: &'static str) -> Self {
-        Self { field, reason }
+    pub(crate) fn new(field: &'static str, reason: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            field,
+            reason: reason.into(),
+        }
     }
 
     /// The setting at fault, e.g. `"ttl"` or `"wait.factor"`.

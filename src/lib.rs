@@ -94,7 +94,7 @@
 //! let purchase = LockLayer::from_locker(locker.clone(), Key::path_param("sku")).namespace("sku");
 //! // `{"items": [{"sku": "a", "qty": 2}, ...]}`: every `sku` of `items`. The layer reads the
 //! // body (at most `max_request_body`: larger is a 413), and the handler gets the same bytes.
-//! let cart = LockLayer::from_locker(locker, Key::json("/items/*/sku")).namespace("sku");
+//! let cart = LockLayer::from_locker(locker, Key::json("/items/*/sku")?).namespace("sku");
 //! let app: Router = Router::new()
 //!     .route(
 //!         "/items/{sku}/purchase",
@@ -102,6 +102,7 @@
 //!     )
 //!     .route("/checkout", post(checkout).route_layer(cart));
 //! # }
+//! # Ok::<(), tower_lock::ConfigError>(())
 //! ```
 //!
 //! Background work takes a set with [`Locker`] the same way. A transfer, under a lease on both
@@ -173,6 +174,7 @@
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod background;
 mod concat;
 mod config;
 mod engine;

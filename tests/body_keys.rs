@@ -123,7 +123,11 @@ async fn status_and_json(app: &Router, request: Request) -> (StatusCode, serde_j
 async fn the_handler_gets_the_same_body() {
     let seen = Arc::new(Seen::default());
     let locker = locker();
-    let app = app(&locker, Key::json("/items/*/sku"), Arc::clone(&seen));
+    let app = app(
+        &locker,
+        Key::json("/items/*/sku").unwrap(),
+        Arc::clone(&seen),
+    );
     let text =
         r#"{"items": [{"sku": "b", "qty": 1}, {"sku": "a", "qty": 2}, {"sku": "b", "qty": 3}]}"#;
     for body in [
@@ -158,7 +162,11 @@ async fn the_handler_gets_the_same_body() {
 async fn a_body_over_the_limit_is_413_declared_or_streamed() {
     let seen = Arc::new(Seen::default());
     let locker = locker();
-    let app = app(&locker, Key::json("/items/*/sku"), Arc::clone(&seen));
+    let app = app(
+        &locker,
+        Key::json("/items/*/sku").unwrap(),
+        Arc::clone(&seen),
+    );
 
     // Declared: refused before a byte is read.
     let polled = Arc::new(AtomicBool::new(false));
@@ -222,7 +230,11 @@ async fn a_body_over_the_limit_is_413_declared_or_streamed() {
 async fn keys_that_cannot_be_read_are_400() {
     let seen = Arc::new(Seen::default());
     let locker = locker();
-    let app = app(&locker, Key::json("/items/*/sku"), Arc::clone(&seen));
+    let app = app(
+        &locker,
+        Key::json("/items/*/sku").unwrap(),
+        Arc::clone(&seen),
+    );
     for (body, says) in [
         ("", "not JSON"),
         ("not json secret-value", "not JSON"),
@@ -265,7 +277,11 @@ async fn keys_that_cannot_be_read_are_400() {
 #[tokio::test]
 async fn a_body_that_cannot_be_read_is_400() {
     let seen = Arc::new(Seen::default());
-    let app = app(&locker(), Key::json("/items/*/sku"), Arc::clone(&seen));
+    let app = app(
+        &locker(),
+        Key::json("/items/*/sku").unwrap(),
+        Arc::clone(&seen),
+    );
     let broken = Body::from_stream(futures_util::stream::iter([
         Ok(Bytes::from_static(br#"{"items": "#)),
         Err(std::io::Error::other("secret-reason")),
@@ -290,7 +306,7 @@ async fn an_optional_source_passes_a_body_without_its_fields_through() {
     let seen = Arc::new(Seen::default());
     let app = app(
         &locker(),
-        Key::json("/from").and("/to").optional(),
+        Key::json("/from").unwrap().and("/to").unwrap().optional(),
         Arc::clone(&seen),
     );
     let (status, _) = status_and_json(&app, post_body(Body::from(r#"{"note": 1}"#))).await;
@@ -313,7 +329,11 @@ async fn an_optional_source_passes_a_body_without_its_fields_through() {
 async fn max_keys_counts_each_key_once() {
     let seen = Arc::new(Seen::default());
     let locker = at_most_two_keys();
-    let app = app(&locker, Key::json("/items/*/sku"), Arc::clone(&seen));
+    let app = app(
+        &locker,
+        Key::json("/items/*/sku").unwrap(),
+        Arc::clone(&seen),
+    );
     let same = r#"{"items": [{"sku": "a"}, {"sku": "a"}, {"sku": "b"}, {"sku": "a"}]}"#;
     let (status, problem) = status_and_json(&app, post_body(Body::from(same))).await;
     assert_eq!(status, StatusCode::OK, "{problem}");
@@ -397,7 +417,8 @@ async fn a_closure_reads_the_body_and_the_head() {
 async fn max_keys_stops_reading_the_body() {
     let locker = at_most_two_keys();
     let seen = Arc::new(Seen::default());
-    let layer = LockLayer::from_locker(locker.clone(), Key::json("/items/*/sku")).namespace("sku");
+    let layer =
+        LockLayer::from_locker(locker.clone(), Key::json("/items/*/sku").unwrap()).namespace("sku");
     let app = Router::new().route(
         "/orders",
         post(handler(Arc::clone(&seen))).route_layer(layer),
@@ -441,7 +462,7 @@ async fn max_keys_bounds_the_keys_made_from_a_sources_values() {
 #[tokio::test]
 async fn a_key_field_named_twice_is_a_bad_request() {
     let seen = Arc::new(Seen::default());
-    let sku = app(&locker(), Key::json("/sku"), Arc::clone(&seen));
+    let sku = app(&locker(), Key::json("/sku").unwrap(), Arc::clone(&seen));
     for body in [
         r#"{"sku": "a", "sku": "b"}"#,
         r#"{"sku": "a", "note": 1, "sku": "a"}"#,
@@ -453,7 +474,11 @@ async fn a_key_field_named_twice_is_a_bad_request() {
             "{problem}"
         );
     }
-    let cart = app(&locker(), Key::json("/items/*/sku"), Arc::clone(&seen));
+    let cart = app(
+        &locker(),
+        Key::json("/items/*/sku").unwrap(),
+        Arc::clone(&seen),
+    );
     for (body, twice) in [
         (
             r#"{"items": [{"sku": "a"}, {"sku": "b", "sku": "c"}]}"#,

@@ -954,7 +954,7 @@ async fn a_record_write_that_fails_is_sent_again_not_replaced_by_a_release() {
         .lock_keys()
         .await
         .iter()
-        .all(|k| k.ends_with(b":record"))
+        .all(|k| support::is_record_key(k))
     {
         assert!(
             started.elapsed() < Duration::from_secs(5),

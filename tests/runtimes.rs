@@ -2,12 +2,16 @@
 //! operation waits for a future or task of another runtime. A runtime shut down while its
 //! operations were in flight and queued, or a current-thread runtime left with its work unpolled
 //! (its `block_on` returned), holds up nobody else: the other runtimes' operations on fresh keys
-//! are answered as soon as Redis answers, and their background leases are renewed.
+//! are answered as soon as Redis answers, and their background leases are renewed. The store's
+//! connection works whatever became of the runtime that opened it (its I/O runs on the crate's
+//! own runtime), the usual sync bridges (a runtime per request, a runtime per thread) work, a
+//! background lease held across synchronous work is renewed, and a guard dropped at the end of
+//! a runtime's `block_on` is released.
 //!
 //! Redis is stalled for a moment with `CLIENT PAUSE` so that the runtime that goes away has one
 //! call in flight and operations queued behind it when it goes.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use tokio::runtime::{Builder, Runtime};
@@ -167,4 +171,261 @@ fn background_leases_are_renewed_whatever_became_of_another_runtime() {
     });
     drop(first);
     drop(idle);
+}
+
+/// One acquire and release of `name` on `locker`: both answered, the release `true`.
+async fn cycle(locker: &Locker, name: &str) {
+    let key = locker.key("cycle", name).unwrap();
+    let guard = locker
+        .acquire(key)
+        .await
+        .unwrap_or_else(|e| panic!("{name}: acquire: {e}"));
+    assert!(
+        guard
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("{name}: release: {e}")),
+        "{name}: the lease was not held at its release"
+    );
+}
+
+/// [`cycle`], answered within 5 s.
+async fn cycle_in_time(locker: &Locker, name: &str) {
+    tokio::time::timeout(Duration::from_secs(5), cycle(locker, name))
+        .await
+        .unwrap_or_else(|_| panic!("{name} was not answered within 5 s"));
+}
+
+/// A store connected on a runtime dropped right after (start-up code).
+fn connected_on_a_dropped_runtime(server: &RedisServer) -> RedisStore {
+    current_thread()
+        .block_on(RedisStore::connect(server.url()))
+        .unwrap()
+}
+
+/// A store connected (and used) on a current-thread runtime whose `block_on` then returned,
+/// leaving it undriven: every other runtime's calls are answered, at once.
+#[test]
+fn a_store_connected_on_a_runtime_left_idle_serves_every_other() {
+    let server = RedisServer::start();
+    let creator = current_thread();
+    let store = creator.block_on(async {
+        let store = RedisStore::connect(server.url()).await.unwrap();
+        cycle(&Locker::with_config(store.clone(), config()), "warm").await;
+        store
+    });
+    let locker = Locker::with_config(store, config());
+    let main = multi_thread(2);
+    for i in 0..5 {
+        main.block_on(fresh_keys_are_acquired(&locker, &format!("main-{i}"), 4));
+    }
+    current_thread().block_on(fresh_keys_are_acquired(&locker, "other", 4));
+    drop(creator);
+}
+
+/// A runtime per request (a `block_on` bridge), dropped after it, the store connected on a
+/// runtime dropped at once: every request is served.
+#[test]
+fn a_runtime_per_request_serves_every_request() {
+    let server = RedisServer::start();
+    let locker = Locker::with_config(connected_on_a_dropped_runtime(&server), config());
+    for i in 0..40 {
+        let runtime = current_thread();
+        runtime.block_on(cycle_in_time(&locker, &format!("req-{i}")));
+        drop(runtime);
+    }
+}
+
+/// Worker threads, each with a current-thread runtime of its own driven only while the worker
+/// is inside `block_on` (synchronous work in between): every request is served.
+#[test]
+fn thread_local_runtimes_serve_every_request() {
+    let server = RedisServer::start();
+    let locker = Locker::with_config(connected_on_a_dropped_runtime(&server), config());
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let locker = locker.clone();
+            std::thread::spawn(move || {
+                let runtime = current_thread();
+                for i in 0..10 {
+                    runtime.block_on(cycle_in_time(&locker, &format!("w{w}-{i}")));
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().unwrap();
+    }
+}
+
+/// A background lease taken in a `block_on` bridge and held across synchronous work (its
+/// runtime not driven) for five TTLs: it is renewed, so nobody else takes the key, and its
+/// release finds it held.
+#[test]
+fn a_background_lease_held_across_sync_work_in_a_bridge_is_renewed() {
+    let server = RedisServer::start();
+    let main = multi_thread(2);
+    let store = store(&server, &main);
+    let short = LockConfig::builder()
+        .ttl(Duration::from_millis(400))
+        .wait(Wait::none())
+        .build()
+        .unwrap();
+    let locker = Locker::with_config(store.clone(), short);
+    // The locker's renewals already under way for a lease of another runtime.
+    let warm = main
+        .block_on(locker.acquire(locker.key("bridge", "warm").unwrap()))
+        .unwrap();
+    let bridge = current_thread();
+    let guard = bridge
+        .block_on(locker.acquire(locker.key("bridge", "job").unwrap()))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2000));
+    assert!(
+        !guard.lease().is_lost(),
+        "{:?}",
+        guard.lease().lost_reason()
+    );
+    let elsewhere = Locker::with_config(store, config());
+    let taken = main.block_on(elsewhere.acquire(elsewhere.key("bridge", "job").unwrap()));
+    assert!(
+        taken.is_err(),
+        "another holder took the key: it was not renewed"
+    );
+    assert!(
+        bridge.block_on(guard.release()).unwrap(),
+        "the lease ran out: it was not renewed"
+    );
+    drop(warm);
+}
+
+/// A guard dropped at the end of a request's runtime (a `block_on` bridge, the runtime dropped
+/// right after): released on drop all the same, so the key is free at once, not at its TTL.
+#[test]
+fn a_guard_dropped_at_the_end_of_a_runtime_is_released() {
+    let server = RedisServer::start();
+    let main = multi_thread(2);
+    let store = store(&server, &main);
+    let locker = Locker::with_config(store, config());
+    for (kind, runtime) in [
+        ("current-thread", current_thread()),
+        ("multi-thread", multi_thread(1)),
+    ] {
+        let key = locker.key("dropped", kind).unwrap();
+        runtime.block_on(async {
+            let _guard = locker.acquire(key.clone()).await.unwrap();
+        });
+        drop(runtime);
+        // The TTL is 30 s: only the release frees it within this bound.
+        let start = Instant::now();
+        loop {
+            match main.block_on(locker.acquire(key.clone())) {
+                Ok(guard) => {
+                    assert!(main.block_on(guard.release()).unwrap());
+                    break;
+                }
+                Err(e) if start.elapsed() < Duration::from_secs(3) => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("{kind}: the key is still held 3 s after the guard dropped: {e}"),
+            }
+        }
+    }
+}
+
+/// A Sentinel store connected on a current-thread runtime then left idle: its calls from every
+/// other runtime are answered.
+#[cfg(feature = "sentinel")]
+#[test]
+fn a_sentinel_store_connected_on_a_runtime_left_idle_serves_every_other() {
+    use tower_lock::SentinelStore;
+    use tower_lock_testkit::sentinel::{MASTER_NAME, SentinelSetup};
+
+    let setup = SentinelSetup::start(Duration::from_secs(5));
+    let idle = current_thread();
+    let store = idle
+        .block_on(async {
+            let store = SentinelStore::connect(setup.sentinel_urls(), MASTER_NAME).await?;
+            cycle(&Locker::with_config(store.clone(), config()), "warm").await;
+            Ok::<_, tower_lock::store::StoreError>(store)
+        })
+        .unwrap();
+    let locker = Locker::with_config(store, config());
+    let main = multi_thread(2);
+    for i in 0..4 {
+        main.block_on(fresh_keys_are_acquired(
+            &locker,
+            &format!("sentinel-{i}"),
+            4,
+        ));
+    }
+    drop(idle);
+}
+
+/// Polls `future` once, in the current task, and leaves it there (neither polled again nor
+/// dropped, as a future kept in a `select!` loop while another branch runs).
+async fn poll_once<F: std::future::Future + Unpin>(future: &mut F) -> bool {
+    std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(std::pin::Pin::new(&mut *future).poll(cx).is_ready())
+    })
+    .await
+}
+
+/// A task that polls an acquire of `name` once and then keeps it, never polling it again (as a
+/// future kept in a `select!` loop while another branch runs): the acquire's wake-ups reach a
+/// task that does not look at it. `queued`: Redis is paused, so that it cannot be answered.
+fn park(locker: &Locker, name: &str, queued: bool) -> tokio::task::JoinHandle<()> {
+    let locker = locker.clone();
+    let key = locker.key("parked", name).unwrap();
+    tokio::spawn(async move {
+        let mut parked = Box::pin(locker.acquire(key));
+        let answered = poll_once(&mut parked).await;
+        assert!(!answered || !queued, "answered while Redis is paused");
+        std::future::pending::<()>().await;
+        drop(parked);
+    })
+}
+
+/// A caller queued behind a call in flight, polled once and then not polled: the operations
+/// queued after it on its runtime are answered all the same, once Redis answers.
+#[test]
+fn an_unpolled_queued_caller_holds_up_nobody() {
+    let server = RedisServer::start();
+    let main = multi_thread(2);
+    let store = store(&server, &main);
+    let locker = Locker::with_config(store, config());
+    main.block_on(async {
+        // One call in flight, held up by Redis for a moment.
+        stall_redis(&server, 300);
+        // Its caller keeps its guard: no release of its own comes to form the next batch.
+        let first = tokio::spawn({
+            let locker = locker.clone();
+            async move { locker.acquire(locker.key("queued", "first").unwrap()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let parked = park(&locker, "queued", true);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        fresh_keys_are_acquired(&locker, "behind", 5).await;
+        let first = first.await.unwrap().unwrap();
+        parked.abort();
+        assert!(first.release().await.unwrap());
+    });
+}
+
+/// A caller whose operation went out alone, polled once and then not polled: the operations
+/// after it on its runtime are answered once Redis answers.
+#[test]
+fn an_unpolled_lone_caller_holds_up_nobody() {
+    let server = RedisServer::start();
+    let main = multi_thread(2);
+    let store = store(&server, &main);
+    let locker = Locker::with_config(store, config());
+    main.block_on(async {
+        let parked = park(&locker, "lone", false);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        fresh_keys_are_acquired(&locker, "after", 5).await;
+        parked.abort();
+    });
 }

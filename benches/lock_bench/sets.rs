@@ -204,7 +204,8 @@ async fn app(url: &str, requests: Arc<AtomicU64>) -> Router {
     let locker = Locker::new(store);
     let purchase =
         LockLayer::from_locker(locker.clone(), Key::path_param("sku")).namespace(NAMESPACE);
-    let order = LockLayer::from_locker(locker, Key::json("/items/*/sku")).namespace(NAMESPACE);
+    let order = LockLayer::from_locker(locker, Key::json("/items/*/sku").expect("a JSON pointer"))
+        .namespace(NAMESPACE);
     Router::new()
         .route(ROUTE, post(|| async { "ok" }).route_layer(purchase))
         .route("/orders", post(|| async { "ok" }).route_layer(order))

@@ -9,11 +9,18 @@ use crate::{lease::Lease, store::StoreError, telemetry::Outcome};
 
 /// A lease held by background work: renewed by the locker's background task, released on drop.
 ///
+/// The renewals and the release on drop run on the crate's own runtime (one thread for the
+/// process), not on the runtime that acquired the lease: a guard held across synchronous work
+/// in a `block_on` bridge is renewed while that runtime is not driven, and one dropped at the
+/// end of a runtime's `block_on` (or outside any runtime) is released at once. A guard leaked
+/// (`std::mem::forget`) keeps its lease renewed while the process lives, as a leaked mutex
+/// guard keeps its lock: set a [`max_hold`](crate::Acquiring::max_hold) to bound it.
+///
 /// Derefs to [`Lease`] for the fencing token and loss status. Loss is noticed at the next
 /// renewal (every `ttl / 3`), so work may run up to that long after the key was taken away:
 /// fence the writes that matter with [`Lease::fencing_token`]. Prefer
 /// [`release`](Self::release) at the end of the work, which waits for the store to confirm;
-/// dropping the guard releases too, in a spawned task.
+/// dropping the guard releases too, in a task of the crate's runtime.
 ///
 /// Bind the guard to a name for as long as the work runs: dropped, it releases. The type is
 /// `#[must_use]`, so a guard acquired and thrown away in a statement is a warning:

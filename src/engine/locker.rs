@@ -105,8 +105,10 @@ impl Locker {
     }
 
     /// Acquires `keys` (one [`LockKey`], or several: anything that makes a [`KeySet`]) as one
-    /// lease, waiting by the configured policy, and keeps it renewed in the background until
-    /// the guard is released or dropped.
+    /// lease, waiting by the configured policy, and keeps it renewed in the background (on the
+    /// crate's own runtime, whether or not the caller's runtime is driven meanwhile) until the
+    /// guard is released or dropped; a lease that is lost is reported lost
+    /// ([`Lease::is_lost`](crate::Lease::is_lost)).
     ///
     /// Await it as it is, or set another wait policy, TTL or longest hold for this call first
     /// (see [`Acquiring`]). Unlike requests, background leases are not bounded by `max_hold`

@@ -1,9 +1,11 @@
-//! Giving a lease back: now (a [`Release`] the owner awaits) or on drop (a spawned one).
+//! Giving a lease back: now (a [`Release`] the owner awaits) or on drop (one spawned on the
+//! crate's own runtime, which outlives the runtime the guard was dropped on).
 //!
 //! Either way a release (or the holder's own way of letting go: the idempotency layer's record
-//! written with the release) that fails is sent again, in a spawned task, for as long as the
-//! lease is valid: it is token-checked, so sending it twice is safe, and given up it would
-//! leave the key locked until its TTL (or, for a record, let a retry run the handler again).
+//! written with the release) that fails is sent again, in a task on the crate's runtime, for as
+//! long as the lease is valid: it is token-checked, so sending it twice is safe, and given up it
+//! would leave the key locked until its TTL (or, for a record, let a retry run the handler
+//! again).
 //! The owner awaits only the first answer. See
 //! `docs/DECISIONS.md`, "A failed release or completion is sent again while the lease is valid".
 
@@ -16,13 +18,11 @@ use std::{
     time::Duration,
 };
 
-use tokio::{
-    runtime::Handle,
-    time::{Instant, sleep, timeout},
-};
+use tokio::time::{Instant, sleep, timeout};
 
 use super::local::Turns;
 use crate::{
+    background,
     key::{KeySet, LockKey},
     lease::Lease,
     store::{Backend, BoxFuture, StoreError, StoreErrorKind},
@@ -191,9 +191,9 @@ impl ReleaseOnDrop {
     pub(crate) fn release_and_renew_token(&mut self, token: Token) {
         let turns = self.turns.take();
         let release = self.release_now();
-        if let Ok(handle) = Handle::try_current() {
-            handle.spawn(release);
-        }
+        background::spawn(async move {
+            let _ = release.await;
+        });
         self.turns = turns;
         self.token = token;
     }
@@ -214,7 +214,8 @@ impl ReleaseOnDrop {
     }
 
     /// Disarms the guard and returns the release, for the caller to await: its first answer. A
-    /// release that fails is sent again in a spawned task while the lease is valid.
+    /// release that fails is sent again, in a task on the crate's runtime, while the lease is
+    /// valid.
     ///
     /// If that future is dropped before it finishes (the client hung up while the response
     /// future was releasing), a fallback guard inside it spawns the release again.
@@ -309,19 +310,20 @@ impl Drop for ReleaseOnDrop {
         if !self.armed {
             return;
         }
-        // Without a runtime there is nothing to run the release on; the TTL frees the key.
-        if let Ok(handle) = Handle::try_current() {
-            let release = self.release_now();
-            handle.spawn(release);
-        }
+        // On the crate's runtime: the current one may be dropped, or stop being driven, as soon
+        // as this returns (a guard dropped at the end of a `block_on`).
+        let release = self.release_now();
+        background::spawn(async move {
+            let _ = release.await;
+        });
     }
 }
 
 /// A release in flight, from [`ReleaseOnDrop::release_now`]: the store's release (bounded by
 /// the store timeout), then this process's turns at the keys passed on, the round trip and the
 /// hold time recorded, and a failure logged. A failure is answered at once, and the release is
-/// sent again in a spawned task while the lease is valid. Dropped before it answers, its armed
-/// fallback sends the release again in a spawned task.
+/// sent again, in a task on the crate's runtime, while the lease is valid. Dropped before it
+/// answers, its armed fallback sends the release again in such a task.
 pub(crate) struct Release {
     release: BoxFuture<Result<bool, StoreError>>,
     fallback: ReleaseOnDrop,
@@ -345,7 +347,6 @@ impl Future for Release {
         let key = this.fallback.key().clone();
         if let Err(error) = &result
             && let Some(again) = this.fallback.again(error)
-            && let Ok(runtime) = Handle::try_current()
         {
             tracing::debug!(
                 scope = %key.scope_label(),
@@ -353,7 +354,8 @@ impl Future for Release {
                 "lease release failed; sending it again while the lease is valid"
             );
             let held_since = this.held_since.take();
-            runtime.spawn(async move { settle(&key, held_since, &again.await) });
+            // On the crate's runtime, like a release on drop: the caller's may go away.
+            background::spawn(async move { settle(&key, held_since, &again.await) });
             return Poll::Ready(result);
         }
         settle(&key, this.held_since.take(), &result);

@@ -2,6 +2,7 @@
 //! own future or by the locker's one background task ([`Background`]).
 
 use std::{
+    collections::BinaryHeap,
     fmt,
     future::Future,
     pin::Pin,
@@ -12,13 +13,13 @@ use std::{
 
 use futures_util::{StreamExt, stream::FuturesUnordered};
 use tokio::{
-    runtime::{self, Handle},
-    sync::mpsc,
+    sync::Notify,
     time::{Instant, Sleep, sleep_until, timeout},
 };
 use tracing::Span;
 
 use crate::{
+    background,
     error::LostReason,
     key::KeySet,
     lease::Lease,
@@ -236,14 +237,48 @@ fn renew_keys(
 
 /// The renewals of a locker's leases that nobody polls while they are held: background leases
 /// ([`LeaseGuard`](crate::LeaseGuard)) and leases kept while a response body streams. One task
-/// per locker and runtime drives them all (no task per lease), started on a runtime at its
-/// first such lease, and again if that task ended with its runtime. A lease is renewed on the
-/// runtime that acquired it: never by a task of another runtime, which may be shut down or no
-/// longer driven (a current-thread runtime whose `block_on` returned).
+/// per locker drives them all (no task per lease), on the crate's own runtime
+/// ([`background`]): never on the runtime that acquired the lease, which may stop being driven
+/// while the lease is held (a `block_on` bridge doing synchronous work) or be dropped.
+///
+/// A lease handed over waits in a heap shared with the task, earliest first by when its renewer
+/// first needs polling (its first renewal, or its longest hold), and joins the task's set of
+/// renewing leases only then. The task sleeps until the earliest lease waiting, and is woken only
+/// by one due before that. So a lease released before its first renewal (background work
+/// shorter than a third of the TTL) costs a push under a lock: no message, no wake-up and poll
+/// of the task, no timer of its own. Released leases are cleared from the heap when they come
+/// due, or all at once when it has doubled since it was last cleared.
 #[derive(Default)]
 pub(crate) struct Background {
-    renewers: Mutex<Vec<(runtime::Id, mpsc::UnboundedSender<Driven>)>>,
+    shared: Arc<Shared>,
 }
+
+#[derive(Default)]
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Wakes the task: a lease due before the time it sleeps until, or the locker gone.
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// Leases handed over and not due yet, earliest first.
+    waiting: BinaryHeap<Waiting>,
+    /// When the task looks at `waiting` next; `None` while no task runs.
+    wakes_at: Option<Instant>,
+    /// The locker is gone: the task takes every lease still held, and ends once they end.
+    closed: bool,
+    /// The size of `waiting` at which released leases are next cleared out of it.
+    clear_at: usize,
+    /// Orders leases due at the same instant by when they were handed over.
+    handed: u64,
+}
+
+/// The least size of `waiting` at which released leases are cleared out of it.
+const CLEAR_AT_LEAST: usize = 1024;
+
+/// How long the task sleeps with no lease waiting: until woken.
+const IDLE: Duration = Duration::from_secs(86_400);
 
 /// A renewer in the background task, with the span its events belong to.
 struct Driven {
@@ -251,66 +286,142 @@ struct Driven {
     span: Span,
 }
 
+/// A lease handed over and not due yet.
+struct Waiting {
+    due: Instant,
+    handed: u64,
+    driven: Driven,
+}
+
+impl Waiting {
+    fn order(&self) -> (Instant, u64) {
+        (self.due, self.handed)
+    }
+}
+
+impl PartialEq for Waiting {
+    fn eq(&self, other: &Self) -> bool {
+        self.order() == other.order()
+    }
+}
+
+impl Eq for Waiting {}
+
+impl PartialOrd for Waiting {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// Reversed, so that the (max-)heap's top is the earliest.
+impl Ord for Waiting {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.order().cmp(&self.order())
+    }
+}
+
+impl Shared {
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 impl Background {
-    /// Renews `renewer`'s lease in the background, on the current runtime, until it is lost, or
-    /// released (see [`Lease::set_releasing`]). Without a Tokio runtime the lease is not
-    /// renewed.
+    /// Renews `renewer`'s lease in the background until it is lost, or released (see
+    /// [`Lease::set_releasing`]), on the crate's runtime.
     pub(crate) fn drive(&self, renewer: Renewer, span: Span) {
-        let Ok(handle) = Handle::try_current() else {
-            tracing::warn!(
-                "no Tokio runtime to renew a background lease on; it expires with its TTL"
-            );
-            return;
-        };
-        let runtime = handle.id();
-        let mut driven = Driven { renewer, span };
-        let mut tasks = self.renewers.lock().unwrap_or_else(PoisonError::into_inner);
-        // The tasks of runtimes that shut down are gone.
-        tasks.retain(|(_, sender)| !sender.is_closed());
-        if let Some((_, sender)) = tasks.iter().find(|(id, _)| *id == runtime) {
-            match sender.send(driven) {
-                Ok(()) => return,
-                // The task ended with its runtime (shutting down): start another.
-                Err(mpsc::error::SendError(back)) => driven = back,
-            }
+        let due = renewer.next_at;
+        let mut queue = self.shared.queue();
+        let start = queue.wakes_at.is_none();
+        if queue.waiting.len() >= queue.clear_at.max(CLEAR_AT_LEAST) {
+            queue
+                .waiting
+                .retain(|w| !w.driven.renewer.lease.is_releasing());
+            queue.clear_at = 2 * queue.waiting.len();
         }
-        let (sender, rx) = mpsc::unbounded_channel();
-        let _ = sender.send(driven);
-        handle.spawn(run(rx));
-        tasks.retain(|(id, _)| *id != runtime);
-        tasks.push((runtime, sender));
+        let handed = queue.handed;
+        queue.handed += 1;
+        queue.waiting.push(Waiting {
+            due,
+            handed,
+            driven: Driven { renewer, span },
+        });
+        if start {
+            queue.wakes_at = Some(due);
+            drop(queue);
+            if !background::spawn(run(Arc::clone(&self.shared))) {
+                self.shared.queue().wakes_at = None;
+                tracing::warn!(
+                    "no Tokio runtime to renew a background lease on; it expires with its TTL"
+                );
+            }
+        } else if queue.wakes_at.is_some_and(|at| due < at) {
+            queue.wakes_at = Some(due);
+            drop(queue);
+            self.shared.wake.notify_one();
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.shared.queue().closed = true;
+        self.shared.wake.notify_one();
     }
 }
 
 impl fmt::Debug for Background {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let running = self
-            .renewers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .filter(|(_, tx)| !tx.is_closed())
-            .count();
+        let queue = self.shared.queue();
         f.debug_struct("Background")
-            .field("runtimes", &running)
+            .field("running", &queue.wakes_at.is_some())
+            .field("waiting", &queue.waiting.len())
             .finish()
     }
 }
 
-/// The background task: polls each renewer as its timer or its renewal wakes it, and drops it
-/// when its lease is lost or released. Ends when the locker is gone and no lease is left.
-async fn run(mut rx: mpsc::UnboundedReceiver<Driven>) {
+/// The background task: takes the leases that come due into its set, polls each as its timer
+/// or its renewal wakes it, and drops it when its lease is lost or released. Ends when the
+/// locker is gone and no lease is left.
+async fn run(shared: Arc<Shared>) {
+    /// The task dropped (its runtime shut down, or it ended): the next lease handed over starts
+    /// another, which takes the leases still waiting.
+    struct Ended<'a>(&'a Shared);
+    impl Drop for Ended<'_> {
+        fn drop(&mut self) {
+            self.0.queue().wakes_at = None;
+        }
+    }
+    let _ended = Ended(&shared);
     let mut leases = FuturesUnordered::new();
+    let sleep = sleep_until(Instant::now() + IDLE);
+    tokio::pin!(sleep);
     loop {
-        tokio::select! {
-            driven = rx.recv() => match driven {
-                Some(driven) => leases.push(Renewing(Some(driven))),
-                None if leases.is_empty() => return,
-                None => {
-                    while leases.next().await.is_some() {}
-                    return;
+        {
+            let mut queue = shared.queue();
+            let now = Instant::now();
+            while queue
+                .waiting
+                .peek()
+                .is_some_and(|w| w.due <= now || queue.closed)
+            {
+                let Some(Waiting { driven, .. }) = queue.waiting.pop() else {
+                    break;
+                };
+                if !driven.renewer.lease.is_releasing() {
+                    leases.push(Renewing(Some(driven)));
                 }
-            },
+            }
+            if queue.closed && leases.is_empty() {
+                return;
+            }
+            let at = queue.waiting.peek().map_or(now + IDLE, |w| w.due);
+            queue.wakes_at = Some(at);
+            sleep.as_mut().reset(at);
+        }
+        tokio::select! {
+            () = shared.wake.notified() => {}
+            () = &mut sleep => {}
             Some(()) = leases.next(), if !leases.is_empty() => {}
         }
     }
@@ -337,5 +448,52 @@ impl Future for Renewing {
             return Poll::Ready(());
         }
         Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{key::LockKey, store::MemoryStore};
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    /// A renewer of a lease on key `n`, taken in `store` when `take`.
+    async fn renewer(store: &Arc<Backend>, n: usize, take: bool) -> Renewer {
+        let key = LockKey::new("p:", "s", n.to_string().as_bytes(), 64).unwrap();
+        let token = Token::generate().unwrap();
+        if take {
+            let taken = store.attempt(key.clone(), token.clone(), TTL, false).await;
+            assert!(matches!(taken, Ok(crate::store::Attempt::Acquired { .. })));
+        }
+        let lease = Lease::new(key, 1, Instant::now(), TTL);
+        let settings = RenewalSettings {
+            ttl: TTL,
+            interval: TTL / 3,
+            store_timeout: Duration::from_secs(1),
+            max_hold: None,
+        };
+        Renewer::new(Arc::clone(store), lease, token, None, settings)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn leases_released_before_their_first_renewal_do_not_pile_up() {
+        let store = Arc::new(Backend::new(MemoryStore::new()));
+        let background = Background::default();
+        let held = renewer(&store, 0, true).await;
+        let lease = held.lease.clone();
+        background.drive(held, Span::none());
+        for n in 1..=10 * CLEAR_AT_LEAST {
+            let renewer = renewer(&store, n, false).await;
+            renewer.lease.set_releasing();
+            background.drive(renewer, Span::none());
+        }
+        let waiting = background.shared.queue().waiting.len();
+        assert!(waiting <= 2 * CLEAR_AT_LEAST, "{waiting} leases waiting");
+        // The lease still held is renewed when it falls due; the others are gone by then.
+        tokio::time::sleep(TTL / 3 + Duration::from_millis(10)).await;
+        assert_eq!(lease.renewals(), 1);
+        assert!(!lease.is_lost());
+        assert!(background.shared.queue().waiting.is_empty());
     }
 }

@@ -4,17 +4,27 @@ use std::{collections::HashSet, fmt, fmt::Write as _, sync::Arc};
 
 use bytes::Bytes;
 use http::request::Parts;
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{
+    self, Deserialize, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor,
+};
+
+use serde_json::value::RawValue;
 
 use super::{BodyKeySource, KeyRejection, KeyValues};
+use crate::error::ConfigError;
 
 /// Locks on fields of a JSON request body. Created by [`Key::json`](super::Key::json).
 ///
 /// Each field is named by a JSON pointer (RFC 6901: `/items/0/sku`), in which a `*` segment
-/// stands for every element of an array: `/items/*/sku` is the `sku` of every item.
-/// [`and`](Self::and) adds more fields; every value found is one key. A value must be a string
-/// (its UTF-8 bytes are the key value) or a number (its JSON text: `7` and `7.0` are two
-/// keys; canonicalize in your own [`BodyKeySource`] if that matters).
+/// stands for every element of an array: `/items/*/sku` is the `sku` of every item. A pointer
+/// that is not one (neither empty nor starting with `/`, or with a `~` not followed by `0` or
+/// `1`) is refused when the source is made ([`Key::json`](super::Key::json) and
+/// [`and`](Self::and) return a [`ConfigError`]). As RFC 6901 says, a segment addresses an
+/// element of an array only when it is an index without sign or leading zero (`0`, `12`, never
+/// `01` or `+1`); any other segment names no element (a field missing). [`and`](Self::and)
+/// adds more fields; every value found is one key. A value must be a string (its UTF-8 bytes,
+/// unescaped, are the key value) or a number (its text exactly as the body has it: `7`, `7.0`
+/// and `7e0` are three keys; canonicalize in your own [`BodyKeySource`] if that matters).
 ///
 /// | the body | answer |
 /// |---|---|
@@ -32,15 +42,16 @@ use super::{BodyKeySource, KeyRejection, KeyValues};
 /// use tower_lock::{Key, LockLayer, MemoryStore};
 ///
 /// // `{"from": "alice", "to": "bob", "amount": 5}`: lock both accounts.
-/// let transfers = LockLayer::new(MemoryStore::new(), Key::json("/from").and("/to"))
+/// let transfers = LockLayer::new(MemoryStore::new(), Key::json("/from")?.and("/to")?)
 ///     .namespace("account");
 /// // `{"items": [{"sku": "a", "qty": 2}, ...]}`: lock every SKU of the cart.
-/// let checkout = LockLayer::new(MemoryStore::new(), Key::json("/items/*/sku"))
+/// let checkout = LockLayer::new(MemoryStore::new(), Key::json("/items/*/sku")?)
 ///     .namespace("sku");
 /// let app: Router = Router::new()
 ///     .route("/transfers", post(|| async { "moved" }).route_layer(transfers))
 ///     .route("/checkout", post(|| async { "sold" }).route_layer(checkout));
 /// # }
+/// # Ok::<(), tower_lock::ConfigError>(())
 /// ```
 #[derive(Clone)]
 pub struct JsonKeys {
@@ -51,40 +62,79 @@ pub struct JsonKeys {
 #[derive(Clone)]
 struct Pointer {
     text: Arc<str>,
-    /// The segments, unescaped; `Err` for a pointer that is not one (a misconfiguration).
-    segments: Result<Arc<[String]>, ()>,
+    /// The segments, unescaped.
+    segments: Arc<[String]>,
 }
 
 impl Pointer {
-    fn parse(text: &str) -> Self {
-        let segments = match text.strip_prefix('/') {
-            None if text.is_empty() => Ok(Arc::from([])),
-            None => Err(()),
-            Some(rest) => Ok(rest
-                .split('/')
-                .map(|s| s.replace("~1", "/").replace("~0", "~"))
-                .collect()),
+    fn parse(text: &str) -> Result<Self, ConfigError> {
+        let refused = |why: &str| {
+            ConfigError::new(
+                "Key::json",
+                format!("`{text}` is not a JSON pointer (RFC 6901): {why}"),
+            )
         };
-        Self {
+        let segments = match text.strip_prefix('/') {
+            None if text.is_empty() => Arc::from([]),
+            None => return Err(refused("it must be empty or start with `/`")),
+            Some(rest) => rest
+                .split('/')
+                .map(unescape)
+                .collect::<Option<Arc<[String]>>>()
+                .ok_or_else(|| refused("a `~` must be followed by `0` or `1`"))?,
+        };
+        Ok(Self {
             text: Arc::from(text),
             segments,
-        }
+        })
+    }
+}
+
+/// A pointer's segment unescaped (`~1` is `/`, `~0` is `~`); `None` for any other `~`.
+fn unescape(segment: &str) -> Option<String> {
+    let mut out = String::with_capacity(segment.len());
+    let mut chars = segment.chars();
+    while let Some(c) = chars.next() {
+        out.push(match c {
+            '~' => match chars.next()? {
+                '0' => '~',
+                '1' => '/',
+                _ => return None,
+            },
+            c => c,
+        });
+    }
+    Some(out)
+}
+
+/// The array index a segment names, as RFC 6901 reads it: `0`, or digits without a leading
+/// zero; `None` for anything else (`01`, `+1`, `-`, a name), which addresses no element.
+fn index(segment: &str) -> Option<usize> {
+    let bytes = segment.as_bytes();
+    let canonical = match bytes {
+        [b'0'] => true,
+        [b'1'..=b'9', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
+        _ => false,
+    };
+    if canonical {
+        segment.parse().ok()
+    } else {
+        None
     }
 }
 
 impl JsonKeys {
-    pub(super) fn new(pointer: &str) -> Self {
-        Self {
-            pointers: vec![Pointer::parse(pointer)],
+    pub(super) fn new(pointer: &str) -> Result<Self, ConfigError> {
+        Ok(Self {
+            pointers: vec![Pointer::parse(pointer)?],
             optional: false,
-        }
+        })
     }
 
-    /// Also locks on the field(s) at `pointer`.
-    #[must_use]
-    pub fn and(mut self, pointer: &str) -> Self {
-        self.pointers.push(Pointer::parse(pointer));
-        self
+    /// Also locks on the field(s) at `pointer`; a [`ConfigError`] if it is not a JSON pointer.
+    pub fn and(mut self, pointer: &str) -> Result<Self, ConfigError> {
+        self.pointers.push(Pointer::parse(pointer)?);
+        Ok(self)
     }
 
     /// Passes a request through unlocked when none of the fields is in its body (a valid JSON
@@ -173,6 +223,12 @@ impl<'de> DeserializeSeed<'de> for Walk<'_> {
     type Value = ();
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        if self.is_key() {
+            // A key's place: the value's text as the body has it (a number's literal, not
+            // what it parses to).
+            let raw = <&RawValue>::deserialize(deserializer)?;
+            return self.key(raw.get());
+        }
         deserializer.deserialize_any(self)
     }
 }
@@ -182,11 +238,24 @@ impl Walk<'_> {
         self.at.iter().any(|node| node.key)
     }
 
-    /// A string or number at a key's place.
-    fn scalar<E: de::Error>(self, value: Bytes) -> Result<(), E> {
-        if self.is_key()
-            && let Err(rejection) = self.found.key(value)
-        {
+    /// The value at a key's place, `text` as the body has it: a string (its value) or a number
+    /// (its text) is a key, anything else is refused.
+    fn key<E: de::Error>(self, text: &str) -> Result<(), E> {
+        let value = match text.as_bytes().first() {
+            Some(b'"') => {
+                let value: String = serde_json::from_str(text).map_err(E::custom)?;
+                Bytes::from(value)
+            }
+            Some(b'-' | b'0'..=b'9') => Bytes::copy_from_slice(text.as_bytes()),
+            _ => {
+                let rejection = KeyRejection::invalid(format!(
+                    "the lock key at `{}` in the request body is not a string or a number",
+                    display(self.path)
+                ));
+                return Err(self.found.stop(rejection));
+            }
+        };
+        if let Err(rejection) = self.found.key(value) {
             return Err(self.found.stop(rejection));
         }
         self.not_a_container()
@@ -202,18 +271,6 @@ impl Walk<'_> {
         }
         Ok(())
     }
-
-    /// Anything else at a key's place.
-    fn not_a_key<E: de::Error>(&mut self) -> Result<(), E> {
-        if self.is_key() {
-            let rejection = KeyRejection::invalid(format!(
-                "the lock key at `{}` in the request body is not a string or a number",
-                display(self.path)
-            ));
-            return Err(self.found.stop(rejection));
-        }
-        Ok(())
-    }
 }
 
 impl<'de> Visitor<'de> for Walk<'_> {
@@ -223,36 +280,34 @@ impl<'de> Visitor<'de> for Walk<'_> {
         f.write_str("a JSON value")
     }
 
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-        self.scalar(Bytes::copy_from_slice(v.as_bytes()))
-    }
+    // Below, the value is at no key's place (see `deserialize`): only its members and
+    // elements may matter.
 
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.scalar(Bytes::from(v.to_string()))
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.scalar(Bytes::from(v.to_string()))
-    }
-
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        // As serde_json writes a number it read: `7.0` stays `7.0`.
-        let text = serde_json::Number::from_f64(v).map_or_else(|| v.to_string(), |n| n.to_string());
-        self.scalar(Bytes::from(text))
-    }
-
-    fn visit_bool<E: de::Error>(mut self, _: bool) -> Result<(), E> {
-        self.not_a_key()?;
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
         self.not_a_container()
     }
 
-    fn visit_unit<E: de::Error>(mut self) -> Result<(), E> {
-        self.not_a_key()?;
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
         self.not_a_container()
     }
 
-    fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
-        self.not_a_key()?;
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+        self.not_a_container()
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+        self.not_a_container()
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        self.not_a_container()
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        self.not_a_container()
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let expected: Vec<&str> = self
             .at
             .iter()
@@ -302,15 +357,14 @@ impl<'de> Visitor<'de> for Walk<'_> {
         Ok(())
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
-        self.not_a_key()?;
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let segments = || self.at.iter().flat_map(|node| &node.next);
         let every: Vec<&Node> = segments()
             .filter(|(s, _)| s == "*")
             .map(|(_, node)| node)
             .collect();
         let indexed: Vec<(usize, &Node)> = segments()
-            .filter_map(|(s, node)| Some((s.parse::<usize>().ok()?, node)))
+            .filter_map(|(s, node)| Some((index(s)?, node)))
             .collect();
         let mut len = 0usize;
         loop {
@@ -343,7 +397,7 @@ impl<'de> Visitor<'de> for Walk<'_> {
         // member's name (an array has none).
         let absent = segments().find(|(s, _)| match s.as_str() {
             "*" => len == 0,
-            s => s.parse::<usize>().map_or(true, |i| i >= len),
+            s => index(s).is_none_or(|i| i >= len),
         });
         if let Some((segment, _)) = absent {
             let end = self.path.len();
@@ -380,13 +434,7 @@ impl BodyKeySource for JsonKeys {
     ) -> Result<Option<KeyValues>, KeyRejection> {
         let mut root = Node::default();
         for pointer in &self.pointers {
-            let segments = pointer.segments.as_ref().map_err(|()| {
-                KeyRejection::misconfigured(format!(
-                    "`{}` is not a JSON pointer (it must be empty or start with `/`)",
-                    pointer.text
-                ))
-            })?;
-            root.add(segments);
+            root.add(&pointer.segments);
         }
         let mut found = Found {
             values: Vec::new(),
@@ -453,26 +501,28 @@ mod tests {
 
     #[test]
     fn fields_and_every_element_of_an_array() {
-        let cart = Key::json("/items/*/sku");
+        let cart = Key::json("/items/*/sku").unwrap();
         let got = keys(&cart, r#"{"items":[{"sku":"a","qty":2},{"sku":7}]}"#);
         assert_eq!(got.unwrap().unwrap(), ["a", "7"]);
-        let transfer = Key::json("/from").and("/to");
+        let transfer = Key::json("/from").unwrap().and("/to").unwrap();
         let got = keys(&transfer, r#"{"from":"alice","to":"bob","amount":5}"#);
         assert_eq!(got.unwrap().unwrap(), ["alice", "bob"]);
-        let nested = Key::json("/a~1b/0/c~0d");
+        let nested = Key::json("/a~1b/0/c~0d").unwrap();
         assert_eq!(
             keys(&nested, r#"{"a/b":[{"c~d":"x"}]}"#).unwrap().unwrap(),
             ["x"]
         );
         assert_eq!(
-            keys(&Key::json(""), r#""whole""#).unwrap().unwrap(),
+            keys(&Key::json("").unwrap(), r#""whole""#)
+                .unwrap()
+                .unwrap(),
             ["whole"]
         );
     }
 
     #[test]
     fn bad_bodies_are_client_errors_that_name_the_field_not_the_value() {
-        let cart = Key::json("/items/*/sku");
+        let cart = Key::json("/items/*/sku").unwrap();
         for (body, says) in [
             ("not json", "not JSON"),
             ("{\"items\": [", "not JSON"),
@@ -497,7 +547,7 @@ mod tests {
 
     #[test]
     fn optional_passes_a_body_without_the_field_through() {
-        let optional = Key::json("/items/*/sku").optional();
+        let optional = Key::json("/items/*/sku").unwrap().optional();
         assert_eq!(keys(&optional, r#"{"other":1}"#).unwrap(), None);
         assert_eq!(keys(&optional, r#"{"items":[]}"#).unwrap(), None);
         assert!(keys(&optional, "nope").is_err(), "not JSON is still a 400");
@@ -506,7 +556,12 @@ mod tests {
     #[test]
     fn one_walk_follows_every_pointer_and_keeps_each_value_once() {
         let parts = http::Request::post("/").body(()).unwrap().into_parts().0;
-        let both = Key::json("/items/*/sku").and("/items/0/sku").and("/n");
+        let both = Key::json("/items/*/sku")
+            .unwrap()
+            .and("/items/0/sku")
+            .unwrap()
+            .and("/n")
+            .unwrap();
         let body = Bytes::from_static(br#"{"n": 7.0, "items": [{"sku": "a"}, {"sku": 2}]}"#);
         let values = both.keys(&parts, &body).unwrap().unwrap();
         let values: Vec<&[u8]> = values.iter().map(|v| &v[..]).collect();
@@ -514,6 +569,7 @@ mod tests {
         // At most one: the second distinct value stops the walk, whatever follows it.
         let body = Bytes::from_static(br#"{"items": [{"sku": "a"}, {"sku": "a"}, {"sku": "b"}, !"#);
         let error = Key::json("/items/*/sku")
+            .unwrap()
             .keys_at_most(&parts, &body, 1)
             .unwrap_err();
         assert!(error.detail().contains("limit is 1"), "{error}");
@@ -522,7 +578,7 @@ mod tests {
             (r#"{"items": [{"sku": "a", "sku": "a"}]}"#, "/items/0/sku"),
             (r#"{"items": [], "items": []}"#, "/items"),
         ] {
-            let error = keys(&Key::json("/items/*/sku"), body).unwrap_err();
+            let error = keys(&Key::json("/items/*/sku").unwrap(), body).unwrap_err();
             assert!(
                 error.detail().contains(&format!("`{twice}` twice")),
                 "{error}"
@@ -530,14 +586,67 @@ mod tests {
         }
         let fine = r#"{"x": 1, "x": 2, "items": [{"sku": "a", "q": 1, "q": 2}]}"#;
         assert_eq!(
-            keys(&Key::json("/items/*/sku"), fine).unwrap().unwrap(),
+            keys(&Key::json("/items/*/sku").unwrap(), fine)
+                .unwrap()
+                .unwrap(),
             ["a"]
         );
     }
 
     #[test]
-    fn a_pointer_that_is_not_one_is_a_misconfiguration() {
-        let error = keys(&Key::json("items"), "{}").unwrap_err();
-        assert!(!error.is_client_error(), "{error}");
+    fn a_pointer_that_is_not_one_is_refused_when_made() {
+        for bad in ["items", "/~2", "/items/~", "/a~b"] {
+            let error = Key::json(bad).unwrap_err();
+            assert_eq!(error.field(), "Key::json");
+            assert!(error.to_string().contains(&format!("`{bad}`")), "{error}");
+            let error = Key::json("/ok").unwrap().and(bad).unwrap_err();
+            assert!(error.to_string().contains(&format!("`{bad}`")), "{error}");
+        }
+        for good in ["", "/", "/~0~1", "/items/01", "/items/-", "/a b"] {
+            assert!(Key::json(good).is_ok(), "{good}");
+        }
+    }
+
+    /// An array element is addressed by an index as RFC 6901 writes it, and by nothing else: a
+    /// leading zero or a sign names no element (in an object, they are names like any other).
+    #[test]
+    fn only_an_index_without_sign_or_leading_zero_addresses_an_element() {
+        let items = r#"{"items": ["a", "b"]}"#;
+        assert_eq!(
+            keys(&Key::json("/items/1").unwrap(), items)
+                .unwrap()
+                .unwrap(),
+            ["b"]
+        );
+        for pointer in ["/items/01", "/items/+1", "/items/-", "/items/1.0"] {
+            let error = keys(&Key::json(pointer).unwrap(), items).unwrap_err();
+            assert!(error.detail().contains("has no"), "{pointer}: {error}");
+        }
+        let named = r#"{"items": {"01": "x", "+1": "y"}}"#;
+        let both = Key::json("/items/01").unwrap().and("/items/+1").unwrap();
+        assert_eq!(keys(&both, named).unwrap().unwrap(), ["x", "y"]);
+    }
+
+    /// A number's key is its text as the body has it, whatever it parses to.
+    #[test]
+    fn a_number_is_its_text() {
+        let n = Key::json("/n").unwrap();
+        for text in [
+            "7",
+            "-7",
+            "7.0",
+            "7.50",
+            "1e2",
+            "-0",
+            "1E+2",
+            "18446744073709551616",
+        ] {
+            let body = format!(r#"{{"n": {text} }}"#);
+            assert_eq!(keys(&n, &body).unwrap().unwrap(), [text], "{body}");
+        }
+        assert_eq!(
+            keys(&n, r#"{"n": "a\u00e9\"b"}"#).unwrap().unwrap(),
+            ["a\u{e9}\"b"]
+        );
     }
 }

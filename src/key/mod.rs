@@ -215,8 +215,9 @@ impl Key {
 
     /// Locks on fields of the JSON request body, named by a JSON pointer in which `*` stands
     /// for every element of an array (`/items/*/sku`); [`JsonKeys::and`] adds fields. The
-    /// layer buffers the body (see [`FromBody`]). See [`JsonKeys`].
-    pub fn json(pointer: &str) -> JsonKeys {
+    /// layer buffers the body (see [`FromBody`]). A [`ConfigError`](crate::ConfigError) if
+    /// `pointer` is not a JSON pointer (RFC 6901). See [`JsonKeys`].
+    pub fn json(pointer: &str) -> Result<JsonKeys, crate::ConfigError> {
         JsonKeys::new(pointer)
     }
 

@@ -139,8 +139,8 @@ impl ClusterStore {
         let client = configure(builder)?
             .build()
             .map_err(|e| connect_error(&target, e))?;
-        let connection = client
-            .get_async_connection()
+        // Opened on the crate's runtime, which runs the connection's I/O task from now on.
+        let connection = crate::background::OnRuntime::new(client.get_async_connection())
             .await
             .map_err(|e| connect_error(&target, e))?;
         let store = Self::from_connection(connection);

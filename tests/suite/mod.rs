@@ -412,8 +412,10 @@ pub async fn singleton_guard<B: Backend>(backend: B) {
     tokens.dedup();
     assert_eq!(tokens.len(), 4);
 
-    // A holder that dies without releasing (its runtime stops, the guard is never dropped):
-    // another takes over after the TTL, not before.
+    // A holder whose renewals stop without a release, as when its process dies: here its
+    // guard is leaked and a longest hold shorter than the first renewal stops them (renewals
+    // run on the crate's own runtime, so the holder's runtime stopping would not). Another
+    // takes over after the TTL, not before.
     let store = backend.store().await;
     let dead_config = config.clone();
     std::thread::spawn(move || {
@@ -425,6 +427,7 @@ pub async fn singleton_guard<B: Backend>(backend: B) {
             let locker = Locker::with_config(store, dead_config);
             let guard = locker
                 .acquire(locker.key("jobs", "report").unwrap())
+                .max_hold(ttl / 4)
                 .await
                 .unwrap();
             std::mem::forget(guard);
@@ -827,7 +830,8 @@ pub async fn a_set_is_not_starved_by_single_keys<B: Backend>(backend: B) {
 /// `POST /orders` (SKUs from the body, in [`SKU_NAMESPACE`]) that works `work_ms`, and panics
 /// for an order of the SKU `boom`; panics become 500s.
 fn orders_app(locker: Locker) -> axum::Router {
-    let layer = LockLayer::from_locker(locker, Key::json("/items/*/sku")).namespace(SKU_NAMESPACE);
+    let layer =
+        LockLayer::from_locker(locker, Key::json("/items/*/sku").unwrap()).namespace(SKU_NAMESPACE);
     axum::Router::new()
         .route(
             "/orders",

@@ -495,7 +495,7 @@ pub fn shop_app(shop: Arc<Shop>, locker: Option<tower_lock::Locker>) -> Router {
                     .namespace(SKU_NAMESPACE),
             ),
             order.route_layer(
-                LockLayer::from_locker(locker, tower_lock::Key::json("/items/*/sku"))
+                LockLayer::from_locker(locker, tower_lock::Key::json("/items/*/sku").unwrap())
                     .namespace(SKU_NAMESPACE),
             ),
         ),

@@ -11,7 +11,11 @@
 //!
 //! No task is spawned, and no operation waits for a future of another Tokio runtime: each
 //! runtime that uses the store has a lane of its own (its calls in flight and its queue), and a
-//! call is driven only by the futures of its own callers, on that runtime. A runtime that shuts
+//! call is driven by the futures of its own callers and of the callers queued behind it in its
+//! lane, on that runtime. So no caller can hold up the others by not being polled (a future
+//! kept in a `select!` while another branch runs): a call in flight is driven to its end by
+//! whichever of them is polled, and when it ends every queued caller is woken, the first
+//! polled forming the next batch (the others' operations among them). A runtime that shuts
 //! down drops its callers, and with them its lane; one that is no longer driven (a
 //! current-thread runtime whose `block_on` returned) holds up its own callers only.
 //!
@@ -35,7 +39,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use futures_util::future::{FutureExt, Shared};
+use futures_util::future::{FutureExt, Shared, WeakShared};
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::runtime::{self, Handle};
 
@@ -115,8 +119,11 @@ pub(super) struct Answer {
 /// The answers of one call, shared by its callers.
 type Answers = Arc<Vec<Result<Answer, StoreError>>>;
 
-/// A batch in flight: its call, driven by whichever of its callers is polled.
-type Batch = Shared<Pin<Box<dyn Future<Output = Answers> + Send>>>;
+/// A call in flight: driven by whichever of its callers, or of the callers queued behind it, is
+/// polled.
+type Batch = Shared<Call>;
+
+type Call = Pin<Box<dyn Future<Output = Answers> + Send>>;
 
 /// The queue of one store (shared by its clones): a lane per Tokio runtime.
 pub(super) struct Committer {
@@ -131,7 +138,11 @@ pub(super) struct Committer {
 /// The calls in flight and the queue of the callers on one runtime (`None`: outside any).
 struct Lane {
     runtime: Option<runtime::Id>,
-    in_flight: usize,
+    /// Its calls in flight, by number, for its queued callers to drive (weak: a call whose
+    /// callers all left is abandoned).
+    flights: Vec<(u64, WeakShared<Call>)>,
+    /// The number of its next call.
+    next: u64,
     queue: Vec<Queued>,
 }
 
@@ -185,7 +196,8 @@ fn lane_of(lanes: &mut Vec<Lane>, runtime: Option<runtime::Id>) -> &mut Lane {
         None => {
             lanes.push(Lane {
                 runtime,
-                in_flight: 0,
+                flights: Vec::new(),
+                next: 0,
                 queue: Vec::new(),
             });
             lanes.len() - 1
@@ -194,44 +206,45 @@ fn lane_of(lanes: &mut Vec<Lane>, runtime: Option<runtime::Id>) -> &mut Lane {
     &mut lanes[i]
 }
 
-/// After a lane's call ended or a queued caller left: the waker of the caller that takes the
-/// queue over, if the lane has room for another call; and the lane removed once it is idle.
-fn next_leader(
-    lanes: &mut Vec<Lane>,
-    runtime: Option<runtime::Id>,
-    window: usize,
-) -> Option<Waker> {
-    let i = lanes.iter().position(|lane| lane.runtime == runtime)?;
+/// After a lane's call ended or a queued caller left: the wakers of its queued callers, if the
+/// lane has room for another call (every one of them, since any may be left unpolled, and the
+/// first polled takes the queue over); and the lane removed once it is idle.
+fn next_leaders(lanes: &mut Vec<Lane>, runtime: Option<runtime::Id>, window: usize) -> Vec<Waker> {
+    let Some(i) = lanes.iter().position(|lane| lane.runtime == runtime) else {
+        return Vec::new();
+    };
     let lane = &mut lanes[i];
-    if lane.in_flight == 0 && lane.queue.is_empty() {
+    if lane.flights.is_empty() && lane.queue.is_empty() {
         lanes.swap_remove(i);
-        return None;
+        return Vec::new();
     }
-    if lane.in_flight >= window {
-        return None;
+    if lane.flights.len() >= window {
+        return Vec::new();
     }
     lane.queue
-        .first()
-        .and_then(|head| head.ticket.state().waker.take())
+        .iter()
+        .filter_map(|queued| queued.ticket.state().waker.take())
+        .collect()
 }
 
 /// A call in flight, counted in its lane until it is answered or abandoned (dropped with the
-/// last of its callers); then the lane's next caller takes the queue over.
+/// last of its callers); then the lane's queued callers are woken to take the queue over.
 struct Flight {
     committer: Arc<Committer>,
     runtime: Option<runtime::Id>,
+    number: u64,
 }
 
 impl Drop for Flight {
     fn drop(&mut self) {
         let mut lanes = self.committer.lanes();
         if let Some(lane) = lanes.iter_mut().find(|lane| lane.runtime == self.runtime) {
-            lane.in_flight -= 1;
+            lane.flights.retain(|(number, _)| *number != self.number);
         }
-        let next = next_leader(&mut lanes, self.runtime, self.committer.window);
+        let next = next_leaders(&mut lanes, self.runtime, self.committer.window);
         drop(lanes);
-        if let Some(next) = next {
-            next.wake();
+        for waker in next {
+            waker.wake();
         }
     }
 }
@@ -245,9 +258,8 @@ impl RedisStore {
             let mut lanes = committer.lanes();
             let lane = lane_of(&mut lanes, runtime);
             // Behind a queue, an operation joins it, so that operations go in arrival order.
-            if lane.in_flight < committer.window && lane.queue.is_empty() {
-                lane.in_flight += 1;
-                Err(op)
+            if lane.flights.len() < committer.window && lane.queue.is_empty() {
+                Err(self.launch(lane, vec![op]))
             } else {
                 let ticket = Arc::new(Ticket::default());
                 lane.queue.push(Queued {
@@ -258,26 +270,42 @@ impl RedisStore {
             }
         };
         match ticket {
-            Err(op) => {
-                let flight = Flight {
-                    committer: Arc::clone(committer),
-                    runtime,
-                };
-                let mut answers = self.send(vec![op]).await;
-                drop(flight);
-                answers.pop().expect("one answer for one operation")
-            }
+            Err(call) => call.await[0].clone(),
             Ok(ticket) => {
                 let mut queued = Waiting {
                     store: self,
                     runtime,
                     ticket,
                     batch: None,
+                    driving: Vec::new(),
                     yielded: false,
                 };
                 std::future::poll_fn(|cx| queued.poll(cx)).await
             }
         }
+    }
+
+    /// A call of `ops`, in flight in `lane` from now on (sent at its first poll): its callers
+    /// and the lane's queued callers drive it, whichever are polled.
+    fn launch(&self, lane: &mut Lane, ops: Vec<Op>) -> Batch {
+        let number = lane.next;
+        lane.next += 1;
+        let flight = Flight {
+            committer: Arc::clone(&self.committer),
+            runtime: lane.runtime,
+            number,
+        };
+        let store = self.clone();
+        let call: Call = Box::pin(async move {
+            let answers = store.send(ops).await;
+            drop(flight);
+            Arc::new(answers)
+        });
+        let batch = call.shared();
+        if let Some(weak) = batch.downgrade() {
+            lane.flights.push((number, weak));
+        }
+        batch
     }
 }
 
@@ -288,6 +316,9 @@ struct Waiting<'a> {
     runtime: Option<runtime::Id>,
     ticket: Arc<Ticket>,
     batch: Option<(Batch, usize)>,
+    /// The lane's calls in flight while it waits for room, which it drives (their own callers
+    /// may not be polled); kept between polls, to be woken as they progress.
+    driving: Vec<Batch>,
     /// Whether it has let the other tasks of its runtime run once before forming a batch.
     yielded: bool,
 }
@@ -299,6 +330,8 @@ impl Waiting<'_> {
                 let answers = std::task::ready!(batch.poll_unpin(cx));
                 return Poll::Ready(answers[*i].clone());
             }
+            // Outside the lock: the last share of a call ends its flight, which takes it.
+            self.driving.clear();
             let committer = &self.store.committer;
             let mut wake = Vec::new();
             {
@@ -309,8 +342,21 @@ impl Waiting<'_> {
                     continue;
                 }
                 let lane = lane_of(&mut lanes, self.runtime);
-                if lane.in_flight >= committer.window {
+                if lane.flights.len() >= committer.window {
                     ticket.waker = Some(cx.waker().clone());
+                    drop(ticket);
+                    self.driving
+                        .extend(lane.flights.iter().filter_map(|(_, call)| call.upgrade()));
+                    drop(lanes);
+                    // Drives the calls in flight: their callers may not be polled. One that
+                    // ends makes room.
+                    let mut ended = false;
+                    for call in &mut self.driving {
+                        ended |= call.poll_unpin(cx).is_ready();
+                    }
+                    if ended {
+                        continue;
+                    }
                     return Poll::Pending;
                 }
                 if !self.yielded {
@@ -329,24 +375,13 @@ impl Waiting<'_> {
                 // callers that gave up have left it).
                 let n = lane.queue.len().min(MAX_BATCH);
                 let taken: Vec<Queued> = lane.queue.drain(..n).collect();
-                lane.in_flight += 1;
-                let flight = Flight {
-                    committer: Arc::clone(committer),
-                    runtime: self.runtime,
-                };
                 let mut ops = Vec::with_capacity(n);
                 let mut tickets = Vec::with_capacity(n);
                 for queued in taken {
                     ops.push(queued.op);
                     tickets.push(queued.ticket);
                 }
-                let store = self.store.clone();
-                let call: Pin<Box<dyn Future<Output = Answers> + Send>> = Box::pin(async move {
-                    let answers = store.send(ops).await;
-                    drop(flight);
-                    Arc::new(answers)
-                });
-                let batch = call.shared();
+                let batch = self.store.launch(lane, ops);
                 for (i, ticket) in tickets.iter().enumerate() {
                     if Arc::ptr_eq(ticket, &self.ticket) {
                         self.batch = Some((batch.clone(), i));
@@ -357,7 +392,7 @@ impl Waiting<'_> {
                     }
                 }
                 // A pool's lane may have room for the rest of the queue too.
-                wake.extend(next_leader(&mut lanes, self.runtime, committer.window));
+                wake.extend(next_leaders(&mut lanes, self.runtime, committer.window));
                 // Before `batch` (never its last share: its callers hold theirs).
                 drop(lanes);
             }
@@ -388,11 +423,11 @@ impl Drop for Waiting<'_> {
             lane.queue
                 .retain(|queued| !Arc::ptr_eq(&queued.ticket, &self.ticket));
         }
-        let next = next_leader(&mut lanes, self.runtime, committer.window);
+        let next = next_leaders(&mut lanes, self.runtime, committer.window);
         drop(lanes);
         drop(assigned);
-        if let Some(next) = next {
-            next.wake();
+        for waker in next {
+            waker.wake();
         }
     }
 }

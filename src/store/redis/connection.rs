@@ -7,10 +7,13 @@ use redis::{
     Cmd, ErrorKind, Pipeline, RedisError, Script, ServerErrorKind, Value,
     aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection},
 };
-use std::{borrow::Cow, time::Duration};
+use std::{borrow::Cow, future::Future, time::Duration};
 
 use super::RedisStore;
-use crate::store::{StoreError, StoreErrorKind};
+use crate::{
+    background::OnRuntime,
+    store::{StoreError, StoreErrorKind},
+};
 
 #[derive(Clone)]
 pub(super) enum Transport {
@@ -23,11 +26,17 @@ pub(super) enum Transport {
 }
 
 impl Transport {
-    /// See [`RedisStore::query`].
-    pub(super) async fn query(
-        &self,
-        request: Request<'_>,
-    ) -> Result<Result<Value, RedisError>, StoreError> {
+    /// See [`RedisStore::query`]. Polled in the crate's runtime context ([`OnRuntime`]): a
+    /// connection the call opens or reopens (the first, a reconnection, a pooled one) runs its
+    /// I/O task there, whichever runtime the caller is on.
+    pub(super) fn query<'a>(
+        &'a self,
+        request: Request<'a>,
+    ) -> OnRuntime<impl Future<Output = Result<Result<Value, RedisError>, StoreError>> + 'a> {
+        OnRuntime::new(self.send(request))
+    }
+
+    async fn send(&self, request: Request<'_>) -> Result<Result<Value, RedisError>, StoreError> {
         async fn run(
             request: Request<'_>,
             conn: &mut impl ConnectionLike,

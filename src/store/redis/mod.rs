@@ -48,7 +48,7 @@ use super::{
     Acquire, Capabilities, LockStore, StoreError,
     eviction::{Eviction, ServerEviction},
 };
-use crate::{key::LockKey, token::Token};
+use crate::{background::OnRuntime, key::LockKey, token::Token};
 
 /// How long connecting waits for the server's eviction policy before it goes on without it.
 const EVICTION_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
@@ -100,16 +100,17 @@ const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_secs(1);
 /// # Runtimes
 ///
 /// A store and its clones may be used from several Tokio runtimes at once, and outlive some of
-/// them: no operation waits for a task or future of another runtime. Group commit batches the
-/// operations of each runtime's callers apart, each batch sent by its own callers' futures; a
-/// background lease is renewed on the runtime that acquired it; the hand-off subscription runs
-/// on a thread of its own. One thing the store does not control: the redis crate runs each
-/// connection's I/O as a task on the runtime that opened it (for [`connect`](Self::connect),
-/// the runtime that called it; after a reconnect, the runtime of the call that reconnected), so
-/// keep that runtime driven while the store is in use. A runtime that shuts down takes the
-/// connection with it, and the next call reconnects; one that stops being driven (a
-/// current-thread runtime whose `block_on` returned) stalls the connection's calls until their
-/// timeout.
+/// them: no operation waits for a task or future of a runtime of yours. The connection's I/O
+/// task runs on the crate's own runtime (one thread for the process, started at first use),
+/// whichever runtime connected or reconnects it, so a store made on a runtime that is then
+/// dropped or left undriven (a current-thread runtime whose `block_on` returned) serves every
+/// other: a runtime per request or per thread (a `block_on` bridge) works. Group commit keeps
+/// a lane per runtime, each call driven by whichever of its callers is polled. Background
+/// renewals, releases on drop and the retries of failed releases run on the crate's runtime;
+/// the hand-off subscription on a thread of its own. A connection you build yourself
+/// ([`from_multiplexed`](Self::from_multiplexed),
+/// [`from_connection_manager`](Self::from_connection_manager), a pool) runs its I/O where you
+/// created it: keep that runtime driven (its reconnections are made on the crate's runtime).
 ///
 /// # Replicas
 ///
@@ -206,9 +207,13 @@ impl RedisStore {
     /// masters, which do not queue).
     pub(crate) async fn connect_plain<T: IntoConnectionInfo>(url: T) -> Result<Self, StoreError> {
         let (client, target) = open(url)?;
-        let manager = ConnectionManager::new_with_config(client.clone(), manager_config())
-            .await
-            .map_err(|e| connect_error(&target, e))?;
+        // Opened on the crate's runtime, which runs the connection's I/O task from now on.
+        let manager = OnRuntime::new(ConnectionManager::new_with_config(
+            client.clone(),
+            manager_config(),
+        ))
+        .await
+        .map_err(|e| connect_error(&target, e))?;
         let store = Self::from_connection_manager(manager).with_client(client);
         store
             .check_eviction()
@@ -223,6 +228,8 @@ impl RedisStore {
     /// without hand-off (for Redlock's nodes, which do not queue).
     pub(crate) fn connect_lazy<T: IntoConnectionInfo>(url: T) -> Result<Self, StoreError> {
         let (client, target) = open(url)?;
+        // Its helper task on the crate's runtime (the connection opens there at the first call).
+        let _entered = crate::background::handle().map(tokio::runtime::Handle::enter);
         let manager = ConnectionManager::new_lazy_with_config(client.clone(), manager_config())
             .map_err(|e| connect_error(&target, e))?;
         Ok(Self::from_connection_manager(manager).with_client(client))
