@@ -158,6 +158,27 @@ pub(crate) fn fence_key(resource: &LockKey) -> Bytes {
     Bytes::from([head, FENCE_ROLE, rest].concat())
 }
 
+/// Whether `key` is one of the crate's own keys under `resource`'s prefix: a lock key, one of
+/// its companions (`<prefix>{<tag>}…`: queue, idempotency record, fence) or a fencing counter
+/// (`<prefix>fence`, `<prefix>fence:{<tag>}`). A fenced batch that wrote one could clobber a
+/// lease (a lock key set without a TTL stays locked for good), lower a fence, or send tokens
+/// backwards; none is data.
+pub(crate) fn is_lock_namespace(key: &[u8], resource: &LockKey) -> bool {
+    let Some(rest) = key.strip_prefix(resource.prefix()) else {
+        return false;
+    };
+    if rest == b"fence" || rest.starts_with(b"fence:{") {
+        return true;
+    }
+    let Some(tagged) = rest.strip_prefix(b"{") else {
+        return false;
+    };
+    tagged
+        .iter()
+        .position(|&b| b == b'}')
+        .is_some_and(|end| end > 0 && tagged[..end].iter().all(u8::is_ascii_digit))
+}
+
 /// A data key for `resource`, in its hash slot: `name` followed by the lock key without its
 /// prefix (`<name>{<tag>}<scope length>:<scope>:<value>`), so one name gives each resource a key
 /// of its own.
@@ -166,6 +187,8 @@ pub(crate) fn fence_key(resource: &LockKey) -> Bytes {
 /// of `resource`'s lock key and fence. `name` must not contain `{` or `}` (the hash tag must
 /// be the key's first): such a key lands in another slot, and a batch on a cluster refuses it.
 /// On one server or in memory any key will do; this one is still unique per resource.
+/// `name` must not be the lock keys' prefix either: the key would be the lock key itself,
+/// which a fenced batch refuses to touch (the crate's own keys are not data).
 ///
 /// ```
 /// use tower_lock::{Locker, MemoryStore, fence::data_key};
