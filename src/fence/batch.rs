@@ -130,8 +130,8 @@ impl Batch {
     /// Fails with [`FenceError::Stale`] when a newer holder touched one of the batch's
     /// resources (nothing was applied), [`FenceError::Invalid`] when an operation cannot apply
     /// or names one of the lock's own keys (a lock key, its queue, record or fence, a fencing
-    /// counter: nothing was applied), [`FenceError::Store`] when the store failed or did not answer
-    /// within the handle's timeout (the batch may have been applied).
+    /// counter: nothing was applied), [`FenceError::Store`] when the store failed or did not
+    /// answer within the handle's timeout (the batch may have been applied).
     ///
     /// From the moment a batch that writes is sent, the lease no longer aborts its holder when
     /// it is lost (see the [module docs](super#the-answer-tells-the-truth)).
