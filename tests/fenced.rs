@@ -293,7 +293,7 @@ async fn a_cluster_slot() {
 /// before anything is written. The same rules in Redis's script and in memory.
 async fn whole_or_nothing(locker: Locker, data: FencedData) {
     let key = locker.key("sku", "kiwi").unwrap();
-    let lease = locker.acquire(key).await.unwrap();
+    let lease = locker.acquire(key.clone()).await.unwrap();
     let applied = data
         .batch(&lease)
         .set("s", "1")
@@ -323,7 +323,44 @@ async fn whole_or_nothing(locker: Locker, data: FencedData) {
             Reply::Nil,
         ]
     );
-    for bad in [
+    // Counters INCRBY itself would refuse (a sign but '-', a leading zero, '-0', beyond i64):
+    // refused before anything is written, not half way through the batch.
+    data.unfenced_batch()
+        .set("z0", "007")
+        .set("z1", "-0")
+        .set("z2", "+5")
+        .set("z3", "9300000000000000000")
+        .apply()
+        .await
+        .unwrap();
+    // The lock's own keys are not data: its lock key (a data key named with the lock keys'
+    // prefix), its fence, the fencing counter.
+    assert!(key.as_bytes().starts_with(b"tower-lock:{"));
+    let lock_key = data_key("tower-lock:", &key);
+    assert_eq!(lock_key, key.as_bytes(), "the data key is the lock key");
+    let fence_key = {
+        let bytes = key.as_bytes();
+        let tag_end = bytes.iter().position(|&b| b == b'}').unwrap() + 1;
+        [&bytes[..tag_end], b"data-fence:", &bytes[tag_end..]].concat()
+    };
+    let mut wrong = Vec::new();
+    for (i, bad) in [
+        data.batch(&lease).set("x", "1").incr_by("z0", 1),
+        data.batch(&lease).set("x", "1").incr_by("z1", 1),
+        data.batch(&lease).set("x", "1").incr_by("z2", 1),
+        data.batch(&lease)
+            .set("x", "1")
+            .incr_by("z3", -9_000_000_000_000_000_000),
+        data.batch(&lease)
+            .set("x", "1")
+            .set("y", "010")
+            .incr_by("y", 1),
+        data.batch(&lease).set("x", "1").set(&lock_key, "1"),
+        data.batch(&lease).set("x", "1").del(&fence_key),
+        data.batch(&lease)
+            .set("x", "1")
+            .set("tower-lock:fence", "1"),
+        data.batch_on(&lease, []).set("x", "1"),
         data.batch(&lease).set("x", "1").hset("l", "f", "v"),
         data.batch(&lease).set("x", "1").incr_by("h", 1),
         data.batch(&lease)
@@ -333,13 +370,27 @@ async fn whole_or_nothing(locker: Locker, data: FencedData) {
         data.batch(&lease).set("x", "1").incr_by("n", i64::MAX),
         data.batch(&lease).set("x", "1").rpush("h", "v"),
         data.batch(&lease).set("x", "1").get("l"),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let answer = bad.apply().await;
-        assert!(matches!(answer, Err(FenceError::Invalid(_))), "{answer:?}");
         let x = data.unfenced_batch().get("x").apply().await.unwrap();
-        assert_eq!(x.get(0), Some(&Reply::Nil), "a refused batch wrote");
+        if !matches!(answer, Err(FenceError::Invalid(_))) || x.get(0) != Some(&Reply::Nil) {
+            wrong.push(format!("batch {i}: {answer:?}, x = {:?}", x.get(0)));
+        }
+        data.unfenced_batch().del("x").apply().await.unwrap();
     }
-    lease.release().await.unwrap();
+    assert!(
+        wrong.is_empty(),
+        "batches not refused whole (Invalid, nothing written):\n{}",
+        wrong.join("\n")
+    );
+    // The lease is intact: no batch touched its lock key.
+    assert!(
+        lease.release().await.unwrap(),
+        "the lock key no longer held the lease's token"
+    );
 }
 
 #[tokio::test]
@@ -398,4 +449,35 @@ async fn the_scripts_rules() {
         .await
         .unwrap();
     assert_eq!(fence, newer.fencing_token().to_string());
+}
+
+/// With `wait_for_replicas`, a read that raises a fence waits for the replicas as a write does.
+/// A fence raised on the master alone can be lost in a failover; then a stale holder's write is
+/// accepted on the new master after a newer holder's read, and the newer one's write lands over
+/// it: a lost update, though every batch was fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_raised_by_a_read_waits_for_the_replicas() {
+    let master = RedisServer::start();
+    let mut replica = RedisServer::replica_of(&master);
+    let store = RedisStore::connect(master.url())
+        .await
+        .unwrap()
+        .wait_for_replicas(1, Duration::from_millis(300));
+    let locker = Locker::new(store.clone());
+    let data = FencedData::new(store);
+    let plum = locker.key("sku", "plum").unwrap();
+    let stock = data_key("stock:", &plum);
+
+    let older = locker.acquire(plum.clone()).await.unwrap();
+    data.batch(&older).set(&stock, "5").apply().await.unwrap();
+    older.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let newer = locker.acquire(plum).await.unwrap();
+    // From here no replica acknowledges anything.
+    replica.kill();
+    let read = data.batch(&newer).get(&stock).apply().await;
+    assert!(
+        matches!(read, Err(FenceError::Store(_))),
+        "a read that raised the fence on the master alone answered {read:?}"
+    );
 }

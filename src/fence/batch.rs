@@ -4,7 +4,7 @@ use std::{fmt, sync::Arc};
 
 use bytes::Bytes;
 
-use super::{FenceError, data::FencedData, fence_key};
+use super::{FenceError, data::FencedData, fence_key, is_lock_namespace};
 use crate::{
     key::LockKey,
     lease::Lease,
@@ -129,14 +129,30 @@ impl Batch {
     ///
     /// Fails with [`FenceError::Stale`] when a newer holder touched one of the batch's
     /// resources (nothing was applied), [`FenceError::Invalid`] when an operation cannot apply
-    /// (nothing was applied), [`FenceError::Store`] when the store failed or did not answer
-    /// within the handle's timeout (the batch may have been applied).
+    /// or names one of the lock's own keys (a lock key, its queue, record or fence, a fencing
+    /// counter: nothing was applied), [`FenceError::Store`] when the store failed or did not
+    /// answer within the handle's timeout (the batch may have been applied).
     ///
     /// From the moment a batch that writes is sent, the lease no longer aborts its holder when
     /// it is lost (see the [module docs](super#the-answer-tells-the-truth)).
     pub async fn apply(self) -> Result<Replies, FenceError> {
         if let Some(reason) = self.error {
             return Err(FenceError::Invalid(reason));
+        }
+        if let Some(i) = self.ops.iter().position(|op| {
+            self.fences
+                .iter()
+                .any(|(resource, _)| is_lock_namespace(op.key(), resource))
+        }) {
+            return Err(FenceError::Invalid(
+                format!(
+                    "operation {} of the batch names one of the lock's own keys (a lock key, \
+                     its queue, record or fence, or a fencing counter), not data: name data \
+                     keys with another prefix than the lock keys'",
+                    i + 1
+                )
+                .into(),
+            ));
         }
         // A batch that writes may land from the moment it is sent: the holder is not aborted
         // from then on. One that only reads changes nothing a client could see.

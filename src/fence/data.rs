@@ -77,7 +77,7 @@ impl FencedData {
     }
 
     /// A batch fenced by the given keys of `lease` only, each with its own token. A key the
-    /// lease does not hold makes the batch fail with
+    /// lease does not hold, or no key at all, makes the batch fail with
     /// [`FenceError::Invalid`](super::FenceError::Invalid) when applied.
     pub fn batch_on<'a>(
         &self,
@@ -92,11 +92,18 @@ impl FencedData {
                 None => missing = Some(key.clone()),
             }
         }
+        let empty = fences.is_empty();
         let batch = Batch::new(self.clone(), fences, Some(lease.clone()));
         match missing {
             Some(key) => batch.fail(format!(
                 "the lease does not hold the lock key {key:?}, so it has no fencing token for it"
             )),
+            // No resource, no fence: it would apply unchecked, as an unfenced batch.
+            None if empty => batch.fail(
+                "a fenced batch names no resource, so no token would check it; name at least \
+                 one key of the lease (or use `unfenced_batch` for writes outside any lease)"
+                    .to_owned(),
+            ),
             None => batch,
         }
     }

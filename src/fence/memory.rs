@@ -64,7 +64,7 @@ impl State {
     fn int(&self, key: &Bytes) -> Option<i64> {
         match self.keys.get(key) {
             None => Some(0),
-            Some(Value::Str(s)) => std::str::from_utf8(s).ok()?.parse().ok(),
+            Some(Value::Str(s)) => redis_int(s),
             _ => None,
         }
     }
@@ -100,10 +100,7 @@ impl State {
                 }
                 DataOp::HGet { .. } => (kind, counter),
                 DataOp::HSet { .. } => (Kind::Hash, None),
-                DataOp::Set { value, .. } => (
-                    Kind::Str,
-                    Some(std::str::from_utf8(value).ok().and_then(|v| v.parse().ok())),
-                ),
+                DataOp::Set { value, .. } => (Kind::Str, Some(redis_int(value))),
                 DataOp::Del { .. } => (Kind::None, Some(Some(0))),
                 DataOp::IncrBy { delta, .. } => {
                     if !matches!(kind, Kind::Str | Kind::None) {
@@ -201,6 +198,16 @@ impl State {
         }
         Applied::Done(replies)
     }
+}
+
+/// A counter's value as `INCRBY` reads it: decimal digits with an optional `-`, no `+`, no
+/// leading zero, no `-0`; anything else is not a whole number (the script refuses the same).
+fn redis_int(value: &[u8]) -> Option<i64> {
+    let digits = value.strip_prefix(b"-").unwrap_or(value);
+    let canonical = value == b"0" || digits.first().is_some_and(|d| (b'1'..=b'9').contains(d));
+    canonical
+        .then(|| std::str::from_utf8(value).ok()?.parse().ok())
+        .flatten()
 }
 
 impl FencedWrites for MemoryData {

@@ -63,6 +63,14 @@
 //! requests naming resources that do not exist add no keys. Tokens only ever grow, so a stale
 //! holder stays refused for good, whatever it retries.
 //!
+//! A batch's keys are data. One that names the lock's own keys (a lock key, its hand-off
+//! queue, idempotency record or fence, a fencing counter of its prefix) is refused with
+//! [`FenceError::Invalid`] before it is sent: written, it would clobber a lease (a lock key set
+//! without a TTL stays locked for good), lower a fence, or send tokens back. [`data_key`] names
+//! keys outside them, unless its `name` is the lock keys' prefix. A counter that `incr_by` would
+//! not read as `INCRBY` does (a sign but `-`, a leading zero, `-0`, beyond `i64`) is refused the
+//! same way, before anything is written.
+//!
 //! Fencing orders the writes; it does not make a lost lease exclusive again. A holder whose
 //! lease ran out, with no newer holder yet, still writes (its token is still the highest): from
 //! the data's point of view its work came first, and the next holder reads its result.
@@ -107,6 +115,21 @@
 //! before it is sent. The redis crate's cluster client sends a command again when its reply
 //! was lost on a broken connection: a batch may then run twice, which is harmless for `set`,
 //! `hset` and `del`, but counts an `incr_by` or an `rpush` twice.
+//!
+//! With [`RedisStore::wait_for_replicas`](crate::RedisStore::wait_for_replicas), every fenced
+//! batch waits for the replicas, reads included: a read may raise a fence, and a fence that a
+//! failover loses lets an older holder write between a newer holder's read and its write.
+//!
+//! # Tokens across restarts and failovers
+//!
+//! A token is `max(last + 1, the lock server's clock in µs)`. A lock Redis restarted without
+//! persistence forgets `last`, but its clock goes on: tokens stay above every fence the data
+//! holds, unless the clock stepped back (or tokens were handed out faster than one per
+//! microsecond just before). After a failover to a server whose clock lags, before the counter
+//! was replicated, tokens can be below a fence for up to that lag; so can a Redlock lease's
+//! (the largest of its quorum's: [`RedlockStore`](crate::RedlockStore)) when the masters'
+//! clocks disagree. Then the *newer* holder is refused (409) until its tokens pass the fence:
+//! a fence never lets a lower token write after a higher one, whoever holds the lock.
 //!
 //! A batch on a lease of several keys ([`FencedData::batch`]) is guarded by every key's own
 //! token: the resource a token guards is always its lock key. For a batch that touches some of
@@ -158,6 +181,27 @@ pub(crate) fn fence_key(resource: &LockKey) -> Bytes {
     Bytes::from([head, FENCE_ROLE, rest].concat())
 }
 
+/// Whether `key` is one of the crate's own keys under `resource`'s prefix: a lock key, one of
+/// its companions (`<prefix>{<tag>}…`: queue, idempotency record, fence) or a fencing counter
+/// (`<prefix>fence`, `<prefix>fence:{<tag>}`). A fenced batch that wrote one could clobber a
+/// lease (a lock key set without a TTL stays locked for good), lower a fence, or send tokens
+/// backwards; none is data.
+pub(crate) fn is_lock_namespace(key: &[u8], resource: &LockKey) -> bool {
+    let Some(rest) = key.strip_prefix(resource.prefix()) else {
+        return false;
+    };
+    if rest == b"fence" || rest.starts_with(b"fence:{") {
+        return true;
+    }
+    let Some(tagged) = rest.strip_prefix(b"{") else {
+        return false;
+    };
+    tagged
+        .iter()
+        .position(|&b| b == b'}')
+        .is_some_and(|end| end > 0 && tagged[..end].iter().all(u8::is_ascii_digit))
+}
+
 /// A data key for `resource`, in its hash slot: `name` followed by the lock key without its
 /// prefix (`<name>{<tag>}<scope length>:<scope>:<value>`), so one name gives each resource a key
 /// of its own.
@@ -166,6 +210,8 @@ pub(crate) fn fence_key(resource: &LockKey) -> Bytes {
 /// of `resource`'s lock key and fence. `name` must not contain `{` or `}` (the hash tag must
 /// be the key's first): such a key lands in another slot, and a batch on a cluster refuses it.
 /// On one server or in memory any key will do; this one is still unique per resource.
+/// `name` must not be the lock keys' prefix either: the key would be the lock key itself,
+/// which a fenced batch refuses to touch (the crate's own keys are not data).
 ///
 /// ```
 /// use tower_lock::{Locker, MemoryStore, fence::data_key};

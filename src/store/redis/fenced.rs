@@ -52,8 +52,11 @@ impl RedisStore {
                 DataOp::RPush { value, .. } => args.extend([&b"p"[..], value]),
             }
         }
-        let writes = plan.ops.iter().any(DataOp::writes);
-        let answer = self.invoke::<Value>(&FENCED, &keys, &args, writes).await;
+        // Under a fence, a read may raise it: that is a write the replicas must have too (a
+        // fence lost in a failover lets an older holder write between a newer one's read and
+        // write), so a fenced batch waits for them whether it writes data or not.
+        let replicate = !plan.fences.is_empty() || plan.ops.iter().any(DataOp::writes);
+        let answer = self.invoke::<Value>(&FENCED, &keys, &args, replicate).await;
         let (value, acks) = match answer {
             Ok(answer) => answer,
             Err(error) if is_cross_slot(&error) => {
@@ -66,7 +69,7 @@ impl RedisStore {
             }
             Err(error) => return Err(error),
         };
-        if writes && acks.is_some() {
+        if replicate && acks.is_some() {
             self.check_acks(acks)?;
         }
         read_answer(value, &plan.ops)

@@ -107,11 +107,14 @@ for i, op in ipairs(ops) do
       v = redis.call('GET', op.key)
     end
     v = v or '0'
-    if type(v) == 'string' and not string.match(v, '^%-?%d+$') then
+    -- As strict as INCRBY itself (no sign but '-', no leading zero, no '-0'), and within a
+    -- range where Lua's numbers are exact enough: a value INCRBY would refuse must be refused
+    -- here, before anything is written, or the batch would stop half applied.
+    if type(v) == 'string' and not (v == '0' or string.match(v, '^%-?[1-9]%d*$')) then
       return refuse('INCRBY of a value that is not a whole number')
     end
     local sum = tonumber(v) + tonumber(op.args[1])
-    if sum >= 9.2e18 or sum <= -9.2e18 then
+    if math.abs(tonumber(v)) >= 9.2e18 or sum >= 9.2e18 or sum <= -9.2e18 then
       return refuse('INCRBY would overflow')
     end
     state.t = 'string'
