@@ -53,7 +53,8 @@ async fn worker(locker: Locker, key: LockKey, book: Arc<Book>, stop: Arc<AtomicB
                     if gap > *max {
                         *max = gap;
                     }
-                    if gap > Duration::from_millis(1500) {
+                    if gap > Duration::from_millis(600) {
+                        tracing::warn!("PROBE GAP {gap:?}");
                         println!("gap {gap:?} before an acquire (waited {:?})", now - asked);
                     }
                 }
@@ -104,6 +105,9 @@ fn report(what: &str, book: &Book) {
 /// that sleeps through its turn shows as a multi-second wait or a free-key gap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_pubsub_killed_at_random_under_queued_waiters() {
+    if std::env::var("PROBE_TRACE").is_ok() {
+        let _ = tracing_subscriber::fmt().with_env_filter("tower_lock=debug").with_writer(std::io::stderr).try_init();
+    }
     let server = RedisServer::start();
     let mut lockers = Vec::new();
     for _ in 0..3 {
@@ -134,6 +138,7 @@ async fn probe_pubsub_killed_at_random_under_queued_waiters() {
         tokio::task::block_in_place(|| {
             redis_cli(&["-p", &port, "CLIENT", "KILL", "TYPE", "pubsub"]);
         });
+        tracing::warn!("PROBE KILL");
         kills += 1;
     }
     stop.store(true, Ordering::SeqCst);
@@ -577,6 +582,9 @@ async fn probe_redlock_restarts_a_gap_apart() {
 /// lease is back on it, with and without a contender trying every 20 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_redlock_put_back_delay() {
+    if std::env::var("PROBE_TRACE").is_ok() {
+        let _ = tracing_subscriber::fmt().with_env_filter("tower_lock=debug,probe_rv25=debug").with_writer(std::io::stderr).try_init();
+    }
     for with_contender in [false, true] {
         let mut backend = support::Redlock::new(3);
         let config = LockConfig::builder().ttl(Duration::from_millis(600)).wait(Wait::none()).build().unwrap();
@@ -605,6 +613,7 @@ async fn probe_redlock_put_back_delay() {
         for round in 0..6 {
             let i = round % 3;
             tokio::task::block_in_place(|| backend.0[i].restart());
+            tracing::warn!("PROBE restarted master {i}");
             let back = Instant::now();
             while backend.0[i].lock_keys().await.is_empty() {
                 if back.elapsed() > Duration::from_secs(3) { break; }
@@ -617,4 +626,42 @@ async fn probe_redlock_put_back_delay() {
         hammer.await.unwrap();
         println!("contender {with_contender}: ms from restart to lease back on the node: {delays:?}; holder lost: {}", guard.lease().is_lost());
     }
+}
+
+/// One waiter process queued behind a holder process; the subscriptions are killed; the holder
+/// releases `after` ms later. How long after the release does the waiter get the key?
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_kill_then_release() {
+    if std::env::var("PROBE_TRACE").is_ok() {
+        let _ = tracing_subscriber::fmt().with_env_filter("tower_lock=debug,probe_rv25=debug").with_writer(std::io::stderr).try_init();
+    }
+    let server = RedisServer::start();
+    let holder = Locker::with_config(RedisStore::connect(server.url()).await.unwrap(), config());
+    let waiter = Locker::with_config(RedisStore::connect(server.url()).await.unwrap(), config());
+    let port = server.port().to_string();
+    let key = holder.key("probe", "kr").unwrap();
+    let mut results = Vec::new();
+    for round in 0..16u64 {
+        handoff_subscriptions(&server, 2).await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let held = holder.acquire(key.clone()).await.unwrap();
+        let (w, k) = (waiter.clone(), key.clone());
+        let task = tokio::spawn(async move {
+            let g = w.acquire(k).await.unwrap();
+            let at = Instant::now();
+            g.release().await.unwrap();
+            at
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::task::block_in_place(|| redis_cli(&["-p", &port, "CLIENT", "KILL", "TYPE", "pubsub"]));
+        tracing::warn!("PROBE killed (round {round})");
+        let after = [0, 1, 3, 10][round as usize % 4];
+        tokio::time::sleep(Duration::from_millis(after)).await;
+        held.release().await.unwrap();
+        tracing::warn!("PROBE released (round {round})");
+        let released = Instant::now();
+        let got = task.await.unwrap();
+        results.push((after, got.saturating_duration_since(released).as_millis()));
+    }
+    println!("(ms from kill to release, ms from release to the waiter's acquire): {results:?}");
 }
