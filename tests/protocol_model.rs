@@ -71,6 +71,7 @@ fn config(name: &str, processes: u8, faults: Faults) -> Config {
         key_agrees: true,
         fallback_timer: true,
         registration_epoch: true,
+        poll_unqueued: true,
         breaks: vec![],
         pool: false,
         sources: Sources::crate_scripts(),
@@ -511,6 +512,21 @@ fn without_the_epoch_a_set_with_a_late_queued_answer_sleeps() {
     let (property, trace) = fails(c);
     assert_eq!(property, Property::Woken, "{trace}");
     assert!(trace.contains("P1 hears: queued for key"), "{trace}");
+}
+
+/// The client before a waiter answered "held" and not queued polled: queued once (and so
+/// registered), it went on waiting on its subscription after the break, as if still queued,
+/// though nothing could reach it there until the resubscription.
+#[test]
+fn without_polling_a_waiter_waits_on_its_broken_subscription() {
+    let mut c = config("broken: waits on a broken subscription", 3, only_breaks());
+    c.start_together = true;
+    c.delays = false;
+    c.poll_unqueued = false;
+    let (property, trace) = fails(c);
+    assert_eq!(property, Property::Polls, "{trace}");
+    assert!(trace.contains("subscription breaks"), "{trace}");
+    assert!(trace.contains("held by another"), "{trace}");
 }
 
 /// A hand-over that does not ask whether the waiter's process is alive (no `PUBSUB NUMSUB`):
