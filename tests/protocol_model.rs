@@ -486,7 +486,9 @@ fn without_the_fallback_timer_a_lost_grant_starves_its_waiter() {
 /// arrives after its subscription broke and came back registers with nothing to wake it. The
 /// release in between found nobody on its channel and dropped its entry; the resubscription
 /// told only the waiters registered then. It sleeps until its fallback timer while the key is
-/// free.
+/// free. The checker finds it as soon as the waiter waits on its broken subscription with
+/// nothing to tell it to check again (*Polls*), before the release (*Woken*, which it broke
+/// when that was the first check to see it).
 #[test]
 fn without_the_epoch_a_late_queued_answer_leaves_its_waiter_asleep() {
     let mut c = config("broken: no epoch at registration", 3, only_breaks());
@@ -494,9 +496,12 @@ fn without_the_epoch_a_late_queued_answer_leaves_its_waiter_asleep() {
     c.delays = false;
     c.registration_epoch = false;
     let (property, trace) = fails(c);
-    assert_eq!(property, Property::Woken, "{trace}");
+    assert!(
+        matches!(property, Property::Polls | Property::Woken),
+        "{trace}"
+    );
     assert!(trace.contains("subscription breaks"), "{trace}");
-    assert!(trace.contains("subscription is back"), "{trace}");
+    assert!(trace.contains("P2 hears: queued"), "{trace}");
 }
 
 /// The same gap for a set (whose subscription is the one that breaks).
@@ -510,7 +515,10 @@ fn without_the_epoch_a_set_with_a_late_queued_answer_sleeps() {
     c.delays = false;
     c.registration_epoch = false;
     let (property, trace) = fails(c);
-    assert_eq!(property, Property::Woken, "{trace}");
+    assert!(
+        matches!(property, Property::Polls | Property::Woken),
+        "{trace}"
+    );
     assert!(trace.contains("P1 hears: queued for key"), "{trace}");
 }
 
