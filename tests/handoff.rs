@@ -529,6 +529,54 @@ async fn a_broken_subscription_still_gets_the_handoff() {
     assert!(server.lock_keys().await.is_empty(), "keys left behind");
 }
 
+/// A queued waiter whose process loses its subscription polls on its wait policy (100 ms here)
+/// until it can queue again: the holder's release just after the break (0 to 10 ms) frees the
+/// key, and the waiter takes it at its next poll, long before its store subscribes again (1 s
+/// after the break). Before: its check at the break answered "held" (nobody to hear a hand-off,
+/// so not queued), and it went back to waiting on the dead subscription until the
+/// resubscription told it to check again, about 1 s after each release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_waiter_whose_subscription_broke_polls_until_it_can_queue_again() {
+    let server = RedisServer::start();
+    let all = stores(&server, 2).await;
+    let config = LockConfig::builder()
+        .ttl(Duration::from_secs(10))
+        .wait(Wait::constant(Duration::from_millis(100)).deadline(Duration::from_secs(30)))
+        .build()
+        .unwrap();
+    let holder = Locker::with_config(all[0].clone(), config.clone());
+    let waiter = Locker::with_config(all[1].clone(), config);
+    let k = key(&holder);
+    let port = server.port().to_string();
+    let mut late = Vec::new();
+    for after in [0, 1, 3, 10] {
+        handoff_subscriptions(&server, 2).await;
+        let held = holder.acquire(k.clone()).await.unwrap();
+        let waiting = waiter.clone();
+        let next = tokio::spawn(async move {
+            let guard = waiting.acquire(key(&waiting)).await.unwrap();
+            let at = Instant::now();
+            guard.release().await.unwrap();
+            at
+        });
+        queued(&server, &k, 1).await;
+        redis_cli(&["-p", &port, "CLIENT", "KILL", "TYPE", "pubsub"]);
+        tokio::time::sleep(Duration::from_millis(after)).await;
+        held.release().await.unwrap();
+        let released = Instant::now();
+        let took = next.await.unwrap().saturating_duration_since(released);
+        if took >= Duration::from_millis(700) {
+            late.push((after, took));
+        }
+    }
+    assert!(
+        late.is_empty(),
+        "waited for the resubscription instead of polling (ms from the break to the release, \
+         then the wait after it): {late:?}"
+    );
+    assert!(server.lock_keys().await.is_empty(), "keys left behind");
+}
+
 /// The registration gap: a waiter (a single key, or a set with the held key in it) whose
 /// attempt queued it while its process listened, but whose answer ("queued") reaches it only
 /// after its store's subscription broke and came back (held in the fault proxy, as a stalled

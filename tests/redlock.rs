@@ -8,7 +8,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use support::{Backend, Counter, LockKeys, Redlock, body_json, counter_app, purchase, send};
+use support::{
+    Backend, Counter, LockKeys, Redlock, body_json, counter_app, purchase, send, value_of,
+};
 use tower_lock::{
     Key, LockConfig, LockLayer, LockStore, Locker, OnLeaseLost, RedisStore, RedlockStore, Token,
     Wait, key::LockKey, store::Acquire,
@@ -167,6 +169,20 @@ async fn connect_needs_a_reachable_quorum() {
     assert!(std::error::Error::source(&error).is_some());
 }
 
+/// Three masters, a lease on `t`/`k` held on them for `ttl` (renewed every third of it), and
+/// the config (no wait) for contenders.
+async fn held_on_three_masters(ttl: Duration) -> (Redlock, LockConfig, tower_lock::LeaseGuard) {
+    let backend = Redlock::new(3);
+    let config = LockConfig::builder()
+        .ttl(ttl)
+        .wait(Wait::none())
+        .build()
+        .unwrap();
+    let holder = Locker::with_config(backend.store().await, config.clone());
+    let guard = holder.acquire(holder.key("t", "k").unwrap()).await.unwrap();
+    (backend, config, guard)
+}
+
 /// Masters restarted empty one after the other while a lease is held:
 /// - one restart is harmless: the rest of the quorum still holds the lease, a contender is
 ///   refused, and the holder's next renewal, renewed by the quorum, puts the key back on the
@@ -179,23 +195,13 @@ async fn connect_needs_a_reachable_quorum() {
 ///   renewal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn masters_restarted_empty_one_after_the_other_under_a_held_lease() {
-    let mut backend = Redlock::new(3);
     let ttl = Duration::from_millis(600);
-    let config = LockConfig::builder()
-        .ttl(ttl)
-        .wait(Wait::none())
-        .build()
-        .unwrap();
-    let holder = Locker::with_config(backend.store().await, config.clone());
-    let guard = holder.acquire(holder.key("t", "k").unwrap()).await.unwrap();
+    let (mut backend, config, guard) = held_on_three_masters(ttl).await;
 
     for restarted in [0, 1, 2, 0] {
         let node = &mut backend.0[restarted];
+        // Restarted empty (the holder's next renewal may have put the lease back already).
         tokio::task::block_in_place(|| node.restart());
-        assert!(
-            backend.0[restarted].lock_keys().await.is_empty(),
-            "restarted empty"
-        );
         // A fresh contender, so that no stale connection of its own gets in the way.
         let contender = Locker::with_config(backend.store().await, config.clone());
         let refused = contender.acquire(contender.key("t", "k").unwrap()).await;
@@ -229,6 +235,52 @@ async fn masters_restarted_empty_one_after_the_other_under_a_held_lease() {
         "the holder did not notice at its next renewal"
     );
     assert!(stolen.release().await.unwrap());
+}
+
+/// A master restarted empty under a held lease, where a contender's failed attempt then left
+/// its key (written here by hand, with a long TTL: a contender retrying every few milliseconds
+/// keeps one there): the holder's renewals, granted by the other two masters, put the lease
+/// back over it within two renewal intervals (the documented bound; allowed four here), so
+/// restarting a second master after that leaves the holder its quorum. Before, the put-back
+/// was `SET NX`: the contender's key stayed, the lease lived on a bare quorum, and the second
+/// restart let the contender in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_is_put_back_over_a_failed_attempts_key() {
+    let ttl = Duration::from_millis(600);
+    let (mut backend, config, guard) = held_on_three_masters(ttl).await;
+    let key = backend.0[1].lock_keys().await.remove(0);
+    let token = value_of(&backend.0[1], &key)
+        .await
+        .expect("held on master 1");
+    tokio::task::block_in_place(|| backend.0[0].restart());
+    let mut conn = backend.0[0].client().await;
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg("a contender's token")
+        .arg("PX")
+        .arg(10_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let back = Instant::now();
+    while value_of(&backend.0[0], &key).await.as_ref() != Some(&token) {
+        assert!(
+            back.elapsed() < ttl * 4 / 3,
+            "the lease is not back on the restarted master: {:?}",
+            value_of(&backend.0[0], &key).await
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::task::block_in_place(|| backend.0[1].restart());
+    let contender = Locker::with_config(backend.store().await, config);
+    let refused = contender.acquire(contender.key("t", "k").unwrap()).await;
+    assert!(
+        matches!(refused, Err(tower_lock::LockError::Contended { .. })),
+        "the second restart let the contender in: {refused:?}"
+    );
+    tokio::time::sleep(ttl).await;
+    assert!(!guard.is_lost());
+    assert!(guard.release().await.unwrap());
 }
 
 /// A failed acquire releases what it took: one node held by someone else, one dead, the third

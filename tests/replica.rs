@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use support::{Backend, Counter, LockKeys, body_json, counter_app, purchase, send};
+use support::{Backend, Counter, LockKeys, body_json, counter_app, purchase, send, value_of};
 use tower_lock::{
     Key, LockConfig, LockLayer, LockStore, RedisStore, Token, Wait,
     key::LockKey,
@@ -66,15 +66,6 @@ fn key(value: &str) -> LockKey {
     LockKey::new("tower-lock:", "t", value.as_bytes(), 64).unwrap()
 }
 
-async fn get(server: &RedisServer, key: &[u8]) -> Option<Vec<u8>> {
-    let mut conn = server.client().await;
-    redis::cmd("GET")
-        .arg(key)
-        .query_async(&mut conn)
-        .await
-        .unwrap()
-}
-
 /// Acquired means on the replica too, as soon as acquire answers; `WAIT` travels in the same
 /// round trip as the script (one `wait` per `evalsha`, no extra command), also after the
 /// script cache was flushed.
@@ -90,7 +81,7 @@ async fn acquired_leases_are_on_the_replica() {
         let answer = store.acquire(&k, &token, ttl).await.unwrap();
         assert!(matches!(answer, Acquire::Acquired { .. }), "{answer:?}");
         assert_eq!(
-            get(&backend.replica, k.as_bytes()).await.as_deref(),
+            value_of(&backend.replica, k.as_bytes()).await.as_deref(),
             Some(token.as_bytes()),
             "acquire answered before the replica had the lease"
         );

@@ -252,6 +252,11 @@ pub(crate) async fn acquire(
                 blocked: at,
             }) => {
                 blocked = at;
+                // Not queued this time: the store could not queue it where anyone would hear
+                // the hand-off (its subscription is down). Poll on the wait policy until an
+                // attempt queues it again; the watch stays registered (the resubscription's
+                // retry still wakes it), and so does the guard (an entry may be left).
+                queued = false;
                 expires_in
             }
             Ok(Answer::Queued {
@@ -315,7 +320,7 @@ pub(crate) async fn acquire(
         // While queued, the key may be handed to us at any moment (and a set keeps what the
         // queue kept for it): stay armed, so that giving up (or being dropped) leaves the queue
         // or passes the keys on.
-        guard.arm(queued);
+        guard.arm(queued || queue.is_some());
         let now = Instant::now();
         let next = delays
             .get_or_insert_with(|| wait.delays())
@@ -356,8 +361,14 @@ pub(crate) async fn acquire(
         match (&mut queue, released) {
             // After a refusal, the next attempt is due by the schedule, not at a release.
             _ if refused.is_some() => sleep_until(wake).await,
-            (Some(watch), _) if queued => {
-                tracing::debug!(attempts, "lease contended; queued for its hand-off");
+            (Some(watch), _) => {
+                if queued {
+                    tracing::debug!(attempts, "lease contended; queued for its hand-off");
+                } else {
+                    // Queued before, not by this attempt: poll on the wait policy meanwhile.
+                    tracing::debug!(attempts, "lease contended; not queued, waiting");
+                    fallback = fallback.min(wake);
+                }
                 loop {
                     tokio::select! {
                         signal = watch.signal() => match signal {

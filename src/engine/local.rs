@@ -18,11 +18,13 @@
 //! that the store failed: a waiter whose deadline passes while the head's call is on its way
 //! waits for its answer (at most a store timeout from when it was sent), and one whose turn
 //! never came because the store did not answer gives up with that failure (503), not as if
-//! someone held the key (409).
+//! someone held the key (409). A set that holds its turn at a key while it waits in this process
+//! for its turn at a later one publishes that it waits there: a waiter behind it that gives up
+//! answers as a waiter at that later key would.
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex, PoisonError, Weak},
     time::Duration,
 };
 
@@ -70,6 +72,10 @@ enum Holder {
     Elsewhere { until: Instant },
     /// The head holds the key: its lease, kept up to date by its renewals.
     Head(Lease),
+    /// The head is a set waiting in this process for its turn at a later key (in lock order),
+    /// whose queue this is: what its head knows stands for this key too. (Weak: a key's entry
+    /// is forgotten when nobody holds or waits for its turn.)
+    Behind(Weak<Entry>),
 }
 
 impl Entry {
@@ -110,37 +116,34 @@ impl LocalQueues {
     /// Waits for this process's turn at `key`, or gives up when the deadline passes first. A
     /// head whose call to the store is on its way then is given until `store_timeout` after it
     /// sent it to answer, so that the waiter gives up with what the store said.
+    #[cfg(test)]
     pub(crate) async fn turn(
         self: &Arc<Self>,
         key: &LockKey,
         deadline: Option<Instant>,
         store_timeout: Duration,
     ) -> Result<Turn, GaveUp> {
+        let mut turn = self.join(key);
+        if !turn.try_take() {
+            turn.wait(deadline, store_timeout).await?;
+        }
+        Ok(turn)
+    }
+
+    /// Joins `key`'s queue, without its turn yet. Constructed before waiting, so that giving up
+    /// (or being dropped) still cleans the entry.
+    fn join(self: &Arc<Self>, key: &LockKey) -> Turn {
         let key = key.shared();
         let entry = {
             let mut queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
             Arc::clone(queues.entry(key.clone()).or_default())
         };
-        let queue = Arc::clone(&entry.turn);
-        // Constructed first, so that giving up (or being dropped) still cleans the entry.
-        let mut turn = Turn {
+        Turn {
             key,
             queues: Arc::clone(self),
             entry: Some(entry),
             guard: None,
-        };
-        let guard = match Arc::clone(&queue).try_lock_owned() {
-            Ok(guard) => guard,
-            Err(_) => match deadline {
-                Some(deadline) => match timeout_at(deadline, queue.lock_owned()).await {
-                    Ok(guard) => guard,
-                    Err(_) => return Err(turn.gave_up(store_timeout).await),
-                },
-                None => queue.lock_owned().await,
-            },
-        };
-        turn.guard = Some(guard);
-        Ok(turn)
+        }
     }
 
     /// Waits for this process's turn at every key of `keys`, one after the other in lock order,
@@ -153,7 +156,12 @@ impl LocalQueues {
     ) -> Result<Turns, GaveUp> {
         let mut turns = Turns::default();
         for key in keys {
-            turns.push(self.turn(key, deadline, store_timeout).await?);
+            let mut turn = self.join(key);
+            if !turn.try_take() {
+                turns.behind(&turn);
+                turn.wait(deadline, store_timeout).await?;
+            }
+            turns.push(turn);
         }
         Ok(turns)
     }
@@ -176,16 +184,65 @@ impl Turn {
             .expect("a turn has its entry until dropped")
     }
 
+    /// Takes the turn if it is free now.
+    fn try_take(&mut self) -> bool {
+        let queue = Arc::clone(&self.entry().turn);
+        self.guard = queue.try_lock_owned().ok();
+        self.guard.is_some()
+    }
+
+    /// Waits for the turn, or gives up when the deadline passes first.
+    async fn wait(
+        &mut self,
+        deadline: Option<Instant>,
+        store_timeout: Duration,
+    ) -> Result<(), GaveUp> {
+        let queue = Arc::clone(&self.entry().turn);
+        let guard = match deadline {
+            Some(deadline) => match timeout_at(deadline, queue.lock_owned()).await {
+                Ok(guard) => guard,
+                Err(_) => return Err(self.gave_up(store_timeout).await),
+            },
+            None => queue.lock_owned().await,
+        };
+        self.guard = Some(guard);
+        Ok(())
+    }
+
+    /// The queue whose head's knowledge stands for this key: this one, or the one a set at the
+    /// head of this one waits in (and so on: each later in lock order, so never a cycle).
+    fn waited_on(&self) -> Arc<Entry> {
+        let mut entry = Arc::clone(
+            self.entry
+                .as_ref()
+                .expect("a turn has its entry until dropped"),
+        );
+        loop {
+            let next = match &*entry.holder() {
+                Holder::Behind(next) => next.upgrade(),
+                _ => None,
+            };
+            match next {
+                Some(next) => entry = next,
+                None => return entry,
+            }
+        }
+    }
+
     /// Why a waiter whose deadline passed gives up, from what the queue's head published: the
     /// holder's time left; or the store's failure, waiting first for the answer to a call the
-    /// head has on its way (until `store_timeout` after it was sent: then it failed).
+    /// head has on its way (until `store_timeout` after it was sent: then it failed). Behind a
+    /// set that waits in this process for a later key, from what that key's head published.
     async fn gave_up(&self, store_timeout: Duration) -> GaveUp {
-        let entry = self.entry();
         loop {
+            let entry = self.waited_on();
             // Registered before reading, so that a publication in between is not missed.
             let published = entry.published.notified();
             let asked_at = match &*entry.holder() {
                 Holder::Unknown => return GaveUp::Held { holder_left: None },
+                // Changed since: follow it again.
+                Holder::Behind(next) if next.strong_count() > 0 => continue,
+                Holder::Behind(_) => return GaveUp::Held { holder_left: None },
                 Holder::Elsewhere { until } => {
                     let holder_left = Some(until.saturating_duration_since(Instant::now()));
                     return GaveUp::Held { holder_left };
@@ -213,7 +270,10 @@ impl Turn {
     pub(crate) fn asking(&self) {
         let entry = self.entry();
         let mut holder = entry.holder();
-        if matches!(*holder, Holder::Unknown | Holder::Failing(_)) {
+        if matches!(
+            *holder,
+            Holder::Unknown | Holder::Failing(_) | Holder::Behind(_)
+        ) {
             *holder = Holder::Asking {
                 since: Instant::now(),
             };
@@ -272,6 +332,18 @@ impl Turns {
 
     fn all(&self) -> impl Iterator<Item = &Turn> {
         self.first.iter().chain(&self.rest)
+    }
+
+    /// The set waits in this process for its turn at `next`'s key (later in lock order than
+    /// those it has): published at the keys it has, unless a failure of the store stands there.
+    fn behind(&self, next: &Turn) {
+        let next = next.entry.as_ref().map_or_else(Weak::new, Arc::downgrade);
+        for turn in self.all() {
+            let entry = turn.entry();
+            if !matches!(*entry.holder(), Holder::Failing(_)) {
+                entry.publish(Holder::Behind(next.clone()));
+            }
+        }
     }
 
     /// A call goes to the store for every key.
@@ -584,6 +656,71 @@ mod tests {
         let gave_up = queues.turn(&key("k"), soon(), T).await.unwrap_err();
         assert!(holder_left(gave_up).is_some());
         drop(next);
+        assert_eq!(queues.len(), 0, "entries left behind");
+    }
+
+    /// A set holds its turn at its first key while it waits in this process for its second,
+    /// behind a head whose call to the store is on its way: a waiter at the first key that
+    /// gives up answers as one at the second would. A store that does not answer: 503, not
+    /// contention; a holder elsewhere: its time left. Before, it heard nothing from the set and
+    /// answered as if the key were held (409 with the TTL).
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_behind_a_set_waiting_behind_a_failing_head_gives_up_with_the_failure() {
+        let queues = Arc::new(LocalQueues::default());
+        let soon = || Some(Instant::now() + Duration::from_millis(5));
+        let set = KeySet::from([key("a"), key("b")]);
+        let mut order = set.iter().cloned();
+        let (first, second) = (order.next().unwrap(), order.next().unwrap());
+        let head = queues.turn(&second, None, T).await.unwrap();
+        head.asking();
+        let started = Instant::now();
+        let waiting = tokio::spawn({
+            let queues = Arc::clone(&queues);
+            async move { queues.turns(&set, None, T).await.unwrap() }
+        });
+        tokio::task::yield_now().await;
+        // The store does not answer the head: the waiter gives up at its timeout.
+        let gave_up = queues.turn(&first, soon(), T).await.unwrap_err();
+        let GaveUp::Unavailable(error) = gave_up else {
+            panic!("gave up as if the key were held: {gave_up:?}")
+        };
+        assert_eq!(error.kind(), crate::store::StoreErrorKind::Timeout);
+        assert_eq!(started.elapsed(), T);
+        // The head's call times out, and it asks again; the store fails that call 300 ms after
+        // it was sent: the waiter hears it then.
+        head.failed(&StoreError::timeout(T));
+        head.asking();
+        let started = Instant::now();
+        let waiter = tokio::spawn({
+            let queues = Arc::clone(&queues);
+            let first = first.clone();
+            async move { queues.turn(&first, soon(), T).await.map(drop) }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let down = StoreError::msg(crate::store::StoreErrorKind::Unavailable, "down");
+        head.failed(&down);
+        let Err(GaveUp::Unavailable(error)) = waiter.await.unwrap() else {
+            panic!("gave up as if the key were held")
+        };
+        assert_eq!(error.to_string(), "down");
+        assert_eq!(started.elapsed(), Duration::from_millis(300));
+        // The store answers that another process holds the second key: contention, with its
+        // time left.
+        head.asking();
+        head.held_elsewhere(Some(Duration::from_secs(4)));
+        let gave_up = queues.turn(&first, soon(), T).await.unwrap_err();
+        assert_eq!(
+            holder_left(gave_up),
+            Some(Duration::from_secs(4) - Duration::from_millis(5))
+        );
+        // The set gets its turn at the second key too, asks, and hears it is held.
+        drop(head);
+        let turns = waiting.await.unwrap();
+        turns.asking();
+        turns.held_elsewhere(1, Some(Duration::from_secs(2)));
+        let gave_up = queues.turn(&second, soon(), T).await.unwrap_err();
+        assert!(holder_left(gave_up).is_some());
+        drop(turns);
         assert_eq!(queues.len(), 0, "entries left behind");
     }
 }

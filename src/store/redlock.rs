@@ -73,13 +73,15 @@ use crate::{error::ConfigError, key::LockKey, token::Token};
 /// - A majority down: acquire fails with a [`StoreError`] (503 at once), renewals fail and the
 ///   lease is lost when it runs out.
 /// - **A node restarted without persistence** forgets the leases it held. One such node is
-///   harmless: the other members of each quorum still hold them, and the next renewal that a
-///   quorum grants puts each lease back on the nodes that answered that they do not hold it
-///   (`SET NX PX` with the holder's token, for what is left of the TTL), within a renewal
-///   interval (a third of the TTL) of the node's return. Another node restarted after that is
-///   harmless too. Two nodes of a quorum restarted empty *together* (the second before the
-///   first has a lease back: within a renewal interval of the first's return, or while it is
-///   down) let another client win a quorum while the first holder still holds the key; the
+///   harmless: the other members of each quorum still hold them, and each renewal that a
+///   quorum grants puts the lease back on the nodes that answered that they do not hold it or
+///   whose connection broke (`SET PX` with the holder's token, for what is left of the TTL,
+///   over any key a contender's failed attempt left there), within two renewal intervals (two
+///   thirds of the TTL) of the node's return: the first renewal after it may still meet the
+///   broken connection. Another node restarted after that is harmless too. Two nodes of a
+///   quorum restarted empty *together* (the second before the first has a lease back: within
+///   two renewal intervals of the first's return, or while it is down) let another client win
+///   a quorum while the first holder still holds the key; the
 ///   first holder hears of it at its next renewal (the renewal cannot reach a quorum: the
 ///   lease is lost). Redlock's remedy is a *delayed restart*: keep a crashed node out for at
 ///   least the longest TTL in use (then it returns with nothing to forget), one node at a
@@ -247,10 +249,17 @@ impl RedlockStore {
     }
 
     /// Puts a lease that a quorum has just renewed back on the nodes at `indices`, which
-    /// answered that they do not hold it (restarted empty, most likely), for what is left of
-    /// `ttl`: `SET NX PX` with the holder's token, so a key held there by anyone else stays. So
-    /// a lease renewed past a restart lives on every node again, not on a bare quorum for as
-    /// long as it is held. Failures are left to the next renewal.
+    /// answered that they do not hold it (restarted empty, most likely) or whose connection
+    /// broke (by the restart, most likely), for what is left of `ttl`: `SET PX`
+    /// with the holder's token. So a lease renewed past a restart lives on every node again,
+    /// not on a bare quorum for as long as it is held. Failures are left to the next renewal.
+    ///
+    /// It overwrites another token's key: while a quorum holds this lease, that key can only be
+    /// what a contender's failed attempt left (two quorums share a node, and each node of this
+    /// one holds this lease); and were it to arrive after this lease ended, it takes one node
+    /// from a later holder, whose other nodes still leave no quorum for anyone else. With
+    /// `SET NX`, a contender retrying every few milliseconds kept the lease off the node for
+    /// several renewals.
     async fn put_back(&self, indices: &[usize], key: &LockKey, token: &Token, ttl: Duration) {
         if ttl.is_zero() {
             return;
@@ -260,11 +269,10 @@ impl RedlockStore {
             let node = &self.nodes[i];
             async move {
                 match timeout(limit, node.put_back(key, token, ttl)).await {
-                    Ok(Ok(true)) => tracing::debug!(
+                    Ok(Ok(())) => tracing::debug!(
                         node = i,
-                        "a Redlock node had lost a held lease (restarted empty?); put it back"
+                        "a Redlock node did not renew a held lease (restarted empty?); put it back"
                     ),
-                    Ok(Ok(false)) => {}
                     Ok(Err(error)) => tracing::debug!(
                         node = i,
                         error = &error as &dyn std::error::Error,
@@ -366,8 +374,14 @@ impl LockStore for RedlockStore {
     async fn renew(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<bool, StoreError> {
         let start = Instant::now();
         let answers = self.on_all(ttl, |node| node.renew(key, token, ttl)).await;
+        // Not held there, or the connection broke (a restart): put back. A node that did not
+        // answer in time is not waited for twice.
         let missing: Vec<usize> = (answers.iter().enumerate())
-            .filter_map(|(i, answer)| matches!(answer, Ok(false)).then_some(i))
+            .filter_map(|(i, answer)| match answer {
+                Ok(false) => Some(i),
+                Err(error) if error.kind() == StoreErrorKind::Unavailable => Some(i),
+                _ => None,
+            })
             .collect();
         let renewed = self.renewal_quorum(answers, start, ttl)?;
         if renewed && !missing.is_empty() {

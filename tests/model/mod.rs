@@ -38,6 +38,9 @@ pub(crate) enum Property {
     /// that will wake it sooner: a signal or message on its way, an entry in a queue of its
     /// keys, or a resubscription to come that tells it to check again.
     Woken,
+    /// A live waiter whose subscription is down, which no hand-off can reach, checks again
+    /// within the wait policy's retry delay (or has a "check again" waiting for it).
+    Polls,
     /// Every run ends, and ends with every live process done.
     NoStarvation,
 }
@@ -347,7 +350,7 @@ fn invariant(model: &Model, s: &State) -> Option<(Property, String)> {
             }
         }
     }
-    forgotten(model, s)
+    forgotten(model, s).or_else(|| unpolled(model, s))
 }
 
 /// A live waiter that only its fallback timer will wake, though no message of its was lost:
@@ -374,6 +377,30 @@ fn forgotten(model: &Model, s: &State) -> Option<(Property, String)> {
                     p + 1,
                     q.acq,
                     q.phase
+                ),
+            )
+        })
+    })
+}
+
+/// A live waiter that waits on its broken subscription: nothing can tell it of a hand-off, nor
+/// has it been told to check again, yet it checks again only at a fallback timer later than the
+/// wait policy's retry delay.
+fn unpolled(model: &Model, s: &State) -> Option<(Property, String)> {
+    let delay = model.config.timing.retry_delay;
+    s.procs.iter().enumerate().find_map(|(p, q)| {
+        let Phase::Waiting { fallback } = q.phase else {
+            return None;
+        };
+        let waits = q.status == Status::Alive && q.sub_down && q.signals.is_empty();
+        (waits && fallback > delay).then(|| {
+            (
+                Property::Polls,
+                format!(
+                    "P{}#{} waits on its broken subscription for {fallback} ticks, not polling \
+                     every {delay}",
+                    p + 1,
+                    q.acq
                 ),
             )
         })

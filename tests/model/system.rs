@@ -148,6 +148,11 @@ pub(crate) struct Config {
     /// again when it registers (`Handoff::register`'s epoch): `false` is the client before
     /// that, only to show that the checker finds the registration gap.
     pub(crate) registration_epoch: bool,
+    /// A waiter answered "held" and not queued (its subscription is down, so nobody would hear
+    /// its hand-off) polls on the wait policy's retry delay, though it queued before and is
+    /// registered: `false` is the client before that (it waited on its broken subscription as
+    /// if queued, until the resubscription), only to show that the checker finds it.
+    pub(crate) poll_unqueued: bool,
     /// The processes whose subscription may break (`Faults::resubscribe`); empty: every one.
     pub(crate) breaks: Vec<u8>,
     /// Calls go through a pool of connections: a release may reach Redis before its
@@ -1278,7 +1283,10 @@ impl Model {
                     }
                     _ => {
                         if q.queued && q.registered {
-                            let fallback = expires_in.unwrap_or(t.ttl).min(t.interval);
+                            let mut fallback = expires_in.unwrap_or(t.ttl).min(t.interval);
+                            if self.config.poll_unqueued {
+                                fallback = fallback.min(t.retry_delay);
+                            }
                             q.phase = Phase::Waiting { fallback };
                         } else {
                             q.phase = Phase::Sleeping {
@@ -1323,10 +1331,16 @@ impl Model {
                         q.phase = Phase::Waiting { fallback };
                         format!("P{} hears: queued, check again in {fallback}{note}", p + 1)
                     }
-                    // 283, 349-383: held; waits as queued if it is, else sleeps until a retry.
+                    // src/engine/acquire.rs: held, and not queued by this attempt. Registered
+                    // (queued before), it waits for a signal (the resubscription's "check
+                    // again") or the retry delay, whichever comes first; else it sleeps until
+                    // the retry.
                     _ => {
                         if q.queued && q.registered {
-                            let fallback = expires_in.unwrap_or(t.ttl);
+                            let mut fallback = expires_in.unwrap_or(t.ttl);
+                            if self.config.poll_unqueued {
+                                fallback = fallback.min(t.retry_delay);
+                            }
                             q.phase = Phase::Waiting { fallback };
                         } else {
                             q.phase = Phase::Sleeping {

@@ -101,6 +101,16 @@ pub fn is_fence_counter(key: &[u8]) -> bool {
             .is_some_and(|n| !n.is_empty() && n.iter().all(u8::is_ascii_digit))
 }
 
+/// The value of `key` on `server` (`None`: missing).
+pub async fn value_of(server: &RedisServer, key: &[u8]) -> Option<Vec<u8>> {
+    let mut conn = server.client().await;
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
 /// Waits until `n` stores' hand-off subscriptions (opened by `RedisStore::connect`) are up;
 /// answers their channels.
 pub async fn handoff_subscriptions(server: &RedisServer, n: usize) -> Vec<String> {

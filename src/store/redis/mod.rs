@@ -521,24 +521,24 @@ impl RedisStore {
         }
     }
 
-    /// `SET key token NX PX ttl`: puts a lease back where the key is missing (a Redlock node
-    /// that restarted empty while the lease was held elsewhere); whether it was set. Never
-    /// overwrites a key, and touches no fencing counter.
+    /// `SET key token PX ttl`: puts a lease that a Redlock quorum has just renewed back on a
+    /// node that lost it (restarted empty while the lease was held elsewhere), over whatever
+    /// another client's failed attempt left there (while the quorum holds the lease, no other
+    /// key on this node can be part of one: see `RedlockStore::renew`). Touches no fencing
+    /// counter.
     pub(crate) async fn put_back(
         &self,
         key: &LockKey,
         token: &Token,
         ttl: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<(), StoreError> {
         let mut set = redis::cmd("SET");
         set.arg(key.as_bytes())
             .arg(token.as_bytes())
-            .arg("NX")
             .arg("PX")
             .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1));
         match self.query(Request::Cmd(&set)).await? {
-            Ok(Value::Nil) => Ok(false),
-            Ok(_) => Ok(true),
+            Ok(_) => Ok(()),
             Err(e) => Err(self.store_error(e)),
         }
     }
