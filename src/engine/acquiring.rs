@@ -15,6 +15,7 @@ use super::{
     guard::LeaseGuard,
     hold::{Guarded, poll_guarded},
     locker::Locker,
+    reentry::{Held, held_covering},
     terms::Terms,
 };
 use crate::{
@@ -239,6 +240,10 @@ impl Acquiring {
             counts,
         } = self.take();
         let keys = counts.apply(keys)?;
+        // Re-entered by its holder: the work runs under the hold around it.
+        if held_covering(&keys).is_some() {
+            return Ok(work.await);
+        }
         let span = lease_span(&locker, &keys);
         let mut hold = match locker.hold(keys, span.clone(), terms).await {
             Ok(hold) => hold.aborting(),
@@ -247,7 +252,7 @@ impl Acquiring {
                 return Err(error);
             }
         };
-        let mut work = Box::pin(work);
+        let mut work = Box::pin(Held::within_current(hold.lease().clone()).scope(work));
         let guarded = std::future::poll_fn(|cx| poll_guarded(work.as_mut(), &mut hold, cx))
             .instrument(span.clone())
             .await;
@@ -291,6 +296,11 @@ impl Future for Acquiring {
                 Ok(keys) => keys,
                 Err(error) => return Poll::Ready(Err(error.into())),
             };
+            // Re-entered by its holder (this task holds the keys): a guard on the same hold.
+            if let Some(lease) = held_covering(&keys) {
+                let engine = Arc::clone(locker.shared());
+                return Poll::Ready(Ok(LeaseGuard::nested(lease, engine)));
+            }
             let span = lease_span(&locker, &keys);
             let hold = locker.hold(keys, span.clone(), terms);
             let engine = Arc::clone(locker.shared());
