@@ -551,13 +551,7 @@ impl RedisStore {
                     token, ttl, place, ..
                 } => {
                     eval.arg("a").arg(token.as_bytes()).arg(&*ms(*ttl));
-                    match place {
-                        Some(place) => eval
-                            .arg(&place.stamp[..])
-                            .arg(place.channel.as_bytes())
-                            .arg(if place.rescan { "1" } else { "0" }),
-                        None => eval.arg("").arg("").arg("0"),
-                    };
+                    place_args(&mut eval, place.as_ref());
                 }
                 Op::Release { token, .. } => {
                     eval.arg("r").arg(token.as_bytes());
@@ -598,6 +592,17 @@ impl RedisStore {
     }
 }
 
+/// An acquire's place in the hand-off queue: stamp, channel, rescan (empty: not queued).
+fn place_args(eval: &mut Cmd, place: Option<&Place>) {
+    match place {
+        Some(place) => eval
+            .arg(&place.stamp[..])
+            .arg(place.channel.as_bytes())
+            .arg(if place.rescan { "1" } else { "0" }),
+        None => eval.arg("").arg("").arg("0"),
+    };
+}
+
 /// The arguments of an operation on a key with a capacity (`scripts/ops.lua`'s `A`, `R`, `N`).
 fn counted_args(eval: &mut Cmd, op: &Op, share: crate::key::Share) {
     let (weight, capacity) = (share.weight().to_string(), share.capacity().to_string());
@@ -610,13 +615,7 @@ fn counted_args(eval: &mut Cmd, op: &Op, share: crate::key::Share) {
                 .arg(&weight)
                 .arg(&capacity)
                 .arg(&*ms(*ttl));
-            match place {
-                Some(place) => eval
-                    .arg(&place.stamp[..])
-                    .arg(place.channel.as_bytes())
-                    .arg(if place.rescan { "1" } else { "0" }),
-                None => eval.arg("").arg("").arg("0"),
-            };
+            place_args(eval, place.as_ref());
         }
         Op::Release { token, .. } => {
             eval.arg("R")
