@@ -29,7 +29,15 @@
 //! | route | answers |
 //! |---|---|
 //! | `POST /payments?work_ms=N` with `Idempotency-Key: "K"` and `{"amount": 1250, "currency": "EUR"}` | 201 `{"id","amount","currency"}`; a replay of it for a retry (`Idempotent-Replayed: true`); 400 for a missing or short key or a bad body; 409 while the first request with `K` runs; 422 if `K` was used with another amount, currency or route |
-//! | `GET /payments` | 200 `{"charges": n, "payments": [{"account","idempotency_key","id","amount","currency"}, ...]}`: every charge made, duplicates included |
+//! | `GET /payments` | 200 `{"charges": n, "payments": [{"account","idempotency_key","id","amount","currency","started_at_ms","finished_at_ms"}, ...]}`: every charge made, duplicates included, with when its charge began and ended (Unix milliseconds) |
+//!
+//! A payment provider allows a few charges per account at once: at most `PROVIDER_CONCURRENCY`
+//! charges of one account (`x-account`) run at once, across every instance that shares the
+//! Redis (a lease on one of the account's permits, `Acquiring::permits`, around the charge). A
+//! charge beyond it waits up to `PROVIDER_WAIT_MS` for a permit, first come first served, then
+//! answers 429 with `Retry-After` (`#permits-exhausted`; not stored by the idempotency layer, so
+//! a retry with the same key runs). `started_at_ms` and `finished_at_ms` let anyone check the
+//! limit from outside.
 //!
 //! Every error is an `application/problem+json` body `{"type","title","status","detail"}`.
 //!
@@ -47,6 +55,8 @@
 //! | `LOCK_WAIT_MS` | `0` | how long a duplicate waits for the first request (then gets its replay) before answering 409; `0` answers 409 at once |
 //! | `RETENTION_S` | `86400` | how long a finished request's response is replayed |
 //! | `IDEMPOTENCY` (or `LOCK`) | `on` | `off` serves `POST /payments` without the layer (and writes payments unfenced) |
+//! | `PROVIDER_CONCURRENCY` | `4` | the most charges of one account at once, across instances; `0` means no limit |
+//! | `PROVIDER_WAIT_MS` | `5000` | how long a charge waits for a permit before answering 429 |
 //! | `HEADER_READ_TIMEOUT_MS` | `5000` | how long a client may take to send a request's head before its connection is closed |
 //! | `RUST_LOG` | `info` | log filter |
 //!
@@ -90,7 +100,7 @@ use std::{
     error::Error,
     process::ExitCode,
     sync::{Arc, Mutex, PoisonError},
-    time::Duration,
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use axum::{
@@ -108,7 +118,7 @@ use axum::{
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 use tower_lock::{
-    IdempotencyConfig, IdempotencyLayer, Lease, LockConfig, MemoryStore, Wait,
+    IdempotencyConfig, IdempotencyLayer, Lease, LockConfig, Locker, MemoryStore, Wait,
     fence::{Batch, FencedData, data_key},
     idempotency::IdempotencyKey,
 };
@@ -152,6 +162,26 @@ async fn run() -> Result<(), Box<dyn Error>> {
         Some(Bytes::from(id.clone()))
     };
     let chosen = store::from_env().await?;
+    // The provider's limit: one of the account's permits around each charge, in the same
+    // store as the locks (so across every instance).
+    let provider_config = LockConfig::builder()
+        .ttl(settings.ttl)
+        .wait(Wait::constant(Duration::from_millis(50)).deadline(settings.provider_wait))
+        .build()?;
+    let provider = match chosen.store.clone() {
+        _ if settings.provider_concurrency == 0 => None,
+        store::Store::Memory => Some(Locker::with_config(MemoryStore::new(), provider_config)),
+        store::Store::Redis(store) => Some(Locker::with_config(store, provider_config)),
+        #[cfg(feature = "cluster")]
+        store::Store::Cluster(store) => Some(Locker::with_config(store, provider_config)),
+        #[cfg(feature = "sentinel")]
+        store::Store::Sentinel(store) => Some(Locker::with_config(store, provider_config)),
+        store::Store::Redlock(_) => None,
+    }
+    .map(|locker| Provider {
+        locker,
+        permits: settings.provider_concurrency,
+    });
     let layer = match chosen.store.clone() {
         store::Store::Memory => {
             IdempotencyLayer::with_config(MemoryStore::new(), by_account, config)
@@ -175,6 +205,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
                 data: data.fenced,
                 log: Log::Redis(data.conn),
                 per_slot: data.per_slot,
+                provider,
             }
         }
         None => {
@@ -186,6 +217,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
                 data: FencedData::in_memory(),
                 log: Log::Memory(Arc::default()),
                 per_slot: false,
+                provider,
             }
         }
     };
@@ -257,6 +289,11 @@ struct Record {
     idempotency_key: String,
     #[serde(flatten)]
     payment: Payment,
+    /// When the charge began and ended (Unix milliseconds).
+    #[serde(default)]
+    started_at_ms: u64,
+    #[serde(default)]
+    finished_at_ms: u64,
 }
 
 #[derive(Deserialize)]
@@ -314,9 +351,20 @@ async fn create_payment(
         );
         return Ok((StatusCode::CREATED, Json(existing)));
     }
-    // 2. Charge the card. Without the layer a concurrent duplicate is in step 1 meanwhile,
-    //    finds nothing, and charges again.
+    // 2. Charge the card, holding one of the account's permits at the provider (429 when none
+    //    frees in time). Without the layer a concurrent duplicate is in step 1 meanwhile, finds
+    //    nothing, and charges again.
+    let permit = match &payments.provider {
+        Some(provider) => Some(provider.permit(&account).await?),
+        None => None,
+    };
+    let started_at_ms = unix_ms();
     tokio::time::sleep(Duration::from_millis(params.work_ms)).await;
+    let finished_at_ms = unix_ms();
+    if let Some(permit) = permit {
+        // A failed release is logged by the crate; the permit frees itself at its TTL.
+        let _ = permit.release().await;
+    }
     // 3. Record, fenced by the lease's token: refused (409, nothing recorded) if a newer holder
     //    of this key has been here since. A real service writes this in one transaction with a
     //    unique constraint on (account, key), and the token in the row (`examples/sql.rs`).
@@ -325,7 +373,13 @@ async fn create_payment(
         amount,
         currency,
     };
-    payments.create(lease, &account, &key, &payment).await?;
+    let charge = Charge {
+        started_at_ms,
+        finished_at_ms,
+    };
+    payments
+        .create(lease, &account, &key, &payment, charge)
+        .await?;
     let fencing_token = lease.map(Lease::fencing_token);
     tracing::info!(
         account,
@@ -370,9 +424,42 @@ fn validate(new: NewPayment) -> Result<(i64, String), Problem> {
 // Payment storage: each payment under its account and key, read and written through fenced
 // batches (`tower_lock::fence`), and a log of every charge.
 
+/// When a charge ran.
+#[derive(Clone, Copy)]
+struct Charge {
+    started_at_ms: u64,
+    finished_at_ms: u64,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The payment provider's limit: at most `permits` charges of one account at once.
+#[derive(Clone)]
+struct Provider {
+    locker: Locker,
+    permits: u32,
+}
+
+impl Provider {
+    /// One of `account`'s permits, waited for first come first served.
+    async fn permit(&self, account: &str) -> Result<tower_lock::LeaseGuard, Refusal> {
+        let key = self
+            .locker
+            .key("provider", account)
+            .map_err(|e| Problem::bad_request(e.to_string()))?;
+        Ok(self.locker.acquire(key).permits(self.permits).await?)
+    }
+}
+
 #[derive(Clone)]
 struct Payments {
     data: FencedData,
+    /// The provider's per-account limit (`None`: `PROVIDER_CONCURRENCY=0`).
+    provider: Option<Provider>,
     /// Where the log of charges is read from.
     log: Log,
     /// The data is on a cluster: the log (one key) is in another slot than a payment, so it is
@@ -432,11 +519,14 @@ impl Payments {
         account: &str,
         key: &str,
         payment: &Payment,
+        charge: Charge,
     ) -> Result<(), Refusal> {
         let record = Record {
             account: account.to_owned(),
             idempotency_key: key.to_owned(),
             payment: payment.clone(),
+            started_at_ms: charge.started_at_ms,
+            finished_at_ms: charge.finished_at_ms,
         };
         let json = serde_json::to_string(payment).map_err(|e| Problem::corrupt(&e))?;
         let logged = serde_json::to_string(&record).map_err(|e| Problem::corrupt(&e))?;
@@ -526,6 +616,8 @@ struct Settings {
     wait: Wait,
     retention: Duration,
     idempotency: bool,
+    provider_concurrency: u32,
+    provider_wait: Duration,
     header_read_timeout: Duration,
 }
 
@@ -557,6 +649,8 @@ impl Settings {
             },
             retention: Duration::from_secs(app::env_or("RETENTION_S", 86_400)?),
             idempotency,
+            provider_concurrency: app::env_or("PROVIDER_CONCURRENCY", 4)?,
+            provider_wait: Duration::from_millis(app::env_or("PROVIDER_WAIT_MS", 5000)?),
             header_read_timeout: app::header_read_timeout()?,
         })
     }

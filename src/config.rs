@@ -74,6 +74,7 @@ pub enum KeyDisplay {
 /// | [`key_display`](Self::key_display) | [`KeyDisplay::Hashed`] | how keys appear in spans |
 /// | [`contended_status`](Self::contended_status) | 409 | status when the wait runs out |
 /// | [`unavailable_status`](Self::unavailable_status) | 503 | status when the store fails |
+/// | [`limited_status`](Self::limited_status) | 429 | status when no permit frees within the wait |
 ///
 /// ```
 /// use std::time::Duration;
@@ -164,6 +165,8 @@ struct Settings {
     contended_status: StatusCode,
     #[cfg_attr(feature = "serde", serde(with = "crate::serde_ms::status"))]
     unavailable_status: StatusCode,
+    #[cfg_attr(feature = "serde", serde(with = "crate::serde_ms::status"))]
+    limited_status: StatusCode,
 }
 
 impl Default for Settings {
@@ -182,6 +185,7 @@ impl Default for Settings {
             key_display: KeyDisplay::Hashed,
             contended_status: StatusCode::CONFLICT,
             unavailable_status: StatusCode::SERVICE_UNAVAILABLE,
+            limited_status: StatusCode::TOO_MANY_REQUESTS,
         }
     }
 }
@@ -243,6 +247,10 @@ settings! {
     contended_status: StatusCode => |v| v, get StatusCode => |s| s.contended_status;
     /// Status answered when the store fails or does not answer (default 503).
     unavailable_status: StatusCode => |v| v, get StatusCode => |s| s.unavailable_status;
+    /// Status answered when a lease on one of a key's permits (see
+    /// [`LockLayer::permits`](crate::LockLayer::permits)) finds none free within the wait
+    /// (default 429).
+    limited_status: StatusCode => |v| v, get StatusCode => |s| s.limited_status;
 }
 
 impl LockConfig {
@@ -331,6 +339,7 @@ impl Settings {
         for (field, status) in [
             ("contended_status", self.contended_status),
             ("unavailable_status", self.unavailable_status),
+            ("limited_status", self.limited_status),
         ] {
             if !(status.is_client_error() || status.is_server_error()) {
                 return Err(ConfigError::new(field, "the status must be a 4xx or 5xx"));

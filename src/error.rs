@@ -57,6 +57,10 @@ pub enum LockError {
         waited: Duration,
         /// How many acquire attempts it made.
         attempts: u32,
+        /// The key's permits, when the lease asked for some of a key's permits
+        /// ([`LockLayer::permits`](crate::LockLayer::permits)): none was free in time, which
+        /// the layer answers with 429 rather than 409.
+        permits: Option<u32>,
     },
     /// The store failed or did not answer in time (503).
     #[error("the lock store failed")]
@@ -67,6 +71,16 @@ pub enum LockError {
     /// The lease was lost while the request ran, and the layer aborted it (503).
     #[error("the lease was lost: {0}")]
     LeaseLost(LostReason),
+    /// What the acquire asked for can never be granted (0 permits, more permits than the key
+    /// has), or the store cannot grant it (500): a bug of the caller, never of the request.
+    #[error("the lease cannot be granted: {0}")]
+    Config(#[source] ConfigError),
+}
+
+impl From<ConfigError> for LockError {
+    fn from(e: ConfigError) -> Self {
+        Self::Config(e)
+    }
 }
 
 impl From<StoreError> for LockError {

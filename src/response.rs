@@ -12,6 +12,8 @@
 //! | [`LockError::Key`], client's fault | 400 | `#invalid-lock-key` | none |
 //! | [`LockError::Key`], a body larger than a body key source reads | 413 | `#request-body-too-large` | none |
 //! | [`LockError::Key`], misconfigured route | 500 | `#lock-key-misconfigured` | none |
+//! | [`LockError::Contended`] on a key's permits | 429 (`limited_status`) | `#permits-exhausted` | the first permit's holder's remaining TTL, as for `#lock-contended` |
+//! | [`LockError::Config`] | 500 | `#lock-misconfigured` | none |
 //!
 //! Replace it with [`LockLayer::rejection_response`](crate::LockLayer::rejection_response): a
 //! closure that gets the [`Rejection`] (the error, the status the config assigns, the
@@ -76,6 +78,17 @@
 //!
 //! The server's key source does not fit the route (a path parameter the route does not have):
 //! a server error, for its operators.
+//!
+//! ## permits-exhausted
+//!
+//! The resource admits a limited number of requests at once (a provider's concurrency limit,
+//! say), all of them were taken, and none freed before the wait policy's deadline. Retry after
+//! `Retry-After` seconds.
+//!
+//! ## lock-misconfigured
+//!
+//! The server asked for a lease that can never be granted (0 permits, a weight above the
+//! permits, or permits on a store that cannot count them): a server error, for its operators.
 //!
 //! ## idempotency-key-missing
 //!
@@ -262,6 +275,19 @@ fn retry_secs(d: Duration) -> u64 {
 
 fn describe(error: &LockError) -> (&'static str, &'static str, String, Option<u64>) {
     match error {
+        LockError::Contended {
+            expires_in,
+            permits: Some(permits),
+            ..
+        } => {
+            let secs = expires_in.map_or(1, retry_secs);
+            (
+                "permits-exhausted",
+                "Too many concurrent requests",
+                format!("all {permits} permits of this resource are taken; retry in {secs} s"),
+                Some(secs),
+            )
+        }
         LockError::Contended { expires_in, .. } => {
             let secs = expires_in.map_or(1, retry_secs);
             (
@@ -301,6 +327,12 @@ fn describe(error: &LockError) -> (&'static str, &'static str, String, Option<u6
             rejection.detail().to_owned(),
             None,
         ),
+        LockError::Config(error) => (
+            "lock-misconfigured",
+            "Lock misconfigured",
+            error.to_string(),
+            None,
+        ),
     }
 }
 
@@ -325,7 +357,12 @@ fn describe(error: &LockError) -> (&'static str, &'static str, String, Option<u6
 #[cfg(feature = "axum")]
 impl axum::response::IntoResponse for LockError {
     fn into_response(self) -> axum::response::Response {
-        let status = status_for(&self, StatusCode::CONFLICT, StatusCode::SERVICE_UNAVAILABLE);
+        let status = status_for(
+            &self,
+            StatusCode::CONFLICT,
+            StatusCode::SERVICE_UNAVAILABLE,
+            StatusCode::TOO_MANY_REQUESTS,
+        );
         lock_problem(&self, status).map(axum::body::Body::from)
     }
 }
@@ -335,9 +372,14 @@ pub(crate) fn status_for(
     error: &LockError,
     contended: StatusCode,
     unavailable: StatusCode,
+    limited: StatusCode,
 ) -> StatusCode {
     match error {
+        LockError::Contended {
+            permits: Some(_), ..
+        } => limited,
         LockError::Contended { .. } => contended,
+        LockError::Config(_) => StatusCode::INTERNAL_SERVER_ERROR,
         LockError::Store(_) | LockError::LeaseLost(_) => unavailable,
         LockError::Key(rejection) if rejection.is_body_too_large() => StatusCode::PAYLOAD_TOO_LARGE,
         LockError::Key(rejection) if rejection.is_client_error() => StatusCode::BAD_REQUEST,
@@ -397,6 +439,8 @@ mod tests {
             "invalid-lock-key",
             "request-body-too-large",
             "lock-key-misconfigured",
+            "permits-exhausted",
+            "lock-misconfigured",
             "idempotency-key-missing",
             "idempotency-key-invalid",
             "idempotency-key-reused",
@@ -447,6 +491,7 @@ mod tests {
             expires_in: Some(Duration::from_millis(2500)),
             waited: Duration::ZERO,
             attempts: 1,
+            permits: None,
         };
         let response = error.into_response();
         assert_eq!(response.status(), StatusCode::CONFLICT);
@@ -468,6 +513,7 @@ mod tests {
             expires_in: Some(Duration::from_millis(2100)),
             waited: Duration::ZERO,
             attempts: 1,
+            permits: None,
         };
         let r = lock_problem(&contended, StatusCode::CONFLICT);
         assert_eq!(r.status(), 409);
@@ -484,6 +530,7 @@ mod tests {
             expires_in: Some(Duration::from_millis(5)),
             waited: Duration::ZERO,
             attempts: 1,
+            permits: None,
         };
         assert_eq!(
             lock_problem(&short, StatusCode::CONFLICT).headers()[header::RETRY_AFTER],
@@ -523,18 +570,20 @@ mod tests {
     fn statuses_follow_config() {
         let c = StatusCode::LOCKED;
         let u = StatusCode::BAD_GATEWAY;
+        let l = StatusCode::SERVICE_UNAVAILABLE;
         let contended = LockError::Contended {
             expires_in: None,
             waited: Duration::ZERO,
             attempts: 1,
+            permits: None,
         };
-        assert_eq!(status_for(&contended, c, u), c);
+        assert_eq!(status_for(&contended, c, u, l), c);
         assert_eq!(
-            status_for(&LockError::LeaseLost(LostReason::Expired), c, u),
+            status_for(&LockError::LeaseLost(LostReason::Expired), c, u, l),
             u
         );
         let large = LockError::Key(KeyRejection::body_too_large(10));
-        assert_eq!(status_for(&large, c, u), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(status_for(&large, c, u, l), StatusCode::PAYLOAD_TOO_LARGE);
         let r = lock_problem(&large, StatusCode::PAYLOAD_TOO_LARGE);
         assert!(
             json(&r)["type"]
@@ -544,8 +593,26 @@ mod tests {
         );
         let misconfigured = LockError::Key(KeyRejection::misconfigured("x"));
         assert_eq!(
-            status_for(&misconfigured, c, u),
+            status_for(&misconfigured, c, u, l),
             StatusCode::INTERNAL_SERVER_ERROR
         );
+        // No permit of a key's freed in time: its own status and problem, with Retry-After.
+        let limited = LockError::Contended {
+            expires_in: Some(Duration::from_millis(2500)),
+            waited: Duration::ZERO,
+            attempts: 1,
+            permits: Some(4),
+        };
+        assert_eq!(status_for(&limited, c, u, l), l);
+        let r = lock_problem(&limited, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "3");
+        let body = json(&r);
+        assert!(
+            body["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("#permits-exhausted")
+        );
+        assert!(body["detail"].as_str().unwrap().contains("all 4 permits"));
     }
 }

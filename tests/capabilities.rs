@@ -16,23 +16,24 @@ use std::{
 use axum::{Router, body::Body, http::Request, routing::post};
 use tower::ServiceExt;
 use tower_lock::{
-    ClusterStore, IdempotencyLayer, IdempotencyStore, LockConfig, LockStore, Locker, MemoryStore,
-    RedisStore, RedlockStore, SentinelStore, Wait, idempotency::SharedKeySpace,
+    ClusterStore, IdempotencyLayer, IdempotencyStore, LockConfig, LockError, LockStore, Locker,
+    MemoryStore, RedisStore, RedlockStore, SentinelStore, Wait, idempotency::SharedKeySpace,
     store::Capabilities,
 };
 use tower_lock_testkit::{RedisCluster, RedisServer, SentinelSetup, calls_of, key_slot};
 
 /// The matrix's columns, in order.
-const COLUMNS: [&str; 5] = [
+const COLUMNS: [&str; 6] = [
     "group commit",
     "hand-off",
     "release notices",
     "idempotency records",
     "key sets",
+    "counts",
 ];
 
 /// The matrix as `docs/TOPOLOGY.md` has it: each row's store, then yes or no per column.
-fn documented() -> HashMap<String, [bool; 5]> {
+fn documented() -> HashMap<String, [bool; 6]> {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/TOPOLOGY.md"))
         .unwrap();
     let section = doc
@@ -54,7 +55,7 @@ fn documented() -> HashMap<String, [bool; 5]> {
             };
             (
                 cells[0].to_owned(),
-                [yes(0), yes(1), yes(2), yes(3), yes(4)],
+                [yes(0), yes(1), yes(2), yes(3), yes(4), yes(5)],
             )
         })
         .collect()
@@ -64,18 +65,19 @@ fn cells(line: &str) -> Vec<&str> {
     line.trim_matches('|').split('|').map(str::trim).collect()
 }
 
-fn flags(caps: &Capabilities) -> [bool; 5] {
+fn flags(caps: &Capabilities) -> [bool; 6] {
     [
         caps.group_commit(),
         caps.hand_off(),
         caps.release_notices(),
         caps.idempotency_records(),
         caps.key_sets(),
+        caps.counts(),
     ]
 }
 
 /// The documented row of `store` matches what it says of itself.
-fn row(store: &str, caps: &Capabilities) -> [bool; 5] {
+fn row(store: &str, caps: &Capabilities) -> [bool; 6] {
     let documented = documented();
     let row = *documented
         .get(store)
@@ -316,6 +318,26 @@ async fn records(store: impl IdempotencyStore) {
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran again");
 }
 
+/// Counts: two holders of a key's two permits at once, a third refused until one releases.
+async fn two_permits(store: impl LockStore) {
+    let locker = Locker::with_config(store, short_leases());
+    let key = locker.key("caps", "permits").unwrap();
+    let first = locker.acquire(key.clone()).permits(2).await.unwrap();
+    let second = locker.acquire(key.clone()).permits(2).await.unwrap();
+    assert!(second.fencing_token() > first.fencing_token());
+    let third = locker
+        .acquire(key.clone())
+        .permits(2)
+        .try_once()
+        .await
+        .unwrap();
+    assert!(third.is_none(), "a third holder of two permits");
+    assert!(first.release().await.unwrap());
+    let third = locker.acquire(key).permits(2).try_once().await.unwrap();
+    assert!(third.is_some(), "a released permit was not free");
+    drop((second, third));
+}
+
 fn twenty() -> Vec<String> {
     (0..20).map(|i| format!("k{i}")).collect()
 }
@@ -323,8 +345,10 @@ fn twenty() -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_store() {
     let store = MemoryStore::new();
-    let [batched, hand_off, notices, keeps, sets] = row("`MemoryStore`", &store.capabilities());
-    assert!(!batched && !hand_off && notices && keeps && sets);
+    let [batched, hand_off, notices, keeps, sets, counts] =
+        row("`MemoryStore`", &store.capabilities());
+    assert!(!batched && !hand_off && notices && keeps && sets && counts);
+    two_permits(store.clone()).await;
     served_at_release(store.clone(), store.clone()).await;
     key_sets(store.clone(), &[], ["a", "b", "c"]).await;
     records(store).await;
@@ -334,9 +358,10 @@ async fn memory_store() {
 async fn redis_store_connected() {
     let server = RedisServer::start();
     let store = RedisStore::connect(server.url()).await.unwrap();
-    let [batched, hand_off, notices, keeps, sets] =
+    let [batched, hand_off, notices, keeps, sets, counts] =
         row("`RedisStore::connect`", &store.capabilities());
-    assert!(batched && hand_off && !notices && keeps && sets);
+    assert!(batched && hand_off && !notices && keeps && sets && counts);
+    two_permits(store.clone()).await;
     group_commit(store.clone(), &[&server], twenty()).await;
     key_sets(store.clone(), &[&server], ["a", "b", "c"]).await;
     let other = RedisStore::connect(server.url()).await.unwrap();
@@ -352,11 +377,12 @@ async fn redis_store_from_a_connection() {
         .await
         .unwrap();
     let store = RedisStore::from_connection_manager(manager);
-    let [batched, hand_off, notices, keeps, sets] = row(
+    let [batched, hand_off, notices, keeps, sets, counts] = row(
         "`RedisStore` from a connection, manager or pool",
         &store.capabilities(),
     );
-    assert!(batched && !hand_off && !notices && keeps && sets);
+    assert!(batched && !hand_off && !notices && keeps && sets && counts);
+    two_permits(store.clone()).await;
     group_commit(store.clone(), &[&server], twenty()).await;
     key_sets(store.clone(), &[&server], ["a", "b", "c"]).await;
     records(store).await;
@@ -372,8 +398,15 @@ async fn redlock_store() {
     let store = RedlockStore::connect(nodes.iter().map(RedisServer::url))
         .await
         .unwrap();
-    let [batched, hand_off, notices, keeps, sets] = row("`RedlockStore`", &store.capabilities());
-    assert!(batched && !hand_off && !notices && !keeps && sets);
+    let [batched, hand_off, notices, keeps, sets, counts] =
+        row("`RedlockStore`", &store.capabilities());
+    assert!(batched && !hand_off && !notices && !keeps && sets && !counts);
+    let locker = Locker::new(store.clone());
+    let refused = locker
+        .acquire(locker.key("caps", "p").unwrap())
+        .permits(2)
+        .await;
+    assert!(matches!(refused, Err(LockError::Config(_))), "{refused:?}");
     let nodes: Vec<&RedisServer> = nodes.iter().collect();
     group_commit(store.clone(), &nodes, twenty()).await;
     key_sets(store, &nodes, ["a", "b", "c"]).await;
@@ -383,8 +416,10 @@ async fn redlock_store() {
 async fn cluster_store() {
     let cluster = tokio::task::block_in_place(|| RedisCluster::start(3, 0));
     let store = ClusterStore::connect(cluster.urls()).await.unwrap();
-    let [batched, hand_off, notices, keys, sets] = row("`ClusterStore`", &store.capabilities());
-    assert!(batched && !hand_off && !notices && keys && sets);
+    let [batched, hand_off, notices, keys, sets, counts] =
+        row("`ClusterStore`", &store.capabilities());
+    assert!(batched && !hand_off && !notices && keys && sets && counts);
+    two_permits(store.clone()).await;
     // Twenty keys of one hash slot: a batch per slot, so one script per round.
     let locker = Locker::new(MemoryStore::new());
     let slot_of = |value: &str| key_slot(locker.key("caps", value).unwrap().as_bytes());
@@ -412,8 +447,10 @@ async fn sentinel_store() {
         )
     };
     let store = connect().await.unwrap();
-    let [batched, hand_off, notices, keeps, sets] = row("`SentinelStore`", &store.capabilities());
-    assert!(batched && hand_off && !notices && keeps && sets);
+    let [batched, hand_off, notices, keeps, sets, counts] =
+        row("`SentinelStore`", &store.capabilities());
+    assert!(batched && hand_off && !notices && keeps && sets && counts);
+    two_permits(store.clone()).await;
     group_commit(store.clone(), &[&setup.master], twenty()).await;
     key_sets(store.clone(), &[&setup.master], ["a", "b", "c"]).await;
     let other = connect().await.unwrap();

@@ -83,6 +83,15 @@ impl IntoResponse for Problem {
 pub enum Refusal {
     Problem(Problem),
     Fence(tower_lock::fence::FenceError),
+    /// A lease the handler takes itself (a permit), not granted: the crate's problem (429 for
+    /// a permit, 409, 503).
+    Lock(tower_lock::LockError),
+}
+
+impl From<tower_lock::LockError> for Refusal {
+    fn from(error: tower_lock::LockError) -> Self {
+        Self::Lock(error)
+    }
 }
 
 impl From<Problem> for Refusal {
@@ -102,6 +111,7 @@ impl IntoResponse for Refusal {
         match self {
             Self::Problem(problem) => problem.into_response(),
             Self::Fence(error) => error.into_response(),
+            Self::Lock(error) => error.into_response(),
         }
     }
 }

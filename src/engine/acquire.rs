@@ -15,8 +15,8 @@ use tokio::time::{Instant, sleep_until, timeout};
 
 use super::{local::GaveUp, release::ReleaseOnDrop, state::Engine, terms::Terms};
 use crate::{
-    error::LockError,
-    key::{KeyRejection, KeySet},
+    error::{ConfigError, LockError},
+    key::{KeyRejection, KeySet, Share},
     lease::{Fences, Lease},
     store::{Attempt, Epoch, SetAttempt, Signal, StoreError, StoreErrorKind},
     telemetry::{self, Chain, Op},
@@ -111,6 +111,21 @@ impl From<SetAttempt> for Answer {
     }
 }
 
+/// The permits of the key a request gave up on (`blocked`, in lock order; `None`: any of the
+/// set's), when it asked for some of a key's permits: `None` for a plain key and for a key only
+/// readers share (its capacity [`Share::READERS`]), whose contention is the plain kind.
+fn permits_of(keys: &KeySet, blocked: Option<usize>) -> Option<u32> {
+    let permits = |key: &crate::key::LockKey| {
+        key.share()
+            .map(|share| share.capacity())
+            .filter(|&capacity| capacity != Share::READERS)
+    };
+    match blocked {
+        Some(i) => keys.as_slice().get(i).and_then(permits),
+        None => keys.iter().find_map(permits),
+    }
+}
+
 /// Checks a set before anything is sent: at least one key, at most the config's `max_keys`.
 fn check_keys(keys: &KeySet, max_keys: usize) -> Result<(), LockError> {
     if keys.is_empty() {
@@ -137,6 +152,15 @@ pub(crate) async fn acquire(
 ) -> Result<Acquired, LockError> {
     let config = &engine.config;
     check_keys(&keys, config.max_keys())?;
+    if keys.counted() && !engine.store.counts() {
+        return Err(ConfigError::new(
+            "permits",
+            "this store cannot count a key's holders (a RedlockStore, or a store written outside \
+             tower-lock): take plain leases on it, or use a RedisStore, ClusterStore, \
+             SentinelStore or MemoryStore",
+        )
+        .into());
+    }
     let token = Token::generate()?;
     let start = Instant::now();
     let wait = terms.wait(config);
@@ -161,6 +185,7 @@ pub(crate) async fn acquire(
                 expires_in: Some(holder_left.unwrap_or(ttl)),
                 waited,
                 attempts: 0,
+                permits: permits_of(guard.keys(), None),
             });
         }
         // The turn never came because the store did not answer the request before this one
@@ -342,6 +367,7 @@ pub(crate) async fn acquire(
                     expires_in,
                     waited,
                     attempts,
+                    permits: permits_of(guard.keys(), Some(blocked)),
                 });
             }
         };

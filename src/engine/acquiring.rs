@@ -15,11 +15,12 @@ use super::{
     guard::LeaseGuard,
     hold::{Guarded, poll_guarded},
     locker::Locker,
+    reentry::{Held, held_covering},
     terms::Terms,
 };
 use crate::{
-    error::LockError,
-    key::KeySet,
+    error::{ConfigError, LockError},
+    key::{KeySet, Share},
     telemetry::{self, Outcome},
     wait::Wait,
 };
@@ -51,8 +52,8 @@ pub struct Acquiring {
 }
 
 enum State {
-    /// Not polled yet: what it will ask for.
-    Start(Option<Request>),
+    /// Not polled yet: what it will ask for (boxed: the running state is a box too).
+    Start(Option<Box<Request>>),
     Running(Pin<Box<dyn Future<Output = Result<LeaseGuard, LockError>> + Send>>),
 }
 
@@ -60,30 +61,75 @@ struct Request {
     locker: Locker,
     keys: KeySet,
     terms: Terms,
+    counts: Counts,
+}
+
+/// What share of its keys' capacity the call asked for (nothing: the plain lease).
+#[derive(Debug, Clone, Copy, Default)]
+struct Counts {
+    permits: Option<u32>,
+    weight: Option<u32>,
+    mode: Option<Mode>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    Shared,
+    Exclusive,
+}
+
+impl Counts {
+    /// The share each key is taken with: `Ok(None)` for the plain lease.
+    fn share(self) -> Result<Option<Share>, ConfigError> {
+        let capacity = self.permits.unwrap_or(Share::READERS);
+        match (self.mode, self.permits, self.weight) {
+            (None, None, None) => Ok(None),
+            (None, None, Some(_)) => Err(ConfigError::new(
+                "weight",
+                "a weight is a number of permits: set `permits` too",
+            )),
+            (Some(_), _, Some(_)) => Err(ConfigError::new(
+                "weight",
+                "a shared lease takes 1 permit and an exclusive one all of them: set no weight",
+            )),
+            (None, Some(permits), weight) => Share::new(weight.unwrap_or(1), permits).map(Some),
+            (Some(Mode::Shared), ..) => Share::new(1, capacity).map(Some),
+            (Some(Mode::Exclusive), ..) => Share::exclusive(capacity).map(Some),
+        }
+    }
+
+    /// `keys` with the share asked for.
+    fn apply(self, keys: KeySet) -> Result<KeySet, ConfigError> {
+        Ok(match self.share()? {
+            Some(share) => keys.map_share(|_| Some(share)),
+            None => keys,
+        })
+    }
 }
 
 impl Acquiring {
     pub(super) fn new(locker: Locker, keys: KeySet, terms: Terms) -> Self {
         Self {
-            state: State::Start(Some(Request {
+            state: State::Start(Some(Box::new(Request {
                 locker,
                 keys,
                 terms,
-            })),
+                counts: Counts::default(),
+            }))),
         }
     }
 
     /// What it asks for, until it is first polled.
     fn request(&mut self) -> Option<&mut Request> {
         match &mut self.state {
-            State::Start(request) => request.as_mut(),
+            State::Start(request) => request.as_deref_mut(),
             State::Running(_) => None,
         }
     }
 
     fn take(self) -> Request {
         match self.state {
-            State::Start(Some(request)) => request,
+            State::Start(Some(request)) => *request,
             _ => panic!("an `Acquiring` used after it was polled"),
         }
     }
@@ -116,6 +162,65 @@ impl Acquiring {
         self
     }
 
+    /// Takes one of the keys' `permits` (or [`weight`](Self::weight) of them) instead of the
+    /// whole key: at most `permits` holders at once across every process that shares the
+    /// store, each with its own lease, renewal and fencing token, served first come first
+    /// served (a request is never overtaken by a lighter one that came after it). Every user
+    /// of a key must name the same number. When none frees within the wait, the error is
+    /// [`LockError::Contended`] with `permits` set (the layer's 429).
+    ///
+    /// 0 permits is an error when awaited ([`LockError::Config`]), and so is a store that
+    /// cannot count holders ([`RedlockStore`](crate::RedlockStore), a store outside this crate).
+    ///
+    /// ```
+    /// use tower_lock::{Locker, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let locker = Locker::new(MemoryStore::new());
+    /// let key = locker.key("provider", "acct-1")?;
+    /// let first = locker.acquire(key.clone()).permits(2).await?;
+    /// let second = locker.acquire(key.clone()).permits(2).await?;
+    /// assert!(locker.acquire(key).permits(2).try_once().await?.is_none());
+    /// # drop((first, second)); Ok(()) }
+    /// ```
+    pub fn permits(mut self, permits: u32) -> Self {
+        if let Some(r) = self.request() {
+            r.counts.permits = Some(permits);
+        }
+        self
+    }
+
+    /// Takes this many of the keys' [`permits`](Self::permits) (default 1). More than the
+    /// permits, 0, or a weight without permits is an error when awaited ([`LockError::Config`]).
+    pub fn weight(mut self, weight: u32) -> Self {
+        if let Some(r) = self.request() {
+            r.counts.weight = Some(weight);
+        }
+        self
+    }
+
+    /// Takes the keys shared (a reader): with other shared leases, never with an
+    /// [`exclusive`](Self::exclusive) one, first come first served, so that a writer queued
+    /// behind readers is not starved by readers that keep coming, and readers queued behind a
+    /// writer wait for it. With [`permits`](Self::permits), one of them.
+    pub fn shared(mut self) -> Self {
+        if let Some(r) = self.request() {
+            r.counts.mode = Some(Mode::Shared);
+        }
+        self
+    }
+
+    /// Takes the keys exclusive of [`shared`](Self::shared) leases (a writer): all of their
+    /// capacity. A plain lease (neither) does not count holders, so a writer of a key that
+    /// readers share must say this.
+    pub fn exclusive(mut self) -> Self {
+        if let Some(r) = self.request() {
+            r.counts.mode = Some(Mode::Exclusive);
+        }
+        self
+    }
+
     /// Acquires the keys if they are all free now, without waiting (whatever the wait policy):
     /// `Ok(None)` when one is held.
     pub async fn try_once(self) -> Result<Option<LeaseGuard>, LockError> {
@@ -132,7 +237,13 @@ impl Acquiring {
             locker,
             keys,
             terms,
+            counts,
         } = self.take();
+        let keys = counts.apply(keys)?;
+        // Re-entered by its holder: the work runs under the hold around it.
+        if held_covering(&keys).is_some() {
+            return Ok(work.await);
+        }
         let span = lease_span(&locker, &keys);
         let mut hold = match locker.hold(keys, span.clone(), terms).await {
             Ok(hold) => hold.aborting(),
@@ -141,7 +252,7 @@ impl Acquiring {
                 return Err(error);
             }
         };
-        let mut work = Box::pin(work);
+        let mut work = Box::pin(Held::within_current(hold.lease().clone()).scope(work));
         let guarded = std::future::poll_fn(|cx| poll_guarded(work.as_mut(), &mut hold, cx))
             .instrument(span.clone())
             .await;
@@ -177,9 +288,19 @@ impl Future for Acquiring {
                 locker,
                 keys,
                 terms,
-            } = request
+                counts,
+            } = *request
                 .take()
                 .expect("an `Acquiring` polled after it was taken");
+            let keys = match counts.apply(keys) {
+                Ok(keys) => keys,
+                Err(error) => return Poll::Ready(Err(error.into())),
+            };
+            // Re-entered by its holder (this task holds the keys): a guard on the same hold.
+            if let Some(lease) = held_covering(&keys) {
+                let engine = Arc::clone(locker.shared());
+                return Poll::Ready(Ok(LeaseGuard::nested(lease, engine)));
+            }
             let span = lease_span(&locker, &keys);
             let hold = locker.hold(keys, span.clone(), terms);
             let engine = Arc::clone(locker.shared());
@@ -215,6 +336,7 @@ impl fmt::Debug for Acquiring {
                 .debug_struct("Acquiring")
                 .field("keys", &request.keys)
                 .field("terms", &request.terms)
+                .field("counts", &request.counts)
                 .finish_non_exhaustive(),
             _ => f.debug_struct("Acquiring").finish_non_exhaustive(),
         }

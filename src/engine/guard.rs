@@ -51,6 +51,9 @@ use crate::{lease::Lease, store::StoreError, telemetry::Outcome};
 pub struct LeaseGuard {
     // `None` only once released.
     hold: Option<Hold>,
+    /// A nested acquire's lease on the hold of an acquire around it in the same task (see
+    /// [`Locker::acquire`](super::Locker::acquire)): neither renewed nor released by this guard.
+    nested: Option<Lease>,
     // Keeps the locker (its background task) alive as long as the lease.
     _engine: Arc<Engine>,
 }
@@ -59,23 +62,37 @@ impl LeaseGuard {
     pub(crate) fn new(hold: Hold, engine: Arc<Engine>) -> Self {
         Self {
             hold: Some(hold.into_background(&engine)),
+            nested: None,
             _engine: engine,
         }
     }
 
-    fn hold(&self) -> &Hold {
-        self.hold
-            .as_ref()
-            .expect("a guard holds its lease until released")
+    /// A guard on `lease`, which an outer holder of the same task holds and releases.
+    pub(crate) fn nested(lease: Lease, engine: Arc<Engine>) -> Self {
+        Self {
+            hold: None,
+            nested: Some(lease),
+            _engine: engine,
+        }
     }
 
     /// The lease this guard holds.
     pub fn lease(&self) -> &Lease {
-        self.hold().lease()
+        match (&self.hold, &self.nested) {
+            (Some(hold), _) => hold.lease(),
+            (None, Some(lease)) => lease,
+            (None, None) => unreachable!("a guard holds its lease until released"),
+        }
     }
 
     /// Stops renewing and releases the lease now. `Ok(false)`: it was no longer ours.
+    ///
+    /// A nested guard (a re-entry of a lease its task holds) releases nothing: the outer holder
+    /// does. It answers whether the lease is still held.
     pub async fn release(mut self) -> Result<bool, StoreError> {
+        if let Some(lease) = self.nested.take() {
+            return Ok(!lease.is_lost());
+        }
         let mut hold = self
             .hold
             .take()
@@ -99,7 +116,11 @@ impl Deref for LeaseGuard {
 impl fmt::Debug for LeaseGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaseGuard")
-            .field("lease", &self.hold.as_ref().map(Hold::lease))
+            .field(
+                "lease",
+                &self.hold.as_ref().map(Hold::lease).or(self.nested.as_ref()),
+            )
+            .field("nested", &self.nested.is_some())
             .finish()
     }
 }

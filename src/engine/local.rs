@@ -5,6 +5,12 @@
 //! wait, and a waiter behind a holder of the same process is woken the moment that holder
 //! releases, not by a timer.
 //!
+//! A key with a capacity (leases with counts, see [`Share`](crate::key::Share)) lets several
+//! contenders of the process through at once, as many as their weights fit: its queue is a
+//! semaphore of the key's capacity, first come first served, whose head waits for its whole
+//! weight (so a writer is not overtaken by readers that come after it). A plain key's has one
+//! permit, and so is the mutex it always was.
+//!
 //! A lease on several keys takes its turns at them one after the other, in lock order (see
 //! [`KeySet`]), keeping the turns it has while it waits for the next: every request of the
 //! process takes turns in that one order, so no two of them wait for each other in a cycle,
@@ -29,7 +35,7 @@ use std::{
 };
 
 use tokio::{
-    sync::{Mutex as FairMutex, Notify, OwnedMutexGuard},
+    sync::{Notify, OwnedSemaphorePermit, Semaphore},
     time::{Instant, sleep_until, timeout_at},
 };
 
@@ -47,10 +53,13 @@ pub(crate) struct LocalQueues {
 }
 
 /// One key's queue, and what its head knows of the key's holder.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Entry {
-    /// Tokio's mutex queues its waiters in FIFO order; holding it is holding the turn.
-    turn: Arc<FairMutex<()>>,
+    /// Tokio's semaphore queues its waiters in FIFO order, the head waiting for its whole
+    /// weight; holding permits is holding the turn. As many permits as the key's capacity, as
+    /// the first contender of the entry's life saw it (1 for a plain key).
+    turn: Arc<Semaphore>,
+    capacity: u32,
     /// Published by the turn's holder, read by a waiter that gives up.
     holder: Mutex<Holder>,
     /// Told whenever the holder is published, for a waiter that waits for the head's answer.
@@ -79,6 +88,17 @@ enum Holder {
 }
 
 impl Entry {
+    fn new(capacity: u32) -> Self {
+        // Only a 32-bit target's limit is below `u32::MAX` (the readers' capacity).
+        let capacity = capacity.min(u32::try_from(Semaphore::MAX_PERMITS).unwrap_or(u32::MAX));
+        Self {
+            turn: Arc::new(Semaphore::new(capacity as usize)),
+            capacity,
+            holder: Mutex::default(),
+            published: Notify::new(),
+        }
+    }
+
     fn holder(&self) -> std::sync::MutexGuard<'_, Holder> {
         self.holder.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -97,7 +117,9 @@ pub(crate) struct Turn {
     queues: Arc<LocalQueues>,
     // `None` only while dropping.
     entry: Option<Arc<Entry>>,
-    guard: Option<OwnedMutexGuard<()>>,
+    guard: Option<OwnedSemaphorePermit>,
+    /// The permits of the key's queue this turn takes (1 for a plain key).
+    weight: u32,
 }
 
 /// A waiter that gave up in the local queue: how long the key's holder has left, as far as the
@@ -133,16 +155,26 @@ impl LocalQueues {
     /// Joins `key`'s queue, without its turn yet. Constructed before waiting, so that giving up
     /// (or being dropped) still cleans the entry.
     fn join(self: &Arc<Self>, key: &LockKey) -> Turn {
+        let (weight, capacity) = key
+            .share()
+            .map_or((1, 1), |share| (share.weight(), share.capacity()));
         let key = key.shared();
         let entry = {
             let mut queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
-            Arc::clone(queues.entry(key.clone()).or_default())
+            Arc::clone(
+                queues
+                    .entry(key.clone())
+                    .or_insert_with(|| Arc::new(Entry::new(capacity))),
+            )
         };
+        // Users of one key agree on its capacity; one that does not takes at most all of it.
+        let weight = weight.min(entry.capacity);
         Turn {
             key,
             queues: Arc::clone(self),
             entry: Some(entry),
             guard: None,
+            weight,
         }
     }
 
@@ -187,7 +219,7 @@ impl Turn {
     /// Takes the turn if it is free now.
     fn try_take(&mut self) -> bool {
         let queue = Arc::clone(&self.entry().turn);
-        self.guard = queue.try_lock_owned().ok();
+        self.guard = queue.try_acquire_many_owned(self.weight).ok();
         self.guard.is_some()
     }
 
@@ -198,12 +230,18 @@ impl Turn {
         store_timeout: Duration,
     ) -> Result<(), GaveUp> {
         let queue = Arc::clone(&self.entry().turn);
+        // Never closed, so acquiring fails only by the deadline.
         let guard = match deadline {
-            Some(deadline) => match timeout_at(deadline, queue.lock_owned()).await {
+            Some(deadline) => {
+                match timeout_at(deadline, queue.acquire_many_owned(self.weight)).await {
+                    Ok(Ok(guard)) => guard,
+                    _ => return Err(self.gave_up(store_timeout).await),
+                }
+            }
+            None => match queue.acquire_many_owned(self.weight).await {
                 Ok(guard) => guard,
                 Err(_) => return Err(self.gave_up(store_timeout).await),
             },
-            None => queue.lock_owned().await,
         };
         self.guard = Some(guard);
         Ok(())

@@ -115,6 +115,23 @@ impl Locker {
     /// unless the call sets one, and with a [`Wait::forever`](crate::Wait::forever) policy
     /// store errors are waited out (logged at warn) rather than returned. Needs a Tokio
     /// runtime.
+    ///
+    /// # Re-entry
+    ///
+    /// A task that holds a lease re-enters it: inside a handler behind [`LockLayer`] (or the
+    /// work of [`run`](Self::run)), and anything it awaits in that task, an acquire of keys the
+    /// lease holds (the same key bytes: the same prefix, namespace and value, through any
+    /// locker) returns at once with a guard on the same hold and fencing token, whose release
+    /// or drop leaves the outer lease held; the outer holder releases it. What the task
+    /// [`spawn`](tokio::spawn)s runs in another task and is another holder: its acquire waits
+    /// for the lease like any other request's. A held shared lease (or one permit) is
+    /// re-entered by an acquire asking for no more of the key (shared, or as many permits); an
+    /// exclusive acquire of a key the task holds shared is no re-entry (a reader cannot turn
+    /// into the writer while other readers hold the key) and waits like any other. A
+    /// [`LeaseGuard`] kept in a variable is not re-entered by the code after it: run that code
+    /// through [`run`](Self::run).
+    ///
+    /// [`LockLayer`]: crate::LockLayer
     pub fn acquire(&self, keys: impl Into<KeySet>) -> Acquiring {
         Acquiring::new(
             self.clone(),

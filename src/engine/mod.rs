@@ -12,6 +12,8 @@
 //! - `release`: releasing now or on drop. `local`: the process-local queues. `state`: what
 //!   every lease of one locker shares.
 //! - [`LeaseGuard`] (public): a lease held by background work.
+//! - `reentry`: what the current task holds (a task-local), so that a nested acquire of a held
+//!   key returns at once with a lease on the same hold.
 
 mod acquire;
 mod acquiring;
@@ -19,6 +21,7 @@ mod guard;
 mod hold;
 mod local;
 mod locker;
+mod reentry;
 mod release;
 mod renew;
 mod state;
@@ -29,5 +32,6 @@ mod tests;
 pub use self::{acquiring::Acquiring, guard::LeaseGuard, locker::Locker};
 pub(crate) use self::{
     hold::{Guarded, Hold, poll_guarded},
+    reentry::Held,
     release::{LetGo, Release},
 };

@@ -69,6 +69,7 @@ async fn a_held_key_is_retried_by_the_policy_until_the_deadline() {
         expires_in,
         waited,
         attempts,
+        ..
     } = error
     else {
         panic!("{error:?}")

@@ -62,9 +62,12 @@ impl IdempotencyError {
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::PrincipalRejected(rejection) => rejection.status(),
-            Self::Lock(error) => {
-                status_for(error, lock.contended_status(), lock.unavailable_status())
-            }
+            Self::Lock(error) => status_for(
+                error,
+                lock.contended_status(),
+                lock.unavailable_status(),
+                lock.limited_status(),
+            ),
         }
     }
 }

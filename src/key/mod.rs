@@ -63,6 +63,7 @@ mod path;
 #[cfg(feature = "axum")]
 mod path_param;
 mod set;
+mod share;
 
 use std::{fmt, ops::Range, sync::Arc};
 
@@ -84,6 +85,7 @@ pub use path::PathKey;
 #[cfg(feature = "axum")]
 pub use path_param::{PathParamKey, PathParamsKey};
 pub use set::KeySet;
+pub use share::Share;
 
 /// Derives the lock key's value from a request head.
 ///
@@ -326,6 +328,9 @@ pub struct LockKey {
     /// The length of a method outside the standard set at the start of the scope, which
     /// telemetry shows as `_OTHER`; 0 for none. Presentation only: not part of the lock.
     other_method: usize,
+    /// How much of the key's capacity the lease takes; `None`: the plain exclusive lease.
+    /// Not part of the key's identity (equality and hash are the bytes').
+    share: Option<Share>,
 }
 
 impl PartialEq for LockKey {
@@ -425,6 +430,7 @@ impl LockKey {
             value: value_start..value_end,
             slot,
             other_method: 0,
+            share: None,
         }
     }
 
@@ -483,6 +489,21 @@ impl LockKey {
             0 => scope.into(),
             len => format!("_OTHER{}", &scope[len..]).into(),
         }
+    }
+
+    /// This key taken with `share` of its capacity (a permit, a reader, a writer): see
+    /// [`Share`].
+    pub fn with_share(mut self, share: Share) -> Self {
+        self.share = Some(share);
+        self
+    }
+
+    /// How much of the key's capacity the lease takes; `None` for the plain exclusive lease.
+    /// A store that counts holders ([`Capabilities::counts`](crate::store::Capabilities::counts))
+    /// admits a lease only while the weights of the key's live holders, its own included, sum
+    /// to at most the capacity.
+    pub fn share(&self) -> Option<Share> {
+        self.share
     }
 
     /// The method the label hides as `_OTHER`, if any.

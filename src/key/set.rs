@@ -111,6 +111,26 @@ impl KeySet {
         }
     }
 
+    /// Whether a key of the set has a capacity ([`LockKey::share`]).
+    pub(crate) fn counted(&self) -> bool {
+        self.iter().any(|key| key.share().is_some())
+    }
+
+    /// The set with each key's share set by `share` (`None` keeps the key's own); lock order
+    /// is the keys' bytes', so it stays.
+    pub(crate) fn map_share(self, mut share: impl FnMut(&LockKey) -> Option<super::Share>) -> Self {
+        let with = |key: &LockKey, share: Option<super::Share>| match share {
+            Some(share) => key.clone().with_share(share),
+            None => key.clone(),
+        };
+        match &self.repr {
+            Repr::One(key) => Self::from(with(key, share(key))),
+            Repr::Many(keys) => Self {
+                repr: Repr::Many(keys.iter().map(|key| with(key, share(key))).collect()),
+            },
+        }
+    }
+
     /// The keys grouped by hash slot, in lock order: each group the keys of one slot, with
     /// the position of its first key.
     pub(crate) fn by_slot(&self) -> impl Iterator<Item = (usize, &[LockKey])> {

@@ -8,6 +8,7 @@ use std::{
 use bytes::Bytes;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
+use tokio::task::futures::TaskLocalFuture;
 use tower::Service;
 use tracing::Span;
 
@@ -17,7 +18,7 @@ use super::{
     state::LockState,
 };
 use crate::{
-    engine::{Guarded, Hold, Release, poll_guarded},
+    engine::{Guarded, Held, Hold, Release, poll_guarded},
     error::LockError,
     key::KeySet,
     store::BoxFuture,
@@ -56,11 +57,18 @@ pin_project! {
             service: Option<S>,
             request: Option<Request<ReqBody>>,
         },
-        Running {
+        // A request passed through unlocked.
+        Passing {
             #[pin]
             fut: F,
+        },
+        Running {
+            // Run with the lease as what its task holds, so that a nested acquire of its keys
+            // re-enters it.
+            #[pin]
+            fut: TaskLocalFuture<Held, F>,
             state: Option<Arc<LockState>>,
-            // `None` for a request passed through unlocked.
+            // `None` once the inner service answered.
             hold: Option<Hold>,
         },
         Releasing {
@@ -86,11 +94,7 @@ where
 {
     pub(crate) fn unlocked(fut: S::Future) -> Self {
         Self {
-            state: State::Running {
-                fut,
-                state: None,
-                hold: None,
-            },
+            state: State::Passing { fut },
             span: Span::none(),
         }
     }
@@ -188,10 +192,8 @@ where
                             *this.span = span;
                             this.state.set(next);
                         }
-                        Ok((request, None)) => this.state.set(State::Running {
+                        Ok((request, None)) => this.state.set(State::Passing {
                             fut: service.call(request),
-                            state: None,
-                            hold: None,
                         }),
                         Err(rejection) => this.state.set(State::Rejected {
                             response: Some(state.reject(rejection.into())),
@@ -218,6 +220,7 @@ where
                     let mut request = request.take().expect(POLLED_AFTER_READY);
                     request.extensions_mut().insert(hold.lease().clone());
                     let fut = service.take().expect(POLLED_AFTER_READY).call(request);
+                    let fut = Held::within_current(hold.lease().clone()).scope(fut);
                     let state = Some(Arc::clone(state));
                     this.state.set(State::Running {
                         fut,
@@ -225,11 +228,12 @@ where
                         hold: Some(hold),
                     });
                 }
+                StateProj::Passing { fut } => {
+                    let output = ready!(fut.poll(cx));
+                    return Poll::Ready(output.map(|r| r.map(ResponseBody::new)));
+                }
                 StateProj::Running { fut, state, hold } => {
-                    let Some(held) = hold.as_mut() else {
-                        let output = ready!(fut.poll(cx));
-                        return Poll::Ready(output.map(|r| r.map(ResponseBody::new)));
-                    };
+                    let held = hold.as_mut().expect(POLLED_AFTER_READY);
                     let output = match ready!(poll_guarded(fut, held, cx)) {
                         Guarded::Done(output) => output,
                         Guarded::Aborted(reason) => {

@@ -11,7 +11,7 @@ use super::{
 use crate::{
     config::LockConfig,
     engine::Locker,
-    key::{FromBody, FromHead, IntoKeys},
+    key::{FromBody, FromHead, IntoKeys, Share},
     response::Rejection,
     store::LockStore,
 };
@@ -65,6 +65,8 @@ impl<K> LockLayer<K> {
                 namespace: None,
                 respond: None,
                 max_body: DEFAULT_MAX_BODY,
+                permits: None,
+                shared_when: None,
             }),
             _keys: PhantomData,
         }
@@ -91,6 +93,80 @@ impl<K> LockLayer<K> {
     {
         Arc::make_mut(&mut self.state).respond = Some(Arc::new(respond));
         self
+    }
+
+    /// Lets up to `permits` requests with the same key run at once, across every instance
+    /// that shares the store, rather than one: a per-key concurrency limit (a payment
+    /// provider's few concurrent charges per merchant). Each request takes one permit, with
+    /// its own lease, renewal and fencing token; a holder that dies frees its permit when its
+    /// TTL runs out. Waiters are served first come first served (through the store's hand-off
+    /// queue: no polling). A request that gets none within the wait policy answers 429 Too Many
+    /// Requests ([`LockConfig::limited_status`]) with `Retry-After` and a problem+json body
+    /// (`#permits-exhausted`).
+    ///
+    /// ```
+    /// use tower_lock::{Key, LockLayer, MemoryStore};
+    ///
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::header("x-merchant-id")).permits(5);
+    /// ```
+    ///
+    /// With [`shared_when`](Self::shared_when), a shared request takes one permit and any
+    /// other all of them. Every layer (and [`Locker`] call) on one key must name the same
+    /// number.
+    ///
+    /// # Panics
+    ///
+    /// At start-up, when `permits` is 0 (no request could ever run), or when the store cannot
+    /// count a key's holders ([`RedlockStore`](crate::RedlockStore), a store written outside
+    /// this crate; see [`Capabilities::counts`](crate::store::Capabilities::counts)).
+    pub fn permits(mut self, permits: u32) -> Self {
+        if let Err(error) = Share::permit(permits) {
+            panic!("LockLayer::permits: {error}");
+        }
+        self.assert_counts("permits");
+        Arc::make_mut(&mut self.state).permits = Some(permits);
+        self
+    }
+
+    /// Takes a request's keys shared when `shared` says so (a reader), exclusive otherwise (a
+    /// writer): readers run together, a writer alone; first come first served, so a writer
+    /// queued behind readers is not starved by readers that keep coming, and readers that
+    /// come after a queued writer wait for it. A key set may mix shared and exclusive
+    /// requests' keys, deadlock-free (every set takes its keys in one order).
+    ///
+    /// Readers and writers of a resource differ by method, so without a
+    /// [`namespace`](Self::namespace) the layer scopes keys by the route alone (`* /items/{sku}`),
+    /// not by method and route. With [`permits`](Self::permits), a reader takes one permit and
+    /// a writer all of them.
+    ///
+    /// ```
+    /// use http::Method;
+    /// use tower_lock::{Key, LockLayer, MemoryStore};
+    ///
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::header("x-sku"))
+    ///     .shared_when(|parts| parts.method == Method::GET);
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// At start-up, when the store cannot count a key's holders (as
+    /// [`permits`](Self::permits)).
+    pub fn shared_when(
+        mut self,
+        shared: impl Fn(&http::request::Parts) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.assert_counts("shared_when");
+        Arc::make_mut(&mut self.state).shared_when = Some(Arc::new(shared));
+        self
+    }
+
+    fn assert_counts(&self, setting: &str) {
+        assert!(
+            self.state.locker.engine().store.counts(),
+            "LockLayer::{setting}: this store cannot count a key's holders (a RedlockStore, or \
+             a store written outside tower-lock); use a RedisStore, ClusterStore, SentinelStore \
+             or MemoryStore"
+        );
     }
 
     /// The locker this layer acquires with.
@@ -130,6 +206,8 @@ impl<K> fmt::Debug for LockLayer<K> {
         f.debug_struct("LockLayer")
             .field("locker", &self.state.locker)
             .field("namespace", &self.state.namespace)
+            .field("permits", &self.state.permits)
+            .field("shared_when", &self.state.shared_when.is_some())
             .finish_non_exhaustive()
     }
 }

@@ -9,7 +9,7 @@ use http::{Response, StatusCode, request::Parts};
 use crate::{
     engine::Locker,
     error::LockError,
-    key::{KeyRejection, KeySet, KeyValues, LockKey, Source},
+    key::{KeyRejection, KeySet, KeyValues, LockKey, Share, Source},
     response::{Rejection, Respond, lock_problem, status_for},
     telemetry::Chain,
 };
@@ -27,7 +27,15 @@ pub(crate) struct LockState {
     pub(super) respond: Option<Arc<Respond<LockError>>>,
     /// The most body bytes a source that reads the body gets (larger: 413).
     pub(super) max_body: usize,
+    /// The keys' permits ([`LockLayer::permits`](super::LockLayer::permits)).
+    pub(super) permits: Option<u32>,
+    /// Which requests take their keys shared
+    /// ([`LockLayer::shared_when`](super::LockLayer::shared_when)).
+    pub(super) shared_when: Option<SharedWhen>,
 }
+
+/// A layer's choice of the requests that take their keys shared.
+pub(super) type SharedWhen = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 
 impl LockState {
     /// The request's lock keys from its head: `Ok(None)` to pass it through unlocked.
@@ -40,7 +48,33 @@ impl LockState {
                 ));
             }
         };
-        values.map(|values| self.scoped(parts, &values)).transpose()
+        values
+            .map(|values| {
+                self.scoped(parts, &values)
+                    .map(|keys| self.counted(parts, keys))
+            })
+            .transpose()
+    }
+
+    /// `keys` with the share the layer takes for this request: one of the permits, shared or
+    /// exclusive; the plain lease without either setting.
+    fn counted(&self, parts: &Parts, keys: KeySet) -> KeySet {
+        let share = match (&self.shared_when, self.permits) {
+            (None, None) => return keys,
+            (None, Some(permits)) => Share::permit(permits),
+            (Some(shared), permits) => {
+                let capacity = permits.unwrap_or(Share::READERS);
+                match shared(parts) {
+                    true => Share::permit(capacity),
+                    false => Share::exclusive(capacity),
+                }
+            }
+        };
+        // Checked by the builder: never an error here.
+        match share {
+            Ok(share) => keys.map_share(|_| Some(share)),
+            Err(_) => keys,
+        }
     }
 
     /// The request's lock keys from its head and `body`: `Ok(None)` to pass it through unlocked.
@@ -54,7 +88,12 @@ impl LockState {
             Source::Body(source) => source.keys_at_most(parts, body, max)?,
             Source::Head(source) => source.keys(parts)?,
         };
-        values.map(|values| self.scoped(parts, &values)).transpose()
+        values
+            .map(|values| {
+                self.scoped(parts, &values)
+                    .map(|keys| self.counted(parts, keys))
+            })
+            .transpose()
     }
 
     /// `values` as lock keys: each scoped and prefixed, at most `max_keys` distinct ones (a
@@ -92,6 +131,12 @@ impl LockState {
         let method;
         let scope: [&str; 3] = match &self.namespace {
             Some(namespace) => [namespace, "", ""],
+            // Readers and writers differ by method: they share a key by its route alone
+            // (`* /items/{sku}`).
+            None if self.shared_when.is_some() => match matched_path(parts) {
+                Some(path) => ["*", " ", path],
+                None => ["*", "", ""],
+            },
             None => {
                 method = parts.method.clone();
                 match matched_path(parts) {
@@ -102,7 +147,9 @@ impl LockState {
         };
         let key = LockKey::from_parts(config.key_prefix(), &scope, value, config.max_key_len())?;
         Ok(match self.namespace {
-            None if !is_known_method(scope[0]) => key.with_other_method(scope[0].len()),
+            None if self.shared_when.is_none() && !is_known_method(scope[0]) => {
+                key.with_other_method(scope[0].len())
+            }
             _ => key,
         })
     }
@@ -114,6 +161,7 @@ impl LockState {
             &error,
             config.contended_status(),
             config.unavailable_status(),
+            config.limited_status(),
         );
         match &error {
             LockError::Key(rejection) => {

@@ -38,6 +38,9 @@ use crate::{
 pub struct Capabilities {
     /// A property of the store's own transport, which the engine does not drive.
     pub(crate) group_commit: bool,
+    /// The store counts a key's holders by weight (see [`Share`](crate::key::Share)): a
+    /// property of its operations, which read [`LockKey::share`].
+    pub(crate) counts: bool,
     pub(crate) hand_off: Option<Arc<dyn HandOff>>,
     pub(crate) release_notices: Option<Arc<dyn ReleaseNotices>>,
     pub(crate) records: Option<Arc<dyn Records>>,
@@ -57,6 +60,13 @@ impl Capabilities {
     /// of any number of requests) go to it in one call: group commit.
     pub fn group_commit(&self) -> bool {
         self.group_commit
+    }
+
+    /// Whether the store admits several holders of a key with a capacity, by their weights
+    /// ([`LockKey::share`]: permits, shared and exclusive leases). The engine refuses a lease
+    /// with a share on a store without it.
+    pub fn counts(&self) -> bool {
+        self.counts
     }
 
     /// Whether the store queues waiters and hands a released key to the first of them.
@@ -85,6 +95,7 @@ impl fmt::Debug for Capabilities {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Capabilities")
             .field("group_commit", &self.group_commit)
+            .field("counts", &self.counts)
             .field("hand_off", &self.hand_off())
             .field("release_notices", &self.release_notices())
             .field("idempotency_records", &self.idempotency_records())
@@ -343,6 +354,7 @@ impl Capabilities {
         // Every field, so that a capability added to the crate cannot be left unrouted.
         Self {
             group_commit: now.group_commit,
+            counts: now.counts,
             hand_off: now
                 .hand_off
                 .is_some()
@@ -590,7 +602,11 @@ impl Backend {
         ttl: Duration,
         wait: bool,
     ) -> BoxFuture<Result<SetAttempt, StoreError>> {
-        if let Some(sets) = &self.caps.key_sets {
+        // A set with a key with a capacity goes key by key: the stores' set scripts take plain
+        // keys only.
+        if let Some(sets) = &self.caps.key_sets
+            && !keys.counted()
+        {
             return Arc::clone(sets).acquire_set(keys, token, ttl, wait);
         }
         let store = Arc::clone(&self.store);
@@ -648,8 +664,8 @@ impl Backend {
             return self.release(key.clone(), token, limit);
         }
         let release: BoxFuture<Result<bool, StoreError>> = match &self.caps.key_sets {
-            Some(sets) => Arc::clone(sets).release_set(keys, token),
-            None => {
+            Some(sets) if !keys.counted() => Arc::clone(sets).release_set(keys, token),
+            _ => {
                 let releases: Vec<_> = keys
                     .iter()
                     .map(|key| {
@@ -716,5 +732,10 @@ impl Backend {
 
     pub(crate) fn validity(&self, ttl: Duration) -> Duration {
         self.store.validity(ttl)
+    }
+
+    /// Whether the store counts holders by weight ([`Capabilities::counts`]).
+    pub(crate) fn counts(&self) -> bool {
+        self.caps.counts
     }
 }

@@ -43,7 +43,7 @@ impl Outcome {
             LockError::Contended { .. } => Self::Contended,
             LockError::Store(_) => Self::StoreError,
             LockError::LeaseLost(_) => Self::LeaseLost,
-            LockError::Key(_) => Self::BadKey,
+            LockError::Key(_) | LockError::Config(_) => Self::BadKey,
         }
     }
 

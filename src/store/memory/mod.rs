@@ -1,5 +1,6 @@
 //! [`MemoryStore`]: leases (and idempotency records) in this process's memory.
 
+mod counted;
 mod notices;
 mod records;
 mod set;
@@ -40,6 +41,8 @@ pub struct MemoryStore {
 #[derive(Debug, Default)]
 struct Inner {
     leases: Mutex<HashMap<Bytes, Entry>>,
+    /// The holders of keys with a capacity (leases with counts), apart from the plain leases.
+    counted: Mutex<HashMap<Bytes, Vec<counted::Holder>>>,
     fence: AtomicU64,
     ops: AtomicU64,
     /// Idempotency records, written atomically with a release.
@@ -63,13 +66,17 @@ impl MemoryStore {
     /// How many leases are held right now (expired ones not counted).
     pub fn held(&self) -> usize {
         let now = Instant::now();
-        self.leases().values().filter(|e| e.expires > now).count()
+        self.leases().values().filter(|e| e.expires > now).count() + self.counted_held()
     }
 
     fn leases(&self) -> MutexGuard<'_, HashMap<Bytes, Entry>> {
         // A panic while the lock was held cannot leave the map half-updated (every update is a
         // single insert or remove), so a poisoned lock is still safe to use.
         self.inner.leases.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn counted(&self) -> MutexGuard<'_, HashMap<Bytes, Vec<counted::Holder>>> {
+        self.inner.counted.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The next fencing token, from the store's one counter.
@@ -120,6 +127,12 @@ impl LockStore for MemoryStore {
         ttl: Duration,
     ) -> Result<Acquire, StoreError> {
         let now = Instant::now();
+        if let Some(share) = key.share() {
+            if self.inner.ops.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
+                self.sweep_counted(now);
+            }
+            return Ok(self.acquire_share(key, share, token, ttl));
+        }
         let mut leases = self.leases();
         if self.inner.ops.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
             leases.retain(|_, e| e.expires > now);
@@ -147,6 +160,9 @@ impl LockStore for MemoryStore {
     }
 
     async fn renew(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<bool, StoreError> {
+        if key.share().is_some() {
+            return Ok(self.renew_share(key, token, ttl));
+        }
         let now = Instant::now();
         let mut leases = self.leases();
         match leases.get_mut(key.as_bytes()) {
@@ -159,6 +175,9 @@ impl LockStore for MemoryStore {
     }
 
     async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, StoreError> {
+        if key.share().is_some() {
+            return Ok(self.release_share(key, token));
+        }
         let now = Instant::now();
         let mut leases = self.leases();
         match leases.get(key.as_bytes()) {
@@ -175,10 +194,11 @@ impl LockStore for MemoryStore {
     }
 
     /// Release notices (waiters of this process, of any locker on this store, wake at a
-    /// release), idempotency records, and key sets (under one lock).
+    /// release), idempotency records, key sets (under one lock), and keys with a capacity.
     fn capabilities(&self) -> Capabilities {
         let this = Arc::new(self.clone());
         Capabilities {
+            counts: true,
             release_notices: Some(this.clone()),
             records: Some(this.clone()),
             key_sets: Some(this),

@@ -499,6 +499,8 @@ impl RedisStore {
             acks: None,
         };
         match op {
+            // A key with a capacity holds a set of holders: the script counts them.
+            _ if op.key().share().is_some() => {}
             Op::Renew { key, token, ttl } => {
                 if let Some(renewed) = self.native_renew(key, token, *ttl).await? {
                     return Ok(answer(i64::from(renewed)));
@@ -561,9 +563,11 @@ impl RedisStore {
         }
         let size = 96 + keys.iter().map(|k| k.len()).sum::<usize>() + ops.len() * 96;
         let mut eval = Cmd::with_capacity(6 + keys.len() + ops.len() * 6, size);
-        eval.arg("EVALSHA")
-            .arg(self.scripts.ops.get_hash())
-            .arg(keys.len());
+        let script = match ops.iter().any(|op| op.key().share().is_some()) {
+            true => &self.scripts.counted,
+            false => &self.scripts.ops,
+        };
+        eval.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
         for key in &keys {
             eval.arg(*key);
         }
@@ -571,18 +575,18 @@ impl RedisStore {
             .arg(&*ms(self.claim_window))
             .arg(&*ms(self.fence_retention));
         for op in ops {
+            if let Some(share) = op.key().share()
+                && !matches!(op, Op::Complete { .. })
+            {
+                counted_args(&mut eval, op, share);
+                continue;
+            }
             match op {
                 Op::Acquire {
                     token, ttl, place, ..
                 } => {
                     eval.arg("a").arg(token.as_bytes()).arg(&*ms(*ttl));
-                    match place {
-                        Some(place) => eval
-                            .arg(&place.stamp[..])
-                            .arg(place.channel.as_bytes())
-                            .arg(if place.rescan { "1" } else { "0" }),
-                        None => eval.arg("").arg("").arg("0"),
-                    };
+                    place_args(&mut eval, place.as_ref());
                 }
                 Op::Release { token, .. } => {
                     eval.arg("r").arg(token.as_bytes());
@@ -605,7 +609,7 @@ impl RedisStore {
         }
         let replicate = ops.iter().any(Op::replicates);
         let answer: Result<(Vec<Value>, Option<i64>), StoreError> =
-            self.invoke_cmd(&self.scripts.ops, eval, replicate).await;
+            self.invoke_cmd(script, eval, replicate).await;
         match answer {
             Ok((values, acks)) if values.len() == 2 * ops.len() => values
                 .chunks_exact(2)
@@ -620,6 +624,48 @@ impl RedisStore {
             }
             Err(error) => vec![Err(error); ops.len()],
         }
+    }
+}
+
+/// An acquire's place in the hand-off queue: stamp, channel, rescan (empty: not queued).
+fn place_args(eval: &mut Cmd, place: Option<&Place>) {
+    match place {
+        Some(place) => eval
+            .arg(&place.stamp[..])
+            .arg(place.channel.as_bytes())
+            .arg(if place.rescan { "1" } else { "0" }),
+        None => eval.arg("").arg("").arg("0"),
+    };
+}
+
+/// The arguments of an operation on a key with a capacity (`scripts/ops.lua`'s `A`, `R`, `N`).
+fn counted_args(eval: &mut Cmd, op: &Op, share: crate::key::Share) {
+    let (weight, capacity) = (share.weight().to_string(), share.capacity().to_string());
+    match op {
+        Op::Acquire {
+            token, ttl, place, ..
+        } => {
+            eval.arg("A")
+                .arg(token.as_bytes())
+                .arg(&weight)
+                .arg(&capacity)
+                .arg(&*ms(*ttl));
+            place_args(eval, place.as_ref());
+        }
+        Op::Release { token, .. } => {
+            eval.arg("R")
+                .arg(token.as_bytes())
+                .arg(&weight)
+                .arg(&capacity);
+        }
+        Op::Renew { token, ttl, .. } => {
+            eval.arg("N")
+                .arg(token.as_bytes())
+                .arg(&weight)
+                .arg(&*ms(*ttl));
+        }
+        // Idempotency records are for plain keys only (the caller sends none).
+        Op::Complete { .. } => {}
     }
 }
 

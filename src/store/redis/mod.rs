@@ -278,7 +278,8 @@ impl RedisStore {
 
     /// The Lua scripts this store runs, by name, exactly as it sends them: `ops` (a batch of
     /// acquires, releases, renewals and idempotent completions, see
-    /// `src/store/redis/scripts/ops.lua` for its arguments), `record_lookup`, and for leases on
+    /// `src/store/redis/scripts/ops.lua` for its arguments), `counted` (the same batch, for
+    /// keys with a capacity: leases with counts), `record_lookup`, and for leases on
     /// several keys `acquire_set` and `release_set`. For a security
     /// review, an ACL audit (see `docs/TOPOLOGY.md`), or a tool that sends them by hand.
     ///
@@ -667,6 +668,7 @@ impl LockStore for RedisStore {
         let this = Arc::new(self.clone());
         Capabilities {
             group_commit: true,
+            counts: true,
             hand_off: self.handoff.is_some().then(|| this.clone() as _),
             records: Some(this.clone()),
             fenced: Some(this.clone()),

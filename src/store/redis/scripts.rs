@@ -19,6 +19,9 @@ use crate::store::StoreError;
 pub(super) struct Scripts {
     /// A batch of acquires, releases, renewals and idempotent completions.
     pub(super) ops: Script,
+    /// The same, able to run the operations of keys with a capacity too (`counted.lua`): for a
+    /// batch that has one, so that the plain script defines none of their functions.
+    pub(super) counted: Script,
     /// A lease on several keys, taken at once (all or none).
     pub(super) acquire_set: Script,
     /// A lease on several keys, given up at once.
@@ -51,6 +54,17 @@ const OPS_PARTS: [&str; 7] = [
     include_str!("scripts/ops.lua"),
 ];
 
+/// The batch script with the functions of keys with a capacity, before its reader.
+fn counted_script() -> String {
+    let (functions, reader) = OPS_PARTS.split_at(OPS_PARTS.len() - 1);
+    format!(
+        "{}{}{}",
+        functions.concat(),
+        include_str!("scripts/counted.lua"),
+        reader[0]
+    )
+}
+
 /// A script over a set of keys: the fencing and hand-off functions, then `body` (its
 /// `-- @handoff` line marks where its hand-off path starts) run as a function, then the fencing
 /// counters it used saved once, whatever it answered.
@@ -62,9 +76,10 @@ fn set_script(body: &str) -> String {
 }
 
 /// Every script a [`RedisStore`] runs, by name, put together once per process.
-pub(super) static LUA: LazyLock<[(&str, String); 5]> = LazyLock::new(|| {
+pub(super) static LUA: LazyLock<[(&str, String); 6]> = LazyLock::new(|| {
     [
         ("ops", OPS_PARTS.concat()),
+        ("counted", counted_script()),
         (
             "record_lookup",
             include_str!("scripts/record_lookup.lua").to_owned(),
@@ -93,6 +108,7 @@ impl Scripts {
     pub(super) fn new() -> Arc<Self> {
         Arc::new(Self {
             ops: Script::new(lua("ops")),
+            counted: Script::new(lua("counted")),
             acquire_set: Script::new(lua("acquire_set")),
             release_set: Script::new(lua("release_set")),
             loads: Mutex::default(),

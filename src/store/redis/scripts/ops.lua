@@ -12,6 +12,12 @@
 -- | `r` release | lock (, fencing counter, queue) | token |
 -- | `n` renew | lock | token, ttl ms |
 -- | `c` complete | lock, record (, fencing counter, queue) | token, record, record ttl ms |
+-- | `A` acquire with a share | lock, fencing counter (, queue) | token, weight, capacity, ttl ms, stamp, channel, rescan |
+-- | `R` release with a share | lock (, fencing counter, queue) | token, weight, capacity |
+-- | `N` renew with a share | lock | token, weight, ttl ms |
+--
+-- The last three (keys with a capacity, `counted.lua`) run only in the `counted` script, which
+-- defines their functions; the plain one reads them but never sends them.
 --
 -- Returns two values per operation: for an acquire its code and number (see `acquire`), for a
 -- complete 0 to 3 (see `complete`), for the others 1 or 0, then 0; for an operation Redis
@@ -67,6 +73,32 @@ while a <= #ARGV do
         ARGV[a + 3], claim, retention)
       k = k + 2
     end
+    a = a + 4
+  elseif kind == 'A' then
+    local lock, fence_key, queue = KEYS[k], KEYS[k + 1], nil
+    if handoff then
+      queue = KEYS[k + 2]
+      k = k + 3
+    else
+      k = k + 2
+    end
+    code, n = run(counted_acquire, lock, fence_key, queue, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+      ARGV[a + 4], retention, claim, ARGV[a + 5], ARGV[a + 6], ARGV[a + 7])
+    a = a + 8
+  elseif kind == 'R' then
+    if handoff then
+      code, n = run(counted_release, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a + 1], ARGV[a + 2],
+        ARGV[a + 3], claim, retention)
+      k = k + 3
+    else
+      code, n = run(counted_release, KEYS[k], nil, nil, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+        claim, retention)
+      k = k + 1
+    end
+    a = a + 4
+  elseif kind == 'N' then
+    code, n = run(counted_renew, KEYS[k], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+    k = k + 1
     a = a + 4
   else
     save_fences()

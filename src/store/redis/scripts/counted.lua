@@ -1,0 +1,193 @@
+-- Keys with a capacity (leases with counts: permits, shared and exclusive leases). Defined only
+-- in the `counted` script, so that the plain lock's script defines none of this.
+--
+-- Such a lock key is a sorted set of its holders: each member is a holder's token, ':' and its
+-- weight; its score, when that holder's lease ends (server time, ms). Dead holders are dropped
+-- (ZREMRANGEBYSCORE) by every call that counts, so a holder that died frees its weight at its
+-- TTL. The key itself lives as long as its longest lease. Holders are admitted while the live
+-- weights, theirs included, sum to at most the capacity the caller names (every user of a key
+-- names the same one). The hand-off queue is the plain lock's (`handoff.lua`), its entries
+-- carrying the waiter's weight (8 hex digits) between its stamp and its channel; the head of
+-- the queue waits until its whole weight fits, and nobody behind it is served before it.
+local WEIGHT_LEN = 8
+
+local counted_clock
+-- The server's time in ms, read once per script run.
+local function counted_now()
+  if not counted_clock then
+    local now = redis.call('TIME')
+    counted_clock = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  end
+  return counted_clock
+end
+
+-- The weight `lock`'s live holders take, once the dead are dropped; nil when a plain lease
+-- (a string: a lock taken without counts) holds the key.
+local function counted_used(lock, now)
+  local kind = redis.call('TYPE', lock).ok
+  if kind == 'none' then
+    return 0
+  elseif kind ~= 'zset' then
+    return nil
+  end
+  redis.call('ZREMRANGEBYSCORE', lock, '-inf', now)
+  local used = 0
+  for _, member in ipairs(redis.call('ZRANGE', lock, 0, -1)) do
+    used = used + tonumber(string.sub(member, string.find(member, ':', 1, true) + 1))
+  end
+  return used
+end
+
+-- Holds `member` for `ms` from `now`; the key lives at least that long.
+local function counted_hold(lock, member, now, ms)
+  redis.call('ZADD', lock, now + ms, member)
+  if redis.call('PTTL', lock) < ms then
+    redis.call('PEXPIRE', lock, ms)
+  end
+end
+
+-- When a waiter should check again if told nothing: when the first live lease ends (ms).
+local function counted_next(lock, now)
+  if redis.call('TYPE', lock).ok ~= 'zset' then
+    return redis.call('PTTL', lock)
+  end
+  local first = redis.call('ZRANGE', lock, 0, 0, 'WITHSCORES')
+  if first[2] then
+    return math.max(tonumber(first[2]) - now, 1)
+  end
+  return -2
+end
+
+-- Serves `queue` in order while the head's weight fits in `cap` beside `used`: each live waiter
+-- served is held for the claim window and told ('g' token stamp claim ':' fence, as a plain
+-- hand-off); a waiter whose process is gone is dropped; a head that does not fit stops it (no
+-- one overtakes it). An entry of `mine` (a queued caller) at the head ends it too: returns
+-- true when the caller's weight fits (its entry taken out; the caller takes the key). Returns
+-- the weight used after, and that.
+local function counted_serve(lock, fence_key, queue, toklen, cap, used, now, claim, retention, mine)
+  while true do
+    local head = redis.call('LINDEX', queue, 0)
+    if not head then
+      return used, false
+    end
+    local id_len = toklen + STAMP_LEN
+    local weight = tonumber(string.sub(head, id_len + 1, id_len + WEIGHT_LEN), 16) or cap + 1
+    local tok = string.sub(head, 1, toklen)
+    if tok == mine then
+      if used + weight > cap then
+        return used, false
+      end
+      redis.call('LPOP', queue)
+      return used, true
+    end
+    local channel = string.sub(head, id_len + WEIGHT_LEN + 1)
+    if redis.call('PUBSUB', 'NUMSUB', channel)[2] == 0 then
+      redis.call('LPOP', queue)
+    elseif used + weight > cap then
+      return used, false
+    else
+      redis.call('LPOP', queue)
+      local fence = new_fence(fence_key, retention)
+      counted_hold(lock, tok .. ':' .. weight, now, tonumber(claim))
+      redis.call('PUBLISH', channel,
+        'g' .. string.sub(head, 1, id_len) .. claim .. ':' .. string.format('%d', fence))
+      used = used + weight
+    end
+  end
+end
+
+-- Takes `weight` of `lock`'s capacity `cap` for `token`; arguments and answers as `acquire`'s
+-- (codes 1, 0, 2, 3), the number with 0, 2 and 3 the ms until the first live lease ends.
+local function counted_acquire(lock, fence_key, queue, token, weight, cap, ttl, retention, claim,
+                               stamp, channel, rescan)
+  local now = counted_now()
+  local used = counted_used(lock, now)
+  if not used then
+    return 0, redis.call('PTTL', lock)
+  end
+  local member = token .. ':' .. weight
+  weight, cap, ttl = tonumber(weight), tonumber(cap), tonumber(ttl)
+  if redis.call('ZSCORE', lock, member) then
+    -- Handed to the caller by a release, or taken by this same acquire sent before: claimed for
+    -- the full TTL, with a fencing token of its own.
+    counted_hold(lock, member, now, ttl)
+    if queue then
+      leave(queue, token)
+    end
+    return 1, new_fence(fence_key, retention)
+  end
+  if queue and redis.call('LLEN', queue) > 0 then
+    local mine
+    used, mine = counted_serve(lock, fence_key, queue, #token, cap, used, now, claim, retention,
+      token)
+    if mine then
+      leave(queue, token)
+      counted_hold(lock, member, now, ttl)
+      return 1, new_fence(fence_key, retention)
+    end
+  end
+  if (not queue or redis.call('LLEN', queue) == 0) and used + weight <= cap then
+    counted_hold(lock, member, now, ttl)
+    return 1, new_fence(fence_key, retention)
+  end
+  if not queue or channel == '' then
+    return 0, counted_next(lock, now)
+  end
+  if redis.call('PUBSUB', 'NUMSUB', channel)[2] == 0 then
+    return 3, counted_next(lock, now)
+  end
+  local queued = false
+  if rescan == '1' then
+    local toklen = #token
+    for _, e in ipairs(redis.call('LRANGE', queue, 0, -1)) do
+      if string.sub(e, 1, toklen) == token then
+        queued = true
+        break
+      end
+    end
+  end
+  if not queued then
+    redis.call('RPUSH', queue, token .. stamp .. string.format('%08x', weight) .. channel)
+  end
+  local keep = 2 * math.max(ttl, redis.call('PTTL', lock)) + tonumber(claim)
+  if redis.call('PTTL', queue) < keep then
+    redis.call('PEXPIRE', queue, keep)
+  end
+  return 2, counted_next(lock, now)
+end
+
+-- Gives `token`'s `weight` of `lock` back, and serves the queue with what is free; a waiter that
+-- gives up leaves the queue. Returns 1 when a live lease was released, else 0.
+local function counted_release(lock, fence_key, queue, token, weight, cap, claim, retention)
+  local now = counted_now()
+  local member = token .. ':' .. weight
+  local score = redis.call('ZSCORE', lock, member)
+  if not score then
+    if queue then
+      leave(queue, token)
+    end
+    return 0
+  end
+  redis.call('ZREM', lock, member)
+  if queue and redis.call('LLEN', queue) > 0 then
+    local used = counted_used(lock, now)
+    counted_serve(lock, fence_key, queue, #token, tonumber(cap), used, now, claim, retention, nil)
+  end
+  if tonumber(score) > now then
+    return 1
+  end
+  return 0
+end
+
+-- Extends `token`'s lease on `lock` to `ttl` ms. Returns 1 when extended, 0 when it is not live.
+local function counted_renew(lock, token, weight, ttl)
+  local member = token .. ':' .. weight
+  local score = redis.call('ZSCORE', lock, member)
+  local now = counted_now()
+  if score and tonumber(score) > now then
+    counted_hold(lock, member, now, tonumber(ttl))
+    return 1
+  end
+  return 0
+end
+

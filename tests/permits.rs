@@ -1,0 +1,372 @@
+//! N-permit leases on real Redis: at most N holders of a key at once across several processes
+//! (each store and `Locker` here stands for one), a dead holder's permit freed at its TTL,
+//! renewals that keep a long holder, first come first served across processes, 429 through the
+//! layer, and bad settings refused with a clear error.
+
+mod support;
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Router,
+    body::Body,
+    http::{Request, StatusCode},
+    routing::post,
+};
+use support::{LockKeys, body_json, handoff_subscriptions, send};
+use tower_lock::{
+    Key, LockConfig, LockError, LockLayer, LockStore, Locker, RedisStore, RedlockStore, Token,
+    Wait,
+    key::{LockKey, Share},
+    store::Capabilities,
+};
+use tower_lock_testkit::RedisServer;
+
+/// Stores standing for separate processes, their hand-off subscriptions up.
+async fn processes(server: &RedisServer, n: usize) -> Vec<Locker> {
+    let mut stores = Vec::new();
+    for _ in 0..n {
+        stores.push(RedisStore::connect(server.url()).await.unwrap());
+    }
+    handoff_subscriptions(server, n).await;
+    let config = LockConfig::builder()
+        .wait(Wait::constant(Duration::from_secs(2)).deadline(Duration::from_secs(30)))
+        .build()
+        .unwrap();
+    stores
+        .into_iter()
+        .map(|store| Locker::with_config(store, config.clone()))
+        .collect()
+}
+
+/// How many holders run at once, at most.
+#[derive(Default)]
+struct Inside {
+    now: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl Inside {
+    async fn run(&self, work: Duration) {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(work).await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// 24 requests from three processes, each holding 40 ms: `permits` (or, `None`, no lock).
+async fn most_at_once(lockers: &[Locker], permits: Option<u32>) -> usize {
+    let inside = Arc::new(Inside::default());
+    let mut tasks = Vec::new();
+    for i in 0..24 {
+        let locker = lockers[i % lockers.len()].clone();
+        let inside = Arc::clone(&inside);
+        tasks.push(tokio::spawn(async move {
+            let work = Duration::from_millis(40);
+            match permits {
+                Some(permits) => {
+                    let key = locker.key("provider", "acct-1").unwrap();
+                    let guard = locker.acquire(key).permits(permits).await.unwrap();
+                    inside.run(work).await;
+                    assert!(guard.release().await.unwrap(), "the permit was lost");
+                }
+                None => inside.run(work).await,
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    inside.most.load(Ordering::SeqCst)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_n_holders_at_once_across_processes() {
+    let server = RedisServer::start();
+    let lockers = processes(&server, 3).await;
+    let most = most_at_once(&lockers, Some(3)).await;
+    assert!(most <= 3, "{most} holders of 3 permits at once");
+    assert_eq!(most, 3, "the permits were never all used: {most}");
+    assert!(server.lock_keys().await.is_empty(), "keys left behind");
+    // The negative control: the same load without the limit runs more than 3 at once.
+    let unlimited = most_at_once(&lockers, None).await;
+    assert!(
+        unlimited > 3,
+        "the load never exceeded the limit: {unlimited}"
+    );
+}
+
+/// A holder that died (took its permit and never renews or releases) frees it at its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_holders_permit_frees_at_its_ttl() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(server.url()).await.unwrap();
+    let locker = processes(&server, 1).await.remove(0);
+    let key = locker.key("provider", "acct-1").unwrap();
+    let ttl = Duration::from_millis(400);
+    let counted = key.clone().with_share(Share::permit(2).unwrap());
+    for _ in 0..2 {
+        let dead = Token::generate().unwrap();
+        let answer = LockStore::acquire(&store, &counted, &dead, ttl)
+            .await
+            .unwrap();
+        assert!(matches!(
+            answer,
+            tower_lock::store::Acquire::Acquired { .. }
+        ));
+    }
+    assert!(
+        locker
+            .acquire(key.clone())
+            .permits(2)
+            .try_once()
+            .await
+            .unwrap()
+            .is_none(),
+        "a third holder of 2 permits"
+    );
+    let started = Instant::now();
+    let guard = locker.acquire(key).permits(2).await.unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(250),
+        "got in after {waited:?}"
+    );
+    guard.release().await.unwrap();
+}
+
+/// Renewals keep a holder whose work outlasts its TTL many times over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_keep_a_long_holder() {
+    let server = RedisServer::start();
+    let lockers = processes(&server, 2).await;
+    let key = lockers[0].key("provider", "acct-1").unwrap();
+    let ttl = Duration::from_millis(150);
+    let long = lockers[0]
+        .acquire(key.clone())
+        .permits(1)
+        .ttl(ttl)
+        .await
+        .unwrap();
+    tokio::time::sleep(ttl * 6).await;
+    assert!(!long.lease().is_lost());
+    let other = lockers[1]
+        .acquire(key.clone())
+        .permits(1)
+        .try_once()
+        .await
+        .unwrap();
+    assert!(other.is_none(), "the renewed permit was taken by another");
+    assert!(long.release().await.unwrap());
+    let other = lockers[1].acquire(key).permits(1).try_once().await.unwrap();
+    assert!(other.is_some());
+}
+
+/// First come first served across processes: a request for both permits, queued behind a
+/// holder of one, is not overtaken by requests for one that come after it (each of which
+/// would fit at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heavy_request_is_not_overtaken_by_lighter_ones() {
+    let server = RedisServer::start();
+    let lockers = processes(&server, 3).await;
+    let key = lockers[0].key("provider", "acct-1").unwrap();
+    let holder = lockers[0].acquire(key.clone()).permits(2).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let heavy = tokio::spawn({
+        let (locker, key, order) = (lockers[1].clone(), key.clone(), Arc::clone(&order));
+        async move {
+            let guard = locker.acquire(key).permits(2).weight(2).await.unwrap();
+            order.lock().unwrap().push("heavy");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            guard.release().await.unwrap();
+        }
+    });
+    // The heavy request is queued in Redis.
+    let queue = support::queue_key(key.as_bytes());
+    let started = Instant::now();
+    loop {
+        let mut conn = server.client().await;
+        let len: usize = redis::cmd("LLEN")
+            .arg(&queue)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if len == 1 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "never queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut light = Vec::new();
+    for i in 0..3 {
+        let (locker, key, order) = (lockers[2 - i % 2].clone(), key.clone(), Arc::clone(&order));
+        light.push(tokio::spawn(async move {
+            let guard = locker.acquire(key).permits(2).await.unwrap();
+            order.lock().unwrap().push("light");
+            guard.release().await.unwrap();
+        }));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        order.lock().unwrap().is_empty(),
+        "overtaken: {:?}",
+        order.lock().unwrap()
+    );
+    holder.release().await.unwrap();
+    heavy.await.unwrap();
+    for task in light {
+        task.await.unwrap();
+    }
+    assert_eq!(order.lock().unwrap()[0], "heavy");
+    assert!(server.lock_keys().await.is_empty(), "keys left behind");
+}
+
+/// The layer: a request that finds no permit free within the wait answers 429 with
+/// `Retry-After` and a problem body; under the limit, requests run together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_answers_429_when_no_permit_frees() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(server.url()).await.unwrap();
+    handoff_subscriptions(&server, 1).await;
+    let config = LockConfig::builder()
+        .wait(Wait::constant(Duration::from_millis(50)).deadline(Duration::from_millis(300)))
+        .build()
+        .unwrap();
+    let layer = LockLayer::with_config(store, Key::header("x-merchant-id"), config).permits(2);
+    let app = Router::new()
+        .route(
+            "/charge",
+            post(|| async {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                "charged"
+            }),
+        )
+        .route_layer(layer);
+    let charge = || {
+        Request::post("/charge")
+            .header("x-merchant-id", "m-1")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let running: Vec<_> = (0..2)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { send(&app, charge()).await.status() })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let refused = send(&app, charge()).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=10).contains(&retry), "Retry-After: {retry}");
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+    let body = body_json(refused).await;
+    assert!(
+        body["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("#permits-exhausted"),
+        "{body}"
+    );
+    for task in running {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
+}
+
+/// Settings that could never be granted are refused with an error that names them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_settings_are_clear_errors() {
+    let server = RedisServer::start();
+    let locker = processes(&server, 1).await.remove(0);
+    let key = locker.key("provider", "acct-1").unwrap();
+    let field = |error: LockError| match error {
+        LockError::Config(error) => error.field(),
+        other => panic!("not a config error: {other:?}"),
+    };
+    let zero = locker.acquire(key.clone()).permits(0).await.unwrap_err();
+    assert_eq!(field(zero), "permits");
+    let over = locker
+        .acquire(key.clone())
+        .permits(2)
+        .weight(3)
+        .await
+        .unwrap_err();
+    assert!(over.to_string().contains("never be granted"), "{over}");
+    assert_eq!(field(over), "weight");
+    let alone = locker.acquire(key.clone()).weight(2).await.unwrap_err();
+    assert_eq!(field(alone), "weight");
+    // Redlock cannot count holders (a quorum of nodes each admitting N would admit more).
+    let redlock =
+        RedlockStore::new(vec![RedisStore::connect(server.url()).await.unwrap()]).unwrap();
+    assert!(!redlock.capabilities().counts());
+    let locker = Locker::new(redlock);
+    let key = locker.key("provider", "acct-1").unwrap();
+    let refused = locker.acquire(key).permits(2).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("cannot be granted"),
+        "{refused}"
+    );
+    assert_eq!(field(refused), "permits");
+    assert!(!Capabilities::none().counts());
+}
+
+#[test]
+#[should_panic(expected = "LockLayer::permits")]
+fn a_layer_with_zero_permits_panics_at_start_up() {
+    let _ = LockLayer::new(tower_lock::MemoryStore::new(), Key::header("x-id")).permits(0);
+}
+
+/// The store-level view: a key with a share is a set of holders in Redis, beside the plain
+/// lock's string; and the plain lock's key is untouched by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counted_key_holds_its_holders() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(server.url()).await.unwrap();
+    let key = LockKey::new("tower-lock:", "s", b"k", 64).unwrap();
+    let counted = key.clone().with_share(Share::permit(3).unwrap());
+    let ttl = Duration::from_secs(5);
+    let tokens: Vec<Token> = (0..3).map(|_| Token::generate().unwrap()).collect();
+    for token in &tokens {
+        LockStore::acquire(&store, &counted, token, ttl)
+            .await
+            .unwrap();
+    }
+    let mut conn = server.client().await;
+    let kind: String = redis::cmd("TYPE")
+        .arg(key.as_bytes())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(kind, "zset");
+    let holders: usize = redis::cmd("ZCARD")
+        .arg(key.as_bytes())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(holders, 3);
+    assert!(
+        LockStore::renew(&store, &counted, &tokens[1], ttl)
+            .await
+            .unwrap()
+    );
+    for token in &tokens {
+        assert!(LockStore::release(&store, &counted, token).await.unwrap());
+        assert!(!LockStore::release(&store, &counted, token).await.unwrap());
+    }
+    assert!(server.lock_keys().await.is_empty(), "keys left behind");
+}
