@@ -406,6 +406,7 @@ mod tests {
             expires_in: Some(Duration::from_millis(2_500)),
             waited: Duration::ZERO,
             attempts: 1,
+            permits: None,
         };
         let rejection = Rejection::new(&contended, StatusCode::LOCKED);
         assert_eq!(rejection.status(), StatusCode::LOCKED);
