@@ -164,7 +164,7 @@ use axum::{
     Json, Router,
     extract::{
         Path, Query, State,
-        rejection::{JsonRejection, QueryRejection},
+        rejection::{JsonRejection, PathRejection, QueryRejection},
     },
     http::{HeaderMap, StatusCode},
     routing::{post, put},
@@ -276,6 +276,14 @@ async fn run() -> Result<(), Box<dyn Error>> {
         .route("/orders", order_route)
         .merge(metrics::router()?)
         .fallback(|| async { Problem::not_found("no such route") })
+        .method_not_allowed_fallback(|| async {
+            Problem::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+                "this route does not take that method",
+            )
+        })
         .with_state(Inventory {
             stock,
             keys: locker,
@@ -324,10 +332,11 @@ struct SetStock {
 /// Sets a SKU's stock: an administrative reset, outside any lease, so not fenced.
 async fn set_stock(
     State(inventory): State<Inventory>,
-    Path(sku): Path<String>,
+    sku: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Result<Json<SetStock>, JsonRejection>,
 ) -> Result<Json<Item>, Refusal> {
+    let Path(sku) = sku.map_err(|e| Problem::bad_request(e.body_text()))?;
     let key = inventory.key(&sku)?;
     let Json(SetStock { stock: n }) = body.map_err(Problem::bad_json)?;
     let stock = &inventory.stock;
@@ -348,8 +357,9 @@ async fn set_stock(
 
 async fn get_stock(
     State(inventory): State<Inventory>,
-    Path(sku): Path<String>,
+    sku: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Item>, Refusal> {
+    let Path(sku) = sku.map_err(|e| Problem::bad_request(e.body_text()))?;
     // A SKU too long to lock was never stocked.
     let key = inventory.key(&sku).map_err(|_| unknown_sku(&sku))?;
     let batch = inventory.stock.data.unfenced_batch();

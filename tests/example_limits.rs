@@ -1,6 +1,6 @@
 //! Limits of the examples' servers, on real processes: a client that sends half a request head
 //! is cut off (both examples); the inventory refuses a SKU its lock cannot take, and bounds its
-//! in-memory stock.
+//! in-memory stock; every error it answers is problem+json.
 
 mod instances;
 
@@ -125,5 +125,30 @@ async fn the_in_memory_stock_is_bounded() {
     assert_eq!(reply.status, 200);
     let reply = http.request("GET", "/items/d", None).await.unwrap();
     assert_eq!(reply.status, 404);
+    instance.assert_no_panic();
+}
+
+/// A path that is not UTF-8 once decoded, and a method a route does not take: problem+json, as
+/// every other error of the example (before, axum's own `text/plain` and an empty 405).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_is_problem_json() {
+    let instance = Instance::start_env(&[]);
+    let mut http = Http::new(instance.port);
+    for (method, path, status) in [
+        ("GET", "/items/%FF", 400),
+        ("PUT", "/items/%FF", 400),
+        ("DELETE", "/items/apple", 405),
+        ("GET", "/nowhere", 404),
+    ] {
+        let body = (method == "PUT").then_some(r#"{"stock": 5}"#);
+        let reply = http.request(method, path, body).await.unwrap();
+        assert_eq!(reply.status, status, "{method} {path}");
+        assert_eq!(
+            reply.header("content-type"),
+            Some("application/problem+json"),
+            "{method} {path}"
+        );
+        assert_eq!(reply.json()["status"], status, "{method} {path}");
+    }
     instance.assert_no_panic();
 }

@@ -8,6 +8,7 @@ use std::{
     task::{Context, Poll},
     time::Duration,
 };
+use sync_wrapper::SyncWrapper;
 
 use tracing::Instrument;
 
@@ -54,7 +55,8 @@ pub struct Acquiring {
 enum State {
     /// Not polled yet: what it will ask for (boxed: the running state is a box too).
     Start(Option<Box<Request>>),
-    Running(Pin<Box<dyn Future<Output = Result<LeaseGuard, LockError>> + Send>>),
+    /// Polled only through `&mut`: the wrapper makes the builder `Sync`.
+    Running(SyncWrapper<Pin<Box<dyn Future<Output = Result<LeaseGuard, LockError>> + Send>>>),
 }
 
 struct Request {
@@ -304,7 +306,7 @@ impl Future for Acquiring {
             let span = lease_span(&locker, &keys);
             let hold = locker.hold(keys, span.clone(), terms);
             let engine = Arc::clone(locker.shared());
-            self.state = State::Running(Box::pin(async move {
+            self.state = State::Running(SyncWrapper::new(Box::pin(async move {
                 match hold.await {
                     Ok(hold) => Ok(LeaseGuard::new(hold, engine)),
                     Err(error) => {
@@ -312,10 +314,10 @@ impl Future for Acquiring {
                         Err(error)
                     }
                 }
-            }));
+            })));
         }
         match &mut self.state {
-            State::Running(acquire) => acquire.as_mut().poll(cx),
+            State::Running(acquire) => acquire.get_mut().as_mut().poll(cx),
             State::Start(_) => unreachable!("started above"),
         }
     }

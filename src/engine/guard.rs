@@ -22,6 +22,34 @@ use crate::{lease::Lease, store::StoreError, telemetry::Outcome};
 /// [`release`](Self::release) at the end of the work, which waits for the store to confirm;
 /// dropping the guard releases too, in a task of the crate's runtime.
 ///
+/// A guard is `Send` and `Sync`: a background job can hold `&guard` across `.await`s in a
+/// spawned task:
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_lock::{Locker, MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let locker = Locker::new(MemoryStore::new());
+/// let job = tokio::spawn(async move {
+///     let key = locker.key("jobs", "nightly")?;
+///     // Without waiting: `None` when another instance runs the job now.
+///     let Some(guard) = locker.try_acquire(key).await? else {
+///         return Ok(());
+///     };
+///     let lease = &guard;
+///     tokio::time::sleep(Duration::from_millis(10)).await;
+///     if !lease.is_lost() {
+///         println!("ran under fencing token {}", lease.fencing_token());
+///     }
+///     guard.release().await?;
+///     Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+/// });
+/// job.await.unwrap().unwrap();
+/// # }
+/// ```
+///
 /// Bind the guard to a name for as long as the work runs: dropped, it releases. The type is
 /// `#[must_use]`, so a guard acquired and thrown away in a statement is a warning:
 ///
@@ -124,3 +152,11 @@ impl fmt::Debug for LeaseGuard {
             .finish()
     }
 }
+
+/// A guard and the builder that makes one can be shared by reference across an `.await` in a
+/// spawned task (`Sync`), and moved into one (`Send`).
+const _: () = {
+    const fn shared<T: Send + Sync>() {}
+    shared::<LeaseGuard>();
+    shared::<super::Acquiring>();
+};

@@ -14,6 +14,7 @@ use std::{
     pin::Pin,
     task::{Context, Poll},
 };
+use sync_wrapper::SyncWrapper;
 
 use tracing::Span;
 
@@ -46,8 +47,9 @@ pub(crate) struct Hold {
 
 /// Who renews the lease.
 enum Renewal {
-    /// The holder's own future, through [`Hold::poll_lost`].
-    Inline(Box<Renewer>),
+    /// The holder's own future, through [`Hold::poll_lost`] (only ever through `&mut`: the
+    /// wrapper makes the hold `Sync`).
+    Inline(SyncWrapper<Box<Renewer>>),
     /// The locker's background task.
     Background,
     /// Nobody: the lease is lost.
@@ -80,7 +82,7 @@ impl Hold {
         Self {
             lease: acquired.lease,
             release: acquired.release,
-            renewal: Renewal::Inline(Box::new(renewer)),
+            renewal: Renewal::Inline(SyncWrapper::new(Box::new(renewer))),
             on_lost: config.on_lease_lost(),
             span,
             ended: false,
@@ -107,7 +109,7 @@ impl Hold {
     /// background, where it only waits for the loss.
     pub(crate) fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<LostReason> {
         let lost = match &mut self.renewal {
-            Renewal::Inline(renewer) => renewer.poll_lost(cx),
+            Renewal::Inline(renewer) => renewer.get_mut().poll_lost(cx),
             Renewal::Background | Renewal::Stopped => return Poll::Pending,
         };
         if lost.is_ready() {
@@ -185,7 +187,9 @@ impl Hold {
     pub(crate) fn into_background(mut self, engine: &Engine) -> Self {
         if let Renewal::Inline(renewer) = std::mem::replace(&mut self.renewal, Renewal::Background)
         {
-            engine.background.drive(*renewer, self.span.clone());
+            engine
+                .background
+                .drive(*renewer.into_inner(), self.span.clone());
         }
         self
     }
