@@ -102,7 +102,14 @@ async fn interleave(connect: Connect, fenced: bool, sku: &str) -> Books {
             runtime.block_on(async move {
                 let (locker, data) = connect().await;
                 let key = locker.key("sku", &sku).unwrap();
-                let lease = locker.acquire(key).ttl(TTL).await.unwrap();
+                // Renewals stop at half the TTL, as a pause stops them: they run on the crate's own
+                // runtime, which blocking this one no longer stops.
+                let lease = locker
+                    .acquire(key)
+                    .ttl(TTL)
+                    .max_hold(TTL / 2)
+                    .await
+                    .unwrap();
                 let read = run(&data, &lease, fenced, |b| b.get(&stock)).await.unwrap();
                 let available = stock_of(&read);
                 read_tx.send(available).unwrap();

@@ -105,8 +105,11 @@ async fn scenario(server: &mut RedisServer) {
 type Metrics = HashMap<(String, Vec<(String, String)>), DebugValue>;
 
 fn collect(recorder: &DebuggingRecorder) -> Metrics {
-    recorder
-        .snapshotter()
+    collect_from(&recorder.snapshotter())
+}
+
+fn collect_from(snapshotter: &metrics_util::debugging::Snapshotter) -> Metrics {
+    snapshotter
         .snapshot()
         .into_vec()
         .into_iter()
@@ -150,18 +153,23 @@ fn samples(metrics: &Metrics, name: &str, pairs: &[(&str, &str)]) -> usize {
 
 #[test]
 fn metrics_count_every_outcome_exactly() {
+    // The global recorder: releases on drop run on the crate's own thread, which a recorder
+    // local to this thread would not see. (The only test here that installs one; the others'
+    // metrics carry other scopes.)
     let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only global recorder of this test binary");
     let mut server = RedisServer::start();
-    metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(scenario(&mut server));
-        // Let spawned releases finish: D's fails within the store timeout (1 s).
-        rt.block_on(async { tokio::time::sleep(Duration::from_millis(1500)).await });
-    });
-    let m = collect(&recorder);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(scenario(&mut server));
+    // Let releases on drop finish: D's fails within the store timeout (1 s).
+    rt.block_on(async { tokio::time::sleep(Duration::from_millis(1500)).await });
+    let m = collect_from(&snapshotter);
     let scope = [("scope", SCOPE)];
     assert_eq!(
         counter(&m, "tower_lock_acquired_total", &scope),
