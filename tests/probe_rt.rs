@@ -17,7 +17,11 @@ use tower_lock::{
 use tower_lock_testkit::RedisServer;
 
 fn mt(n: usize) -> Runtime {
-    Builder::new_multi_thread().worker_threads(n).enable_all().build().unwrap()
+    Builder::new_multi_thread()
+        .worker_threads(n)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 fn ct() -> Runtime {
     Builder::new_current_thread().enable_all().build().unwrap()
@@ -32,7 +36,11 @@ fn cfg(ttl_ms: u64) -> LockConfig {
 }
 fn free(rt: &Runtime, locker: &Locker, ns: &str, v: &str) -> bool {
     rt.block_on(async {
-        match locker.try_acquire(locker.key(ns, v).unwrap()).await.unwrap() {
+        match locker
+            .try_acquire(locker.key(ns, v).unwrap())
+            .await
+            .unwrap()
+        {
             Some(g) => {
                 g.release().await.unwrap();
                 true
@@ -50,7 +58,12 @@ struct Hostile {
     panic_on: &'static str,
 }
 impl LockStore for Hostile {
-    async fn acquire(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<Acquire, StoreError> {
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Acquire, StoreError> {
         self.inner.acquire(key, token, ttl).await
     }
     async fn renew(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<bool, StoreError> {
@@ -60,7 +73,10 @@ impl LockStore for Hostile {
         }
         let ms = self.block_ms.swap(0, Ordering::SeqCst);
         if ms > 0 {
-            eprintln!("hostile store: blocking the renewing thread {:?} for {ms} ms", std::thread::current().name());
+            eprintln!(
+                "hostile store: blocking the renewing thread {:?} for {ms} ms",
+                std::thread::current().name()
+            );
             std::thread::sleep(Duration::from_millis(ms as u64));
         }
         self.inner.renew(key, token, ttl).await
@@ -78,24 +94,53 @@ fn panic_in_renewal_task() {
     let server = RedisServer::start();
     let rt = mt(2);
     let store = rt.block_on(RedisStore::connect(server.url())).unwrap();
-    let hostile = Hostile { inner: store.clone(), block_ms: Arc::new(AtomicUsize::new(0)), panic_on: "boom" };
+    let hostile = Hostile {
+        inner: store.clone(),
+        block_ms: Arc::new(AtomicUsize::new(0)),
+        panic_on: "boom",
+    };
     let locker = Locker::with_config(hostile, cfg(300));
     let other = Locker::with_config(store.clone(), cfg(300));
-    let a = rt.block_on(locker.acquire(locker.key("p", "ok").unwrap())).unwrap();
-    let b = rt.block_on(locker.acquire(locker.key("p", "boom").unwrap())).unwrap();
+    let a = rt
+        .block_on(locker.acquire(locker.key("p", "ok").unwrap()))
+        .unwrap();
+    let b = rt
+        .block_on(locker.acquire(locker.key("p", "boom").unwrap()))
+        .unwrap();
     std::thread::sleep(Duration::from_millis(1200));
     let a_free = free(&rt, &other, "p", "ok");
-    eprintln!("after 4 TTLs: A is_lost={} reason={:?} renewals={} ; A's key free to another client: {a_free}", a.lease().is_lost(), a.lease().lost_reason(), a.lease().renewals());
-    let lost_woke = rt.block_on(async { tokio::time::timeout(Duration::from_millis(500), a.lease().lost()).await.is_ok() });
-    eprintln!("A lost().await woke: {lost_woke}; B is_lost={}", b.lease().is_lost());
+    eprintln!(
+        "after 4 TTLs: A is_lost={} reason={:?} renewals={} ; A's key free to another client: {a_free}",
+        a.lease().is_lost(),
+        a.lease().lost_reason(),
+        a.lease().renewals()
+    );
+    let lost_woke = rt.block_on(async {
+        tokio::time::timeout(Duration::from_millis(500), a.lease().lost())
+            .await
+            .is_ok()
+    });
+    eprintln!(
+        "A lost().await woke: {lost_woke}; B is_lost={}",
+        b.lease().is_lost()
+    );
     // A later lease of the same locker: renewed by a new task?
-    let c = rt.block_on(locker.acquire(locker.key("p", "later").unwrap())).unwrap();
+    let c = rt
+        .block_on(locker.acquire(locker.key("p", "later").unwrap()))
+        .unwrap();
     std::thread::sleep(Duration::from_millis(1200));
-    eprintln!("later lease C: is_lost={} renewals={}", c.lease().is_lost(), c.lease().renewals());
+    eprintln!(
+        "later lease C: is_lost={} renewals={}",
+        c.lease().is_lost(),
+        c.lease().renewals()
+    );
     // Does the crate's thread still serve other stores?
     let t = Instant::now();
     let ok = free(&rt, &other, "p", "fresh");
-    eprintln!("other store after the panic: fresh key acquired={ok} in {:?}", t.elapsed());
+    eprintln!(
+        "other store after the panic: fresh key acquired={ok} in {:?}",
+        t.elapsed()
+    );
     std::mem::forget(b);
 }
 
@@ -107,20 +152,36 @@ fn blocking_on_crate_thread_stalls_everyone() {
     let rt = mt(2);
     let store = rt.block_on(RedisStore::connect(server.url())).unwrap();
     let unrelated = rt.block_on(RedisStore::connect(server.url())).unwrap();
-    let hostile = Hostile { inner: store.clone(), block_ms: Arc::new(AtomicUsize::new(0)), panic_on: "" };
+    let hostile = Hostile {
+        inner: store.clone(),
+        block_ms: Arc::new(AtomicUsize::new(0)),
+        panic_on: "",
+    };
     let block = hostile.block_ms.clone();
     let locker = Locker::with_config(hostile, cfg(300));
     let other = Locker::with_config(unrelated, cfg(900));
-    let bg = rt.block_on(other.acquire(other.key("u", "bg").unwrap())).unwrap();
-    let _g = rt.block_on(locker.acquire(locker.key("h", "x").unwrap())).unwrap();
+    let bg = rt
+        .block_on(other.acquire(other.key("u", "bg").unwrap()))
+        .unwrap();
+    let _g = rt
+        .block_on(locker.acquire(locker.key("h", "x").unwrap()))
+        .unwrap();
     block.store(3000, Ordering::SeqCst);
     std::thread::sleep(Duration::from_millis(250)); // the renewal (at ~100 ms) is now blocking
     let t = Instant::now();
     let r = rt.block_on(other.try_acquire(other.key("u", "fresh").unwrap()));
-    eprintln!("unrelated store, unrelated locker, during the block: acquire = {:?} took {:?}", r.as_ref().map(|g| g.is_some()), t.elapsed());
+    eprintln!(
+        "unrelated store, unrelated locker, during the block: acquire = {:?} took {:?}",
+        r.as_ref().map(|g| g.is_some()),
+        t.elapsed()
+    );
     drop(r);
     std::thread::sleep(Duration::from_millis(500));
-    eprintln!("unrelated background lease (ttl 900ms): is_lost={} reason={:?}", bg.lease().is_lost(), bg.lease().lost_reason());
+    eprintln!(
+        "unrelated background lease (ttl 900ms): is_lost={} reason={:?}",
+        bg.lease().is_lost(),
+        bg.lease().lost_reason()
+    );
 }
 
 /// Guard dropped, then the process exits (as `main` returning does): is the key released?
@@ -130,8 +191,12 @@ fn exit_after_drop() {
         let rt = ct();
         let store = rt.block_on(RedisStore::connect(url)).unwrap();
         let locker = Locker::with_config(store, cfg(30_000));
-        let g = rt.block_on(locker.acquire(locker.key("exit", "dropped").unwrap())).unwrap();
-        let h = rt.block_on(locker.acquire(locker.key("exit", "held").unwrap())).unwrap();
+        let g = rt
+            .block_on(locker.acquire(locker.key("exit", "dropped").unwrap()))
+            .unwrap();
+        let h = rt
+            .block_on(locker.acquire(locker.key("exit", "held").unwrap()))
+            .unwrap();
         let _h = h;
         drop(g);
         std::process::exit(0);
@@ -146,8 +211,11 @@ fn exit_after_drop() {
     let rt = ct();
     let store = rt.block_on(RedisStore::connect(server.url())).unwrap();
     let locker = Locker::with_config(store, cfg(30_000));
-    eprintln!("child exited: key dropped before exit free={} ; key held at exit free={}",
-        free(&rt, &locker, "exit", "dropped"), free(&rt, &locker, "exit", "held"));
+    eprintln!(
+        "child exited: key dropped before exit free={} ; key held at exit free={}",
+        free(&rt, &locker, "exit", "dropped"),
+        free(&rt, &locker, "exit", "held")
+    );
     eprintln!("keys: {}", server.cli(&["KEYS", "*exit*"]));
 }
 
@@ -158,7 +226,9 @@ fn loss_reported_in_bridge() {
     let bridge = ct();
     let store = bridge.block_on(RedisStore::connect(server.url())).unwrap();
     let locker = Locker::with_config(store, cfg(600));
-    let g = bridge.block_on(locker.acquire(locker.key("b", "lease").unwrap())).unwrap();
+    let g = bridge
+        .block_on(locker.acquire(locker.key("b", "lease").unwrap()))
+        .unwrap();
     // A waiter on the caller's runtime, parked, its runtime not driven during the sync work.
     let lease = g.lease().clone();
     let woke = Arc::new(AtomicBool::new(false));
@@ -174,8 +244,14 @@ fn loss_reported_in_bridge() {
     let reply = server.cli(&["CLIENT", "PAUSE", "2500"]);
     eprintln!("CLIENT PAUSE: {reply}");
     std::thread::sleep(Duration::from_millis(3000)); // sync work
-    eprintln!("after pause: is_lost={} reason={:?}", g.lease().is_lost(), g.lease().lost_reason());
-    let r = bridge.block_on(async { tokio::time::timeout(Duration::from_millis(200), g.lease().lost()).await });
+    eprintln!(
+        "after pause: is_lost={} reason={:?}",
+        g.lease().is_lost(),
+        g.lease().lost_reason()
+    );
+    let r = bridge.block_on(async {
+        tokio::time::timeout(Duration::from_millis(200), g.lease().lost()).await
+    });
     eprintln!("bridge lost().await: {r:?}");
     t2.join().unwrap();
     eprintln!("woken: {}", woke.load(Ordering::SeqCst));
@@ -187,15 +263,34 @@ fn many_leases() {
     let server = RedisServer::start();
     let rt = mt(2);
     let store = rt.block_on(RedisStore::connect(server.url())).unwrap();
-    let n: usize = std::env::var("PN").map(|v| v.parse().unwrap()).unwrap_or(10_000);
-    let ttl: u64 = std::env::var("PTTL").map(|v| v.parse().unwrap()).unwrap_or(1000);
+    let n: usize = std::env::var("PN")
+        .map(|v| v.parse().unwrap())
+        .unwrap_or(10_000);
+    let ttl: u64 = std::env::var("PTTL")
+        .map(|v| v.parse().unwrap())
+        .unwrap_or(1000);
     let locker = Locker::with_config(store, cfg(ttl));
     let t = Instant::now();
-    let guards: Vec<_> = rt.block_on(join_all((0..n).map(|i| locker.acquire(locker.key("m", i.to_string()).unwrap()))));
+    let guards: Vec<_> = rt.block_on(join_all(
+        (0..n).map(|i| locker.acquire(locker.key("m", i.to_string()).unwrap())),
+    ));
     let guards: Vec<_> = guards.into_iter().map(|g| g.unwrap()).collect();
-    eprintln!("{n} (ttl {ttl} ms) acquired in {:?}; lost already: {}", t.elapsed(), guards.iter().filter(|g| g.lease().is_lost()).count());
-    let drops: Vec<_> = rt.block_on(join_all((0..std::env::var("PD").map(|v| v.parse().unwrap()).unwrap_or(2000)).map(|i| locker.acquire(locker.key("d", i.to_string()).unwrap()))));
-    eprintln!("drop guards acquired at {:?}; lost so far {}", t.elapsed(), guards.iter().filter(|g| g.lease().is_lost()).count());
+    eprintln!(
+        "{n} (ttl {ttl} ms) acquired in {:?}; lost already: {}",
+        t.elapsed(),
+        guards.iter().filter(|g| g.lease().is_lost()).count()
+    );
+    let drops: Vec<_> = rt.block_on(join_all(
+        (0..std::env::var("PD")
+            .map(|v| v.parse().unwrap())
+            .unwrap_or(2000))
+            .map(|i| locker.acquire(locker.key("d", i.to_string()).unwrap())),
+    ));
+    eprintln!(
+        "drop guards acquired at {:?}; lost so far {}",
+        t.elapsed(),
+        guards.iter().filter(|g| g.lease().is_lost()).count()
+    );
     let t = Instant::now();
     if std::env::var("PREL").is_ok() {
         let drops: Vec<_> = drops.into_iter().map(|g| g.unwrap()).collect();
@@ -210,14 +305,34 @@ fn many_leases() {
         std::thread::sleep(Duration::from_millis(20));
         left = server.cli(&["EVAL", "return #redis.call('KEYS', '*d*')", "0"]);
         eprintln!("   {:?} left {left:?}", t.elapsed());
-        if left.trim() == "0" || left.contains("(integer) 0") { break; }
+        if left.trim() == "0" || left.contains("(integer) 0") {
+            break;
+        }
     }
-    eprintln!("2,000 drop-releases: keys left {left:?} after {:?}", t.elapsed());
+    eprintln!(
+        "2,000 drop-releases: keys left {left:?} after {:?}",
+        t.elapsed()
+    );
     for _ in 0..8 {
         std::thread::sleep(Duration::from_millis(ttl / 2));
         let lost = guards.iter().filter(|g| g.lease().is_lost()).count();
-        let exp = guards.iter().filter(|g| matches!(g.lease().lost_reason(), Some(tower_lock::LostReason::Expired))).count();
-        eprintln!("  t+{:?}: lost {lost} (expired {exp}), renewals total {}", t.elapsed(), guards.iter().map(|g| u64::from(g.lease().renewals())).sum::<u64>());
+        let exp = guards
+            .iter()
+            .filter(|g| {
+                matches!(
+                    g.lease().lost_reason(),
+                    Some(tower_lock::LostReason::Expired)
+                )
+            })
+            .count();
+        eprintln!(
+            "  t+{:?}: lost {lost} (expired {exp}), renewals total {}",
+            t.elapsed(),
+            guards
+                .iter()
+                .map(|g| u64::from(g.lease().renewals()))
+                .sum::<u64>()
+        );
     }
     let lost = guards.iter().filter(|g| g.lease().is_lost()).count();
     let min_renew = guards.iter().map(|g| g.lease().renewals()).min().unwrap();
@@ -233,7 +348,10 @@ fn bench(rt: &Runtime, locker: &Locker, tag: &str) {
     let t = Instant::now();
     rt.block_on(async {
         for i in 0..n {
-            let g = locker.acquire(locker.key("s", format!("{tag}{}", i % 7)).unwrap()).await.unwrap();
+            let g = locker
+                .acquire(locker.key("s", format!("{tag}{}", i % 7)).unwrap())
+                .await
+                .unwrap();
             g.release().await.unwrap();
         }
     });
@@ -241,20 +359,26 @@ fn bench(rt: &Runtime, locker: &Locker, tag: &str) {
     // 50 concurrent, 3 s.
     let ops = Arc::new(AtomicUsize::new(0));
     let t = Instant::now();
-    rt.block_on(async { join_all((0..50).map(|w| {
-        let locker = locker.clone();
-        let ops = ops.clone();
-        let tag = tag.to_owned();
-        tokio::spawn(async move {
-            let key = locker.key("c", format!("{tag}{w}")).unwrap();
-            while t.elapsed() < Duration::from_secs(3) {
-                let g = locker.acquire(key.clone()).await.unwrap();
-                g.release().await.unwrap();
-                ops.fetch_add(1, Ordering::Relaxed);
-            }
-        })
-    })).await });
-    eprintln!("{tag}: 50 concurrent, {:.0} cycles/s", ops.load(Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64());
+    rt.block_on(async {
+        join_all((0..50).map(|w| {
+            let locker = locker.clone();
+            let ops = ops.clone();
+            let tag = tag.to_owned();
+            tokio::spawn(async move {
+                let key = locker.key("c", format!("{tag}{w}")).unwrap();
+                while t.elapsed() < Duration::from_secs(3) {
+                    let g = locker.acquire(key.clone()).await.unwrap();
+                    g.release().await.unwrap();
+                    ops.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        }))
+        .await
+    });
+    eprintln!(
+        "{tag}: 50 concurrent, {:.0} cycles/s",
+        ops.load(Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64()
+    );
 }
 
 /// connect() (I/O on the crate's thread) vs from_multiplexed (driver on the caller's runtime).
@@ -268,8 +392,16 @@ fn throughput_side_by_side() {
         RedisStore::from_multiplexed(c.get_multiplexed_async_connection().await.unwrap())
     });
     for round in 0..2 {
-        bench(&rt, &Locker::with_config(crate_io.clone(), cfg(30_000)), &format!("crate-thread{round}"));
-        bench(&rt, &Locker::with_config(own.clone(), cfg(30_000)), &format!("own-runtime{round}"));
+        bench(
+            &rt,
+            &Locker::with_config(crate_io.clone(), cfg(30_000)),
+            &format!("crate-thread{round}"),
+        );
+        bench(
+            &rt,
+            &Locker::with_config(own.clone(), cfg(30_000)),
+            &format!("own-runtime{round}"),
+        );
     }
 }
 
@@ -281,36 +413,62 @@ fn cancel_storm() {
     let store = rt.block_on(RedisStore::connect(server.url())).unwrap();
     let locker = Locker::with_config(store, cfg(30_000));
     let got = Arc::new(AtomicUsize::new(0));
-    let mut mon = std::process::Command::new("redis-cli").args(["-p", &server.port().to_string(), "monitor"])
-        .stdout(std::fs::File::create("/tmp/probe_mon.txt").unwrap()).spawn().unwrap();
+    let mut mon = std::process::Command::new("redis-cli")
+        .args(["-p", &server.port().to_string(), "monitor"])
+        .stdout(std::fs::File::create("/tmp/probe_mon.txt").unwrap())
+        .spawn()
+        .unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    rt.block_on(async { join_all((0..1000).map(|i| {
-        let locker = locker.clone();
-        let got = got.clone();
-        tokio::spawn(async move {
-            if let Ok(Ok(g)) = tokio::time::timeout(Duration::from_millis(1), locker.acquire(locker.key("x", i.to_string()).unwrap())).await {
-                got.fetch_add(1, Ordering::Relaxed);
-                g.release().await.unwrap();
-            }
-        })
-    })).await });
+    rt.block_on(async {
+        join_all((0..1000).map(|i| {
+            let locker = locker.clone();
+            let got = got.clone();
+            tokio::spawn(async move {
+                if let Ok(Ok(g)) = tokio::time::timeout(
+                    Duration::from_millis(1),
+                    locker.acquire(locker.key("x", i.to_string()).unwrap()),
+                )
+                .await
+                {
+                    got.fetch_add(1, Ordering::Relaxed);
+                    g.release().await.unwrap();
+                }
+            })
+        }))
+        .await
+    });
     std::thread::sleep(Duration::from_millis(300));
     mon.kill().unwrap();
     let _ = mon.wait();
-    eprintln!("leaked keys: {}", server.cli(&["KEYS", "*:x:*"]).replace('\n', " "));
+    eprintln!(
+        "leaked keys: {}",
+        server.cli(&["KEYS", "*:x:*"]).replace('\n', " ")
+    );
     for ms in [300u64, 1700] {
         std::thread::sleep(Duration::from_millis(ms));
         let left = server.cli(&["EVAL", "local n=0 local m=0 for _,k in ipairs(redis.call('KEYS', '*:x:*')) do n=n+1 m=redis.call('PTTL',k) end return {n,m}", "0"]);
-        eprintln!("acquired in time: {}; lock keys left (count, a pttl) {:?}", got.load(Ordering::Relaxed), left.replace('\n', " "));
+        eprintln!(
+            "acquired in time: {}; lock keys left (count, a pttl) {:?}",
+            got.load(Ordering::Relaxed),
+            left.replace('\n', " ")
+        );
     }
     let t = Instant::now();
     let ok = free(&rt, &locker, "x", "fresh-after");
     eprintln!("fresh acquire after storm ok={ok} in {:?}", t.elapsed());
     // Same storm, one key: how long is it blocked?
-    let key_free = (0..200).filter(|_| {
-        let _ = rt.block_on(async { tokio::time::timeout(Duration::from_micros(300), locker.acquire(locker.key("y", "one").unwrap())).await });
-        free(&rt, &locker, "y", "one")
-    }).count();
+    let key_free = (0..200)
+        .filter(|_| {
+            let _ = rt.block_on(async {
+                tokio::time::timeout(
+                    Duration::from_micros(300),
+                    locker.acquire(locker.key("y", "one").unwrap()),
+                )
+                .await
+            });
+            free(&rt, &locker, "y", "one")
+        })
+        .count();
     eprintln!("single key: free after a cancelled acquire in {key_free} of 200 tries; y keys now: {}", server.cli(&["EVAL", "local r={} for _,k in ipairs(redis.call('KEYS', '*:y:*')) do r[#r+1]=k r[#r+1]=redis.call('PTTL',k) end return r", "0"]).replace('\n', " "));
 }
 
@@ -330,7 +488,10 @@ fn shutdown_timeout_zero() {
     std::thread::sleep(Duration::from_millis(200));
     doomed.shutdown_timeout(Duration::ZERO);
     std::thread::sleep(Duration::from_millis(100));
-    eprintln!("guard held by a task at shutdown_timeout(0): key free 100ms later = {}", free(&main, &locker, "sd", "held"));
+    eprintln!(
+        "guard held by a task at shutdown_timeout(0): key free 100ms later = {}",
+        free(&main, &locker, "sd", "held")
+    );
     // Mid-acquire.
     server.cli(&["CLIENT", "PAUSE", "400"]);
     let doomed = mt(1);
@@ -352,12 +513,17 @@ fn drop_outside_any_runtime() {
     let rt = ct();
     let store = rt.block_on(RedisStore::connect(server.url())).unwrap();
     let locker = Locker::with_config(store, cfg(30_000));
-    let g = rt.block_on(locker.acquire(locker.key("n", "k").unwrap())).unwrap();
+    let g = rt
+        .block_on(locker.acquire(locker.key("n", "k").unwrap()))
+        .unwrap();
     drop(rt);
     let lease = g.lease().clone();
     std::thread::spawn(move || drop(g)).join().unwrap();
     std::thread::sleep(Duration::from_millis(200));
     let lost = futures_util::FutureExt::now_or_never(lease.lost());
     let rt = ct();
-    eprintln!("dropped outside any runtime: key free 200 ms later = {}; lost() now = {lost:?}", free(&rt, &locker, "n", "k"));
+    eprintln!(
+        "dropped outside any runtime: key free 200 ms later = {}; lost() now = {lost:?}",
+        free(&rt, &locker, "n", "k")
+    );
 }
