@@ -15,7 +15,11 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use tokio::runtime::{Builder, Runtime};
-use tower_lock::{LockConfig, Locker, RedisStore, Wait};
+use tower_lock::{
+    LockConfig, Locker, RedisStore, Token, Wait,
+    key::LockKey,
+    store::{Acquire, LockStore, StoreError},
+};
 use tower_lock_testkit::RedisServer;
 
 fn multi_thread(workers: usize) -> Runtime {
@@ -494,4 +498,71 @@ fn an_acquire_given_up_in_a_batch_leaves_no_key_behind() {
         let reply = server.cli(&["SCRIPT", "FLUSH"]);
         assert!(reply.contains("OK"), "SCRIPT FLUSH: {reply}");
     }
+}
+
+/// A store whose renewal of a key containing `boom` panics.
+struct PanicsOnRenew(RedisStore);
+
+impl LockStore for PanicsOnRenew {
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Acquire, StoreError> {
+        self.0.acquire(key, token, ttl).await
+    }
+
+    async fn renew(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<bool, StoreError> {
+        if String::from_utf8_lossy(key.as_bytes()).contains("boom") {
+            panic!("a store's renewal panicked (on purpose)");
+        }
+        self.0.renew(key, token, ttl).await
+    }
+
+    async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, StoreError> {
+        self.0.release(key, token).await
+    }
+}
+
+/// A panic in a locker's background renewals ends the task that renewed all its background
+/// leases: every one of them is reported lost, not only the one whose renewal panicked, rather
+/// than left to expire unnoticed while their holders work on.
+#[test]
+fn a_panic_in_background_renewals_reports_every_lease_of_the_task_lost() {
+    let server = RedisServer::start();
+    let main = multi_thread(2);
+    let store = store(&server, &main);
+    let config = LockConfig::builder()
+        .ttl(Duration::from_millis(600))
+        .wait(Wait::none())
+        .build()
+        .unwrap();
+    let locker = Locker::with_config(PanicsOnRenew(store), config);
+    main.block_on(async {
+        let fine = locker
+            .acquire(locker.key("renewed", "fine").unwrap())
+            .await
+            .unwrap();
+        let boom = locker
+            .acquire(locker.key("renewed", "boom").unwrap())
+            .await
+            .unwrap();
+        for (name, guard) in [("fine", &fine), ("boom", &boom)] {
+            let lost = tokio::time::timeout(Duration::from_secs(5), guard.lease().lost()).await;
+            assert!(lost.is_ok(), "the {name} lease was not reported lost");
+        }
+        // Negative control: a lease on the same locker taken afterwards is renewed by a new task
+        // (so the losses above were the panic's, not the store's).
+        let later = locker
+            .acquire(locker.key("renewed", "later").unwrap())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        assert!(!later.lease().is_lost(), "a later lease was lost too");
+        assert!(
+            later.lease().renewals() > 0,
+            "a later lease was not renewed"
+        );
+    });
 }
