@@ -58,7 +58,7 @@ fn fill_from(pool: &mut Pool, out: &mut [u8; 16]) -> Result<(), getrandom::Error
 ///
 /// A token never leaves the process except as an argument to the store: its `Debug` output is
 /// redacted, it has no `Display`, and it never appears in a response, a log line or a span.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Token([u8; 32]);
 
 impl Token {

@@ -15,7 +15,11 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use tokio::runtime::{Builder, Runtime};
-use tower_lock::{LockConfig, Locker, RedisStore, Wait};
+use tower_lock::{
+    LockConfig, Locker, RedisStore, Token, Wait,
+    key::LockKey,
+    store::{Acquire, LockStore, StoreError},
+};
 use tower_lock_testkit::RedisServer;
 
 fn multi_thread(workers: usize) -> Runtime {
@@ -427,5 +431,138 @@ fn an_unpolled_lone_caller_holds_up_nobody() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         fresh_keys_are_acquired(&locker, "after", 5).await;
         parked.abort();
+    });
+}
+
+/// Acquires `n` fresh keys of `name`, each given up after a millisecond, and answers how many
+/// of those keys are held `within` later, at the latest (0 as soon as none is).
+fn held_after_a_cancelled_storm(
+    main: &Runtime,
+    locker: &Locker,
+    name: &str,
+    n: usize,
+    within: Duration,
+) -> usize {
+    main.block_on(async {
+        let storm = (0..n).map(|i| {
+            let locker = locker.clone();
+            let key = locker.key(name, i.to_string()).unwrap();
+            tokio::spawn(async move {
+                let acquired =
+                    tokio::time::timeout(Duration::from_millis(1), locker.acquire(key)).await;
+                if let Ok(Ok(guard)) = acquired {
+                    assert!(guard.release().await.unwrap());
+                }
+            })
+        });
+        for done in join_all(storm).await {
+            done.unwrap();
+        }
+        let deadline = Instant::now() + within;
+        loop {
+            let held = join_all((0..n).map(|i| async move {
+                let key = locker.key(name, i.to_string()).unwrap();
+                match locker.try_acquire(key).await.unwrap() {
+                    Some(guard) => {
+                        assert!(guard.release().await.unwrap());
+                        0
+                    }
+                    None => 1,
+                }
+            }))
+            .await
+            .into_iter()
+            .sum::<usize>();
+            if held == 0 || Instant::now() >= deadline {
+                return held;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
+
+/// An acquire given up while its operation waits in a batch (or while the batch's script is
+/// loaded again after `NOSCRIPT`) is released by its guard at once, on the crate's runtime:
+/// the operation is then left out of the batch, so that the acquire never runs after its
+/// release and takes the key with a token nobody holds, for the whole TTL (30 s here).
+#[test]
+fn an_acquire_given_up_in_a_batch_leaves_no_key_behind() {
+    let server = RedisServer::start();
+    let main = multi_thread(2);
+    let locker = Locker::with_config(store(&server, &main), config());
+    for round in 0..3 {
+        let held =
+            held_after_a_cancelled_storm(&main, &locker, "storm", 1_000, Duration::from_secs(5));
+        assert_eq!(held, 0, "keys held after round {round}");
+        // Every call in flight meets NOSCRIPT next round, and is sent again after the load.
+        let reply = server.cli(&["SCRIPT", "FLUSH"]);
+        assert!(reply.contains("OK"), "SCRIPT FLUSH: {reply}");
+    }
+}
+
+/// A store whose renewal of a key containing `boom` panics.
+struct PanicsOnRenew(RedisStore);
+
+impl LockStore for PanicsOnRenew {
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<Acquire, StoreError> {
+        self.0.acquire(key, token, ttl).await
+    }
+
+    async fn renew(&self, key: &LockKey, token: &Token, ttl: Duration) -> Result<bool, StoreError> {
+        if String::from_utf8_lossy(key.as_bytes()).contains("boom") {
+            panic!("a store's renewal panicked (on purpose)");
+        }
+        self.0.renew(key, token, ttl).await
+    }
+
+    async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, StoreError> {
+        self.0.release(key, token).await
+    }
+}
+
+/// A panic in a locker's background renewals ends the task that renewed all its background
+/// leases: every one of them is reported lost, not only the one whose renewal panicked, rather
+/// than left to expire unnoticed while their holders work on.
+#[test]
+fn a_panic_in_background_renewals_reports_every_lease_of_the_task_lost() {
+    let server = RedisServer::start();
+    let main = multi_thread(2);
+    let store = store(&server, &main);
+    let config = LockConfig::builder()
+        .ttl(Duration::from_millis(600))
+        .wait(Wait::none())
+        .build()
+        .unwrap();
+    let locker = Locker::with_config(PanicsOnRenew(store), config);
+    main.block_on(async {
+        let fine = locker
+            .acquire(locker.key("renewed", "fine").unwrap())
+            .await
+            .unwrap();
+        let boom = locker
+            .acquire(locker.key("renewed", "boom").unwrap())
+            .await
+            .unwrap();
+        for (name, guard) in [("fine", &fine), ("boom", &boom)] {
+            let lost = tokio::time::timeout(Duration::from_secs(5), guard.lease().lost()).await;
+            assert!(lost.is_ok(), "the {name} lease was not reported lost");
+        }
+        // Negative control: a lease on the same locker taken afterwards is renewed by a new task
+        // (so the losses above were the panic's, not the store's).
+        let later = locker
+            .acquire(locker.key("renewed", "later").unwrap())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        assert!(!later.lease().is_lost(), "a later lease was lost too");
+        assert!(
+            later.lease().renewals() > 0,
+            "a later lease was not renewed"
+        );
     });
 }

@@ -52,11 +52,14 @@ pub struct Acquiring {
     state: State,
 }
 
+/// The acquisition once started.
+type Acquire = Pin<Box<dyn Future<Output = Result<LeaseGuard, LockError>> + Send>>;
+
 enum State {
     /// Not polled yet: what it will ask for (boxed: the running state is a box too).
     Start(Option<Box<Request>>),
     /// Polled only through `&mut`: the wrapper makes the builder `Sync`.
-    Running(SyncWrapper<Pin<Box<dyn Future<Output = Result<LeaseGuard, LockError>> + Send>>>),
+    Running(SyncWrapper<Acquire>),
 }
 
 struct Request {

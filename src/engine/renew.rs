@@ -430,6 +430,23 @@ async fn run(shared: Arc<Shared>) {
 /// One lease in the background task: done once lost or released.
 struct Renewing(Option<Driven>);
 
+impl Drop for Renewing {
+    /// Dropped by a panic (of the store's renewal, or of the task): nothing renews the lease
+    /// any more, so its holder is told it is lost now, rather than finding out never.
+    fn drop(&mut self) {
+        if let Some(driven) = self.0.take()
+            && std::thread::panicking()
+            && !driven.renewer.lease.is_releasing()
+        {
+            let _entered = driven.span.enter();
+            tracing::error!(
+                "the background renewal task panicked; its leases are no longer renewed"
+            );
+            let _ = driven.renewer.lose(LostReason::Expired);
+        }
+    }
+}
+
 impl Future for Renewing {
     type Output = ();
 

@@ -84,6 +84,15 @@ pub enum Acquire {
 ///   that a store that hands off takes `token` out of the key's queue: a waiter leaving).
 ///
 /// Implementations write `async fn`; the futures must be `Send`.
+///
+/// # Never block
+///
+/// The crate's own runtime (one thread for the process, see `docs/ARCHITECTURE.md`) polls
+/// store futures for the work nobody else polls: background renewals, releases on drop and the
+/// retries of failed releases, with the `tracing` and `metrics` calls made there. None of them
+/// may block (no synchronous I/O, no `std::sync` lock held long, no `block_on`): while one
+/// does, every renewal and release of every store of the process waits, and leases may expire.
+/// Put blocking work on [`tokio::task::spawn_blocking`] and await it.
 pub trait LockStore: Send + Sync + 'static {
     /// Tries once to take `key` for `ttl`.
     fn acquire(

@@ -20,9 +20,13 @@
 //! current-thread runtime whose `block_on` returned) holds up its own callers only.
 //!
 //! Order is kept within a lane: on one connection, one call at a time, operations in arrival
-//! order within it. An acquire whose caller gave up before its batch was sent is left out; once
-//! sent, its release (which the caller's guard sends) comes in a later call, after it; a batch
-//! whose callers all gave up is abandoned. Through a bb8 pool, a few calls go at once
+//! order within it. An operation whose caller gave up before its call was sent (or sent again
+//! after `NOSCRIPT`) is left out of it; a batch whose callers all gave up is abandoned. The
+//! release of an acquire (which the caller's guard sends at once, from the crate's runtime,
+//! through another lane) waits for the call that carries the acquire to end, so that it never
+//! overtakes an acquire on its way to Redis (a call may be held up between its check and the
+//! connection, by a preempted thread or a script load); else the acquire would take the key
+//! with a token nobody holds, until its TTL. Through a bb8 pool, a few calls go at once
 //! ([`Committer::POOL_WINDOW`]), each on its own connection, so that a stalled checkout does not
 //! hold up the others; a release may then overtake its own acquire if the caller gave up on it
 //! while it was in flight, as it could before batching, and the key is then held until its TTL
@@ -31,16 +35,20 @@
 //! Lanes of several runtimes also send their calls at once, like a pool's.
 
 use std::{
+    collections::HashMap,
     future::Future,
     pin::Pin,
-    sync::{Arc, Mutex, MutexGuard, PoisonError, atomic::Ordering},
+    sync::{
+        Arc, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicBool, Ordering},
+    },
     task::{Context, Poll, Waker},
     time::Duration,
 };
 
 use bytes::Bytes;
 use futures_util::future::{FutureExt, Shared, WeakShared};
-use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 use tokio::runtime::{self, Handle};
 
 use super::{
@@ -133,7 +141,15 @@ pub(super) struct Committer {
     /// hold up the others.
     window: usize,
     lanes: Mutex<Vec<Lane>>,
+    /// The calls in flight with acquires, by token (with the call's lane and number): a release
+    /// of one of those tokens waits for its call to end, since the acquire may be on its way to
+    /// Redis after its caller left (and sent again after `NOSCRIPT`), and a release that
+    /// overtook it would leave the key held by nobody until its TTL.
+    unsettled: Mutex<HashMap<Token, Carrier>>,
 }
+
+/// The call that carries an acquire: its lane, its number there, and the call.
+type Carrier = (Option<runtime::Id>, u64, WeakShared<Call>);
 
 /// The calls in flight and the queue of the callers on one runtime (`None`: outside any).
 struct Lane {
@@ -146,15 +162,20 @@ struct Lane {
     queue: Vec<Queued>,
 }
 
+/// An operation and its caller's place.
 struct Queued {
     op: Op,
     ticket: Arc<Ticket>,
 }
 
-/// A queued caller's place: how to wake it, and once its batch is formed, where its answer
-/// comes from. Locked only under the lanes' lock.
+/// A caller's place: how to wake it while it is queued, and once its batch is formed, where its
+/// answer comes from (locked only under the lanes' lock); and whether it left, after which its
+/// operation is not sent (its release, which its guard sends at once, may have run already).
 #[derive(Default)]
-struct Ticket(Mutex<TicketState>);
+struct Ticket {
+    state: Mutex<TicketState>,
+    left: AtomicBool,
+}
 
 #[derive(Default)]
 struct TicketState {
@@ -164,7 +185,25 @@ struct TicketState {
 
 impl Ticket {
     fn state(&self) -> MutexGuard<'_, TicketState> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn leave(&self) {
+        self.left.store(true, Ordering::Release);
+    }
+
+    fn left(&self) -> bool {
+        self.left.load(Ordering::Acquire)
+    }
+}
+
+/// Marks a lone operation's caller as left when its future is dropped (after its answer too,
+/// when that no longer matters).
+struct Leaves(Arc<Ticket>);
+
+impl Drop for Leaves {
+    fn drop(&mut self) {
+        self.0.leave();
     }
 }
 
@@ -177,6 +216,7 @@ impl Committer {
         Self {
             window: window.max(1),
             lanes: Mutex::default(),
+            unsettled: Mutex::default(),
         }
     }
 
@@ -186,6 +226,19 @@ impl Committer {
 
     fn lanes(&self) -> MutexGuard<'_, Vec<Lane>> {
         self.lanes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn unsettled(&self) -> MutexGuard<'_, HashMap<Token, Carrier>> {
+        self.unsettled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The call in flight that carries the acquire of `token`, if any.
+    fn carrying(&self, token: &Token) -> Option<Batch> {
+        self.unsettled()
+            .get(token)
+            .and_then(|(_, _, call)| call.upgrade())
     }
 }
 
@@ -233,10 +286,22 @@ struct Flight {
     committer: Arc<Committer>,
     runtime: Option<runtime::Id>,
     number: u64,
+    /// The tokens of its acquires, in [`Committer::unsettled`].
+    acquires: Vec<Token>,
 }
 
 impl Drop for Flight {
     fn drop(&mut self) {
+        if !self.acquires.is_empty() {
+            let mut unsettled = self.committer.unsettled();
+            for token in &self.acquires {
+                if unsettled.get(token).is_some_and(|(runtime, number, _)| {
+                    *runtime == self.runtime && *number == self.number
+                }) {
+                    unsettled.remove(token);
+                }
+            }
+        }
         let mut lanes = self.committer.lanes();
         if let Some(lane) = lanes.iter_mut().find(|lane| lane.runtime == self.runtime) {
             lane.flights.retain(|(number, _)| *number != self.number);
@@ -252,26 +317,38 @@ impl Drop for Flight {
 impl RedisStore {
     /// Runs `op`: at once when nothing is in flight, else in the next batch.
     pub(super) async fn submit(&self, op: Op) -> Result<Answer, StoreError> {
+        if let Op::Release { token, .. } | Op::Complete { token, .. } = &op {
+            // After the acquire of its token, which may still be on its way.
+            if let Some(call) = self.committer.carrying(token) {
+                call.await;
+            }
+        }
         let runtime = Handle::try_current().ok().map(|handle| handle.id());
         let committer = &self.committer;
-        let ticket = {
+        let ticket = Arc::new(Ticket::default());
+        let queued = Queued {
+            op,
+            ticket: Arc::clone(&ticket),
+        };
+        let call = {
             let mut lanes = committer.lanes();
             let lane = lane_of(&mut lanes, runtime);
             // Behind a queue, an operation joins it, so that operations go in arrival order.
             if lane.flights.len() < committer.window && lane.queue.is_empty() {
-                Err(self.launch(lane, vec![op]))
+                Some(self.launch(lane, vec![queued]))
             } else {
-                let ticket = Arc::new(Ticket::default());
-                lane.queue.push(Queued {
-                    op,
-                    ticket: Arc::clone(&ticket),
-                });
-                Ok(ticket)
+                lane.queue.push(queued);
+                None
             }
         };
-        match ticket {
-            Err(call) => call.await[0].clone(),
-            Ok(ticket) => {
+        match call {
+            Some(call) => {
+                // Sent at its first poll, below; a caller that leaves before it is sent again
+                // after `NOSCRIPT` is left out then.
+                let _leaves = Leaves(ticket);
+                call.await[0].clone()
+            }
+            None => {
                 let mut queued = Waiting {
                     store: self,
                     runtime,
@@ -287,13 +364,21 @@ impl RedisStore {
 
     /// A call of `ops`, in flight in `lane` from now on (sent at its first poll): its callers
     /// and the lane's queued callers drive it, whichever are polled.
-    fn launch(&self, lane: &mut Lane, ops: Vec<Op>) -> Batch {
+    fn launch(&self, lane: &mut Lane, ops: Vec<Queued>) -> Batch {
         let number = lane.next;
         lane.next += 1;
+        let acquires: Vec<Token> = ops
+            .iter()
+            .filter_map(|queued| match &queued.op {
+                Op::Acquire { token, .. } => Some(token.clone()),
+                _ => None,
+            })
+            .collect();
         let flight = Flight {
             committer: Arc::clone(&self.committer),
             runtime: lane.runtime,
             number,
+            acquires: acquires.clone(),
         };
         let store = self.clone();
         let call: Call = Box::pin(async move {
@@ -303,6 +388,12 @@ impl RedisStore {
         });
         let batch = call.shared();
         if let Some(weak) = batch.downgrade() {
+            if !acquires.is_empty() {
+                let mut unsettled = self.committer.unsettled();
+                for token in acquires {
+                    unsettled.insert(token, (lane.runtime, number, weak.clone()));
+                }
+            }
             lane.flights.push((number, weak));
         }
         batch
@@ -374,13 +465,11 @@ impl Waiting<'_> {
                 // The lane's next batch: the queue's first operations, in arrival order (its
                 // callers that gave up have left it).
                 let n = lane.queue.len().min(MAX_BATCH);
-                let taken: Vec<Queued> = lane.queue.drain(..n).collect();
-                let mut ops = Vec::with_capacity(n);
-                let mut tickets = Vec::with_capacity(n);
-                for queued in taken {
-                    ops.push(queued.op);
-                    tickets.push(queued.ticket);
-                }
+                let ops: Vec<Queued> = lane.queue.drain(..n).collect();
+                let tickets: Vec<Arc<Ticket>> = ops
+                    .iter()
+                    .map(|queued| Arc::clone(&queued.ticket))
+                    .collect();
                 let batch = self.store.launch(lane, ops);
                 for (i, ticket) in tickets.iter().enumerate() {
                     if Arc::ptr_eq(ticket, &self.ticket) {
@@ -407,6 +496,9 @@ impl Waiting<'_> {
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
+        // In a batch not sent yet (or to be sent again after `NOSCRIPT`), its operation is left
+        // out: its release may run before the batch is sent.
+        self.ticket.leave();
         if self.batch.is_some() {
             // In a batch: the batch goes on while any of its callers is left.
             return;
@@ -435,7 +527,7 @@ impl Drop for Waiting<'_> {
 impl RedisStore {
     /// Sends `ops` as one script call (one per hash slot on a server that hashes keys to
     /// slots); an answer for each, in order.
-    async fn send(&self, ops: Vec<Op>) -> Vec<Result<Answer, StoreError>> {
+    async fn send(&self, ops: Vec<Queued>) -> Vec<Result<Answer, StoreError>> {
         let n = ops.len();
         if !self.slot_bound.load(Ordering::Relaxed) {
             let answers = if n == 1 {
@@ -446,9 +538,10 @@ impl RedisStore {
             // Refused before it ran, by a server that hashes keys to slots (a cluster-mode
             // server behind a plain connection): from now on, one call per slot, with the
             // fencing counter of each slot.
+            // (Its operations whose callers left have answers of their own.)
             if !answers
                 .iter()
-                .all(|a| matches!(a, Err(e) if is_cross_slot(e)))
+                .any(|a| matches!(a, Err(e) if is_cross_slot(e)))
             {
                 return answers;
             }
@@ -464,15 +557,15 @@ impl RedisStore {
         // By slot, each slot's operations in their order; the slots' calls at once.
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
         for (i, op) in ops.iter().enumerate() {
-            let slot = op.key().slot();
+            let slot = op.op.key().slot();
             match groups.iter_mut().find(|(s, _)| *s == slot) {
                 Some((_, members)) => members.push(i),
                 None => groups.push((slot, vec![i])),
             }
         }
-        let mut slots: Vec<Option<Op>> = ops.into_iter().map(Some).collect();
+        let mut slots: Vec<Option<Queued>> = ops.into_iter().map(Some).collect();
         let calls = groups.iter().map(|(_, members)| {
-            let group: Vec<Op> = members
+            let group: Vec<Queued> = members
                 .iter()
                 .map(|&i| slots[i].take().expect("once"))
                 .collect();
@@ -492,15 +585,15 @@ impl RedisStore {
 
     /// A lone operation: a renewal or release with the server's native compare command where
     /// it has one (and nothing else in flight to keep in order), else the batch script.
-    async fn call_one(&self, op: &Op) -> Result<Answer, StoreError> {
+    async fn call_one(&self, queued: &Queued) -> Result<Answer, StoreError> {
         let answer = |code| Answer {
             code,
             n: 0,
             acks: None,
         };
-        match op {
+        match &queued.op {
             // A key with a capacity holds a set of holders: the script counts them.
-            _ if op.key().share().is_some() => {}
+            op if op.key().share().is_some() => {}
             Op::Renew { key, token, ttl } => {
                 if let Some(renewed) = self.native_renew(key, token, *ttl).await? {
                     return Ok(answer(i64::from(renewed)));
@@ -513,15 +606,64 @@ impl RedisStore {
             }
             _ => {}
         }
-        self.call(std::slice::from_ref(op))
+        self.call(std::slice::from_ref(queued))
             .await
             .pop()
             .expect("one answer for one operation")
     }
 
     /// One `EVALSHA` of the batch script for `ops` (and `WAIT`, with replica acknowledgement
-    /// on and an acquire or renewal among them).
-    async fn call(&self, ops: &[Op]) -> Vec<Result<Answer, StoreError>> {
+    /// on and an acquire or renewal among them), but for the operations whose callers left:
+    /// checked as it is sent, and again if it is sent again after `NOSCRIPT`.
+    async fn call(&self, ops: &[Queued]) -> Vec<Result<Answer, StoreError>> {
+        let live = |ops: &[Queued]| -> Vec<usize> {
+            (0..ops.len()).filter(|&i| !ops[i].ticket.left()).collect()
+        };
+        let mut sent = live(ops);
+        if sent.is_empty() {
+            return vec![Err(left()); ops.len()];
+        }
+        let replicate = sent.iter().any(|&i| ops[i].op.replicates());
+        let eval = self.batch_cmd(ops, &sent);
+        let again = |_| {
+            sent = live(ops);
+            (!sent.is_empty()).then(|| self.batch_cmd(ops, &sent))
+        };
+        let answer: Result<Option<(Vec<Value>, _)>, StoreError> = self
+            .invoke_cmd_again(self.script_for(ops), eval, again, replicate)
+            .await;
+        match answer {
+            Ok(Some((values, acks))) if values.len() == 2 * sent.len() => {
+                let mut answers = vec![Err(left()); ops.len()];
+                for (&i, pair) in sent.iter().zip(values.chunks_exact(2)) {
+                    answers[i] = answer_of(&pair[0], &pair[1], acks);
+                }
+                answers
+            }
+            Ok(Some(_)) => {
+                let error = StoreError::msg(
+                    StoreErrorKind::Backend,
+                    "the lock script answered for the wrong number of operations",
+                );
+                vec![Err(error); ops.len()]
+            }
+            Ok(None) => vec![Err(left()); ops.len()],
+            Err(error) => vec![Err(error); ops.len()],
+        }
+    }
+
+    /// The batch script for a call of `ops`: the one that also counts holders when any of
+    /// them is on a key with a capacity (a subset sent again after `NOSCRIPT` keeps it).
+    fn script_for(&self, ops: &[Queued]) -> &Script {
+        match ops.iter().any(|queued| queued.op.key().share().is_some()) {
+            true => &self.scripts.counted,
+            false => &self.scripts.ops,
+        }
+    }
+
+    /// The `EVALSHA` of the batch script for the operations `all[i]`, `i` in `sent`.
+    fn batch_cmd(&self, all: &[Queued], sent: &[usize]) -> Cmd {
+        let ops: Vec<&Op> = sent.iter().map(|&i| &all[i].op).collect();
         let handoff = self.handoff.is_some();
         // One fencing counter for the whole server unless it hashes keys to slots: a batch of
         // acquires then reads and writes one counter (per prefix), not one per slot.
@@ -563,18 +705,16 @@ impl RedisStore {
         }
         let size = 96 + keys.iter().map(|k| k.len()).sum::<usize>() + ops.len() * 96;
         let mut eval = Cmd::with_capacity(6 + keys.len() + ops.len() * 6, size);
-        let script = match ops.iter().any(|op| op.key().share().is_some()) {
-            true => &self.scripts.counted,
-            false => &self.scripts.ops,
-        };
-        eval.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
+        eval.arg("EVALSHA")
+            .arg(self.script_for(all).get_hash())
+            .arg(keys.len());
         for key in &keys {
             eval.arg(*key);
         }
         eval.arg(if handoff { "1" } else { "0" })
             .arg(&*ms(self.claim_window))
             .arg(&*ms(self.fence_retention));
-        for op in ops {
+        for op in &ops {
             if let Some(share) = op.key().share()
                 && !matches!(op, Op::Complete { .. })
             {
@@ -607,24 +747,16 @@ impl RedisStore {
                 }
             }
         }
-        let replicate = ops.iter().any(Op::replicates);
-        let answer: Result<(Vec<Value>, Option<i64>), StoreError> =
-            self.invoke_cmd(script, eval, replicate).await;
-        match answer {
-            Ok((values, acks)) if values.len() == 2 * ops.len() => values
-                .chunks_exact(2)
-                .map(|pair| answer_of(&pair[0], &pair[1], acks))
-                .collect(),
-            Ok(_) => {
-                let error = StoreError::msg(
-                    StoreErrorKind::Backend,
-                    "the lock script answered for the wrong number of operations",
-                );
-                vec![Err(error); ops.len()]
-            }
-            Err(error) => vec![Err(error); ops.len()],
-        }
+        eval
     }
+}
+
+/// The answer of an operation not sent because its caller left (read by nobody).
+fn left() -> StoreError {
+    StoreError::msg(
+        StoreErrorKind::Backend,
+        "the lock operation was not sent: its caller left",
+    )
 }
 
 /// An acquire's place in the hand-off queue: stamp, channel, rescan (empty: not queued).

@@ -112,6 +112,11 @@ const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_secs(1);
 /// [`from_connection_manager`](Self::from_connection_manager), a pool) runs its I/O where you
 /// created it: keep that runtime driven (its reconnections are made on the crate's runtime).
 ///
+/// That one thread polls the store futures, renewals and releases nobody else polls, and runs
+/// the `tracing` subscribers and `metrics` recorders they call: none of them may block. A
+/// subscriber or recorder that blocks (a synchronous write to a slow sink, a contended lock)
+/// delays the renewals and releases of every store of the process, and leases may expire.
+///
 /// # Replicas
 ///
 /// A master's replicas copy its writes asynchronously: a failover to a replica that had not yet

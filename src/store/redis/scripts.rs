@@ -149,41 +149,73 @@ impl RedisStore {
         eval: Cmd,
         replicate: bool,
     ) -> Result<(T, Option<i64>), StoreError> {
+        self.invoke_cmd_again(script, eval, Some, replicate)
+            .await
+            .map(|answer| answer.expect("the same call is always sent again"))
+    }
+
+    /// [`invoke_cmd`](Self::invoke_cmd), where the call to send again after `NOSCRIPT` is
+    /// `again(the call sent)`, made when it is sent again (after the load, which may take a
+    /// while): `None` sends nothing and answers `None`. So a batch leaves out the operations
+    /// whose callers left meanwhile, whose releases may have run already.
+    pub(super) async fn invoke_cmd_again<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        eval: Cmd,
+        mut again: impl FnMut(Cmd) -> Option<Cmd>,
+        replicate: bool,
+    ) -> Result<Option<(T, Option<i64>)>, StoreError> {
         let wait = self.replicas.filter(|_| replicate);
-        let pipe = wait.map(|acks| {
-            let mut pipe = redis::pipe();
-            pipe.add_command(eval.clone())
-                .cmd("WAIT")
-                .arg(acks.replicas)
-                .arg(acks.timeout.as_millis().max(1).to_string());
-            pipe
-        });
-        let request = || match &pipe {
-            Some(pipe) => Request::Pipe(pipe),
-            None => Request::Cmd(&eval),
+        let with_wait = |eval: &Cmd| {
+            wait.map(|acks| {
+                let mut pipe = redis::pipe();
+                pipe.add_command(eval.clone())
+                    .cmd("WAIT")
+                    .arg(acks.replicas)
+                    .arg(acks.timeout.as_millis().max(1).to_string());
+                pipe
+            })
         };
+        fn request<'a>(eval: &'a Cmd, pipe: Option<&'a redis::Pipeline>) -> Request<'a> {
+            match pipe {
+                Some(pipe) => Request::Pipe(pipe),
+                None => Request::Cmd(eval),
+            }
+        }
+        let mut eval = eval;
+        let mut pipe = with_wait(&eval);
         let sent_at = Instant::now();
-        let mut answer = self.query(request()).await?;
+        let mut answer = self.query(request(&eval, pipe.as_ref())).await?;
         if is_no_script(&answer) {
             self.reload(script, sent_at).await;
-            answer = self.query(request()).await?;
+            let Some(next) = again(eval) else {
+                return Ok(None);
+            };
+            eval = next;
+            pipe = with_wait(&eval);
+            answer = self.query(request(&eval, pipe.as_ref())).await?;
             if is_no_script(&answer) {
                 // Flushed again meanwhile, or the shared load failed or reached another server
                 // than this call (a pool's connections, a failover): load it ourselves.
                 self.query(Request::Load(script))
                     .await?
                     .map_err(redis_error)?;
-                answer = self.query(request()).await?;
+                let Some(next) = again(eval) else {
+                    return Ok(None);
+                };
+                eval = next;
+                pipe = with_wait(&eval);
+                answer = self.query(request(&eval, pipe.as_ref())).await?;
             }
         }
         let answer = answer.map_err(|e| self.store_error(e))?;
         if pipe.is_some() {
             let (value, acks): (T, i64) =
                 redis::from_redis_value(answer).map_err(|e| redis_error(e.into()))?;
-            Ok((value, Some(acks)))
+            Ok(Some((value, Some(acks))))
         } else {
             let value = redis::from_redis_value(answer).map_err(|e| redis_error(e.into()))?;
-            Ok((value, None))
+            Ok(Some((value, None)))
         }
     }
 
