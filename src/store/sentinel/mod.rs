@@ -206,7 +206,7 @@ impl SentinelStore {
     /// The master's settings are a [`RedisConnectionInfo`], not a
     /// [`SentinelNodeConnectionInfo`] (which keeps its settings to itself, so that they could
     /// not be carried over to the TLS client); every sentinel has the same user and password
-    /// (those of the first URL; URLs that differ are a [`Config`](StoreErrorKind::Config)
+    /// (those of the first URL; URLs that differ are a [`Config`](super::StoreErrorKind::Config)
     /// error).
     ///
     /// ```no_run
