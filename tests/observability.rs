@@ -151,8 +151,16 @@ fn samples(metrics: &Metrics, name: &str, pairs: &[(&str, &str)]) -> usize {
     }
 }
 
+/// The two tests that run the purchase scenario (its metrics carry one scope) take turns:
+/// the exact counts read the global recorder, which the other's releases on the crate's thread
+/// would reach too.
+static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn metrics_count_every_outcome_exactly() {
+    let _alone = ALONE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     // The global recorder: releases on drop run on the crate's own thread, which a recorder
     // local to this thread would not see. (The only test here that installs one; the others'
     // metrics carry other scopes.)
@@ -366,6 +374,9 @@ impl std::io::Write for Captured {
 
 #[test]
 fn spans_carry_outcomes_and_hashed_keys_never_tokens() {
+    let _alone = ALONE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let logs = Captured::default();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)
@@ -411,6 +422,8 @@ fn spans_carry_outcomes_and_hashed_keys_never_tokens() {
             scenario(&mut server).await;
             idempotency_scenario().await;
             extension_methods_scenario().await;
+            // Releases on drop finish on the crate's thread before the other test may start.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
         });
     }
     let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();

@@ -61,7 +61,14 @@ pub fn example_binary(name: &str) -> PathBuf {
     stdout
         .lines()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|msg| msg["target"]["name"] == name)
+        // The example, not a test target of the same name (`tests/sql.rs` beside
+        // `examples/sql.rs`).
+        .filter(|msg| {
+            msg["target"]["name"] == name
+                && msg["target"]["kind"]
+                    .as_array()
+                    .is_some_and(|kinds| kinds.iter().any(|k| k == "example"))
+        })
         .find_map(|msg| msg["executable"].as_str().map(PathBuf::from))
         .unwrap_or_else(|| panic!("cargo did not report the {name} executable"))
 }
