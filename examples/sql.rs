@@ -87,12 +87,18 @@ fn run() -> Result<bool, BoxError> {
             runtime().block_on(async move {
                 let locker = locks.locker().await?;
                 let conn = open(&path)?;
-                let lease = locker.acquire(locker.key("sku", SKU)?).ttl(TTL).await?;
+                // Renewals stop at half the TTL, as a pause would stop them (they run on the
+                // crate's own thread, which blocking this runtime does not stop).
+                let lease = locker
+                    .acquire(locker.key("sku", SKU)?)
+                    .ttl(TTL)
+                    .max_hold(TTL / 2)
+                    .await?;
                 let token = lease.fencing_token();
                 let stock = read(&conn, token, fencing)?.ok_or("A's read was refused")?;
                 println!("A: took {SKU} (fencing token {token}), read stock {stock}; paused");
                 read_tx.send(())?;
-                // The pause: this runtime, its lease's renewals included, stops until B sold.
+                // The pause: A stops until B sold; its lease runs out meanwhile.
                 resume_rx.recv()?;
                 let written = write(&conn, token, stock - 1, fencing)?;
                 match written {
