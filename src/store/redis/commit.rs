@@ -9,10 +9,11 @@
 //! requests, and each operation's share of Redis's per-command cost (reading, parsing,
 //! dispatch, the reply) falls with the batch's size.
 //!
-//! No task is spawned, and no operation waits for a future of another Tokio runtime: each
-//! runtime that uses the store has a lane of its own (its calls in flight and its queue), and a
-//! call is driven by the futures of its own callers and of the callers queued behind it in its
-//! lane, on that runtime. So no caller can hold up the others by not being polled (a future
+//! No task is spawned per call: each runtime that uses the store has a lane of its own (its
+//! calls in flight and its queue), and a call is driven by the futures of its own callers and
+//! of the callers queued behind it in its lane, on that runtime, while the connection's own I/O
+//! (redis-rs's driver, reconnections) runs on the crate's runtime (`crate::background`), so that
+//! no call depends on a runtime of a caller's staying alive. So no caller can hold up the others by not being polled (a future
 //! kept in a `select!` while another branch runs): a call in flight is driven to its end by
 //! whichever of them is polled, and when it ends every queued caller is woken, the first
 //! polled forming the next batch (the others' operations among them). A runtime that shuts
@@ -28,10 +29,11 @@
 //! connection, by a preempted thread or a script load); else the acquire would take the key
 //! with a token nobody holds, until its TTL. Through a bb8 pool, a few calls go at once
 //! ([`Committer::POOL_WINDOW`]), each on its own connection, so that a stalled checkout does not
-//! hold up the others; a release may then overtake its own acquire if the caller gave up on it
-//! while it was in flight, as it could before batching, and the key is then held until its TTL
-//! (checked under the protocol model, `tests/protocol_model.rs
-//! a_release_that_overtakes_its_attempt_on_a_pool`: it costs time, never exclusion or order).
+//! hold up the others; the release of an acquire still waits for the call carrying it, and
+//! overtakes it only when that call was abandoned while on the wire (every one of its callers
+//! gave up), the key then being held until its TTL (checked under the protocol model,
+//! `tests/protocol_model.rs a_release_that_overtakes_its_attempt_on_a_pool`: it costs time,
+//! never exclusion or order).
 //! Lanes of several runtimes also send their calls at once, like a pool's.
 
 use std::{
