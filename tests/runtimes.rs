@@ -526,8 +526,9 @@ impl LockStore for PanicsOnRenew {
 }
 
 /// A panic in a locker's background renewals ends the task that renewed all its background
-/// leases: every one of them is reported lost, not only the one whose renewal panicked, rather
-/// than left to expire unnoticed while their holders work on.
+/// leases: every one of them is reported lost (those renewed and those still waiting for their
+/// first renewal), not only the one whose renewal panicked, rather than left to expire unnoticed
+/// while their holders work on.
 #[test]
 fn a_panic_in_background_renewals_reports_every_lease_of_the_task_lost() {
     let server = RedisServer::start();
@@ -544,11 +545,17 @@ fn a_panic_in_background_renewals_reports_every_lease_of_the_task_lost() {
             .acquire(locker.key("renewed", "fine").unwrap())
             .await
             .unwrap();
+        // Its first renewal falls due long after the panic: it waits in the task's queue.
+        let waiting = locker
+            .acquire(locker.key("renewed", "waiting").unwrap())
+            .ttl(Duration::from_secs(30))
+            .await
+            .unwrap();
         let boom = locker
             .acquire(locker.key("renewed", "boom").unwrap())
             .await
             .unwrap();
-        for (name, guard) in [("fine", &fine), ("boom", &boom)] {
+        for (name, guard) in [("fine", &fine), ("boom", &boom), ("waiting", &waiting)] {
             let lost = tokio::time::timeout(Duration::from_secs(5), guard.lease().lost()).await;
             assert!(lost.is_ok(), "the {name} lease was not reported lost");
         }

@@ -385,11 +385,28 @@ impl fmt::Debug for Background {
 /// locker is gone and no lease is left.
 async fn run(shared: Arc<Shared>) {
     /// The task dropped (its runtime shut down, or it ended): the next lease handed over starts
-    /// another, which takes the leases still waiting.
+    /// another, which takes the leases still waiting. Dropped by a panic, it reports the leases
+    /// still waiting for their first renewal lost too, as [`Renewing`] does those it renewed:
+    /// no task renews them until another lease is handed over, which may be never.
     struct Ended<'a>(&'a Shared);
     impl Drop for Ended<'_> {
         fn drop(&mut self) {
-            self.0.queue().wakes_at = None;
+            let mut queue = self.0.queue();
+            queue.wakes_at = None;
+            if !std::thread::panicking() {
+                return;
+            }
+            let waiting = std::mem::take(&mut queue.waiting);
+            drop(queue);
+            for Waiting { driven, .. } in waiting {
+                if !driven.renewer.lease.is_releasing() {
+                    let _entered = driven.span.enter();
+                    tracing::error!(
+                        "the background renewal task panicked; its leases are no longer renewed"
+                    );
+                    let _ = driven.renewer.lose(LostReason::Expired);
+                }
+            }
         }
     }
     let _ended = Ended(&shared);
