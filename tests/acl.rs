@@ -3,7 +3,8 @@
 //! hand-off, renewal, release, a waiter that gives up, idempotency records; for one key and for a
 //! set of them), and Redis refuses
 //! nothing (`ACL LOG` stays empty). Without the `PUBSUB NUMSUB` the hand-off asks, a release
-//! that hands over fails: the rule is not wider than it needs to be there.
+//! that hands over fails: the rule is not wider than it needs to be there. Leases with counts
+//! need the sorted set commands the docs add, and are refused without them.
 
 mod support;
 
@@ -27,6 +28,10 @@ const RULE: &str = "on >s3cret resetkeys ~tower-lock:* resetchannels &tower-lock
     -@all +evalsha +script|load +info +subscribe \
     +get +set +del +pexpire +pttl +time +llen +lpop +rpush +lindex +lrange +lrem \
     +publish +pubsub|numsub";
+
+/// What leases with counts (permits, shared and exclusive leases) add to `RULE`, for a key's
+/// holders, as docs/TOPOLOGY.md gives it.
+const COUNTS: &str = " +type +zadd +zrem +zscore +zrange +zremrangebyscore";
 
 const USER: &str = "locker";
 
@@ -237,4 +242,63 @@ async fn without_info_the_stores_connect_and_the_eviction_policy_is_unknown() {
         "INFO was not refused: the test shows nothing"
     );
     assert!(refused.iter().all(|r| r.ends_with(" info")), "{refused:?}");
+}
+
+/// Leases with counts as `USER`: two permits held at once across the two stores, a third
+/// request queued and handed a permit by a release, renewed, released; then a reader and a
+/// writer of one key taking turns. Answers the first error.
+async fn take_turns_with_counts(a: &RedisStore, b: &RedisStore) -> Result<(), LockError> {
+    let wait = Wait::constant(Duration::from_secs(5)).deadline(Duration::from_secs(10));
+    let first = locker(a.clone(), Duration::from_secs(10), wait.clone());
+    let second = locker(b.clone(), Duration::from_secs(10), wait.clone());
+    let key = |locker: &Locker| locker.key("acl", "counted").unwrap();
+    let one = first.acquire(key(&first)).permits(2).await?;
+    let two = second.acquire(key(&second)).permits(2).await?;
+    let waiter = locker(b.clone(), Duration::from_millis(600), wait.clone());
+    let next = tokio::spawn(async move {
+        let guard = waiter.acquire(key(&waiter)).permits(2).await?;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let renewals = guard.lease().renewals();
+        guard.release().await?;
+        Ok::<u32, LockError>(renewals)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    one.release().await?;
+    let renewals = next.await.unwrap()?;
+    assert!(renewals >= 1, "the handed-over permit was never renewed");
+    two.release().await?;
+    let reader = first.acquire(key(&first)).shared().await?;
+    let writer = second.acquire(key(&second)).exclusive();
+    let writing = tokio::spawn(async move {
+        writer.await?.release().await?;
+        Ok::<(), LockError>(())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    reader.release().await?;
+    writing.await.unwrap()?;
+    Ok(())
+}
+
+/// The rule with what counts add is enough for leases with counts: Redis refuses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_acl_rule_is_enough_for_counts() {
+    let server = RedisServer::start();
+    create_user(&server, &format!("{RULE}{COUNTS}")).await;
+    let (a, b) = stores(&server).await;
+    take_turns_with_counts(&a, &b).await.unwrap();
+    assert_eq!(refused(&server).await, Vec::<String>::new());
+}
+
+/// The negative control: without what counts add, the first counted acquire is refused (and
+/// reported as a store error), while the plain lease works as above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_sorted_set_commands_counts_are_refused() {
+    let server = RedisServer::start();
+    create_user(&server, RULE).await;
+    let (a, b) = stores(&server).await;
+    let error = take_turns_with_counts(&a, &b)
+        .await
+        .expect_err("counted leases should have been refused");
+    assert!(matches!(error, LockError::Store(_)), "{error:?}");
+    assert!(!refused(&server).await.is_empty(), "Redis refused nothing");
 }
