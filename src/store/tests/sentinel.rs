@@ -184,8 +184,14 @@ async fn renewals_are_batched_across_a_failover() {
     assert!(renewed(store.renew_many(&leases, ttl).await));
     let before = calls_of(&setup.master, "evalsha").await;
     assert!(renewed(store.renew_many(&leases, ttl).await));
-    // The first renewal alone, then the nineteen queued behind it in one script.
-    assert_eq!(calls_of(&setup.master, "evalsha").await - before, 2);
+    // The first renewal alone, then the nineteen queued behind it in one script (or the second
+    // alone too, when the first's answer was in by the time the second was polled: Redis
+    // answers on the crate's thread, so a preempted test thread can see that).
+    let calls = calls_of(&setup.master, "evalsha").await - before;
+    assert!(
+        (2..=3).contains(&calls),
+        "{calls} script calls for 20 renewals"
+    );
 
     setup.master.kill();
     let new = setup.replica.port();
@@ -197,5 +203,9 @@ async fn renewals_are_batched_across_a_failover() {
     assert_eq!(store.master_addr(), format!("127.0.0.1:{new}"));
     let before = calls_of(&setup.replica, "evalsha").await;
     assert!(renewed(store.renew_many(&leases, ttl).await));
-    assert_eq!(calls_of(&setup.replica, "evalsha").await - before, 2);
+    let calls = calls_of(&setup.replica, "evalsha").await - before;
+    assert!(
+        (2..=3).contains(&calls),
+        "{calls} script calls for 20 renewals"
+    );
 }
