@@ -104,6 +104,7 @@ pin_project! {
 }
 
 impl<F> OnRuntime<F> {
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))] // constructed by the Redis stores
     pub(crate) fn new(inner: F) -> Self {
         Self { inner }
     }

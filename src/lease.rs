@@ -4,7 +4,7 @@ use std::{
     fmt,
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering},
     },
     time::{Duration, SystemTime},
 };
@@ -68,6 +68,9 @@ struct Inner {
     /// Set when a fenced batch that writes is first sent under this lease: from then on a loss
     /// no longer aborts its holder (the fence decides whether each write lands; `crate::fence`).
     fenced: AtomicBool,
+    /// The nested guards on this lease (re-entries of its holder's task) still alive: when the
+    /// holder releases while one is, that guard's lease has ended under it, and is marked lost.
+    nested: AtomicUsize,
 }
 
 const REASONS: [LostReason; 3] = [
@@ -130,6 +133,7 @@ impl Lease {
                 notify: Notify::new(),
                 on_release: AtomicWaker::new(),
                 fenced: AtomicBool::new(false),
+                nested: AtomicUsize::new(0),
             }),
         }
     }
@@ -279,6 +283,21 @@ impl Lease {
     pub(crate) fn set_releasing(&self) {
         self.inner.releasing.store(true, Ordering::Release);
         self.inner.on_release.wake();
+        if self.inner.nested.load(Ordering::Acquire) > 0 {
+            // A nested guard outlived the hold it re-entered (kept past the handler, or moved
+            // into a spawned task): for it the lease is gone.
+            self.mark_lost(LostReason::NotHeld);
+        }
+    }
+
+    /// Counts a nested guard on this lease, until [`leave_nested`](Self::leave_nested).
+    pub(crate) fn enter_nested(&self) {
+        self.inner.nested.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A nested guard on this lease is gone.
+    pub(crate) fn leave_nested(&self) {
+        self.inner.nested.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Registers the waker of this lease's background renewal, woken by

@@ -150,14 +150,25 @@
 //! # Feature flags
 //!
 //! - `axum` (default): the [`Lease`] extractor, [`Key::path_param`], and route-template scopes.
+//! - `redis` (default): `RedisStore` and `RedlockStore`, and idempotency records and fenced
+//!   writes on Redis. Without it the crate has [`MemoryStore`] only and compiles no Redis
+//!   client. Its constructors take URLs as strings; the few that take a connection of your own
+//!   (`RedisStore::from_connection_manager`, `from_multiplexed`) take the `redis` crate's
+//!   types, of the version this crate depends on (1.x).
+//! - `bb8` (implies `redis`): `RedisStore::from_pool` and `RedisStore::pool_builder`, over a
+//!   bb8-redis pool (0.26).
 //! - `serde`: [`LockConfig`] and [`Wait`] deserialize from any serde format.
-//! - `cluster`: `ClusterStore`, for Redis Cluster.
-//! - `sentinel`: `SentinelStore`, for a master monitored by Redis Sentinel (follows failovers).
-//! - `tls`: TLS to Redis for every store (`rediss://` URLs), through rustls with the *ring*
+//! - `cluster` (implies `redis`): `ClusterStore`, for Redis Cluster.
+//! - `sentinel` (implies `redis`): `SentinelStore`, for a master monitored by Redis Sentinel
+//!   (follows failovers).
+//! - `tls` (implies `redis`): TLS to Redis for every store (`rediss://` URLs), through rustls with the *ring*
 //!   crypto provider, and `TlsConfig` for a private CA bundle and a client certificate (mutual
 //!   TLS): each store's `connect_with_tls`. See `docs/SECURITY.md`.
 //! - `metrics`: counters, histograms and a gauge for every lease through the
 //!   [`metrics`](https://docs.rs/metrics) facade (see `docs/OBSERVABILITY.md`).
+//!
+//! The crate re-exports neither `redis` nor `bb8_redis`: code that builds its own connection
+//! or pool depends on them itself, at the versions above.
 //!
 //! # Observability
 //!
@@ -211,16 +222,11 @@ pub use store::ClusterStore;
 pub use store::SentinelStore;
 #[cfg(feature = "tls")]
 pub use store::TlsConfig;
-pub use store::{LockStore, MemoryStore, RedisStore, RedlockStore};
+pub use store::{LockStore, MemoryStore};
+#[cfg(feature = "redis")]
+pub use store::{RedisStore, RedlockStore};
 pub use token::Token;
 pub use wait::Wait;
-
-/// The bb8-redis crate this crate's [`RedisStore`] is built on, to build pools of the same version.
-#[cfg(feature = "bb8")]
-pub use bb8_redis;
-/// The redis crate this crate's [`RedisStore`] is built on, to build connections of the same
-/// version (a `ConnectionManager` for [`RedisStore::from_connection_manager`]).
-pub use redis;
 
 #[cfg(all(doctest, feature = "axum"))]
 #[doc = include_str!("../README.md")]

@@ -44,6 +44,7 @@ const CRC_TABLES: [[u16; 256]; 8] = {
     tables
 };
 
+#[cfg_attr(not(feature = "redis"), allow(dead_code))] // constructed by the Redis stores
 fn crc16(data: &[u8]) -> u16 {
     Crc16::default().update(data).0
 }
@@ -90,6 +91,7 @@ impl Crc16 {
 
 /// The hash slot of `key`, by Redis's rule: only the part between the first `{` and the first
 /// `}` after it counts, if that part is not empty.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))] // constructed by the Redis stores
 pub(crate) fn of(key: &[u8]) -> u16 {
     let hashed = key
         .iter()

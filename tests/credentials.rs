@@ -199,7 +199,8 @@ async fn scenario(seen: &mut Seen) {
         }
         #[cfg(feature = "sentinel")]
         {
-            use tower_lock::{SentinelStore, redis::RedisConnectionInfo};
+            use redis::RedisConnectionInfo;
+            use tower_lock::SentinelStore;
             use tower_lock_testkit::sentinel::{MASTER_NAME, SentinelSetup};
             let options = tls_options();
             let setup = tokio::task::block_in_place(|| {
@@ -247,10 +248,8 @@ async fn scenario(seen: &mut Seen) {
 
     #[cfg(feature = "sentinel")]
     {
-        use tower_lock::{
-            SentinelStore,
-            redis::{RedisConnectionInfo, sentinel::SentinelNodeConnectionInfo},
-        };
+        use redis::{RedisConnectionInfo, sentinel::SentinelNodeConnectionInfo};
+        use tower_lock::SentinelStore;
         use tower_lock_testkit::sentinel::{MASTER_NAME, SentinelSetup};
         let options = RedisServer::options().password(PASSWORD);
         let setup = tokio::task::block_in_place(|| {

@@ -24,13 +24,11 @@ use axum::{
     http::StatusCode,
     routing::post,
 };
+use bb8_redis::{RedisConnectionManager, bb8};
 use instances::{Counts, Instance, Plan, audit, run_load};
 use serde::Deserialize;
 use support::{LockKeys, body_json, purchase, send};
-use tower_lock::{
-    Key, Lease, LockConfig, LockLayer, LockStore, OnLeaseLost, RedisStore, Wait,
-    bb8_redis::{RedisConnectionManager, bb8},
-};
+use tower_lock::{Key, Lease, LockConfig, LockLayer, LockStore, OnLeaseLost, RedisStore, Wait};
 use tower_lock_testkit::{Proxy, RedisServer, calls_of, http::Http};
 
 // -------------------------------------------------------------------------------------------

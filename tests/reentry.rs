@@ -17,7 +17,7 @@ use axum::{
     http::{Method, Request, StatusCode},
     routing::get,
 };
-use support::{body_json, handoff_subscriptions, send};
+use support::{LockKeys, body_json, handoff_subscriptions, send};
 use tower_lock::{Key, Lease, LockConfig, LockError, LockLayer, Locker, RedisStore, Wait};
 use tower_lock_testkit::RedisServer;
 
@@ -136,8 +136,9 @@ async fn a_spawned_task_does_not_re_enter() {
 }
 
 /// A request that holds its key shared re-enters it shared at once; an exclusive acquire of
-/// the same key is no re-entry (a reader cannot become the writer) and waits, here until its
-/// deadline. `Locker::run` re-enters the same way.
+/// the same key is no re-entry (a reader cannot become the writer): it could only wait for
+/// its own request, and fails at once with a configuration error. `Locker::run` re-enters the
+/// same way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_holder_re_enters_shared_only() {
     let server = RedisServer::start();
@@ -156,12 +157,13 @@ async fn a_shared_holder_re_enters_shared_only() {
                         .wait(half_a_second())
                         .await;
                     let shared_took = started.elapsed();
+                    let started = Instant::now();
                     let exclusive = locker.acquire(key).exclusive().wait(half_a_second()).await;
                     serde_json::json!({
                         "shared": shared.is_ok(),
                         "shared_ms": shared_took.as_millis() as u64,
-                        "exclusive_contended":
-                            matches!(exclusive, Err(LockError::Contended { .. })),
+                        "exclusive_refused": matches!(exclusive, Err(LockError::Config(_))),
+                        "exclusive_ms": started.elapsed().as_millis() as u64,
                     })
                     .to_string()
                 }
@@ -181,7 +183,8 @@ async fn a_shared_holder_re_enters_shared_only() {
     let body = body_json(response).await;
     assert_eq!(body["shared"], true, "{body}");
     assert!(body["shared_ms"].as_u64().unwrap() < 200, "{body}");
-    assert_eq!(body["exclusive_contended"], true, "{body}");
+    assert_eq!(body["exclusive_refused"], true, "{body}");
+    assert!(body["exclusive_ms"].as_u64().unwrap() < 200, "{body}");
 
     // `Locker::run`'s work re-enters its own lease.
     let config = LockConfig::builder().wait(half_a_second()).build().unwrap();
@@ -202,4 +205,225 @@ async fn a_shared_holder_re_enters_shared_only() {
     assert!(inner > 0);
     // Released by the run's end, not by the nested guard's.
     assert!(locker.try_acquire(key).await.unwrap().is_some());
+}
+
+/// A nested guard kept past the hold it re-entered (returned from `run`'s work, as it could be
+/// moved into a spawned task) is lost once its holder releases: it no longer says the key is
+/// held while another process holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nested_guard_kept_past_its_holder_is_lost() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let other = Locker::new(RedisStore::connect(server.url()).await.unwrap());
+    let key = locker.key("items", "sku-1").unwrap();
+    let nested = locker
+        .run(key.clone(), {
+            let (locker, key) = (locker.clone(), key.clone());
+            async move { locker.acquire(key).await.unwrap() }
+        })
+        .await
+        .unwrap();
+    let taken = other.acquire(key).try_once().await.unwrap();
+    assert!(taken.is_some(), "the holder's release did not free the key");
+    assert!(
+        nested.lease().is_lost(),
+        "a nested guard outlived its holder"
+    );
+    assert!(
+        !nested.release().await.unwrap(),
+        "released as if still held"
+    );
+    // Negative control: a nested guard dropped within its holder's work loses nothing.
+    let key = locker.key("items", "sku-2").unwrap();
+    let outer_kept = locker
+        .run(key.clone(), {
+            let (locker, key) = (locker.clone(), key.clone());
+            async move {
+                let nested = locker.acquire(key).await.unwrap();
+                let token = nested.fencing_token();
+                assert!(nested.release().await.unwrap());
+                token
+            }
+        })
+        .await;
+    assert!(outer_kept.is_ok(), "{outer_kept:?}");
+}
+
+/// A nested acquire that asks for more of a key than its task holds (that key with another,
+/// more permits than it holds, exclusive over shared) could only wait for itself: it fails at
+/// once with a configuration error, even under a wait policy with no deadline, rather than
+/// waiting (here, forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nested_acquire_of_more_than_is_held_fails_at_once() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let forever = Wait::constant(Duration::from_millis(50)).forever();
+    let (one, two) = (
+        locker.key("items", "sku-1").unwrap(),
+        locker.key("items", "sku-2").unwrap(),
+    );
+    let answers = tokio::time::timeout(
+        Duration::from_secs(5),
+        locker.run(one.clone(), {
+            let locker = locker.clone();
+            async move {
+                let started = Instant::now();
+                let set = locker
+                    .acquire(tower_lock::KeySet::new([one, two.clone()]))
+                    .wait(forever)
+                    .await
+                    .map(drop);
+                // Another key alone is no re-entry, and is taken as usual.
+                let other = locker.acquire(two).await.map(drop);
+                (started.elapsed(), set, other)
+            }
+        }),
+    )
+    .await
+    .expect("the nested acquire waited for its own holder")
+    .unwrap();
+    let (took, set, other) = answers;
+    assert!(matches!(set, Err(LockError::Config(_))), "{set:?}");
+    assert!(other.is_ok(), "{other:?}");
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    // More permits than held, when the key has no room for both.
+    let key = locker.key("provider", "acct-1").unwrap();
+    let heavier = tokio::time::timeout(
+        Duration::from_secs(5),
+        locker.acquire(key.clone()).permits(2).run({
+            let locker = locker.clone();
+            async move {
+                locker
+                    .acquire(key)
+                    .permits(2)
+                    .weight(2)
+                    .wait(Wait::constant(Duration::from_millis(50)).forever())
+                    .await
+                    .map(drop)
+            }
+        }),
+    )
+    .await
+    .expect("the nested acquire waited for its own holder");
+    assert!(
+        matches!(heavier, Ok(Err(LockError::Config(_)))),
+        "{heavier:?}"
+    );
+}
+
+/// Re-entry is per store: a task that holds a key on one store holds nothing on another with
+/// the same key bytes (a nested acquire there takes that store's lock, and waits for whoever
+/// holds it); lockers over clones of one store re-enter each other's leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn re_entry_is_per_store() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(server.url()).await.unwrap();
+    handoff_subscriptions(&server, 1).await;
+    let redis = Locker::new(store.clone());
+    let clone = Locker::new(store);
+    let local = Locker::new(tower_lock::MemoryStore::new());
+    let other = Locker::new(RedisStore::connect(server.url()).await.unwrap());
+    let key = redis.key("accounts", "acct-1").unwrap();
+    let in_redis = local
+        .run(key.clone(), {
+            let (redis, key) = (redis.clone(), key.clone());
+            async move {
+                let guard = redis.acquire(key.clone()).await.unwrap();
+                let held =
+                    tokio::spawn(
+                        async move { other.acquire(key).try_once().await.unwrap().is_none() },
+                    )
+                    .await
+                    .unwrap();
+                drop(guard);
+                held
+            }
+        })
+        .await
+        .unwrap();
+    assert!(
+        in_redis,
+        "the Redis lock was not taken under a memory store's lease"
+    );
+    // Nested in a Redis lease, through a locker over a clone of its store: at once.
+    let started = Instant::now();
+    let nested = redis
+        .run(
+            key.clone(),
+            async move { clone.acquire(key).await.map(drop) },
+        )
+        .await
+        .unwrap();
+    assert!(nested.is_ok(), "{nested:?}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+/// `Locker::run` re-entered in a handler whose layer continues after a loss
+/// (`OnLeaseLost::Continue`) still drops its work the moment the lease is lost, as a `run` of
+/// its own does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nested_run_is_dropped_when_the_lease_is_lost() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(server.url()).await.unwrap();
+    handoff_subscriptions(&server, 1).await;
+    let locker = Locker::with_config(
+        store,
+        LockConfig::builder()
+            .ttl(Duration::from_millis(900))
+            .on_lease_lost(tower_lock::OnLeaseLost::Continue)
+            .build()
+            .unwrap(),
+    );
+    let seen: Arc<Mutex<Option<Result<(), LockError>>>> = Arc::default();
+    let app = Router::new()
+        .route(
+            "/items/{sku}",
+            get({
+                let (locker, seen) = (locker.clone(), Arc::clone(&seen));
+                move |Path(sku): Path<String>| async move {
+                    let key = locker.key("items", &sku).unwrap();
+                    let ran = locker
+                        .run(key, tokio::time::sleep(Duration::from_secs(30)))
+                        .await;
+                    *seen.lock().unwrap() = Some(ran);
+                    "done"
+                }
+            }),
+        )
+        .route_layer(LockLayer::from_locker(locker, Key::path_param("sku")).namespace("items"));
+    let request = tokio::spawn({
+        let app = app.clone();
+        async move {
+            send(
+                &app,
+                Request::get("/items/sku-1").body(Body::empty()).unwrap(),
+            )
+            .await
+        }
+    });
+    // Held: then lost, its key deleted (as a restart without persistence would).
+    let mut conn = server.client().await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let keys = loop {
+        let keys = server.lock_keys().await;
+        if !keys.is_empty() || Instant::now() > deadline {
+            break keys;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(!keys.is_empty(), "the request never held its key");
+    for key in keys {
+        let _: i64 = redis::cmd("DEL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let answered = tokio::time::timeout(Duration::from_secs(10), request).await;
+    assert!(
+        answered.is_ok(),
+        "the nested run's work was not dropped at the loss"
+    );
+    let ran = seen.lock().unwrap().take();
+    assert!(matches!(ran, Some(Err(LockError::LeaseLost(_)))), "{ran:?}");
 }

@@ -16,10 +16,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use bb8_redis::RedisConnectionManager;
 use support::Backend;
 use tower_lock::{
     LockConfig, LockStore, Locker, RedisStore, RedlockStore, Wait,
-    bb8_redis::RedisConnectionManager,
     store::{StoreError, StoreErrorKind, TlsConfig},
 };
 use tower_lock_testkit::{RedisServer, TestCerts, TlsOptions, calls_of, free_port};
@@ -288,7 +288,8 @@ mod cluster {
 #[cfg(feature = "sentinel")]
 mod sentinel {
     use super::*;
-    use tower_lock::{SentinelStore, redis::RedisConnectionInfo};
+    use redis::RedisConnectionInfo;
+    use tower_lock::SentinelStore;
     use tower_lock_testkit::sentinel::{MASTER_NAME, SentinelSetup};
 
     struct Sentinel {

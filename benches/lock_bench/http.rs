@@ -18,12 +18,10 @@ use axum::{
     http::{Request, StatusCode},
     routing::post,
 };
+use bb8_redis::{RedisConnectionManager, bb8};
 use redis::{Script, aio::MultiplexedConnection};
 use tower::ServiceExt;
-use tower_lock::{
-    Key, LockLayer, RedisStore, Token,
-    bb8_redis::{RedisConnectionManager, bb8},
-};
+use tower_lock::{Key, LockLayer, RedisStore, Token};
 use tower_lock_testkit::{RedisServer, monitor::Monitor, wrk::Wrk};
 
 use crate::{

@@ -16,7 +16,7 @@ use super::{
     guard::LeaseGuard,
     hold::{Guarded, poll_guarded},
     locker::Locker,
-    reentry::{Held, held_covering},
+    reentry::{Held, Reentry, reentry},
     terms::Terms,
 };
 use crate::{
@@ -245,9 +245,20 @@ impl Acquiring {
             counts,
         } = self.take();
         let keys = counts.apply(keys)?;
-        // Re-entered by its holder: the work runs under the hold around it.
-        if held_covering(&keys).is_some() {
-            return Ok(work.await);
+        let store = locker.shared().store.identity();
+        match reentry(&keys, store) {
+            // Re-entered by its holder: the work runs under the hold around it, and is dropped
+            // the moment that hold is lost, as a `run` of its own would be.
+            Reentry::Covered(lease) => {
+                let work = std::pin::pin!(work);
+                return tokio::select! {
+                    biased;
+                    reason = lease.lost() => Err(LockError::LeaseLost(reason)),
+                    output = work => Ok(output),
+                };
+            }
+            Reentry::Blocked => return Err(waits_for_itself().into()),
+            Reentry::Fresh => {}
         }
         let span = lease_span(&locker, &keys);
         let mut hold = match locker.hold(keys, span.clone(), terms).await {
@@ -257,7 +268,7 @@ impl Acquiring {
                 return Err(error);
             }
         };
-        let mut work = Box::pin(Held::within_current(hold.lease().clone()).scope(work));
+        let mut work = Box::pin(Held::within_current(hold.lease().clone(), store).scope(work));
         let guarded = std::future::poll_fn(|cx| poll_guarded(work.as_mut(), &mut hold, cx))
             .instrument(span.clone())
             .await;
@@ -302,9 +313,13 @@ impl Future for Acquiring {
                 Err(error) => return Poll::Ready(Err(error.into())),
             };
             // Re-entered by its holder (this task holds the keys): a guard on the same hold.
-            if let Some(lease) = held_covering(&keys) {
-                let engine = Arc::clone(locker.shared());
-                return Poll::Ready(Ok(LeaseGuard::nested(lease, engine)));
+            match reentry(&keys, locker.shared().store.identity()) {
+                Reentry::Covered(lease) => {
+                    let engine = Arc::clone(locker.shared());
+                    return Poll::Ready(Ok(LeaseGuard::nested(lease, engine)));
+                }
+                Reentry::Blocked => return Poll::Ready(Err(waits_for_itself().into())),
+                Reentry::Fresh => {}
             }
             let span = lease_span(&locker, &keys);
             let hold = locker.hold(keys, span.clone(), terms);
@@ -346,4 +361,16 @@ impl fmt::Debug for Acquiring {
             _ => f.debug_struct("Acquiring").finish_non_exhaustive(),
         }
     }
+}
+
+/// A nested acquire that asks for more of a key than its task holds: it could only wait for
+/// its own holder.
+fn waits_for_itself() -> ConfigError {
+    ConfigError::new(
+        "keys",
+        "this task already holds one of these keys (a nested acquire within its holder) and \
+         asks for more of it than it holds (that key with others, more weight, or exclusive \
+         over shared), which it could only wait for; take every key in the outer acquire, or \
+         take this one outside it",
+    )
 }

@@ -84,7 +84,7 @@ pub struct LeaseGuard {
     hold: Option<Hold>,
     /// A nested acquire's lease on the hold of an acquire around it in the same task (see
     /// [`Locker::acquire`](super::Locker::acquire)): neither renewed nor released by this guard.
-    nested: Option<Lease>,
+    nested: Option<Nested>,
     // Keeps the locker (its background task) alive as long as the lease.
     _engine: Arc<Engine>,
 }
@@ -100,9 +100,10 @@ impl LeaseGuard {
 
     /// A guard on `lease`, which an outer holder of the same task holds and releases.
     pub(crate) fn nested(lease: Lease, engine: Arc<Engine>) -> Self {
+        lease.enter_nested();
         Self {
             hold: None,
-            nested: Some(lease),
+            nested: Some(Nested(lease)),
             _engine: engine,
         }
     }
@@ -111,7 +112,7 @@ impl LeaseGuard {
     pub fn lease(&self) -> &Lease {
         match (&self.hold, &self.nested) {
             (Some(hold), _) => hold.lease(),
-            (None, Some(lease)) => lease,
+            (None, Some(Nested(lease))) => lease,
             (None, None) => unreachable!("a guard holds its lease until released"),
         }
     }
@@ -119,10 +120,11 @@ impl LeaseGuard {
     /// Stops renewing and releases the lease now. `Ok(false)`: it was no longer ours.
     ///
     /// A nested guard (a re-entry of a lease its task holds) releases nothing: the outer holder
-    /// does. It answers whether the lease is still held.
+    /// does. It answers whether the lease is still held (`false` once the outer holder has
+    /// released it: a nested guard kept past its holder is lost then).
     pub async fn release(mut self) -> Result<bool, StoreError> {
-        if let Some(lease) = self.nested.take() {
-            return Ok(!lease.is_lost());
+        if let Some(Nested(lease)) = &self.nested {
+            return Ok(!lease.is_lost() && !lease.is_releasing());
         }
         let mut hold = self
             .hold
@@ -149,10 +151,24 @@ impl fmt::Debug for LeaseGuard {
         f.debug_struct("LeaseGuard")
             .field(
                 "lease",
-                &self.hold.as_ref().map(Hold::lease).or(self.nested.as_ref()),
+                &self
+                    .hold
+                    .as_ref()
+                    .map(Hold::lease)
+                    .or(self.nested.as_ref().map(|n| &n.0)),
             )
             .field("nested", &self.nested.is_some())
             .finish()
+    }
+}
+
+/// A nested guard's lease, counted on the lease while the guard lives (see
+/// [`Lease::enter_nested`]).
+struct Nested(Lease);
+
+impl Drop for Nested {
+    fn drop(&mut self) {
+        self.0.leave_nested();
     }
 }
 

@@ -121,15 +121,19 @@ impl Locker {
     /// A task that holds a lease re-enters it: inside a handler behind [`LockLayer`] (or the
     /// work of [`run`](Self::run)), and anything it awaits in that task, an acquire of keys the
     /// lease holds (the same key bytes: the same prefix, namespace and value, through any
-    /// locker) returns at once with a guard on the same hold and fencing token, whose release
-    /// or drop leaves the outer lease held; the outer holder releases it. What the task
-    /// [`spawn`](tokio::spawn)s runs in another task and is another holder: its acquire waits
-    /// for the lease like any other request's. A held shared lease (or one permit) is
-    /// re-entered by an acquire asking for no more of the key (shared, or as many permits); an
-    /// exclusive acquire of a key the task holds shared is no re-entry (a reader cannot turn
-    /// into the writer while other readers hold the key) and waits like any other. A
-    /// [`LeaseGuard`] kept in a variable is not re-entered by the code after it: run that code
-    /// through [`run`](Self::run).
+    /// locker over the same store or a clone of it) returns at once with a guard on the same
+    /// hold and fencing token, whose release or drop leaves the outer lease held; the outer
+    /// holder releases it. A nested guard kept past its holder's release (returned from the
+    /// work, or moved into a spawned task) is lost then. The same bytes on another store are
+    /// another lock, taken as usual. What the task [`spawn`](tokio::spawn)s runs in another
+    /// task and is another holder: its acquire waits for the lease like any other request's. A
+    /// held shared lease (or one permit) is re-entered by an acquire asking for no more of the
+    /// key (shared, or as many permits). An acquire that asks for more of a held key than the
+    /// task holds (that key with others, more permits than the key has room for beside the
+    /// task's, exclusive over shared) could only wait for its own holder: it fails at once with
+    /// [`LockError::Config`](crate::LockError::Config). A [`LeaseGuard`] kept in a variable is
+    /// not re-entered by the code after it: run that code through [`run`](Self::run), whose
+    /// work, re-entered, is still dropped the moment the lease is lost.
     ///
     /// [`LockLayer`]: crate::LockLayer
     pub fn acquire(&self, keys: impl Into<KeySet>) -> Acquiring {

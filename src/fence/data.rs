@@ -165,6 +165,7 @@ macro_rules! keeps_fenced_data {
 }
 
 keeps_fenced_data! {
+    #[cfg(feature = "redis")]
     crate::RedisStore,
     #[cfg(feature = "cluster")]
     crate::ClusterStore,

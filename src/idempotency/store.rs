@@ -32,6 +32,7 @@ macro_rules! keeps_records {
 
 keeps_records! {
     crate::MemoryStore,
+    #[cfg(feature = "redis")]
     crate::RedisStore,
     #[cfg(feature = "cluster")]
     crate::ClusterStore,

@@ -220,7 +220,8 @@ where
                     let mut request = request.take().expect(POLLED_AFTER_READY);
                     request.extensions_mut().insert(hold.lease().clone());
                     let fut = service.take().expect(POLLED_AFTER_READY).call(request);
-                    let fut = Held::within_current(hold.lease().clone()).scope(fut);
+                    let store = state.locker.engine().store.identity();
+                    let fut = Held::within_current(hold.lease().clone(), store).scope(fut);
                     let state = Some(Arc::clone(state));
                     this.state.set(State::Running {
                         fut,

@@ -48,6 +48,10 @@ pub struct Capabilities {
     /// Fenced writes to data kept in the store (`crate::fence`): for `FencedData`, not the
     /// engine.
     pub(crate) fenced: Option<Arc<dyn FencedWrites>>,
+    /// What the store's clones share (an address), so that lockers over clones of one store
+    /// know they hold the same locks (re-entry, `crate::engine::reentry`); `None`: each locker
+    /// over the store is a store of its own.
+    pub(crate) identity: Option<usize>,
 }
 
 impl Capabilities {
@@ -208,6 +212,7 @@ pub(crate) enum SetAttempt {
     /// The key at `blocked` is held by another holder, and the caller has a place in its
     /// hand-off queue: check again within `expires_in` if told nothing. `since`: for
     /// [`HandOff::queue_watch`].
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))] // constructed by the Redis stores
     Queued {
         expires_in: Option<Duration>,
         blocked: usize,
@@ -224,6 +229,7 @@ pub(crate) enum Attempt {
     Contended { expires_in: Option<Duration> },
     /// Held by another holder, and the caller has a place in the key's hand-off queue: check
     /// again within `expires_in` if told nothing. `since`: for [`HandOff::queue_watch`].
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))] // constructed by the Redis stores
     Queued {
         expires_in: Option<Duration>,
         since: Epoch,
@@ -251,6 +257,7 @@ impl From<super::Acquire> for Attempt {
 
 /// What a queued waiter hears from its store, through [`QueueWatch::signal`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "redis"), allow(dead_code))] // constructed by the Redis stores
 pub(crate) enum Signal {
     /// The key was handed to the waiter's token. It is held for the waiter at least until
     /// `valid_until` (or is already lost, if that has passed); the waiter confirms it with a
@@ -277,6 +284,7 @@ pub(crate) trait QueueSignals: Send {
 }
 
 impl QueueWatch {
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))] // constructed by the Redis stores
     pub(crate) fn new(signals: impl QueueSignals + 'static) -> Self {
         Self(Box::pin(signals))
     }
@@ -375,6 +383,8 @@ impl Capabilities {
                 .fenced
                 .is_some()
                 .then_some(routed as Arc<dyn FencedWrites>),
+            // The routing store's own: its targets change.
+            identity: None,
         }
     }
 }
@@ -568,11 +578,18 @@ pub(crate) struct Backend {
 
 impl Backend {
     pub(crate) fn new(store: impl LockStore) -> Self {
-        let caps = store.capabilities();
-        Self {
-            store: Arc::new(store),
-            caps,
-        }
+        let mut caps = store.capabilities();
+        let store: Arc<dyn super::DynStore> = Arc::new(store);
+        caps.identity = Some(
+            caps.identity
+                .unwrap_or(Arc::as_ptr(&store).cast::<()>() as usize),
+        );
+        Self { store, caps }
+    }
+
+    /// Which store this is: the same for lockers over clones of one of the crate's stores.
+    pub(crate) fn identity(&self) -> usize {
+        self.caps.identity.unwrap_or_default()
     }
 
     /// One attempt; with `wait` and a store that hands off, one that queues the caller.

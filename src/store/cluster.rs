@@ -72,12 +72,12 @@ impl ClusterStore {
     ///
     /// Once connected, it asks every master for its eviction policy and logs a warning for each
     /// that may evict lock keys (see [`eviction`](Self::eviction)).
-    pub async fn connect<T: IntoConnectionInfo>(
+    pub async fn connect<T: AsRef<str>>(
         seeds: impl IntoIterator<Item = T>,
     ) -> Result<Self, StoreError> {
         let seeds = seeds
             .into_iter()
-            .map(|seed| seed.into_connection_info().map_err(redis_error))
+            .map(|seed| seed.as_ref().into_connection_info().map_err(redis_error))
             .collect::<Result<Vec<_>, _>>()?;
         Self::connect_seeds(seeds, Ok).await
     }
@@ -86,7 +86,7 @@ impl ClusterStore {
     /// for the seeds and every node the client finds (the `tls` feature, and nodes started with
     /// `tls-cluster yes`); the seeds are `rediss://` URLs.
     #[cfg(feature = "tls")]
-    pub async fn connect_with_tls<T: IntoConnectionInfo>(
+    pub async fn connect_with_tls<T: AsRef<str>>(
         seeds: impl IntoIterator<Item = T>,
         tls: &super::TlsConfig,
     ) -> Result<Self, StoreError> {

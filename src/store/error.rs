@@ -89,6 +89,7 @@ impl StoreError {
 
     /// This error, as the reason connecting to `target` ("the Redis server at host:port")
     /// failed: its kind, and a message that says both.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))] // constructed by the Redis stores
     pub(crate) fn while_connecting(self, target: &str) -> Self {
         Self {
             kind: self.kind,

@@ -15,10 +15,13 @@ mod capability;
 #[cfg(feature = "cluster")]
 mod cluster;
 pub(crate) mod error;
+#[cfg(feature = "redis")]
 mod eviction;
 pub(crate) mod fenced;
 mod memory;
+#[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redis")]
 mod redlock;
 #[cfg(feature = "sentinel")]
 mod sentinel;
@@ -33,15 +36,20 @@ pub use self::capability::Capabilities;
 #[cfg(feature = "sentinel")]
 pub(crate) use self::capability::Route;
 pub(crate) use self::capability::{
-    AcquireSet, Attempt, Backend, Completed, Epoch, HandOff, QueueSignals, QueueWatch, Records,
-    ReleaseNotice, ReleaseNotices, SetAttempt, Signal,
+    AcquireSet, Attempt, Backend, Completed, Epoch, Records, ReleaseNotice, ReleaseNotices,
+    SetAttempt, Signal,
 };
+#[cfg(any(feature = "redis", test))]
+pub(crate) use self::capability::{HandOff, QueueSignals, QueueWatch};
 #[cfg(feature = "cluster")]
 pub use self::cluster::ClusterStore;
 pub use self::error::{StoreError, StoreErrorKind};
+#[cfg(feature = "redis")]
 pub use self::eviction::Eviction;
 pub use self::memory::MemoryStore;
+#[cfg(feature = "redis")]
 pub use self::redis::RedisStore;
+#[cfg(feature = "redis")]
 pub use self::redlock::RedlockStore;
 #[cfg(feature = "sentinel")]
 pub use self::sentinel::SentinelStore;

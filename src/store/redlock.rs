@@ -122,12 +122,12 @@ impl RedlockStore {
     /// that time does not fix (its credentials, its TLS certificate, an invalid URL: a
     /// [`StoreError`] of kind `Authentication`, `Tls` or `Config`) fails the whole connect,
     /// quorum or not: it would never take part.
-    pub async fn connect<T: IntoConnectionInfo>(
+    pub async fn connect<T: AsRef<str>>(
         urls: impl IntoIterator<Item = T>,
     ) -> Result<Self, StoreError> {
         let infos = urls
             .into_iter()
-            .map(|url| url.into_connection_info().map_err(redis_error))
+            .map(|url| url.as_ref().into_connection_info().map_err(redis_error))
             .collect::<Result<Vec<_>, _>>()?;
         Self::connect_infos(infos).await
     }
@@ -135,7 +135,7 @@ impl RedlockStore {
     /// Like [`connect`](Self::connect), over TLS with `tls`'s CA bundle and client certificate
     /// for every node (the `tls` feature); the URLs are `rediss://` URLs.
     #[cfg(feature = "tls")]
-    pub async fn connect_with_tls<T: IntoConnectionInfo>(
+    pub async fn connect_with_tls<T: AsRef<str>>(
         urls: impl IntoIterator<Item = T>,
         tls: &super::TlsConfig,
     ) -> Result<Self, StoreError> {
@@ -423,6 +423,7 @@ impl LockStore for RedlockStore {
         Capabilities {
             group_commit: true,
             key_sets: Some(this),
+            identity: Some(Arc::as_ptr(&self.nodes).cast::<()>() as usize),
             ..Capabilities::none()
         }
     }

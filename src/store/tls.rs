@@ -242,23 +242,22 @@ impl TlsConfig {
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tower_lock::{RedisStore, bb8_redis::RedisConnectionManager, store::TlsConfig};
+    /// // The redis crate of the version tower-lock uses (1.x); a bb8-redis pool's
+    /// // `RedisConnectionManager::new` takes the same value.
+    /// use redis::{Client, aio::ConnectionManager};
+    /// use tower_lock::{RedisStore, store::TlsConfig};
     ///
     /// let tls = TlsConfig::new().ca_cert_file("/etc/redis/tls/ca.pem");
-    /// let manager = RedisConnectionManager::new(tls.connection_info("rediss://redis.internal:6380/")?)?;
-    /// let pool = RedisStore::pool_builder().build(manager).await?;
-    /// let store = RedisStore::from_pool(pool);
+    /// let client = Client::open(tls.connection_info("rediss://redis.internal:6380/")?)?;
+    /// let store = RedisStore::from_connection_manager(ConnectionManager::new(client).await?);
     /// # let _ = store; Ok(()) }
     /// ```
     ///
     /// A `redis://` URL is returned as it is when this names no certificate, and refused
     /// otherwise (see the [type's docs](Self)). Installs the crypto provider, as
     /// [`certificates`](Self::certificates) does.
-    pub fn connection_info<T: IntoConnectionInfo>(
-        &self,
-        url: T,
-    ) -> Result<ConnectionInfo, StoreError> {
-        let info = url.into_connection_info().map_err(redis_error)?;
+    pub fn connection_info<T: AsRef<str>>(&self, url: T) -> Result<ConnectionInfo, StoreError> {
+        let info = url.as_ref().into_connection_info().map_err(redis_error)?;
         self.apply(info)
     }
 

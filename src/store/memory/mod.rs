@@ -202,6 +202,7 @@ impl LockStore for MemoryStore {
             release_notices: Some(this.clone()),
             records: Some(this.clone()),
             key_sets: Some(this),
+            identity: Some(Arc::as_ptr(&self.inner) as usize),
             ..Capabilities::none()
         }
     }

@@ -184,8 +184,13 @@ impl RedisStore {
     /// Once connected, it asks the server for its eviction policy (`INFO memory`) and logs a
     /// warning if the server may evict lock keys (any `maxmemory-policy` but `noeviction`; see
     /// [`eviction`](Self::eviction)). A server that refuses `INFO` connects all the same.
-    pub async fn connect<T: IntoConnectionInfo>(url: T) -> Result<Self, StoreError> {
-        Ok(Self::connect_plain(url).await?.handoff(true))
+    pub async fn connect<T: AsRef<str>>(url: T) -> Result<Self, StoreError> {
+        Self::connect_info(url.as_ref()).await
+    }
+
+    /// [`connect`](Self::connect) to a parsed URL.
+    async fn connect_info<T: IntoConnectionInfo>(info: T) -> Result<Self, StoreError> {
+        Ok(Self::connect_plain(info).await?.handoff(true))
     }
 
     /// Like [`connect`](Self::connect), over TLS with `tls`'s CA bundle and client certificate
@@ -201,11 +206,11 @@ impl RedisStore {
     /// # let _ = store; Ok(()) }
     /// ```
     #[cfg(feature = "tls")]
-    pub async fn connect_with_tls<T: IntoConnectionInfo>(
+    pub async fn connect_with_tls<T: AsRef<str>>(
         url: T,
         tls: &super::TlsConfig,
     ) -> Result<Self, StoreError> {
-        Self::connect(tls.connection_info(url)?).await
+        Self::connect_info(tls.connection_info(url)?).await
     }
 
     /// Like [`connect`](Self::connect), without hand-off (for Redlock's nodes and Sentinel's
@@ -678,6 +683,7 @@ impl LockStore for RedisStore {
             records: Some(this.clone()),
             fenced: Some(this.clone()),
             key_sets: Some(this),
+            identity: Some(Arc::as_ptr(&self.committer) as usize),
             ..Capabilities::none()
         }
     }

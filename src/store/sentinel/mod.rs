@@ -141,7 +141,7 @@ impl SentinelStore {
     /// The sentinels' URLs carry what it takes to reach them (`redis://user:password@host:port/`);
     /// for a master that needs a password, a database other than 0 or TLS, use
     /// [`connect_with`](Self::connect_with).
-    pub async fn connect<T: IntoConnectionInfo>(
+    pub async fn connect<T: AsRef<str>>(
         sentinels: impl IntoIterator<Item = T>,
         master_name: &str,
     ) -> Result<Self, StoreError> {
@@ -158,10 +158,9 @@ impl SentinelStore {
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tower_lock::{
-    ///     SentinelStore,
-    ///     redis::{RedisConnectionInfo, sentinel::SentinelNodeConnectionInfo},
-    /// };
+    /// // The redis crate of the version tower-lock uses (1.x).
+    /// use redis::{RedisConnectionInfo, sentinel::SentinelNodeConnectionInfo};
+    /// use tower_lock::SentinelStore;
     ///
     /// let master = SentinelNodeConnectionInfo::default()
     ///     .set_redis_connection_info(RedisConnectionInfo::default().set_password("secret"));
@@ -169,14 +168,14 @@ impl SentinelStore {
     ///     SentinelStore::connect_with(["redis://10.0.0.1:26379/"], "mymaster", master).await?;
     /// # let _ = store; Ok(()) }
     /// ```
-    pub async fn connect_with<T: IntoConnectionInfo>(
+    pub async fn connect_with<T: AsRef<str>>(
         sentinels: impl IntoIterator<Item = T>,
         master_name: &str,
         master: SentinelNodeConnectionInfo,
     ) -> Result<Self, StoreError> {
         let sentinels = sentinels
             .into_iter()
-            .map(|url| url.into_connection_info().map_err(redis_error))
+            .map(|url| url.as_ref().into_connection_info().map_err(redis_error))
             .collect::<Result<Vec<_>, _>>()?;
         let target = sentinels_name(&sentinels, master_name);
         for sentinel in &sentinels {
@@ -211,7 +210,8 @@ impl SentinelStore {
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tower_lock::{SentinelStore, redis::RedisConnectionInfo, store::TlsConfig};
+    /// use redis::RedisConnectionInfo; // the redis crate of the version tower-lock uses (1.x)
+    /// use tower_lock::{SentinelStore, store::TlsConfig};
     ///
     /// let tls = TlsConfig::new().ca_cert_file("/etc/redis/tls/ca.pem");
     /// let master = RedisConnectionInfo::default().set_password("secret");
@@ -221,7 +221,7 @@ impl SentinelStore {
     /// # let _ = store; Ok(()) }
     /// ```
     #[cfg(feature = "tls")]
-    pub async fn connect_with_tls<T: IntoConnectionInfo>(
+    pub async fn connect_with_tls<T: AsRef<str>>(
         sentinels: impl IntoIterator<Item = T>,
         master_name: &str,
         master: RedisConnectionInfo,
@@ -463,7 +463,10 @@ impl LockStore for SentinelStore {
     /// hand-off from the new master), and idempotency records (next to the lock keys on the same
     /// master, as with [`RedisStore`]).
     fn capabilities(&self) -> Capabilities {
-        Capabilities::routed(Arc::new(self.clone()))
+        Capabilities {
+            identity: Some(Arc::as_ptr(&self.inner) as usize),
+            ..Capabilities::routed(Arc::new(self.clone()))
+        }
     }
 }
 
