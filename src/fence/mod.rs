@@ -75,6 +75,13 @@
 //! lease ran out, with no newer holder yet, still writes (its token is still the highest): from
 //! the data's point of view its work came first, and the next holder reads its result.
 //!
+//! A fence admits one holder at a time: it is for exclusive leases (a plain lease, or a writer
+//! of a key that readers share). Holders that run together by design (permits, readers of a
+//! shared lease) each have a token of their own, and each batch raises the fence to its token,
+//! so once a newer one has read or written, an older one's next batch is refused as
+//! [`FenceError::Stale`] though its lease is held. Fence what writers change; readers of a
+//! shared lease read the data directly.
+//!
 //! # The answer tells the truth
 //!
 //! A handler must answer from what the data did: 200 only when its writes were applied; 409
