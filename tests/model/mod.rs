@@ -94,7 +94,11 @@ impl fmt::Display for Report {
             self.elapsed
         )?;
         if self.overlaps > 0 {
-            write!(f, "; {} states with holders that share a key", self.overlaps)?;
+            write!(
+                f,
+                "; {} states with holders that share a key",
+                self.overlaps
+            )?;
         }
         if self.overtaken > 0 {
             write!(

@@ -614,7 +614,8 @@ fn command(call: &mut Call, interner: &mut Interner, args: &[Vec<u8>]) -> Result
             if db.string(key).is_some() || db.list(key).is_some() {
                 return Err("WRONGTYPE".into());
             }
-            let score = i32::try_from(int(&args[2])?).map_err(|_| "model Redis: a score beyond the horizon")?;
+            let score = i32::try_from(int(&args[2])?)
+                .map_err(|_| "model Redis: a score beyond the horizon")?;
             if score < 0 {
                 return Err("model Redis: a score before the model's past".into());
             }
@@ -679,7 +680,11 @@ fn command(call: &mut Call, interner: &mut Interner, args: &[Vec<u8>]) -> Result
             let with_scores = match args.len() {
                 4 => false,
                 5 if args[4].eq_ignore_ascii_case(b"WITHSCORES") => true,
-                _ => return Err("model Redis: only ZRANGE key start stop [WITHSCORES] is modelled".into()),
+                _ => {
+                    return Err(
+                        "model Redis: only ZRANGE key start stop [WITHSCORES] is modelled".into(),
+                    );
+                }
             };
             let key = interner.id(&args[1]);
             let members = zset_of(db, key)?;

@@ -524,9 +524,15 @@ impl Model {
             }
         };
         if let Some(counts) = &config.counts {
-            assert_eq!(counts.weights.len(), usize::from(config.processes), "a weight per process");
+            assert_eq!(
+                counts.weights.len(),
+                usize::from(config.processes),
+                "a weight per process"
+            );
             assert!(
-                config.sets.is_empty() && config.second_key.is_empty() && config.completes.is_empty(),
+                config.sets.is_empty()
+                    && config.second_key.is_empty()
+                    && config.completes.is_empty(),
                 "leases with counts are modelled on key X alone"
             );
         }
@@ -578,7 +584,11 @@ impl Model {
         let stamp = parse_stamp(&text[TOKEN_LEN..TOKEN_LEN + STAMP_LEN]);
         let weight = self.entry_weight(p);
         let tail = &text[TOKEN_LEN + STAMP_LEN..];
-        assert_eq!(&tail[..weight.len()], weight.as_bytes(), "a queue entry's weight");
+        assert_eq!(
+            &tail[..weight.len()],
+            weight.as_bytes(),
+            "a queue entry's weight"
+        );
         assert_eq!(&tail[weight.len()..], channel_text(p).as_bytes());
         self.entries.borrow_mut().insert(entry, (p, a, stamp));
         (p, a, stamp)
