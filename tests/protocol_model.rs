@@ -20,6 +20,21 @@
 //!   it (a signal or message on its way, a queue entry, a resubscription to come), unless a
 //!   message of its was lost.
 //!
+//! On a key with a capacity (leases with counts, the `counted` script: permits, readers and a
+//! writer, weights of one key's capacity), the same runs and failures, and:
+//!
+//! - **capacity**: the processes that believe they hold a valid lease take at most the
+//!   capacity between them, and a process that believes it holds one has a live member in the
+//!   key's sorted set;
+//! - **writer alone**: never a process that takes the whole capacity together with anyone;
+//! - **first come, first served**: as above, a waiter served in the same script run as the
+//!   ones behind it passing; so a queued head is not overtaken by lighter requests behind it,
+//!   and a reader does not pass a queued writer;
+//! - **fencing order**: holders that share a key may start in another order than their grants,
+//!   so each holder's token is above every earlier writer's, and a writer's above every
+//!   earlier holder's;
+//! - **no starvation**, as above.
+//!
 //! And it can fail: the same checker on deliberately broken scripts (and broken clients)
 //! finds each break, one per property, and prints the run that shows it. The model's Redis is
 //! checked against a real `redis-server` by replaying its script runs. See

@@ -26,6 +26,12 @@
 //! `release_set.lua`, and follows `src/engine/acquire.rs` for a set: a grant makes it attempt
 //! again at once (the attempt claims what was handed over), and while queued it attempts again
 //! at least every renewal interval, which keeps the keys the queue kept for it.
+//!
+//! With `counts`, key X has a capacity and each process takes its weight of it: the requests
+//! go through the `counted` batch script (`A`, `R` and `N` operations, `commit.rs`
+//! `counted_args`), the key is a sorted set of its holders' members (`token:weight`, scored by
+//! when each lease ends), and the queue entries carry the waiter's weight. The clients are the
+//! same: the engine waits for and claims a counted lease as a plain one.
 
 use std::{cell::RefCell, collections::HashMap, fmt::Write as _, rc::Rc};
 
