@@ -405,6 +405,16 @@ fn three_processes_on_two_permits_with_a_failure() {
     holds_counted(c);
 }
 
+/// Four processes taking one of two permits, contending from the start: two waiters queued
+/// when a holder lets go, of whom the release must serve one only.
+#[test]
+fn four_processes_on_two_permits() {
+    let mut c = counted("4 on 2 permits, together", 2, &[1, 1, 1, 1], faults(0));
+    c.start_together = true;
+    c.delays = false;
+    holds_counted(c);
+}
+
 /// Four processes taking one of three permits, contending from the start.
 #[test]
 fn four_processes_on_three_permits() {
@@ -470,10 +480,10 @@ fn weights_of_one_two_and_three() {
     holds_counted(c);
 }
 
-/// A subscription that breaks and comes back, on two readers and a writer contending from the
-/// start: a waiter skipped while its subscription was down checks again.
+/// A subscription that breaks and comes back, on three processes taking one of two permits,
+/// contending from the start: a waiter skipped while its subscription was down checks again.
 #[test]
-fn readers_and_a_writer_with_a_subscription_that_breaks() {
+fn permits_with_a_subscription_that_breaks() {
     let mut c = counted(
         "3 on 2 permits, together, a subscription break",
         2,

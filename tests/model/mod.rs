@@ -416,10 +416,15 @@ fn over_capacity(model: &Model, believers: &[usize], key: usize) -> Option<(Prop
                 Property::WriterAlone,
                 format!(
                     "P{}, which takes all of key {}, believes it holds a valid lease while {} \
-                     believe so too",
+                     {} so too",
                     w + 1,
                     key_name(key),
-                    names(&others)
+                    names(&others),
+                    if others.len() == 1 {
+                        "believes"
+                    } else {
+                        "believe"
+                    }
                 ),
             )
         }
