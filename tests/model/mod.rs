@@ -339,21 +339,21 @@ fn belief(s: &State, p: usize) -> Option<i16> {
     }
 }
 
+/// The processes that believe they hold a valid lease on `key`.
+fn believers(model: &Model, s: &State, key: usize) -> Vec<usize> {
+    (0..s.procs.len())
+        .filter(|&p| belief(s, p).is_some() && model.keys_of(p as u8).contains(&key))
+        .collect()
+}
+
 /// Whether two processes or more believe they hold one key.
 fn shared(model: &Model, s: &State) -> bool {
-    (0..2).any(|key| {
-        (0..s.procs.len())
-            .filter(|&p| belief(s, p).is_some() && model.keys_of(p as u8).contains(&key))
-            .count()
-            > 1
-    })
+    (0..2).any(|key| believers(model, s, key).len() > 1)
 }
 
 fn invariant(model: &Model, s: &State) -> Option<(Property, String)> {
     for key in 0..2 {
-        let believers: Vec<usize> = (0..s.procs.len())
-            .filter(|&p| belief(s, p).is_some() && model.keys_of(p as u8).contains(&key))
-            .collect();
+        let believers = believers(model, s, key);
         if model.config.counts.is_some() {
             if let Some(found) = over_capacity(model, &believers, key) {
                 return Some(found);
@@ -393,11 +393,10 @@ fn invariant(model: &Model, s: &State) -> Option<(Property, String)> {
 /// it) that take more than the capacity between them: a writer with anyone, or more permits
 /// than there are.
 fn over_capacity(model: &Model, believers: &[usize], key: usize) -> Option<(Property, String)> {
-    let weights: Vec<u64> = believers
+    let taken: u64 = believers
         .iter()
         .map(|&p| u64::from(model.weight(p as u8)))
-        .collect();
-    let taken: u64 = weights.iter().sum();
+        .sum();
     let capacity = model.capacity();
     if taken <= u64::from(capacity) {
         return None;

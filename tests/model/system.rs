@@ -1200,12 +1200,7 @@ impl Model {
                 rescan,
                 listen,
             } if counted => {
-                let (stamp, channel, rescan) = if listen {
-                    let stamp = self.interner.borrow_mut().id(stamp_text(stamp).as_bytes());
-                    (stamp, channel, if rescan { k.one } else { k.zero })
-                } else {
-                    (k.empty, k.empty, k.zero)
-                };
+                let (stamp, channel, rescan) = self.place(stamp, rescan, listen, channel);
                 batch.extend([
                     k.kind_acquire_counted,
                     token,
@@ -1232,12 +1227,7 @@ impl Model {
                 listen,
             } if set => {
                 // `src/store/redis/set.rs` `set_script`: no place, no stamp nor channel.
-                let (stamp, channel, rescan) = if listen {
-                    let stamp = self.interner.borrow_mut().id(stamp_text(stamp).as_bytes());
-                    (stamp, channel, if rescan { k.one } else { k.zero })
-                } else {
-                    (k.empty, k.empty, k.zero)
-                };
+                let (stamp, channel, rescan) = self.place(stamp, rescan, listen, channel);
                 batch = vec![token, k.ttl, k.retention, k.claim, stamp, channel, rescan];
                 (self.scripts.acquire_set, set_keys)
             }
@@ -1255,13 +1245,7 @@ impl Model {
                 rescan,
                 listen,
             } => {
-                // `commit.rs`: an attempt without a place sends `'' '' 0`.
-                let (stamp, channel, rescan) = if listen {
-                    let stamp = self.interner.borrow_mut().id(stamp_text(stamp).as_bytes());
-                    (stamp, channel, if rescan { k.one } else { k.zero })
-                } else {
-                    (k.empty, k.empty, k.zero)
-                };
+                let (stamp, channel, rescan) = self.place(stamp, rescan, listen, channel);
                 batch.extend([k.kind_acquire, token, k.ttl, stamp, channel, rescan]);
                 (self.scripts.ops, vec![lock, k.fence, queue])
             }
@@ -1349,10 +1333,9 @@ impl Model {
                 }
             }
             if let Some(after) = n.db.zset(k.locks[key]) {
-                // A key with a capacity is given to each member that was not there before.
-                let before = s.db.zset(k.locks[key]).unwrap_or(&[]);
-                for &(_, m) in after {
-                    if !before.iter().any(|&(_, b)| b == m) {
+                // A key with a capacity is given to each live member that was not live before.
+                for &(score, m) in after {
+                    if score > 0 && s.db.score(k.locks[key], m).is_none_or(|b| b <= 0) {
                         given.push((key, self.owners[&m]));
                     }
                 }
@@ -1394,6 +1377,18 @@ impl Model {
         succ.handed_on = !given.is_empty() && req.op == Op::Release;
         succ.given = given;
         succ
+    }
+
+    /// An attempt's place in the queue, as arguments: stamp, channel, rescan; without one (its
+    /// subscription down), `'' '' 0`, as `commit.rs` sends it.
+    fn place(&self, stamp: i16, rescan: bool, listen: bool, channel: Val) -> (Val, Val, Val) {
+        let k = &self.keys;
+        if listen {
+            let stamp = self.interner.borrow_mut().id(stamp_text(stamp).as_bytes());
+            (stamp, channel, if rescan { k.one } else { k.zero })
+        } else {
+            (k.empty, k.empty, k.zero)
+        }
     }
 
     fn token_of(&self, interner: &Interner, token: &[u8]) -> (u8, u8) {
