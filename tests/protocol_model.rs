@@ -20,6 +20,21 @@
 //!   it (a signal or message on its way, a queue entry, a resubscription to come), unless a
 //!   message of its was lost.
 //!
+//! On a key with a capacity (leases with counts, the `counted` script: permits, readers and a
+//! writer, weights of one key's capacity), the same runs and failures, and:
+//!
+//! - **capacity**: the processes that believe they hold a valid lease take at most the
+//!   capacity between them, and a process that believes it holds one has a live member in the
+//!   key's sorted set;
+//! - **writer alone**: never a process that takes the whole capacity together with anyone;
+//! - **first come, first served**: as above, a waiter served in the same script run as the
+//!   ones behind it passing; so a queued head is not overtaken by lighter requests behind it,
+//!   and a reader does not pass a queued writer;
+//! - **fencing order**: holders that share a key may start in another order than their grants,
+//!   so each holder's token is above every earlier writer's, and a writer's above every
+//!   earlier holder's;
+//! - **no starvation**, as above.
+//!
 //! And it can fail: the same checker on deliberately broken scripts (and broken clients)
 //! finds each break, one per property, and prints the run that shows it. The model's Redis is
 //! checked against a real `redis-server` by replaying its script runs. See
@@ -28,7 +43,7 @@
 
 mod model;
 
-use model::{Config, Faults, Model, Property, Report, Sources, Timing, check, check_model};
+use model::{Config, Counts, Faults, Model, Property, Report, Sources, Timing, check, check_model};
 use tower_lock_testkit::{Flavor, RedisServer};
 
 fn faults(budget: u8) -> Faults {
@@ -74,6 +89,7 @@ fn config(name: &str, processes: u8, faults: Faults) -> Config {
         poll_unqueued: true,
         breaks: vec![],
         pool: false,
+        counts: None,
         sources: Sources::crate_scripts(),
     }
 }
@@ -337,6 +353,172 @@ fn a_set_and_three_single_keys() {
     holds(c);
 }
 
+// ---- Keys with a capacity: permits, readers and writers (`counted.lua`). ----
+
+/// The capacity of a key only readers and writers share (`Share::READERS`).
+const READERS: u32 = u32::MAX;
+
+/// `config(name, weights.len(), faults)` on a key with `capacity`, each process taking its
+/// weight of it.
+fn counted(name: &str, capacity: u32, weights: &[u32], faults: Faults) -> Config {
+    let mut c = config(name, weights.len() as u8, faults);
+    c.counts = Some(Counts {
+        capacity,
+        weights: weights.to_vec(),
+    });
+    c
+}
+
+/// Runs the checker on a key with a capacity: as [`holds`], and some steps served more than
+/// one holder at once.
+fn holds_counted(config: Config) -> Report {
+    let report = holds(config);
+    assert!(report.overlaps > 0, "no two holders at once: {report}");
+    report
+}
+
+/// Three processes taking one of two permits, arriving at any time, with network delays: at
+/// most two hold at once, first come first served, everyone served.
+#[test]
+fn three_processes_on_two_permits() {
+    holds_counted(counted(
+        "3 on 2 permits, any arrival, delays",
+        2,
+        &[1, 1, 1],
+        faults(0),
+    ));
+}
+
+/// The same, contending from the start, with one failure of any kind: a holder that crashes
+/// or hangs keeps its permit until its lease runs out; a waiter that crashes, hangs, gives up
+/// or loses its grant.
+#[test]
+fn three_processes_on_two_permits_with_a_failure() {
+    let mut c = counted(
+        "3 on 2 permits, together, 1 failure",
+        2,
+        &[1, 1, 1],
+        faults(1),
+    );
+    c.start_together = true;
+    c.delays = false;
+    holds_counted(c);
+}
+
+/// Four processes taking one of two permits, contending from the start: two waiters queued
+/// when a holder lets go, of whom the release must serve one only.
+#[test]
+fn four_processes_on_two_permits() {
+    let mut c = counted("4 on 2 permits, together", 2, &[1, 1, 1, 1], faults(0));
+    c.start_together = true;
+    c.delays = false;
+    holds_counted(c);
+}
+
+/// Four processes taking one of three permits, contending from the start.
+#[test]
+fn four_processes_on_three_permits() {
+    let mut c = counted("4 on 3 permits, together", 3, &[1, 1, 1, 1], faults(0));
+    c.start_together = true;
+    c.delays = false;
+    holds_counted(c);
+}
+
+/// Two readers and a writer contending from the start, with network delays: never the writer
+/// with anyone; a writer queued behind a reader is not passed by the other reader.
+#[test]
+fn two_readers_and_a_writer() {
+    let mut c = counted(
+        "2 readers + writer, together, delays",
+        READERS,
+        &[1, 1, READERS],
+        faults(0),
+    );
+    c.start_together = true;
+    holds_counted(c);
+}
+
+/// Two readers and a writer contending from the start, with one failure of any kind.
+#[test]
+fn two_readers_and_a_writer_with_a_failure() {
+    let mut c = counted(
+        "2 readers + writer, together, 1 failure",
+        READERS,
+        &[1, 1, READERS],
+        faults(1),
+    );
+    c.start_together = true;
+    c.delays = false;
+    holds_counted(c);
+}
+
+/// Two readers and two writers contending from the start.
+#[test]
+fn two_readers_and_two_writers() {
+    let mut c = counted(
+        "2 readers + 2 writers, together",
+        READERS,
+        &[1, 1, READERS, READERS],
+        faults(0),
+    );
+    c.start_together = true;
+    c.delays = false;
+    holds_counted(c);
+}
+
+/// Permits of different weights on a key of 3: one of 1, one of 2, and one that takes all
+/// 3, arriving at any time: a heavy request is not overtaken by lighter ones behind it.
+#[test]
+fn weights_of_one_two_and_three() {
+    let mut c = counted(
+        "weights 1, 2, 3 of 3, any arrival",
+        3,
+        &[1, 2, 3],
+        faults(0),
+    );
+    c.delays = false;
+    holds_counted(c);
+}
+
+/// A subscription that breaks and comes back, on three processes taking one of two permits,
+/// contending from the start: a waiter skipped while its subscription was down checks again.
+#[test]
+fn permits_with_a_subscription_that_breaks() {
+    let mut c = counted(
+        "3 on 2 permits, together, a subscription break",
+        2,
+        &[1, 1, 1],
+        only_breaks(),
+    );
+    c.start_together = true;
+    c.delays = false;
+    holds_counted(c);
+}
+
+/// Calls through a pool: a waiter on permits that gives up while its attempt is on its way
+/// sends its release, which may reach Redis first; the late attempt takes a permit for a holder
+/// that is gone, until its lease runs out.
+#[test]
+fn permits_with_a_release_that_overtakes_its_attempt_on_a_pool() {
+    let mut f = faults(1);
+    f.crash = false;
+    f.hang = false;
+    f.lose = false;
+    let mut c = counted(
+        "3 on 2 permits, together, delays, a pool, 1 give-up",
+        2,
+        &[1, 1, 1],
+        f,
+    );
+    c.start_together = true;
+    c.pool = true;
+    let report = holds_counted(c);
+    assert!(
+        report.overtaken > 0,
+        "no release overtook its attempt: {report}"
+    );
+}
+
 // ---- Deliberately broken scripts: each must produce a counterexample. ----
 
 /// Two sets that take their keys in opposite orders (a client change: the crate's clients take
@@ -557,6 +739,89 @@ fn a_hand_over_that_skips_dead_waiters_without_asking_still_holds() {
     holds(c);
 }
 
+/// A release that gives its holder's weight back twice (it counts what is left after taking its
+/// own member out, then takes its weight off again): a writer is let in beside a reader still
+/// holding its permit.
+#[test]
+fn a_release_that_frees_its_weight_twice_lets_too_many_in() {
+    let mut c = counted(
+        "broken: a release frees its weight twice",
+        2,
+        &[1, 1, 2],
+        faults(0),
+    );
+    c.start_together = true;
+    c.delays = false;
+    c.sources.counted = broken(
+        &c.sources.counted,
+        "    local used = counted_used(lock, now)\n",
+        "    local used = counted_used(lock, now) - tonumber(weight)\n",
+    );
+    let (property, trace) = fails(c);
+    assert!(
+        matches!(
+            property,
+            Property::Capacity | Property::WriterAlone | Property::KeyAgrees
+        ),
+        "{trace}"
+    );
+}
+
+/// The same on permits alone: two holders of one permit each, two waiters; each release lets
+/// two in for the one it gives back.
+#[test]
+fn a_release_that_frees_its_weight_twice_exceeds_the_permits() {
+    let mut c = counted(
+        "broken: a release frees its weight twice, permits",
+        2,
+        &[1, 1, 1, 1],
+        faults(0),
+    );
+    c.start_together = true;
+    c.delays = false;
+    c.sources.counted = broken(
+        &c.sources.counted,
+        "    local used = counted_used(lock, now)\n",
+        "    local used = counted_used(lock, now) - tonumber(weight)\n",
+    );
+    let (property, trace) = fails(c);
+    assert_eq!(property, Property::Capacity, "{trace}");
+}
+
+/// A hand-off that does not count the waiters it serves: it lets in everyone queued whose own
+/// weight fits beside the holders that were there before.
+#[test]
+fn a_hand_off_that_does_not_count_whom_it_serves_exceeds_the_permits() {
+    let mut c = counted("broken: serve does not count", 2, &[1, 1, 1, 1], faults(0));
+    c.start_together = true;
+    c.delays = false;
+    c.sources.counted = broken(&c.sources.counted, "      used = used + weight\n", "");
+    let (property, trace) = fails(c);
+    assert_eq!(property, Property::Capacity, "{trace}");
+}
+
+/// An attempt that takes room without looking at the queue: a reader that arrives while a
+/// writer waits behind another reader barges past the writer.
+#[test]
+fn a_reader_that_ignores_the_queue_barges_past_a_queued_writer() {
+    let mut c = counted(
+        "broken: a reader barges",
+        READERS,
+        &[1, 1, READERS],
+        faults(0),
+    );
+    c.start_together = true;
+    c.delays = false;
+    c.sources.counted = broken(
+        &c.sources.counted,
+        "if (not queue or redis.call('LLEN', queue) == 0) and used + weight <= cap then",
+        "if used + weight <= cap then",
+    );
+    let (property, trace) = fails(c);
+    assert_eq!(property, Property::Fifo, "{trace}");
+    assert!(trace.contains("RPUSH tl:{k}:queue P3#1"), "{trace}");
+}
+
 // ---- The model's Redis is Redis. ----
 
 /// Every distinct script run of a checked configuration, replayed on a real `redis-server` and
@@ -592,5 +857,44 @@ async fn the_model_redis_answers_as_redis_server_does() {
             flavor.program()
         );
         assert!(a > 500 && b > 500 && c > 500, "{a} + {b} + {c}");
+    }
+}
+
+/// The same for the counted script: every distinct run of two checked configurations of keys
+/// with a capacity (permits, and readers with a writer, each with a failure), replayed on a
+/// real `redis-server` and `valkey-server`, with the holders' sorted set set up and read back
+/// on the server's clock.
+#[tokio::test]
+async fn the_model_redis_answers_as_redis_server_does_on_keys_with_a_capacity() {
+    let mut c = counted(
+        "3 on 2 permits, together, 1 failure (replayed)",
+        2,
+        &[1, 1, 1],
+        faults(1),
+    );
+    c.start_together = true;
+    c.delays = false;
+    let mut permits = Model::new(c);
+    let report = check_model(&mut permits);
+    assert!(report.violation.is_none(), "{report}");
+    let mut c = counted(
+        "2 readers + writer, together, 1 failure (replayed)",
+        READERS,
+        &[1, 1, READERS],
+        faults(1),
+    );
+    c.start_together = true;
+    c.delays = false;
+    let mut readers = Model::new(c);
+    assert!(check_model(&mut readers).violation.is_none());
+    for flavor in [Flavor::Redis, Flavor::Valkey] {
+        let server = RedisServer::options().flavor(flavor).start();
+        let a = model::differential::replay(&permits, &server.url(), 700).await;
+        let b = model::differential::replay(&readers, &server.url(), 700).await;
+        println!(
+            "{a} + {b} counted script runs agree with {}",
+            flavor.program()
+        );
+        assert!(a > 300 && b > 300, "{a} + {b}");
     }
 }

@@ -7,7 +7,10 @@
 //! expiry of `e` ticks is `e * 1000` ms on the server, and read back rounded up), so that the
 //! milliseconds that pass between setting up and reading back cannot change an outcome; and the
 //! fencing counter is offset by `BASE`, larger than the server clock in µs, so that the server
-//! clock term of a fencing token (which the model leaves out) never wins.
+//! clock term of a fencing token (which the model leaves out) never wins. A sorted set's scores
+//! (the holders' expiries on a key with a capacity) are times on the server's clock, which the
+//! model reads as 0: they are set up as the server's time read just before plus the score in
+//! seconds, and read back relative to that time, rounded to the nearest tick.
 
 use std::time::Duration;
 
@@ -48,8 +51,11 @@ struct Subscriber {
 /// `url`; returns how many it compared. Panics at the first difference.
 pub(crate) async fn replay(model: &Model, url: &str, limit: usize) -> usize {
     let client = redis::Client::open(url).expect("redis url");
+    // No response timeout: on a loaded machine a reply may take longer than the client's
+    // default 500 ms, which is no difference between the model and the server.
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
     let mut conn = client
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&config)
         .await
         .expect("cannot connect to the test redis-server");
     let mut subscribers = Vec::new();
@@ -70,6 +76,16 @@ pub(crate) async fn replay(model: &Model, url: &str, limit: usize) -> usize {
     // A fixed order, so that a failure is reproducible.
     runs.sort_by_key(|(key, _)| format!("{key:?}"));
     let stride = runs.len().div_ceil(limit.max(1)).max(1);
+    if let Some(counts) = &model.config.counts {
+        // Times are told from other arguments by their value (below).
+        let times = [model.config.timing.ttl, model.config.timing.claim].map(i64::from);
+        for n in counts.weights.iter().chain([&counts.capacity]) {
+            assert!(
+                !times.contains(&i64::from(*n)),
+                "a weight or capacity equal to the TTL or claim window would be scaled"
+            );
+        }
+    }
     let mut compared = 0;
     for (key, outcome) in runs.iter().step_by(stride) {
         let (script, keys, args, db, subscribed) = key;
@@ -89,7 +105,7 @@ pub(crate) async fn replay(model: &Model, url: &str, limit: usize) -> usize {
                 }
             })
             .collect();
-        set_up(model, &mut conn, db).await;
+        let zero = set_up(model, &mut conn, db).await;
         for s in &mut subscribers {
             let want = subscribed
                 .iter()
@@ -134,7 +150,7 @@ pub(crate) async fn replay(model: &Model, url: &str, limit: usize) -> usize {
         }
         let server = Seen {
             reply: server_reply(name, &args, &reply),
-            keys: read_back(model, &mut conn).await,
+            keys: read_back(model, &mut conn, zero).await,
             messages,
         };
         let expected = Seen {
@@ -177,9 +193,17 @@ fn ticks(ms: i64) -> i64 {
     if ms < 0 { ms } else { (ms + SCALE - 1) / SCALE }
 }
 
-/// The model's keyspace on the server (after `FLUSHALL`).
-async fn set_up(model: &Model, conn: &mut MultiplexedConnection, db: &Db) {
+/// The server's clock, in ms.
+async fn server_ms(conn: &mut MultiplexedConnection) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
+    s * 1000 + us / 1000
+}
+
+/// The model's keyspace on the server (after `FLUSHALL`); returns the server time its scores
+/// count from.
+async fn set_up(model: &Model, conn: &mut MultiplexedConnection, db: &Db) -> i64 {
     let text = |v: Val| model.interner.borrow().get(v).to_vec();
+    let zero = server_ms(conn).await;
     let mut pipe = redis::pipe();
     pipe.cmd("FLUSHALL").ignore();
     if db.string(model.keys.fence).is_none() {
@@ -214,16 +238,42 @@ async fn set_up(model: &Model, conn: &mut MultiplexedConnection, db: &Db) {
                 .ignore();
         }
     }
+    for (k, members, e) in db.zsets.iter() {
+        let add = pipe.cmd("ZADD").arg(text(*k));
+        for (score, m) in members {
+            add.arg(zero + i64::from(*score) * SCALE).arg(text(*m));
+        }
+        add.ignore();
+        if let Some(e) = e {
+            pipe.cmd("PEXPIRE")
+                .arg(text(*k))
+                .arg(i64::from(*e) * SCALE)
+                .ignore();
+        }
+    }
     let () = pipe
         .query_async(conn)
         .await
         .expect("setting up the keyspace");
+    zero
 }
 
-/// The model's four keys as they are on the server: (key, value, expiry in ticks).
+/// A sorted set's members as text, `member@score`, in order of score then member.
+fn members_text(mut members: Vec<(String, i64)>) -> String {
+    members.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+    members
+        .iter()
+        .map(|(m, s)| format!("{m}@{s}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The model's four keys as they are on the server: (key, value, expiry in ticks); scores
+/// counted from `zero`.
 async fn read_back(
     model: &Model,
     conn: &mut MultiplexedConnection,
+    zero: i64,
 ) -> Vec<(String, String, Option<i64>)> {
     let k = &model.keys;
     let mut out = Vec::new();
@@ -263,6 +313,23 @@ async fn read_back(
                     .collect::<Vec<_>>()
                     .join(",")
             }
+            "zset" => {
+                let v: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+                    .arg(&name)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query_async(conn)
+                    .await
+                    .unwrap();
+                let ticks =
+                    |score: f64| ((score as i64 - zero) as f64 / SCALE as f64).round() as i64;
+                members_text(
+                    v.iter()
+                        .map(|(m, s)| (String::from_utf8_lossy(m).into_owned(), ticks(*s)))
+                        .collect(),
+                )
+            }
             other => panic!("a {other} key"),
         };
         let pttl: i64 = conn.pttl(&name).await.unwrap();
@@ -295,6 +362,17 @@ fn model_keys(model: &Model, db: &Db) -> Vec<(String, String, Option<i64>)> {
                 .and_then(|l| l.2);
             let items: Vec<String> = list.iter().map(|v| text(*v)).collect();
             out.push((text(key), items.join(","), e.map(i64::from)));
+        } else if let Some(members) = db.zset(key) {
+            let e = db
+                .zsets
+                .iter()
+                .find(|(zk, ..)| *zk == key)
+                .and_then(|z| z.2);
+            let members = members
+                .iter()
+                .map(|(s, m)| (text(*m), i64::from(*s)))
+                .collect();
+            out.push((text(key), members_text(members), e.map(i64::from)));
         }
     }
     out
@@ -348,6 +426,8 @@ fn server_reply(script: &str, args: &[Vec<u8>], reply: &Value) -> String {
             b"r" => 2,
             b"n" => 3,
             b"c" => 4,
+            b"A" => 8,
+            b"R" | b"N" => 4,
             other => panic!("{script}: unknown operation {other:?}"),
         };
         kinds.push(kind);
@@ -357,8 +437,8 @@ fn server_reply(script: &str, args: &[Vec<u8>], reply: &Value) -> String {
     for (pair, kind) in items.chunks(2).zip(&kinds) {
         let (code, n) = (int(&pair[0]), int(&pair[1]));
         let n = match (kind.as_slice(), code) {
-            (b"a", 1) => n - BASE,
-            (b"a", _) => ticks(n),
+            (b"a" | b"A", 1) => n - BASE,
+            (b"a" | b"A", _) => ticks(n),
             _ => n,
         };
         out.push(format!("{code},{n}"));

@@ -21,13 +21,19 @@ use std::{
 };
 
 pub(crate) use system::Model;
-pub(crate) use system::{Config, Faults, Sources, Timing};
+pub(crate) use system::{Config, Counts, Faults, Sources, Timing};
 use system::{Phase, State, Status, Step};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Property {
     /// Never two processes that each believe they hold a valid lease.
     Exclusion,
+    /// On a key with a capacity: the processes that believe they hold a valid lease take at
+    /// most the capacity between them.
+    Capacity,
+    /// On a key with a capacity: never a process that takes all of it (a writer) while another
+    /// believes it holds a valid lease.
+    WriterAlone,
     /// A process that believes it holds a valid lease holds the key in Redis.
     KeyAgrees,
     /// Each holder's fencing token is higher than every earlier holder's.
@@ -65,6 +71,8 @@ pub(crate) struct Report {
     pub(crate) hand_overs: usize,
     /// Steps in which a release ran before its acquisition's attempt (a pool).
     pub(crate) overtaken: usize,
+    /// States in which two or more processes believe they hold one key (a key with a capacity).
+    pub(crate) overlaps: usize,
     pub(crate) elapsed: Duration,
     pub(crate) violation: Option<Violation>,
 }
@@ -85,6 +93,13 @@ impl fmt::Display for Report {
             self.hand_overs,
             self.elapsed
         )?;
+        if self.overlaps > 0 {
+            write!(
+                f,
+                "; {} states with holders that share a key",
+                self.overlaps
+            )?;
+        }
         if self.overtaken > 0 {
             write!(
                 f,
@@ -214,7 +229,7 @@ pub(crate) fn check_model(model: &mut Model) -> Report {
     let mut offsets: Vec<usize> = vec![0];
     let mut edges: Vec<u32> = Vec::new();
     let (mut terminal, mut holders, mut grants_run, mut hand_overs) = (0, 0, 0, 0);
-    let mut overtaken = 0;
+    let (mut overtaken, mut overlaps) = (0, 0);
     let mut violation = None;
     let mut i = root as usize;
     'explore: while i < visited.states.len() {
@@ -234,7 +249,7 @@ pub(crate) fn check_model(model: &mut Model) -> Report {
             }
             hand_overs += usize::from(succ.handed_on);
             overtaken += usize::from(matches!(succ.step, Step::Overtake(_)));
-            let found = step_violation(&state, &succ);
+            let found = step_violation(model, &state, &succ);
             if let Some((property, message)) = found {
                 violation = Some((property, message, i as u32, true));
                 break 'explore;
@@ -243,6 +258,9 @@ pub(crate) fn check_model(model: &mut Model) -> Report {
             edges.push(j);
             if new {
                 parents.push(i as u32);
+                if model.config.counts.is_some() {
+                    overlaps += usize::from(shared(model, &visited.states[j as usize]));
+                }
                 if let Some((property, message)) = invariant(model, &visited.states[j as usize]) {
                     violation = Some((property, message, j, false));
                     break 'explore;
@@ -288,6 +306,7 @@ pub(crate) fn check_model(model: &mut Model) -> Report {
         grants_run,
         hand_overs,
         overtaken,
+        overlaps,
         elapsed: started.elapsed(),
         violation,
     }
@@ -295,14 +314,18 @@ pub(crate) fn check_model(model: &mut Model) -> Report {
 
 /// A property a step breaks: a holder that starts with a fencing token not above an earlier
 /// holder's of the same key, or a key given past a waiter queued before.
-fn step_violation(before: &State, succ: &system::Successor) -> Option<(Property, String)> {
+fn step_violation(
+    model: &Model,
+    before: &State,
+    succ: &system::Successor,
+) -> Option<(Property, String)> {
     succ.started
         .iter()
-        .find_map(|&(p, key, fence)| on_start(before, p, key, fence))
+        .find_map(|&(p, key, fence)| on_start(model, before, p, key, fence))
         .or_else(|| {
             succ.given
                 .iter()
-                .find_map(|&(key, x)| on_given(before, &succ.state, key, x))
+                .find_map(|&(key, x)| on_given(model, before, &succ.state, key, x))
         })
 }
 
@@ -316,12 +339,26 @@ fn belief(s: &State, p: usize) -> Option<i16> {
     }
 }
 
+/// The processes that believe they hold a valid lease on `key`.
+fn believers(model: &Model, s: &State, key: usize) -> Vec<usize> {
+    (0..s.procs.len())
+        .filter(|&p| belief(s, p).is_some() && model.keys_of(p as u8).contains(&key))
+        .collect()
+}
+
+/// Whether two processes or more believe they hold one key.
+fn shared(model: &Model, s: &State) -> bool {
+    (0..2).any(|key| believers(model, s, key).len() > 1)
+}
+
 fn invariant(model: &Model, s: &State) -> Option<(Property, String)> {
     for key in 0..2 {
-        let believers: Vec<usize> = (0..s.procs.len())
-            .filter(|&p| belief(s, p).is_some() && model.keys_of(p as u8).contains(&key))
-            .collect();
-        if believers.len() > 1 {
+        let believers = believers(model, s, key);
+        if model.config.counts.is_some() {
+            if let Some(found) = over_capacity(model, &believers, key) {
+                return Some(found);
+            }
+        } else if believers.len() > 1 {
             let names: Vec<String> = believers.iter().map(|p| format!("P{}", p + 1)).collect();
             return Some((
                 Property::Exclusion,
@@ -336,8 +373,7 @@ fn invariant(model: &Model, s: &State) -> Option<(Property, String)> {
             continue;
         }
         for p in believers {
-            let token = model.token(p as u8, s.procs[p].acq);
-            if s.db.string(model.keys.locks[key]).map(|(v, _)| v) != Some(token) {
+            if !model.holds_in_redis(&s.db, p as u8, s.procs[p].acq, key) {
                 return Some((
                     Property::KeyAgrees,
                     format!(
@@ -351,6 +387,55 @@ fn invariant(model: &Model, s: &State) -> Option<(Property, String)> {
         }
     }
     forgotten(model, s).or_else(|| unpolled(model, s))
+}
+
+/// On a key with a capacity, `believers` (processes that believe they hold a valid lease on
+/// it) that take more than the capacity between them: a writer with anyone, or more permits
+/// than there are.
+fn over_capacity(model: &Model, believers: &[usize], key: usize) -> Option<(Property, String)> {
+    let taken: u64 = believers
+        .iter()
+        .map(|&p| u64::from(model.weight(p as u8)))
+        .sum();
+    let capacity = model.capacity();
+    if taken <= u64::from(capacity) {
+        return None;
+    }
+    let names = |ps: &[usize]| {
+        ps.iter()
+            .map(|p| format!("P{}", p + 1))
+            .collect::<Vec<_>>()
+            .join(" and ")
+    };
+    let writer = believers.iter().find(|&&p| model.is_writer(p as u8));
+    Some(match writer {
+        Some(&w) => {
+            let others: Vec<usize> = believers.iter().copied().filter(|&p| p != w).collect();
+            (
+                Property::WriterAlone,
+                format!(
+                    "P{}, which takes all of key {}, believes it holds a valid lease while {} \
+                     {} so too",
+                    w + 1,
+                    key_name(key),
+                    names(&others),
+                    if others.len() == 1 {
+                        "believes"
+                    } else {
+                        "believe"
+                    }
+                ),
+            )
+        }
+        None => (
+            Property::Capacity,
+            format!(
+                "{} believe they hold valid leases on key {} taking {taken} of its {capacity}",
+                names(believers),
+                key_name(key)
+            ),
+        ),
+    })
 }
 
 /// A live waiter that only its fallback timer will wake, though no message of its was lost:
@@ -411,16 +496,30 @@ fn key_name(key: usize) -> &'static str {
     ["X", "Y"][key]
 }
 
-/// Checks a process that starts holding `key` (`p`, with `fence`) in a step from `before`.
-fn on_start(before: &State, p: u8, key: usize, fence: u32) -> Option<(Property, String)> {
-    (fence <= before.fence_high[key]).then(|| {
+/// Checks a process that starts holding `key` (`p`, with `fence`) in a step from `before`:
+/// its fencing token must be above every earlier holder's. On a key with a capacity, holders
+/// that share it take their tokens in the order they are granted but may start in another
+/// order, so a token must be above every earlier writer's (a holder that excluded all others),
+/// and a writer's above every earlier holder's.
+fn on_start(
+    model: &Model,
+    before: &State,
+    p: u8,
+    key: usize,
+    fence: u32,
+) -> Option<(Property, String)> {
+    let above = if model.is_writer(p) {
+        before.fence_high[key]
+    } else {
+        before.writer_high[key]
+    };
+    (fence <= above).then(|| {
         (
             Property::FencingOrder,
             format!(
-                "P{} starts holding key {} with fencing token {fence}, not above the {} a holder had before",
+                "P{} starts holding key {} with fencing token {fence}, not above the {above} a holder had before",
                 p + 1,
                 key_name(key),
-                before.fence_high[key]
             ),
         )
     })
@@ -428,13 +527,22 @@ fn on_start(before: &State, p: u8, key: usize, fence: u32) -> Option<(Property, 
 
 /// Checks a script that gave `key` to acquisition `x` in the step from `before` to `after`:
 /// every waiter whose entry appeared in the key's queue before `x`'s (all of them, if `x`
-/// never queued for it) must have had its turn, unless it is no longer live and unharmed.
-fn on_given(before: &State, after: &State, key: usize, x: (u8, u8)) -> Option<(Property, String)> {
+/// never queued for it) must have had its turn (on a key with a capacity: holds it in Redis
+/// after the step, so a waiter served with the ones behind it in one run passes), unless it is
+/// no longer live and unharmed.
+fn on_given(
+    model: &Model,
+    before: &State,
+    after: &State,
+    key: usize,
+    x: (u8, u8),
+) -> Option<(Property, String)> {
     let fifo = &before.fifo[key];
     let ahead = fifo.iter().position(|&f| f == x).unwrap_or(fifo.len());
     fifo.as_slice()[..ahead].iter().find_map(|&(p, acq)| {
         let w = &after.procs[p];
         let waits = w.acq == acq
+            && !model.holds_in_redis(&after.db, p, acq, key)
             && w.status == Status::Alive
             && !w.lost_message
             && !w.broken
@@ -554,11 +662,11 @@ fn trace(
                 .find(|s| model.canonical(s.state) == states[next as usize]),
             None => successors
                 .into_iter()
-                .find(|s| step_violation(&state, s).is_some()),
+                .find(|s| step_violation(model, &state, s).is_some()),
         }
         .expect("a step of the trace is enabled");
         if n + 1 == steps && then {
-            message = step_violation(&state, &succ).map(|(_, m)| m);
+            message = step_violation(model, &state, &succ).map(|(_, m)| m);
         }
         if succ.step == Step::Tick {
             now += 1;

@@ -49,6 +49,11 @@ impl Interner {
 /// A list's elements (a hand-off queue: at most one entry per token).
 pub(crate) type Entries = Seq<Val, 8>;
 
+/// A sorted set's members (the holders of a key with a capacity): (score, member), kept in
+/// order of score, then of member id. A score is a time, relative like every time here: ticks
+/// from now, down to 0 (a time in the past, which every script treats as "now or before").
+pub(crate) type Members = Seq<(i32, Val), 8>;
+
 /// The keyspace. Keys are kept sorted, so that equal keyspaces compare equal.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub(crate) struct Db {
@@ -56,6 +61,8 @@ pub(crate) struct Db {
     pub(crate) strings: Seq<(Val, Val, Option<i32>), 4>,
     /// (key, elements, expiry); an empty list does not exist, as in Redis.
     pub(crate) lists: Seq<(Val, Entries, Option<i32>), 2>,
+    /// (key, members, expiry); an empty sorted set does not exist, as in Redis.
+    pub(crate) zsets: Seq<(Val, Members, Option<i32>), 1>,
 }
 
 impl Db {
@@ -80,14 +87,37 @@ impl Db {
             .map(|(_, l, _)| l)
     }
 
+    pub(crate) fn zset(&self, key: Val) -> Option<&[(i32, Val)]> {
+        self.zsets
+            .iter()
+            .find(|(k, _, _)| *k == key)
+            .map(|(_, m, _)| m.as_slice())
+    }
+
+    pub(crate) fn zset_mut(&mut self, key: Val) -> Option<&mut Members> {
+        self.zsets
+            .iter_mut()
+            .find(|(k, _, _)| *k == key)
+            .map(|(_, m, _)| m)
+    }
+
+    /// A member's score, if it is in the sorted set at `key`.
+    pub(crate) fn score(&self, key: Val, member: Val) -> Option<i32> {
+        self.zset(key)?
+            .iter()
+            .find(|(_, m)| *m == member)
+            .map(|(s, _)| *s)
+    }
+
     fn exists(&self, key: Val) -> bool {
-        self.string(key).is_some() || self.list(key).is_some()
+        self.string(key).is_some() || self.list(key).is_some() || self.zset(key).is_some()
     }
 
     fn expiry(&self, key: Val) -> Option<Option<i32>> {
         self.string(key)
             .map(|(_, e)| e)
             .or_else(|| self.lists.iter().find(|(k, ..)| *k == key).map(|l| l.2))
+            .or_else(|| self.zsets.iter().find(|(k, ..)| *k == key).map(|z| z.2))
     }
 
     fn set_expiry(&mut self, key: Val, expiry: Option<i32>) {
@@ -101,13 +131,19 @@ impl Db {
                 *e = expiry;
             }
         }
+        for (k, _, e) in self.zsets.iter_mut() {
+            if *k == key {
+                *e = expiry;
+            }
+        }
     }
 
     fn del(&mut self, key: Val) -> bool {
-        let before = self.strings.len() + self.lists.len();
+        let before = self.strings.len() + self.lists.len() + self.zsets.len();
         self.strings.retain(|(k, ..)| *k != key);
         self.lists.retain(|(k, ..)| *k != key);
-        before != self.strings.len() + self.lists.len()
+        self.zsets.retain(|(k, ..)| *k != key);
+        before != self.strings.len() + self.lists.len() + self.zsets.len()
     }
 
     fn set_string(&mut self, key: Val, value: Val, expiry: Option<i32>) {
@@ -116,12 +152,15 @@ impl Db {
         self.strings.insert(at, (key, value, expiry));
     }
 
-    /// Drops a list left empty, as Redis does.
+    /// Drops a list or sorted set left empty, as Redis does.
     fn tidy(&mut self) {
         self.lists.retain(|(_, l, _)| !l.is_empty());
+        self.zsets.retain(|(_, m, _)| !m.is_empty());
     }
 
-    /// One tick passes: every expiry comes one closer; keys that reach it are gone.
+    /// One tick passes: every expiry comes one closer; keys that reach it are gone. Scores are
+    /// times too: they come one closer, down to 0 (in the past, where no script tells them
+    /// apart), and stay until a script removes them, as in Redis.
     pub(crate) fn tick(&mut self) {
         for (_, _, e) in self.strings.iter_mut() {
             if let Some(e) = e {
@@ -133,9 +172,25 @@ impl Db {
                 *e -= 1;
             }
         }
+        for (_, members, e) in self.zsets.iter_mut() {
+            if let Some(e) = e {
+                *e -= 1;
+            }
+            for (score, _) in members.iter_mut() {
+                *score = (*score - 1).max(0);
+            }
+            sort_members(members);
+        }
         self.strings.retain(|(_, _, e)| e.is_none_or(|e| e > 0));
         self.lists.retain(|(_, _, e)| e.is_none_or(|e| e > 0));
+        self.zsets.retain(|(_, _, e)| e.is_none_or(|e| e > 0));
     }
+}
+
+/// Members in their stored order: by score, then by member id (so that equal sets compare
+/// equal; `ZRANGE` answers in Redis's order, by score then bytes).
+pub(crate) fn sort_members(members: &mut Members) {
+    members.as_mut_slice().sort_unstable();
 }
 
 /// A Redis reply.
@@ -407,7 +462,7 @@ fn command(call: &mut Call, interner: &mut Interner, args: &[Vec<u8>]) -> Result
         "GET" => {
             arity(2)?;
             let key = interner.id(&args[1]);
-            if db.list(key).is_some() {
+            if db.list(key).is_some() || db.zset(key).is_some() {
                 return Err("WRONGTYPE".into());
             }
             db.string(key)
@@ -491,7 +546,7 @@ fn command(call: &mut Call, interner: &mut Interner, args: &[Vec<u8>]) -> Result
         "RPUSH" => {
             arity(3)?;
             let key = interner.id(&args[1]);
-            if db.string(key).is_some() {
+            if db.string(key).is_some() || db.zset(key).is_some() {
                 return Err("WRONGTYPE".into());
             }
             let values: Vec<Val> = args[2..].iter().map(|v| interner.id(v)).collect();
@@ -537,6 +592,122 @@ fn command(call: &mut Call, interner: &mut Interner, args: &[Vec<u8>]) -> Result
             db.tidy();
             Reply::Int(removed as i64)
         }
+        "TYPE" => {
+            arity(2)?;
+            let key = interner.id(&args[1]);
+            let kind = if db.string(key).is_some() {
+                "string"
+            } else if db.list(key).is_some() {
+                "list"
+            } else if db.zset(key).is_some() {
+                "zset"
+            } else {
+                "none"
+            };
+            Reply::Status(kind.into())
+        }
+        "ZADD" => {
+            if args.len() != 4 {
+                return Err("model Redis: only ZADD key score member is modelled".into());
+            }
+            let key = interner.id(&args[1]);
+            if db.string(key).is_some() || db.list(key).is_some() {
+                return Err("WRONGTYPE".into());
+            }
+            let score = i32::try_from(int(&args[2])?)
+                .map_err(|_| "model Redis: a score beyond the horizon")?;
+            if score < 0 {
+                return Err("model Redis: a score before the model's past".into());
+            }
+            let member = interner.id(&args[3]);
+            if db.zset(key).is_none() {
+                let at = db.zsets.as_slice().partition_point(|(k, ..)| *k < key);
+                db.zsets.insert(at, (key, Members::default(), None));
+            }
+            let members = db.zset_mut(key).expect("zset");
+            let added = match members.iter_mut().find(|(_, m)| *m == member) {
+                Some(entry) => {
+                    entry.0 = score;
+                    0
+                }
+                None => {
+                    members.push((score, member));
+                    1
+                }
+            };
+            sort_members(members);
+            Reply::Int(added)
+        }
+        "ZSCORE" => {
+            arity(3)?;
+            let (key, member) = (interner.id(&args[1]), interner.id(&args[2]));
+            zset_of(db, key)?;
+            db.score(key, member)
+                .map_or(Reply::Nil, |s| Reply::Bulk(s.to_string().into_bytes()))
+        }
+        "ZREM" => {
+            arity(3)?;
+            let key = interner.id(&args[1]);
+            zset_of(db, key)?;
+            let gone: Vec<Val> = args[2..].iter().map(|m| interner.id(m)).collect();
+            let removed = db.zset_mut(key).map_or(0, |members| {
+                let before = members.len();
+                members.retain(|(_, m)| !gone.contains(m));
+                before - members.len()
+            });
+            db.tidy();
+            Reply::Int(removed as i64)
+        }
+        "ZREMRANGEBYSCORE" => {
+            arity(4)?;
+            let key = interner.id(&args[1]);
+            zset_of(db, key)?;
+            let bound = |arg: &[u8]| match arg {
+                b"-inf" => Ok(i64::MIN),
+                b"+inf" | b"inf" => Ok(i64::MAX),
+                other => int(other),
+            };
+            let (min, max) = (bound(&args[2])?, bound(&args[3])?);
+            let removed = db.zset_mut(key).map_or(0, |members| {
+                let before = members.len();
+                members.retain(|(s, _)| !(min..=max).contains(&i64::from(*s)));
+                before - members.len()
+            });
+            db.tidy();
+            Reply::Int(removed as i64)
+        }
+        "ZRANGE" => {
+            let with_scores = match args.len() {
+                4 => false,
+                5 if args[4].eq_ignore_ascii_case(b"WITHSCORES") => true,
+                _ => {
+                    return Err(
+                        "model Redis: only ZRANGE key start stop [WITHSCORES] is modelled".into(),
+                    );
+                }
+            };
+            let key = interner.id(&args[1]);
+            let members = zset_of(db, key)?;
+            // Redis's order: by score, then by the members' bytes.
+            let mut ordered: Vec<(i32, Vec<u8>)> = members
+                .iter()
+                .map(|(s, m)| (*s, interner.get(*m).to_vec()))
+                .collect();
+            ordered.sort();
+            let len = ordered.len() as i64;
+            let norm = |i: i64| if i < 0 { (len + i).max(0) } else { i };
+            let (start, stop) = (norm(int(&args[2])?), norm(int(&args[3])?).min(len - 1));
+            let mut items = Vec::new();
+            if start <= stop && start < len {
+                for (score, member) in &ordered[start as usize..=stop as usize] {
+                    items.push(Reply::Bulk(member.clone()));
+                    if with_scores {
+                        items.push(Reply::Bulk(score.to_string().into_bytes()));
+                    }
+                }
+            }
+            Reply::Array(items)
+        }
         "PUBLISH" => {
             arity(3)?;
             let (channel, payload) = (interner.id(&args[1]), interner.id(&args[2]));
@@ -568,6 +739,14 @@ fn command(call: &mut Call, interner: &mut Interner, args: &[Vec<u8>]) -> Result
         .collect();
     let _ = writeln!(call.log, "      {} -> {}", shown.join(" "), show(&reply));
     Ok(reply)
+}
+
+/// The members at `key`: none if there is no key, an error if it is not a sorted set.
+fn zset_of(db: &Db, key: Val) -> Result<Vec<(i32, Val)>, String> {
+    if db.string(key).is_some() || db.list(key).is_some() {
+        return Err("WRONGTYPE".into());
+    }
+    Ok(db.zset(key).map(<[_]>::to_vec).unwrap_or_default())
 }
 
 pub(crate) fn show(reply: &Reply) -> String {

@@ -26,11 +26,17 @@
 //! `release_set.lua`, and follows `src/engine/acquire.rs` for a set: a grant makes it attempt
 //! again at once (the attempt claims what was handed over), and while queued it attempts again
 //! at least every renewal interval, which keeps the keys the queue kept for it.
+//!
+//! With `counts`, key X has a capacity and each process takes its weight of it: the requests
+//! go through the `counted` batch script (`A`, `R` and `N` operations, `commit.rs`
+//! `counted_args`), the key is a sorted set of its holders' members (`token:weight`, scored by
+//! when each lease ends), and the queue entries carry the waiter's weight. The clients are the
+//! same: the engine waits for and claims a counted lease as a plain one.
 
 use std::{cell::RefCell, collections::HashMap, fmt::Write as _, rc::Rc};
 
 use super::{
-    redis::{Db, Interner, Redis, Reply, Val, show},
+    redis::{Db, Interner, Redis, Reply, Val, show, sort_members},
     seq::Seq,
 };
 
@@ -92,8 +98,20 @@ pub(crate) struct Sources {
     /// The batch script every single-key lock operation goes through (a model request is a
     /// batch of one).
     pub(crate) ops: String,
+    /// The same batch script with the functions of keys with a capacity (`counted.lua`), which
+    /// the store sends a batch with an operation on such a key as.
+    pub(crate) counted: String,
     pub(crate) acquire_set: String,
     pub(crate) release_set: String,
+}
+
+/// Leases with counts on key X (`LockKey::with_share`): its capacity, and each process's
+/// weight. A permit is 1 of N; a reader 1 of `Share::READERS`, a writer all of it.
+#[derive(Clone, Debug)]
+pub(crate) struct Counts {
+    pub(crate) capacity: u32,
+    /// One per process.
+    pub(crate) weights: Vec<u32>,
 }
 
 impl Sources {
@@ -107,6 +125,7 @@ impl Sources {
         };
         Self {
             ops: get("ops"),
+            counted: get("counted"),
             acquire_set: get("acquire_set"),
             release_set: get("release_set"),
         }
@@ -159,6 +178,10 @@ pub(crate) struct Config {
     /// acquisition's own attempt sent before it (`src/store/redis/commit.rs`, a caller that
     /// gave up while its attempt was in flight).
     pub(crate) pool: bool,
+    /// Key X has a capacity and each process takes a weight of it (every process takes X:
+    /// no sets, no `second_key`, no `completes`, as the crate's leases with counts have none
+    /// of those through the store's scripts).
+    pub(crate) counts: Option<Counts>,
     pub(crate) sources: Sources,
 }
 
@@ -318,6 +341,8 @@ pub(crate) struct State {
     pub(crate) procs: Seq<Proc, 4>,
     /// The highest fencing token a holder of each key started with.
     pub(crate) fence_high: [u32; 2],
+    /// ... and a holder that excludes every other (a plain lease, or the whole capacity).
+    pub(crate) writer_high: [u32; 2],
     /// For each key: acquisitions (process, number) in the order their entries first appeared
     /// in its queue, kept while they wait or have an entry in it.
     pub(crate) fifo: [Seq<(u8, u8), 8>; 2],
@@ -372,7 +397,8 @@ pub(crate) struct Model {
     /// Processes that are interchangeable (same scripts): states that differ only by a
     /// permutation within a group are one state.
     groups: Vec<Vec<u8>>,
-    /// Token values, by id: (process, acquisition).
+    /// Token values, and a counted key's members (`token:weight`), by id: (process,
+    /// acquisition).
     owners: HashMap<Val, (u8, u8)>,
     /// Queue entries by id: (process, acquisition, stamp), and back.
     entries: RefCell<HashMap<Val, (u8, u8, i16)>>,
@@ -381,6 +407,7 @@ pub(crate) struct Model {
 
 struct Scripts {
     ops: usize,
+    counted: usize,
     acquire_set: usize,
     release_set: usize,
 }
@@ -405,9 +432,26 @@ pub(crate) struct Keys {
     kind_release: Val,
     kind_renew: Val,
     kind_complete: Val,
+    /// The operations on a key with a capacity.
+    kind_acquire_counted: Val,
+    kind_release_counted: Val,
+    kind_renew_counted: Val,
     /// `tokens[p][acq]`, `acq` from 1.
     tokens: Vec<Vec<Val>>,
+    /// A counted key's member of each token: `members[p][acq]` is `token:weight`.
+    pub(crate) members: Vec<Vec<Val>>,
+    /// Each process's weight and the capacity, as arguments.
+    weights: Vec<Val>,
+    capacity: Val,
     pub(crate) channels: Vec<Val>,
+}
+
+/// The weight `p` takes: 1 (of 1, on a plain key) unless the configuration gives another.
+fn weight_of(config: &Config, p: u8) -> u32 {
+    config
+        .counts
+        .as_ref()
+        .map_or(1, |c| c.weights[usize::from(p)])
 }
 
 fn token_text(p: u8, acq: u8) -> String {
@@ -435,6 +479,7 @@ impl Model {
         let s = &config.sources;
         let scripts = Scripts {
             ops: redis.load("ops.lua", &s.ops),
+            counted: redis.load("counted.lua", &s.counted),
             acquire_set: redis.load("acquire_set.lua", &s.acquire_set),
             release_set: redis.load("release_set.lua", &s.release_set),
         };
@@ -458,6 +503,9 @@ impl Model {
                 kind_release: id("r"),
                 kind_renew: id("n"),
                 kind_complete: id("c"),
+                kind_acquire_counted: id("A"),
+                kind_release_counted: id("R"),
+                kind_renew_counted: id("N"),
                 tokens: (0..config.processes)
                     .map(|p| {
                         (0..=config.acquisitions)
@@ -465,14 +513,39 @@ impl Model {
                             .collect()
                     })
                     .collect(),
+                members: (0..config.processes)
+                    .map(|p| {
+                        (0..=config.acquisitions)
+                            .map(|a| id(&format!("{}:{}", token_text(p, a), weight_of(&config, p))))
+                            .collect()
+                    })
+                    .collect(),
+                weights: (0..config.processes)
+                    .map(|p| id(&weight_of(&config, p).to_string()))
+                    .collect(),
+                capacity: id(&config.counts.as_ref().map_or(1, |c| c.capacity).to_string()),
                 channels: (0..config.processes)
                     .map(|p| id(&channel_text(p)))
                     .collect(),
             }
         };
+        if let Some(counts) = &config.counts {
+            assert_eq!(
+                counts.weights.len(),
+                usize::from(config.processes),
+                "a weight per process"
+            );
+            assert!(
+                config.sets.is_empty()
+                    && config.second_key.is_empty()
+                    && config.completes.is_empty(),
+                "leases with counts are modelled on key X alone"
+            );
+        }
         let mut groups: Vec<Vec<u8>> = Vec::new();
         let role = |p: u8| {
             (
+                weight_of(&config, p),
                 config.completes.contains(&p),
                 config.sets.contains(&p),
                 config.second_key.contains(&p),
@@ -490,6 +563,7 @@ impl Model {
         for (p, tokens) in keys.tokens.iter().enumerate() {
             for (a, t) in tokens.iter().enumerate() {
                 owners.insert(*t, (p as u8, a as u8));
+                owners.insert(keys.members[p][a], (p as u8, a as u8));
             }
         }
         Self {
@@ -514,21 +588,38 @@ impl Model {
         let text = interner.get(entry);
         let (p, a) = self.token_of(&interner, &text[..TOKEN_LEN]);
         let stamp = parse_stamp(&text[TOKEN_LEN..TOKEN_LEN + STAMP_LEN]);
-        assert_eq!(&text[TOKEN_LEN + STAMP_LEN..], channel_text(p).as_bytes());
+        let weight = self.entry_weight(p);
+        let tail = &text[TOKEN_LEN + STAMP_LEN..];
+        assert_eq!(
+            &tail[..weight.len()],
+            weight.as_bytes(),
+            "a queue entry's weight"
+        );
+        assert_eq!(&tail[weight.len()..], channel_text(p).as_bytes());
         self.entries.borrow_mut().insert(entry, (p, a, stamp));
         (p, a, stamp)
     }
 
+    /// The weight a queue entry of `p` carries between its stamp and its channel (`counted.lua`:
+    /// 8 hex digits): none on a plain key.
+    fn entry_weight(&self, p: u8) -> String {
+        match self.config.counts {
+            Some(_) => format!("{:08x}", weight_of(&self.config, p)),
+            None => String::new(),
+        }
+    }
+
     /// The queue entry of `p`'s acquisition `a` stamped `stamp`, as acquire.lua writes it:
-    /// token, stamp, channel.
+    /// token, stamp, channel (counted.lua: token, stamp, weight, channel).
     fn entry(&self, p: u8, a: u8, stamp: i16) -> Val {
         if let Some(&id) = self.entry_ids.borrow().get(&(p, a, stamp)) {
             return id;
         }
         let text = format!(
-            "{}{}{}",
+            "{}{}{}{}",
             token_text(p, a),
             stamp_text(stamp),
+            self.entry_weight(p),
             channel_text(p)
         );
         let id = self.interner.borrow_mut().id(text.as_bytes());
@@ -542,7 +633,15 @@ impl Model {
         let mut order: Vec<u8> = (0..self.config.processes).collect();
         for group in &self.groups {
             let mut members = group.clone();
-            members.sort_by(|&a, &b| s.procs[usize::from(a)].cmp(&s.procs[b]));
+            members.sort_by(|&a, &b| {
+                s.procs[usize::from(a)].cmp(&s.procs[b]).then_with(|| {
+                    if self.config.counts.is_some() {
+                        self.footprint(&s, a).cmp(&self.footprint(&s, b))
+                    } else {
+                        std::cmp::Ordering::Equal
+                    }
+                })
+            });
             for (&slot, &old) in group.iter().zip(&members) {
                 order[usize::from(slot)] = old;
             }
@@ -561,6 +660,13 @@ impl Model {
                 *v = self.token(rename(owner).0, owner.1);
             }
         }
+        for (_, members, _) in db.zsets.iter_mut() {
+            for (_, m) in members.iter_mut() {
+                let (p, a) = self.owners[m];
+                *m = self.keys.members[usize::from(new_of[usize::from(p)])][usize::from(a)];
+            }
+            sort_members(members);
+        }
         for queue in self.keys.queues {
             if let Some(list) = db.list_mut(queue) {
                 for entry in list.iter_mut() {
@@ -573,10 +679,32 @@ impl Model {
             db,
             procs: order.iter().map(|&old| s.procs[old]).collect(),
             fence_high: s.fence_high,
+            writer_high: s.writer_high,
             fifo: s.fifo.map(|fifo| fifo.iter().map(|&f| rename(f)).collect()),
             faults: s.faults,
             ticked: s.ticked,
         }
+    }
+
+    /// What Redis and the checker's bookkeeping hold of `p`, by acquisition: its member's score,
+    /// its place in the queue and in `fifo`. Two processes of a group with equal states differ
+    /// only by this; ordering them by it too makes `canonical` pick one order for states that
+    /// are renamings of each other (several holders of one key are told apart only here), which
+    /// the trace's replay needs.
+    fn footprint(&self, s: &State, p: u8) -> Vec<(Option<i32>, Option<usize>, Option<usize>)> {
+        let lock = self.keys.locks[0];
+        let queue = s.db.list(self.keys.queues[0]).unwrap_or(&[]);
+        (0..=self.config.acquisitions)
+            .map(|a| {
+                let member = self.keys.members[usize::from(p)][usize::from(a)];
+                let entry = queue.iter().position(|&e| {
+                    let (q, b, _) = self.entry_info(e);
+                    (q, b) == (p, a)
+                });
+                let fifo = s.fifo[0].iter().position(|&f| f == (p, a));
+                (s.db.score(lock, member), entry, fifo)
+            })
+            .collect()
     }
 
     pub(crate) fn token(&self, p: u8, acq: u8) -> Val {
@@ -596,6 +724,33 @@ impl Model {
 
     pub(crate) fn is_set(&self, p: u8) -> bool {
         self.config.sets.contains(&p)
+    }
+
+    /// The weight `p` takes of the key's capacity (1 of 1 on a plain key).
+    pub(crate) fn weight(&self, p: u8) -> u32 {
+        weight_of(&self.config, p)
+    }
+
+    /// The key's capacity: 1 on a plain key.
+    pub(crate) fn capacity(&self) -> u32 {
+        self.config.counts.as_ref().map_or(1, |c| c.capacity)
+    }
+
+    /// Whether `p` excludes every other holder: a plain lease, or the whole capacity.
+    pub(crate) fn is_writer(&self, p: u8) -> bool {
+        self.weight(p) == self.capacity()
+    }
+
+    /// Whether `p`'s acquisition `acq` holds `key` in Redis: the key's value is its token, or
+    /// (a key with a capacity) its member is live.
+    pub(crate) fn holds_in_redis(&self, db: &Db, p: u8, acq: u8, key: usize) -> bool {
+        let lock = self.keys.locks[key];
+        if self.config.counts.is_some() {
+            let member = self.keys.members[usize::from(p)][usize::from(acq)];
+            db.score(lock, member).is_some_and(|score| score > 0)
+        } else {
+            db.string(lock).map(|(v, _)| v) == Some(self.token(p, acq))
+        }
     }
 
     pub(crate) fn initial(&self) -> State {
@@ -839,8 +994,11 @@ impl Model {
         }
         for succ in &mut out {
             self.tidy_fifo(&mut succ.state);
-            for &(_, key, fence) in &succ.started {
+            for &(p, key, fence) in &succ.started {
                 succ.state.fence_high[key] = succ.state.fence_high[key].max(fence);
+                if self.is_writer(p) {
+                    succ.state.writer_high[key] = succ.state.writer_high[key].max(fence);
+                }
             }
         }
         out
@@ -1032,19 +1190,44 @@ impl Model {
         // The batch script's arguments: hand-off on, the claim window, the counters' retention,
         // then its operations (see `ops.lua`).
         let mut batch = vec![k.one, k.claim, k.retention];
+        let counted = self.config.counts.is_some();
+        let weight = k.weights[usize::from(p)];
         let (script, keys) = match req.op {
+            // `commit.rs` `counted_args`: the same operations with a share, in the `counted`
+            // script.
+            Op::Acquire {
+                stamp,
+                rescan,
+                listen,
+            } if counted => {
+                let (stamp, channel, rescan) = self.place(stamp, rescan, listen, channel);
+                batch.extend([
+                    k.kind_acquire_counted,
+                    token,
+                    weight,
+                    k.capacity,
+                    k.ttl,
+                    stamp,
+                    channel,
+                    rescan,
+                ]);
+                (self.scripts.counted, vec![lock, k.fence, queue])
+            }
+            Op::Renew if counted => {
+                batch.extend([k.kind_renew_counted, token, weight, k.ttl]);
+                (self.scripts.counted, vec![lock])
+            }
+            Op::Release if counted => {
+                batch.extend([k.kind_release_counted, token, weight, k.capacity]);
+                (self.scripts.counted, vec![lock, k.fence, queue])
+            }
             Op::Acquire {
                 stamp,
                 rescan,
                 listen,
             } if set => {
                 // `src/store/redis/set.rs` `set_script`: no place, no stamp nor channel.
-                let (stamp, channel, rescan) = if listen {
-                    let stamp = self.interner.borrow_mut().id(stamp_text(stamp).as_bytes());
-                    (stamp, channel, if rescan { k.one } else { k.zero })
-                } else {
-                    (k.empty, k.empty, k.zero)
-                };
+                let (stamp, channel, rescan) = self.place(stamp, rescan, listen, channel);
                 batch = vec![token, k.ttl, k.retention, k.claim, stamp, channel, rescan];
                 (self.scripts.acquire_set, set_keys)
             }
@@ -1062,13 +1245,7 @@ impl Model {
                 rescan,
                 listen,
             } => {
-                // `commit.rs`: an attempt without a place sends `'' '' 0`.
-                let (stamp, channel, rescan) = if listen {
-                    let stamp = self.interner.borrow_mut().id(stamp_text(stamp).as_bytes());
-                    (stamp, channel, if rescan { k.one } else { k.zero })
-                } else {
-                    (k.empty, k.empty, k.zero)
-                };
+                let (stamp, channel, rescan) = self.place(stamp, rescan, listen, channel);
                 batch.extend([k.kind_acquire, token, k.ttl, stamp, channel, rescan]);
                 (self.scripts.ops, vec![lock, k.fence, queue])
             }
@@ -1155,6 +1332,15 @@ impl Model {
                     n.fifo[key].push(entry);
                 }
             }
+            if let Some(after) = n.db.zset(k.locks[key]) {
+                // A key with a capacity is given to each live member that was not live before.
+                for &(score, m) in after {
+                    if score > 0 && s.db.score(k.locks[key], m).is_none_or(|b| b <= 0) {
+                        given.push((key, self.owners[&m]));
+                    }
+                }
+                continue;
+            }
             let before = s.db.string(k.locks[key]).map(|(v, _)| v);
             let after = n.db.string(k.locks[key]).map(|(v, _)| v);
             if let Some(v) = after
@@ -1191,6 +1377,18 @@ impl Model {
         succ.handed_on = !given.is_empty() && req.op == Op::Release;
         succ.given = given;
         succ
+    }
+
+    /// An attempt's place in the queue, as arguments: stamp, channel, rescan; without one (its
+    /// subscription down), `'' '' 0`, as `commit.rs` sends it.
+    fn place(&self, stamp: i16, rescan: bool, listen: bool, channel: Val) -> (Val, Val, Val) {
+        let k = &self.keys;
+        if listen {
+            let stamp = self.interner.borrow_mut().id(stamp_text(stamp).as_bytes());
+            (stamp, channel, if rescan { k.one } else { k.zero })
+        } else {
+            (k.empty, k.empty, k.zero)
+        }
     }
 
     fn token_of(&self, interner: &Interner, token: &[u8]) -> (u8, u8) {
@@ -1531,6 +1729,14 @@ impl Model {
                 .collect();
             let e = e.map_or(String::new(), |e| format!(" (expires in {e})"));
             parts.push(format!("{}=[{}]{e}", interner.text(*k), items.join(", ")));
+        }
+        for (k, members, e) in &db.zsets {
+            let items: Vec<String> = members
+                .iter()
+                .map(|(score, m)| format!("{} until {score}", interner.text(*m)))
+                .collect();
+            let e = e.map_or(String::new(), |e| format!(" (expires in {e})"));
+            parts.push(format!("{}={{{}}}{e}", interner.text(*k), items.join(", ")));
         }
         self.pretty(&format!("{{{}}}", parts.join(", ")))
     }
