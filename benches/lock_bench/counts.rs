@@ -262,7 +262,7 @@ fn write_profile(dir: &Path, case: Case, long: &Measured, short: &Measured, ops:
 }
 
 /// Commands Lua ran: every call `INFO commandstats` counted, less those clients sent.
-fn lua_calls(all: &ByName, client: &ByName) -> ByName {
+pub(crate) fn lua_calls(all: &ByName, client: &ByName) -> ByName {
     all.iter()
         .filter(|(name, _)| !name.contains('|'))
         .map(|(name, n)| {
@@ -358,7 +358,7 @@ fn command_counts(counts: &tower_lock_testkit::monitor::CommandCounts) -> ByName
 
 /// `cmdstat_set:calls=3,usec=…`: calls by command name (lower case, `client|setinfo` for a
 /// subcommand).
-fn commandstats(info: &str) -> ByName {
+pub(crate) fn commandstats(info: &str) -> ByName {
     info.lines()
         .filter_map(|line| {
             let rest = line.trim().strip_prefix("cmdstat_")?;

@@ -36,6 +36,8 @@ pub(crate) struct Results {
     pub(crate) group: crate::group::GroupResults,
     pub(crate) sets: Vec<Vec<(sets::Variant, SetSample)>>,
     pub(crate) counts: Vec<Vec<(crate::counts::Case, crate::counts::CountSample)>>,
+    pub(crate) permits: crate::permits::PermitRuns,
+    pub(crate) shared: crate::shared::SharedRuns,
 }
 
 pub(crate) struct Meta {
@@ -120,6 +122,8 @@ fn render(s: &Settings, meta: &Meta, r: &Results) -> String {
     crate::group::render(w, s, &r.group);
     render_sets(w, s, r);
     crate::counts::render(w, s, &r.counts);
+    crate::permits::render(w, s, &r.permits);
+    crate::shared::render(w, s, &r.shared);
 
     let _ = writeln!(w, "## Not covered\n");
     let _ = writeln!(
@@ -635,7 +639,7 @@ pub(crate) fn write(s: &Settings, meta: &Meta, results: &Results) {
 }
 
 /// Every scenario's letter.
-const SCENARIOS: &str = "abcdefgh";
+const SCENARIOS: &str = "abcdefghij";
 
 /// A report's `## ` sections, in order, each with its heading line; what comes before the first
 /// heading is a section with an empty heading.
