@@ -1,8 +1,9 @@
 //! The project's benchmark: HTTP overhead, uncontended lock cycles, contended hand-off,
 //! renewal at scale, memory and group commit, each next to a hand-written baseline or the
-//! `rslock` peer; orders of several keys against single purchases; and counts per request that
+//! `rslock` peer; orders of several keys against single purchases; counts per request that
 //! do not depend on the machine's load (instructions, allocations, system calls, Redis
-//! commands).
+//! commands); and leases with counts: permits against a hand-written sorted-set semaphore,
+//! shared leases against the exclusive lease.
 //!
 //! `cargo bench -p tower-lock-suite --bench lock_bench` (or `scripts/bench.sh`, which installs `wrk` and
 //! `redis-server` first) starts its own `redis-server` on a free loopback port, runs every

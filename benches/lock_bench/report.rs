@@ -131,7 +131,8 @@ fn render(s: &Settings, meta: &Meta, r: &Results) -> String {
         w,
         "- **More than 2 processes.** The contended scenario runs its waiters in 1 process and \
          split over 2; 3 or more processes, or processes on separate machines, are not \
-         measured.\n\
+         measured. Scenarios i and j spread their waiters over instances in one process, each \
+         with its own connection.\n\
          - **Round trips.** MONITOR sees commands, not round trips: a pipeline of N commands \
          counts N. \"Leases per command\" in the renewal scenario is therefore a lower bound on \
          leases per round trip.\n\
