@@ -299,13 +299,7 @@ fn measure(rt: &Runtime, redis: &RedisServer, case: Case, n: u64, dir: &Path) ->
     let (allocations, bytes) = run_child(rt, &[], case, &url, n, true);
     let (commands, all_calls) = rt.block_on(async {
         let mut ctl = control(&url).await;
-        let counts = monitor.finish(&mut ctl).await;
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut ctl)
-            .await
-            .expect("INFO commandstats");
-        (command_counts(&counts), commandstats(&info))
+        finish_counting(monitor, &mut ctl).await
     });
 
     rt.block_on(flushall(&url));
@@ -349,6 +343,21 @@ fn measure(rt: &Runtime, redis: &RedisServer, case: Case, n: u64, dir: &Path) ->
     }
 }
 
+/// Stops `monitor` and reads `INFO commandstats`: the commands clients sent (upper case), and
+/// every call Redis counted, scripts' included (lower case), by name.
+pub(crate) async fn finish_counting(
+    monitor: Monitor,
+    ctl: &mut redis::aio::MultiplexedConnection,
+) -> (ByName, ByName) {
+    let counts = monitor.finish(ctl).await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(ctl)
+        .await
+        .expect("INFO commandstats");
+    (command_counts(&counts), commandstats(&info))
+}
+
 fn command_counts(counts: &tower_lock_testkit::monitor::CommandCounts) -> ByName {
     counts
         .iter()
@@ -358,7 +367,7 @@ fn command_counts(counts: &tower_lock_testkit::monitor::CommandCounts) -> ByName
 
 /// `cmdstat_set:calls=3,usec=…`: calls by command name (lower case, `client|setinfo` for a
 /// subcommand).
-pub(crate) fn commandstats(info: &str) -> ByName {
+fn commandstats(info: &str) -> ByName {
     info.lines()
         .filter_map(|line| {
             let rest = line.trim().strip_prefix("cmdstat_")?;

@@ -16,11 +16,14 @@ use redis::{Script, aio::MultiplexedConnection};
 use tower_lock::{LeaseGuard, Locker, RedisStore};
 use tower_lock_testkit::{RedisServer, monitor::Monitor};
 
+use tokio::runtime::Runtime;
+
 use crate::{
+    Settings,
     callgrind::ByName,
     common::{TTL_MS, control, flushall, tag},
     contended::contended_config,
-    counts::{commandstats, lua_calls},
+    counts::{finish_counting, lua_calls},
 };
 
 /// Instances (each its own connection and `Locker`, or its own connection for the semaphore)
@@ -339,10 +342,31 @@ async fn instances(url: &str, case: &Case, retry: Duration) -> Vec<Instance> {
     out
 }
 
+/// One run of `case`: timed for `s.holders_window`, then its commands counted in a pass of
+/// `s.holders_count_window` of its own.
+pub(crate) fn measure(
+    rt: &Runtime,
+    redis: &RedisServer,
+    case: &Case,
+    s: &Settings,
+) -> HoldersSample {
+    let mut sample = rt.block_on(run_case(redis, case, s.zset_retry, s.holders_window, false));
+    let counted = rt.block_on(run_case(
+        redis,
+        case,
+        s.zset_retry,
+        s.holders_count_window,
+        true,
+    ));
+    sample.commands = counted.commands;
+    sample.lua = counted.lua;
+    sample
+}
+
 /// Runs `case` for `window` on an emptied server; with `count`, `MONITOR` and
 /// `INFO commandstats` count the commands of every acquisition it made (the waiters' last
 /// releases included).
-pub(crate) async fn run_case(
+async fn run_case(
     redis: &RedisServer,
     case: &Case,
     retry: Duration,
@@ -385,17 +409,8 @@ pub(crate) async fn run_case(
     }
     let (commands, lua) = match monitor {
         Some(monitor) => {
-            let client = monitor.finish(&mut ctl).await;
-            let info: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(&mut ctl)
-                .await
-                .expect("INFO commandstats");
-            let client: ByName = client
-                .iter()
-                .map(|(name, n)| (name.to_owned(), n as f64))
-                .collect();
-            let lua = lua_calls(&commandstats(&info), &client);
+            let (client, all) = finish_counting(monitor, &mut ctl).await;
+            let lua = lua_calls(&all, &client);
             (client, lua)
         }
         None => (ByName::new(), ByName::new()),

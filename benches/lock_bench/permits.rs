@@ -47,22 +47,7 @@ pub(crate) fn run(
     for run in 0..s.runs {
         for (permits, zset, samples) in &mut out {
             let case = case(*permits, *zset);
-            let mut sample = rt.block_on(holders::run_case(
-                redis,
-                &case,
-                s.zset_retry,
-                s.holders_window,
-                false,
-            ));
-            let counted = rt.block_on(holders::run_case(
-                redis,
-                &case,
-                s.zset_retry,
-                s.holders_count_window,
-                true,
-            ));
-            sample.commands = counted.commands;
-            sample.lua = counted.lua;
+            let sample = holders::measure(rt, redis, &case, s);
             eprintln!(
                 "i. run {}: {permits:>2} permits, {:<24} {:>6.0}/s, most {} at once, shares {:.1}..{:.1} %, Jain {:.3}, p99 {:.1} ms, {:.2} commands + {:.2} Lua calls per acquisition, {} errors",
                 run + 1,

@@ -28,22 +28,7 @@ pub(crate) fn run(
                 waiters: WAITERS,
                 plan: Plan::ReadMostly { shared: *shared },
             };
-            let mut sample = rt.block_on(holders::run_case(
-                redis,
-                &case,
-                s.zset_retry,
-                s.holders_window,
-                false,
-            ));
-            let counted = rt.block_on(holders::run_case(
-                redis,
-                &case,
-                s.zset_retry,
-                s.holders_count_window,
-                true,
-            ));
-            sample.commands = counted.commands;
-            sample.lua = counted.lua;
+            let sample = holders::measure(rt, redis, &case, s);
             eprintln!(
                 "j. run {}: {:<34} {:>6.0}/s, most {} at once, {} overlaps, p99 readers {:.1} ms, writers {:.1} ms, {:.2} commands per acquisition, {} errors",
                 run + 1,
