@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces docs/BENCHMARKS.md (the project's benchmark, benches/lock_bench/): about 20 minutes on
+# Reproduces docs/BENCHMARKS.md (the project's benchmark, benches/lock_bench/): about 25 minutes on
 # 2 cores, plus the first build. On a fresh Debian machine (as root) it first installs `wrk`,
 # `redis-server`, and `valgrind` and `strace` (the counts per request, scenario h); the benchmark
 # starts its own redis-server on a free loopback port and stops it.
