@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Reproduces docs/BENCHMARKS.md (the project's benchmark, benches/lock_bench/): about 20 minutes on
+# Reproduces docs/BENCHMARKS.md (the project's benchmark, benches/lock_bench/): about 25 minutes on
 # 2 cores, plus the first build. On a fresh Debian machine (as root) it first installs `wrk`,
 # `redis-server`, and `valgrind` and `strace` (the counts per request, scenario h); the benchmark
 # starts its own redis-server on a free loopback port and stops it.
 # Settings go through the environment: BENCH_RUNS (default 3), BENCH_QUICK=1 (a short smoke run),
 # BENCH_FULL (default 1 here: the memory flatness run sends the 1M requests the flatness target asks of the
-# report; BENCH_FULL=0 for 100k), BENCH_ONLY=abcdefgh, BENCH_NOTE="...".
+# report; BENCH_FULL=0 for 100k), BENCH_ONLY=abcdefghij, BENCH_NOTE="...".
 # The counts alone (deterministic, whatever the machine's load): BENCH_ONLY=h scripts/bench.sh
+# Leases with counts alone (about 2 minutes each at BENCH_RUNS=3): BENCH_ONLY=permits (a key with
+# N permits against a hand-written sorted-set semaphore), BENCH_ONLY=shared (90 % readers on
+# shared leases against the exclusive lease); BENCH_ONLY=permits,shared for both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -248,7 +248,7 @@ pub(crate) struct ContendedSample {
     pub(crate) mean_hold_us: f64,
 }
 
-fn contended_config() -> LockConfig {
+pub(crate) fn contended_config() -> LockConfig {
     LockConfig::builder()
         .wait(
             Wait::exponential(Duration::from_millis(1), Duration::from_millis(20))

@@ -262,7 +262,7 @@ fn write_profile(dir: &Path, case: Case, long: &Measured, short: &Measured, ops:
 }
 
 /// Commands Lua ran: every call `INFO commandstats` counted, less those clients sent.
-fn lua_calls(all: &ByName, client: &ByName) -> ByName {
+pub(crate) fn lua_calls(all: &ByName, client: &ByName) -> ByName {
     all.iter()
         .filter(|(name, _)| !name.contains('|'))
         .map(|(name, n)| {
@@ -299,13 +299,7 @@ fn measure(rt: &Runtime, redis: &RedisServer, case: Case, n: u64, dir: &Path) ->
     let (allocations, bytes) = run_child(rt, &[], case, &url, n, true);
     let (commands, all_calls) = rt.block_on(async {
         let mut ctl = control(&url).await;
-        let counts = monitor.finish(&mut ctl).await;
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut ctl)
-            .await
-            .expect("INFO commandstats");
-        (command_counts(&counts), commandstats(&info))
+        finish_counting(monitor, &mut ctl).await
     });
 
     rt.block_on(flushall(&url));
@@ -347,6 +341,21 @@ fn measure(rt: &Runtime, redis: &RedisServer, case: Case, n: u64, dir: &Path) ->
         self_costs,
         inclusive,
     }
+}
+
+/// Stops `monitor` and reads `INFO commandstats`: the commands clients sent (upper case), and
+/// every call Redis counted, scripts' included (lower case), by name.
+pub(crate) async fn finish_counting(
+    monitor: Monitor,
+    ctl: &mut redis::aio::MultiplexedConnection,
+) -> (ByName, ByName) {
+    let counts = monitor.finish(ctl).await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(ctl)
+        .await
+        .expect("INFO commandstats");
+    (command_counts(&counts), commandstats(&info))
 }
 
 fn command_counts(counts: &tower_lock_testkit::monitor::CommandCounts) -> ByName {

@@ -1,8 +1,9 @@
 //! The project's benchmark: HTTP overhead, uncontended lock cycles, contended hand-off,
 //! renewal at scale, memory and group commit, each next to a hand-written baseline or the
-//! `rslock` peer; orders of several keys against single purchases; and counts per request that
+//! `rslock` peer; orders of several keys against single purchases; counts per request that
 //! do not depend on the machine's load (instructions, allocations, system calls, Redis
-//! commands).
+//! commands); and leases with counts: permits against a hand-written sorted-set semaphore,
+//! shared leases against the exclusive lease.
 //!
 //! `cargo bench -p tower-lock-suite --bench lock_bench` (or `scripts/bench.sh`, which installs `wrk` and
 //! `redis-server` first) starts its own `redis-server` on a free loopback port, runs every
@@ -21,6 +22,9 @@
 //! | `memory.rs`, `alloc.rs` | e. memory, with a counting global allocator |
 //! | `group.rs` | f. group commit: 1, 50 and 256 connections, latency, Redis CPU, `WAIT` |
 //! | `sets.rs` | g. orders of 1, 2 and 3 keys against single purchases (wrk) |
+//! | `permits.rs` | i. a key with N permits against a hand-written sorted-set semaphore |
+//! | `shared.rs` | j. shared leases with 90 % readers against the plain exclusive lease |
+//! | `holders.rs` | what i and j share: instances of waiters on one key, the sorted-set semaphore, fairness and commands per acquisition |
 //! | `counts.rs`, `count_child.rs`, `callgrind.rs` | h. counts per request and per cycle: callgrind, the counting allocator, `strace -c`, `MONITOR` and `INFO commandstats`, over a program of its own on a current-thread runtime |
 //! | `protocol.rs` | the crate's scripts as the "same scripts" baseline sends them, and the drift check |
 //! | `report.rs`, `targets.rs`, `stats.rs`, `machine.rs` | the Markdown report |
@@ -35,12 +39,13 @@
 //! | `BENCH_RUNS` | runs per scenario (default 3) |
 //! | `BENCH_QUICK=1` | shortened durations, for a smoke run |
 //! | `BENCH_FULL=1` | the memory flatness run sends 1M requests instead of 100k |
-//! | `BENCH_ONLY` | scenario letters to run, e.g. `ac` (default: all of `abcdefgh`); the report keeps the sections of the others from the report it replaces |
+//! | `BENCH_ONLY` | scenario letters to run, e.g. `ac` (default: all of `abcdefghij`), or scenario names, comma-separated: `permits` (i), `shared` (j), `counts` (h); the report keeps the sections of the others from the report it replaces |
 //! | `BENCH_NOTE` | a note printed at the top of the report (e.g. "machine was busy") |
 //! | `BENCH_OUTPUT` | report path (default `docs/BENCHMARKS.md`) |
 //! | `BENCH_VARIANTS` | HTTP variants (scenario a) or counted cases (h: `hello`, `baseline`, `baseline-scripts`, `layer`, `locker`, `rslock`, `locker-16`, `rslock-16`) to run, e.g. `layer,baseline` (for profiling; the report needs all) |
 //! | `BENCH_HTTP_S` | seconds each HTTP variant is measured (default 5, quick 2) |
 //! | `BENCH_RSLOCK_RETRY_MS` | rslock's retry delay in the contended scenario (default 20) |
+//! | `BENCH_ZSET_RETRY_MS` | the sorted-set semaphore's sleep between attempts when full, scenario i (default 2) |
 //!
 //! Only 127.0.0.1 is contacted; every process started here is stopped before it exits.
 
@@ -52,13 +57,16 @@ mod count_child;
 mod counts;
 mod cycles;
 mod group;
+mod holders;
 mod http;
 mod machine;
 mod memory;
+mod permits;
 mod protocol;
 mod renewal;
 mod report;
 mod sets;
+mod shared;
 mod stats;
 mod targets;
 
@@ -93,6 +101,10 @@ pub(crate) struct Settings {
     pub(crate) renewal_hold: Duration,
     pub(crate) memory_requests: usize,
     pub(crate) rslock_retry: Duration,
+    /// Scenarios i and j: how long each case is timed, and counted.
+    pub(crate) holders_window: Duration,
+    pub(crate) holders_count_window: Duration,
+    pub(crate) zset_retry: Duration,
     pub(crate) note: Option<String>,
     pub(crate) output: PathBuf,
     pub(crate) command: String,
@@ -139,9 +151,9 @@ impl Settings {
             runs: env_num("BENCH_RUNS", 3).max(1) as usize,
             quick,
             full,
-            only: std::env::var("BENCH_ONLY")
-                .unwrap_or_else(|_| "abcdefgh".to_owned())
-                .to_ascii_lowercase(),
+            only: scenario_letters(
+                &std::env::var("BENCH_ONLY").unwrap_or_else(|_| "abcdefghij".to_owned()),
+            ),
             variants: std::env::var("BENCH_VARIANTS")
                 .ok()
                 .filter(|v| !v.trim().is_empty())
@@ -162,6 +174,9 @@ impl Settings {
                 100_000
             },
             rslock_retry: Duration::from_millis(env_num("BENCH_RSLOCK_RETRY_MS", 20).max(1)),
+            holders_window: Duration::from_secs(if quick { 2 } else { 4 }),
+            holders_count_window: Duration::from_secs(2),
+            zset_retry: Duration::from_millis(env_num("BENCH_ZSET_RETRY_MS", 2).max(1)),
             note: std::env::var("BENCH_NOTE")
                 .ok()
                 .filter(|n| !n.trim().is_empty()),
@@ -179,6 +194,20 @@ impl Settings {
             .as_ref()
             .is_none_or(|v| v.iter().any(|name| name == short))
     }
+}
+
+/// `BENCH_ONLY`'s scenarios as letters: names (`permits`, `shared`, `counts`) become theirs,
+/// anything else is taken as letters.
+fn scenario_letters(only: &str) -> String {
+    only.to_ascii_lowercase()
+        .split(',')
+        .map(|word| match word.trim() {
+            "counts" => "h",
+            "permits" => "i",
+            "shared" => "j",
+            letters => letters,
+        })
+        .collect()
 }
 
 fn main() {
@@ -247,6 +276,12 @@ fn main() {
     }
     if s.wants('h') {
         results.counts = counts::run(&rt, &redis, &s);
+    }
+    if s.wants('i') {
+        results.permits = permits::run(&rt, &redis, &s);
+    }
+    if s.wants('j') {
+        results.shared = shared::run(&rt, &redis, &s);
     }
     rt.block_on(flushall(&url));
     rt.shutdown_timeout(Duration::from_secs(2));

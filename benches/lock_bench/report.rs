@@ -1,7 +1,8 @@
 //! The report, `docs/BENCHMARKS.md`: how it was run, the machine and versions, the summary
 //! against the targets (`targets`), how commands are counted, one section per scenario, and
-//! what is not covered. The `## Topologies` section of the report it replaces is kept; a run of
-//! some scenarios only (`BENCH_ONLY`) replaces their sections in it and keeps the rest.
+//! what is not covered. The sections of the report it replaces that are written by hand
+//! (`## Topologies`, `## Counts across commits`) are kept; a run of some scenarios only
+//! (`BENCH_ONLY`) replaces their sections in it and keeps the rest.
 
 use std::{fmt::Write as _, time::Duration};
 
@@ -36,6 +37,8 @@ pub(crate) struct Results {
     pub(crate) group: crate::group::GroupResults,
     pub(crate) sets: Vec<Vec<(sets::Variant, SetSample)>>,
     pub(crate) counts: Vec<Vec<(crate::counts::Case, crate::counts::CountSample)>>,
+    pub(crate) permits: crate::permits::PermitRuns,
+    pub(crate) shared: crate::shared::SharedRuns,
 }
 
 pub(crate) struct Meta {
@@ -120,13 +123,16 @@ fn render(s: &Settings, meta: &Meta, r: &Results) -> String {
     crate::group::render(w, s, &r.group);
     render_sets(w, s, r);
     crate::counts::render(w, s, &r.counts);
+    crate::permits::render(w, s, &r.permits);
+    crate::shared::render(w, s, &r.shared);
 
     let _ = writeln!(w, "## Not covered\n");
     let _ = writeln!(
         w,
         "- **More than 2 processes.** The contended scenario runs its waiters in 1 process and \
          split over 2; 3 or more processes, or processes on separate machines, are not \
-         measured.\n\
+         measured. Scenarios i and j spread their waiters over instances in one process, each \
+         with its own connection.\n\
          - **Round trips.** MONITOR sees commands, not round trips: a pipeline of N commands \
          counts N. \"Leases per command\" in the renewal scenario is therefore a lower bound on \
          leases per round trip.\n\
@@ -612,8 +618,8 @@ fn render_memory(w: &mut String, s: &Settings, r: &Results) {
     );
 }
 
-/// Renders the report, keeps the `## Topologies` section of the report it replaces (written by
-/// hand), writes it to `s.output` and prints it.
+/// Renders the report, keeps the sections of the report it replaces that are written by hand
+/// (`## Topologies`, `## Counts across commits`), writes it to `s.output` and prints it.
 pub(crate) fn write(s: &Settings, meta: &Meta, results: &Results) {
     let existing = std::fs::read_to_string(&s.output).unwrap_or_default();
     let partial = SCENARIOS.chars().any(|c| !s.wants(c));
@@ -621,7 +627,7 @@ pub(crate) fn write(s: &Settings, meta: &Meta, results: &Results) {
         splice(&existing, &render(s, meta, results), s, meta)
     } else {
         let mut report = render(s, meta, results);
-        if let Some(section) = topologies_section(&existing) {
+        if let Some(section) = hand_written_sections(&existing) {
             report.push('\n');
             report.push_str(&section);
         }
@@ -635,7 +641,7 @@ pub(crate) fn write(s: &Settings, meta: &Meta, results: &Results) {
 }
 
 /// Every scenario's letter.
-const SCENARIOS: &str = "abcdefgh";
+const SCENARIOS: &str = "abcdefghij";
 
 /// A report's `## ` sections, in order, each with its heading line; what comes before the first
 /// heading is a section with an empty heading.
@@ -699,21 +705,18 @@ fn splice(existing: &str, fresh: &str, s: &Settings, meta: &Meta) -> String {
     kept.into_iter().map(|(_, body)| body).collect()
 }
 
-/// The `## Topologies` section of an existing report, verbatim, up to the next `## ` heading.
-fn topologies_section(existing: &str) -> Option<String> {
-    let mut out = String::new();
-    let mut inside = false;
-    for line in existing.split_inclusive('\n') {
-        let heading = line.trim_end();
-        if heading.starts_with("## ") {
-            if inside {
-                break;
-            }
-            inside = heading == "## Topologies";
-        }
-        if inside {
-            out.push_str(line);
-        }
-    }
+/// The sections of a report written by hand, which a full run keeps from the report it
+/// replaces, after its own.
+const HAND_WRITTEN: [&str; 2] = ["## Topologies", "## Counts across commits"];
+
+/// The hand-written sections ([`HAND_WRITTEN`]) of an existing report, verbatim, each up to
+/// the next `## ` heading.
+fn hand_written_sections(existing: &str) -> Option<String> {
+    let out: String = sections(existing)
+        .into_iter()
+        .filter(|(heading, _)| HAND_WRITTEN.contains(&heading.as_str()))
+        .map(|(_, body)| body)
+        .collect::<Vec<_>>()
+        .join("\n");
     (!out.is_empty()).then_some(out)
 }
