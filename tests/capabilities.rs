@@ -108,10 +108,11 @@ async fn group_commit(store: impl LockStore, servers: &[&RedisServer], keys: Vec
         start.push(calls_of(server, "evalsha").await);
     }
     // Acquired together, so that their renewals fall due together too.
-    let guards = futures_util::future::join_all(
-        keys.iter()
-            .map(|value| locker.acquire(locker.key("caps", value).unwrap())),
-    )
+    let guards = futures_util::future::join_all(keys.iter().map(|value| {
+        locker
+            .acquire(locker.key("caps", value).unwrap())
+            .into_future()
+    }))
     .await;
     let guards: Vec<_> = guards.into_iter().map(Result::unwrap).collect();
     let mut before = Vec::new();
@@ -328,12 +329,12 @@ async fn two_permits(store: impl LockStore) {
     let third = locker
         .acquire(key.clone())
         .permits(2)
-        .try_once()
+        .try_acquire()
         .await
         .unwrap();
     assert!(third.is_none(), "a third holder of two permits");
     assert!(first.release().await.unwrap());
-    let third = locker.acquire(key).permits(2).try_once().await.unwrap();
+    let third = locker.acquire(key).permits(2).try_acquire().await.unwrap();
     assert!(third.is_some(), "a released permit was not free");
     drop((second, third));
 }

@@ -58,9 +58,12 @@ async fn each_operation_of_a_batch_gets_its_own_answer() {
         .unwrap();
     assert!(warm.release().await.unwrap());
     let before = calls_of(&server, "evalsha").await;
-    let answers =
-        join_all((0..20).map(|i| locker.acquire(locker.key("batch", format!("k{i}")).unwrap())))
-            .await;
+    let answers = join_all((0..20).map(|i| {
+        locker
+            .acquire(locker.key("batch", format!("k{i}")).unwrap())
+            .into_future()
+    }))
+    .await;
     let scripts = calls_of(&server, "evalsha").await - before;
     for (i, answer) in answers.iter().enumerate() {
         match answer {
@@ -105,7 +108,11 @@ async fn an_operation_redis_refuses_fails_alone() {
             .map(|i| locker.key("batch", format!("good-{round}-{i}")).unwrap())
             .collect();
         keys.insert(5, bad.clone());
-        let answers = join_all(keys.into_iter().map(|key| locker.acquire(key))).await;
+        let answers = join_all(
+            keys.into_iter()
+                .map(|key| locker.acquire(key).into_future()),
+        )
+        .await;
         for (i, answer) in answers.into_iter().enumerate() {
             if i == 5 {
                 let error = answer.expect_err("a list is not a lock");

@@ -642,7 +642,7 @@ fn release_without_a_runtime_does_not_panic() {
     let store = MemoryStore::new();
     let locker = tower_lock::Locker::new(store.clone());
     let guard = rt
-        .block_on(locker.acquire(locker.key("n", "k").unwrap()))
+        .block_on(locker.acquire(locker.key("n", "k").unwrap()).into_future())
         .unwrap();
     drop(rt);
     drop(guard);

@@ -126,7 +126,7 @@ async fn a_dead_holders_permit_frees_at_its_ttl() {
         locker
             .acquire(key.clone())
             .permits(2)
-            .try_once()
+            .try_acquire()
             .await
             .unwrap()
             .is_none(),
@@ -160,12 +160,17 @@ async fn renewals_keep_a_long_holder() {
     let other = lockers[1]
         .acquire(key.clone())
         .permits(1)
-        .try_once()
+        .try_acquire()
         .await
         .unwrap();
     assert!(other.is_none(), "the renewed permit was taken by another");
     assert!(long.release().await.unwrap());
-    let other = lockers[1].acquire(key).permits(1).try_once().await.unwrap();
+    let other = lockers[1]
+        .acquire(key)
+        .permits(1)
+        .try_acquire()
+        .await
+        .unwrap();
     assert!(other.is_some());
 }
 

@@ -665,9 +665,11 @@ async fn batched_renewals_on_a_cluster_mode_server() {
         .unwrap();
     let store = RedisStore::connect(server.url()).await.unwrap();
     let locker = Locker::with_config(store, config);
-    let guards = futures_util::future::join_all(
-        (0..40).map(|i| locker.acquire(locker.key("batch", i.to_string()).unwrap())),
-    )
+    let guards = futures_util::future::join_all((0..40).map(|i| {
+        locker
+            .acquire(locker.key("batch", i.to_string()).unwrap())
+            .into_future()
+    }))
     .await;
     let guards: Vec<_> = guards.into_iter().map(Result::unwrap).collect();
     tokio::time::sleep(Duration::from_secs(1)).await;

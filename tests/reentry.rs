@@ -62,7 +62,7 @@ async fn a_nested_acquire_in_the_handler_re_enters_the_requests_lease() {
                     // Released, the nested lease leaves the request's lease held: another
                     // process (here, another task: this one would re-enter) cannot take it.
                     let taken = tokio::spawn(async move {
-                        other.acquire(key).try_once().await.unwrap().is_some()
+                        other.acquire(key).try_acquire().await.unwrap().is_some()
                     })
                     .await
                     .unwrap();

@@ -70,7 +70,7 @@ fn store(server: &RedisServer, main: &Runtime) -> RedisStore {
 async fn fresh_keys_are_acquired(locker: &Locker, name: &str, n: usize) {
     let acquires = (0..n).map(|i| {
         let key = locker.key("fresh", format!("{name}-{i}")).unwrap();
-        locker.acquire(key)
+        locker.acquire(key).into_future()
     });
     let answers = tokio::time::timeout(Duration::from_secs(10), join_all(acquires))
         .await
@@ -149,11 +149,19 @@ fn background_leases_are_renewed_whatever_became_of_another_runtime() {
     let locker = Locker::with_config(store, short);
     // The locker's first background lease, on a runtime that is then left undriven.
     let idle = current_thread();
-    let first = idle.block_on(locker.acquire(locker.key("renew", "idle").unwrap()));
+    let first = idle.block_on(
+        locker
+            .acquire(locker.key("renew", "idle").unwrap())
+            .into_future(),
+    );
     let first = first.unwrap();
     // And one on a runtime that shuts down.
     let doomed = current_thread();
-    let second = doomed.block_on(locker.acquire(locker.key("renew", "doomed").unwrap()));
+    let second = doomed.block_on(
+        locker
+            .acquire(locker.key("renew", "doomed").unwrap())
+            .into_future(),
+    );
     drop(doomed);
     drop(second);
     main.block_on(async {
@@ -279,11 +287,19 @@ fn a_background_lease_held_across_sync_work_in_a_bridge_is_renewed() {
     let locker = Locker::with_config(store.clone(), short);
     // The locker's renewals already under way for a lease of another runtime.
     let warm = main
-        .block_on(locker.acquire(locker.key("bridge", "warm").unwrap()))
+        .block_on(
+            locker
+                .acquire(locker.key("bridge", "warm").unwrap())
+                .into_future(),
+        )
         .unwrap();
     let bridge = current_thread();
     let guard = bridge
-        .block_on(locker.acquire(locker.key("bridge", "job").unwrap()))
+        .block_on(
+            locker
+                .acquire(locker.key("bridge", "job").unwrap())
+                .into_future(),
+        )
         .unwrap();
     std::thread::sleep(Duration::from_millis(2000));
     assert!(
@@ -292,7 +308,11 @@ fn a_background_lease_held_across_sync_work_in_a_bridge_is_renewed() {
         guard.lease().lost_reason()
     );
     let elsewhere = Locker::with_config(store, config());
-    let taken = main.block_on(elsewhere.acquire(elsewhere.key("bridge", "job").unwrap()));
+    let taken = main.block_on(
+        elsewhere
+            .acquire(elsewhere.key("bridge", "job").unwrap())
+            .into_future(),
+    );
     assert!(
         taken.is_err(),
         "another holder took the key: it was not renewed"
@@ -324,7 +344,7 @@ fn a_guard_dropped_at_the_end_of_a_runtime_is_released() {
         // The TTL is 30 s: only the release frees it within this bound.
         let start = Instant::now();
         loop {
-            match main.block_on(locker.acquire(key.clone())) {
+            match main.block_on(locker.acquire(key.clone()).into_future()) {
                 Ok(guard) => {
                     assert!(main.block_on(guard.release()).unwrap());
                     break;
@@ -384,7 +404,7 @@ fn park(locker: &Locker, name: &str, queued: bool) -> tokio::task::JoinHandle<()
     let locker = locker.clone();
     let key = locker.key("parked", name).unwrap();
     tokio::spawn(async move {
-        let mut parked = Box::pin(locker.acquire(key));
+        let mut parked = Box::pin(locker.acquire(key).into_future());
         let answered = poll_once(&mut parked).await;
         assert!(!answered || !queued, "answered while Redis is paused");
         std::future::pending::<()>().await;

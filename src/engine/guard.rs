@@ -156,10 +156,11 @@ impl fmt::Debug for LeaseGuard {
     }
 }
 
-/// A guard and the builder that makes one can be shared by reference across an `.await` in a
-/// spawned task (`Sync`), and moved into one (`Send`).
+/// A guard, the builder that makes one and the future it becomes can be shared by reference
+/// across an `.await` in a spawned task (`Sync`), and moved into one (`Send`).
 const _: () = {
     const fn shared<T: Send + Sync>() {}
     shared::<LeaseGuard>();
     shared::<super::Acquiring>();
+    shared::<super::AcquireFuture>();
 };
