@@ -5,7 +5,11 @@ use std::{fmt, ops::Deref, sync::Arc};
 use tracing::Instrument;
 
 use super::{hold::Hold, state::Engine};
-use crate::{lease::Lease, store::StoreError, telemetry::Outcome};
+use crate::{
+    error::{LockError, LostReason},
+    lease::Lease,
+    telemetry::Outcome,
+};
 
 /// A lease held by background work: renewed by the locker's background task, released on drop.
 ///
@@ -116,13 +120,28 @@ impl LeaseGuard {
         }
     }
 
-    /// Stops renewing and releases the lease now. `Ok(false)`: it was no longer ours.
+    /// Stops renewing and releases the lease now, and says whether it was still ours: an error
+    /// when it was not, so that a `?` does not pass over a lease that ended without us.
+    ///
+    /// # Errors
+    ///
+    /// - [`LockError::LeaseLost`]: the lease was no longer held, so the work it covered may have
+    ///   overlapped another holder's: its reason if the lease was already known lost
+    ///   ([`Lease::lost_reason`]), else [`LostReason::NotHeld`] (the store no longer had our
+    ///   token).
+    /// - [`LockError::Store`]: the store failed or did not answer in time. The release is sent
+    ///   again in the background while the lease is valid; failing that, the key frees itself
+    ///   at its TTL.
     ///
     /// A nested guard (a re-entry of a lease its task holds) releases nothing: the outer holder
-    /// does. It answers whether the lease is still held.
-    pub async fn release(mut self) -> Result<bool, StoreError> {
+    /// does. It answers `Ok(())` while the lease is held, [`LockError::LeaseLost`] once it is
+    /// lost.
+    pub async fn release(mut self) -> Result<(), LockError> {
         if let Some(lease) = self.nested.take() {
-            return Ok(!lease.is_lost());
+            return match lease.lost_reason() {
+                None => Ok(()),
+                Some(reason) => Err(LockError::LeaseLost(reason)),
+            };
         }
         let mut hold = self
             .hold
@@ -132,7 +151,13 @@ impl LeaseGuard {
         // `hold_ms` leaves out the release's round trip).
         hold.finish(Outcome::Released);
         let span = hold.span().clone();
-        hold.release().instrument(span).await
+        let lease = hold.lease().clone();
+        if hold.release().instrument(span).await? {
+            Ok(())
+        } else {
+            let reason = lease.lost_reason().unwrap_or(LostReason::NotHeld);
+            Err(LockError::LeaseLost(reason))
+        }
     }
 }
 
