@@ -311,7 +311,14 @@ async fn bad_settings_are_clear_errors() {
         .weight(3)
         .await
         .unwrap_err();
-    assert!(over.to_string().contains("never be granted"), "{over}");
+    // The detail is the source, not repeated in the summary.
+    let detail = std::error::Error::source(&over).map(ToString::to_string);
+    assert!(
+        detail
+            .as_deref()
+            .is_some_and(|d| d.contains("never be granted")),
+        "{over}: {detail:?}"
+    );
     assert_eq!(field(over), "weight");
     let alone = locker.acquire(key.clone()).weight(2).await.unwrap_err();
     assert_eq!(field(alone), "weight");

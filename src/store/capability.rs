@@ -575,6 +575,11 @@ impl Backend {
         }
     }
 
+    /// What the store can do beyond the four operations.
+    pub(crate) fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
     /// One attempt; with `wait` and a store that hands off, one that queues the caller.
     pub(crate) fn attempt(
         &self,
