@@ -214,13 +214,7 @@ impl Acquiring {
 
     /// Runs `work` under the lease; see [`Locker::run`].
     pub async fn run<F: Future>(self, work: F) -> Result<F::Output, LockError> {
-        let Self {
-            locker,
-            keys,
-            terms,
-            counts,
-        } = self;
-        let keys = counts.apply(keys)?;
+        let (locker, keys, terms) = self.asked()?;
         // Re-entered by its holder: the work runs under the hold around it.
         if held_covering(&keys).is_some() {
             return Ok(work.await);
@@ -259,16 +253,16 @@ impl Acquiring {
         }
     }
 
+    /// The locker, the keys with the share asked for, and the terms.
+    fn asked(self) -> Result<(Locker, KeySet, Terms), ConfigError> {
+        let keys = self.counts.apply(self.keys)?;
+        Ok((self.locker, keys, self.terms))
+    }
+
     /// The acquire, run when first polled (so that a re-entry is judged by the task that awaits
     /// it).
     async fn acquire(self) -> Result<LeaseGuard, LockError> {
-        let Self {
-            locker,
-            keys,
-            terms,
-            counts,
-        } = self;
-        let keys = counts.apply(keys)?;
+        let (locker, keys, terms) = self.asked()?;
         let engine = Arc::clone(locker.shared());
         // Re-entered by its holder (this task holds the keys): a guard on the same hold.
         if let Some(lease) = held_covering(&keys) {

@@ -224,11 +224,13 @@ where
                     Step::Ready(Ok(taken(response).map(ResponseBody::full)))
                 }
             };
-            drop(entered);
             match step {
                 Step::Ready(output) => return Poll::Ready(output),
+                // In the span still: dropping the state left (the inner future, on an abort)
+                // happens in it.
                 Step::Next(next) => this.state.set(next),
                 Step::NextIn(next, span) => {
+                    drop(entered);
                     *this.span = span;
                     this.state.set(next);
                 }
