@@ -54,7 +54,7 @@ use tokio::{
     task::JoinSet,
     time::{MissedTickBehavior, interval, sleep},
 };
-use tower_lock::{Lease, LeaseGuard, LockConfig, Locker, MemoryStore, Wait};
+use tower_lock::{Lease, LeaseGuard, LockConfig, LockError, Locker, MemoryStore, Wait};
 
 /// How many instances the in-memory demo runs.
 const MEMORY_INSTANCES: usize = 3;
@@ -218,8 +218,10 @@ async fn run_jobs(id: &str, lease: &Lease, settings: &Settings, runs: &mut u64) 
 /// Releases the lease now, so the next instance need not wait for the TTL.
 async fn release(id: &str, guard: LeaseGuard) {
     match guard.release().await {
-        Ok(true) => println!("instance {id} released the job lock"),
-        Ok(false) => println!("instance {id} no longer held the job lock"),
+        Ok(()) => println!("instance {id} released the job lock"),
+        Err(LockError::LeaseLost(reason)) => {
+            println!("instance {id} no longer held the job lock: {reason}")
+        }
         Err(error) => {
             tracing::warn!(instance = id, %error, "release failed; the lock frees itself after its TTL");
         }

@@ -66,14 +66,14 @@ pub enum LockError {
     #[error("the lock store failed")]
     Store(#[source] StoreError),
     /// The request's key could not be derived (400, or 500 for a misconfigured source).
-    #[error("the lock key could not be derived: {0}")]
+    #[error("the lock key could not be derived")]
     Key(#[source] KeyRejection),
     /// The lease was lost while the request ran, and the layer aborted it (503).
     #[error("the lease was lost: {0}")]
     LeaseLost(LostReason),
     /// What the acquire asked for can never be granted (0 permits, more permits than the key
     /// has), or the store cannot grant it (500): a bug of the caller, never of the request.
-    #[error("the lease cannot be granted: {0}")]
+    #[error("the lease cannot be granted")]
     Config(#[source] ConfigError),
 }
 
@@ -123,3 +123,37 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::*;
+    use crate::store::StoreErrorKind;
+
+    /// An error and its source each say their own part once: printed as a chain (`outer:
+    /// inner`, as logs do), no text comes twice.
+    #[test]
+    fn no_error_repeats_its_source() {
+        let store = || StoreError::msg(StoreErrorKind::Unavailable, "refused");
+        let errors: [Box<dyn Error>; 5] = [
+            Box::new(LockError::Store(store())),
+            Box::new(LockError::Key(KeyRejection::body_too_large(10))),
+            Box::new(LockError::Config(ConfigError::new(
+                "permits",
+                "0 admit nobody",
+            ))),
+            Box::new(crate::fence::FenceError::Store(store())),
+            Box::new(crate::idempotency::IdempotencyError::BodyUnreadable(
+                std::sync::Arc::new(ConfigError::new("body", "cut short")),
+            )),
+        ];
+        for error in &errors {
+            let source = error.source().expect("a source").to_string();
+            assert!(
+                !error.to_string().contains(&source),
+                "{error} repeats its source ({source})"
+            );
+        }
+    }
+}

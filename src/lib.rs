@@ -207,7 +207,7 @@ mod token;
 mod wait;
 
 pub use config::{KeyDisplay, LockConfig, LockConfigBuilder, OnLeaseLost};
-pub use engine::{Acquiring, LeaseGuard, Locker};
+pub use engine::{AcquireFuture, Acquiring, LeaseGuard, Locker};
 pub use error::{ConfigError, LockError, LostReason};
 pub use idempotency::{IdempotencyConfig, IdempotencyLayer, IdempotencyStore};
 pub use key::{Key, KeySet, KeySource};

@@ -108,10 +108,11 @@ async fn group_commit(store: impl LockStore, servers: &[&RedisServer], keys: Vec
         start.push(calls_of(server, "evalsha").await);
     }
     // Acquired together, so that their renewals fall due together too.
-    let guards = futures_util::future::join_all(
-        keys.iter()
-            .map(|value| locker.acquire(locker.key("caps", value).unwrap())),
-    )
+    let guards = futures_util::future::join_all(keys.iter().map(|value| {
+        locker
+            .acquire(locker.key("caps", value).unwrap())
+            .into_future()
+    }))
     .await;
     let guards: Vec<_> = guards.into_iter().map(Result::unwrap).collect();
     let mut before = Vec::new();
@@ -151,7 +152,7 @@ async fn group_commit(store: impl LockStore, servers: &[&RedisServer], keys: Vec
         );
     }
     for guard in guards {
-        assert!(guard.release().await.unwrap());
+        guard.release().await.unwrap();
     }
 }
 
@@ -181,7 +182,7 @@ async fn served_at_release(holder_store: impl LockStore, waiter_store: impl Lock
     // Queued (or registered for the release) by now.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let released = Instant::now();
-    assert!(held.release().await.unwrap());
+    held.release().await.unwrap();
     let served = waiting.await.unwrap();
     let after = served.saturating_duration_since(released);
     assert!(
@@ -250,15 +251,13 @@ async fn key_sets(store: impl LockStore + Clone, servers: &[&RedisServer], value
         .map(|v| locker.key("caps", v).unwrap())
         .collect();
     // Once first, so that the script is loaded (a first `EVALSHA` meets `NOSCRIPT`).
-    assert!(
-        locker
-            .acquire(keys.clone())
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap()
-    );
+    locker
+        .acquire(keys.clone())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     let mut before = Vec::new();
     for server in servers {
         before.push(calls_of(server, "evalsha").await);
@@ -275,7 +274,7 @@ async fn key_sets(store: impl LockStore + Clone, servers: &[&RedisServer], value
     }
     assert_eq!(acquires.load(Ordering::SeqCst), 0, "taken key by key");
     assert_eq!(guard.fencing_tokens().len(), 3);
-    assert!(guard.release().await.unwrap());
+    guard.release().await.unwrap();
     // All or none.
     let other = Locker::with_config(store, short_leases());
     let held = other.acquire(keys[1].clone()).await.unwrap();
@@ -283,8 +282,8 @@ async fn key_sets(store: impl LockStore + Clone, servers: &[&RedisServer], value
     let free = [keys[0].clone(), keys[2].clone()];
     let both = other.try_acquire(free).await.unwrap();
     assert!(both.is_some(), "a key of the refused set stayed taken");
-    assert!(both.unwrap().release().await.unwrap());
-    assert!(held.release().await.unwrap());
+    both.unwrap().release().await.unwrap();
+    held.release().await.unwrap();
     assert_eq!(acquires.load(Ordering::SeqCst), 0, "taken key by key");
 }
 
@@ -328,12 +327,12 @@ async fn two_permits(store: impl LockStore) {
     let third = locker
         .acquire(key.clone())
         .permits(2)
-        .try_once()
+        .try_acquire()
         .await
         .unwrap();
     assert!(third.is_none(), "a third holder of two permits");
-    assert!(first.release().await.unwrap());
-    let third = locker.acquire(key).permits(2).try_once().await.unwrap();
+    first.release().await.unwrap();
+    let third = locker.acquire(key).permits(2).try_acquire().await.unwrap();
     assert!(third.is_some(), "a released permit was not free");
     drop((second, third));
 }

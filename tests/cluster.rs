@@ -348,12 +348,12 @@ async fn an_acquire_resent_after_its_reply_was_lost_holds_the_key() {
         }
         Err(error) => panic!("{error}"),
     };
-    assert!(guard.release().await.unwrap());
+    guard.release().await.unwrap();
     let started = Instant::now();
     let next = b.acquire(key).await.expect("the key stayed locked");
     let waited = started.elapsed();
     assert!(waited < Duration::from_secs(1), "waited {waited:?}");
-    assert!(next.release().await.unwrap());
+    next.release().await.unwrap();
 }
 
 /// The scope the layer gives `POST /items/{sku}/purchase`.

@@ -394,10 +394,10 @@ async fn whole_or_nothing(locker: Locker, data: FencedData) {
         wrong.join("\n")
     );
     // The lease is intact: no batch touched its lock key.
-    assert!(
-        lease.release().await.unwrap(),
-        "the lock key no longer held the lease's token"
-    );
+    lease
+        .release()
+        .await
+        .expect("the lock key no longer held the lease's token");
 }
 
 #[tokio::test]

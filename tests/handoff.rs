@@ -92,7 +92,7 @@ async fn second_process_waits(
     });
     tokio::time::sleep(Duration::from_millis(20)).await;
     let first_token = held.fencing_token();
-    assert!(held.release().await.unwrap());
+    held.release().await.unwrap();
     let second_token = second.await.unwrap();
     assert!(second_token > first_token, "fencing tokens must increase");
     assert!(server.lock_keys().await.is_empty(), "keys left behind");
@@ -920,7 +920,7 @@ async fn a_newcomer_does_not_barge_past_the_queue() {
         started.elapsed()
     );
     assert!(
-        !held.release().await.unwrap(),
+        matches!(held.release().await, Err(LockError::LeaseLost(_))),
         "the lost lease was released"
     );
     assert!(server.lock_keys().await.is_empty(), "keys left behind");
@@ -969,7 +969,7 @@ fn stream(
         while !stop.load(Ordering::SeqCst) {
             let guard = locker.acquire(key.clone()).await.unwrap();
             tokio::time::sleep(hold).await;
-            assert!(guard.release().await.unwrap());
+            guard.release().await.unwrap();
             held += 1;
         }
         held
@@ -1010,7 +1010,7 @@ async fn set_against_a_stream(
         Ok(guard) => {
             let waited = started.elapsed();
             assert_eq!(guard.keys().len(), 2);
-            assert!(guard.release().await.unwrap());
+            guard.release().await.unwrap();
             Ok(waited)
         }
         Err(error) => Err(error),
@@ -1069,7 +1069,7 @@ async fn a_waiting_set_keeps_the_keys_before_the_one_it_waits_for() {
         async move {
             let guard = locker.acquire(set).await.unwrap();
             order.lock().unwrap().push("set");
-            assert!(guard.release().await.unwrap());
+            guard.release().await.unwrap();
         }
     });
     queued(&server, &second, 1).await;
@@ -1086,11 +1086,11 @@ async fn a_waiting_set_keeps_the_keys_before_the_one_it_waits_for() {
         async move {
             let guard = locker.acquire(first).await.unwrap();
             order.lock().unwrap().push("single");
-            assert!(guard.release().await.unwrap());
+            guard.release().await.unwrap();
         }
     });
     queued(&server, &first, 1).await;
-    assert!(holder.release().await.unwrap());
+    holder.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), set_task)
         .await
         .unwrap()
@@ -1141,5 +1141,5 @@ async fn a_set_that_gives_up_hands_on_what_it_kept() {
         0,
         "the set stayed queued"
     );
-    assert!(single.release().await.unwrap());
+    single.release().await.unwrap();
 }

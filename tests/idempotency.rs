@@ -1123,3 +1123,38 @@ async fn a_request_refused_before_it_ran_is_not_stored_memory() {
 async fn a_request_refused_before_it_ran_is_not_stored_redis() {
     a_request_refused_before_it_ran_is_not_stored(Redis::new()).await;
 }
+
+/// A layer built on a `Locker` takes its locks and records through that locker's store, with
+/// its lock settings, and a background lease of the locker on the request's key excludes the
+/// request.
+#[tokio::test]
+async fn a_layer_from_a_locker_shares_its_store() {
+    let locker = tower_lock::Locker::new(tower_lock::MemoryStore::new());
+    let layer = IdempotencyLayer::from_locker(locker.clone(), by_tenant);
+    assert_eq!(layer.config().lock(), locker.config());
+    let runs = Arc::new(Runs::default());
+    let app = make_app(Arc::clone(&runs), Some(layer));
+    let first = send(&app, pay("{}")).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let replayed = send(&app, pay("{}")).await;
+    assert_eq!(replayed.status(), StatusCode::CREATED);
+    assert_eq!(bytes(first).await, bytes(replayed).await);
+    assert_eq!(
+        runs.started.load(Ordering::SeqCst),
+        1,
+        "the retry ran again"
+    );
+}
+
+/// A locker whose store keeps no records cannot back the layer: refused at start-up.
+#[test]
+#[should_panic(expected = "keeps no idempotency records")]
+fn a_layer_from_a_locker_without_records_is_refused() {
+    let server = tower_lock_testkit::RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let node = runtime
+        .block_on(tower_lock::RedisStore::connect(server.url()))
+        .unwrap();
+    let redlock = tower_lock::RedlockStore::new([node]).unwrap();
+    let _ = IdempotencyLayer::from_locker(tower_lock::Locker::new(redlock), SharedKeySpace);
+}

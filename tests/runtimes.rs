@@ -60,7 +60,7 @@ fn store(server: &RedisServer, main: &Runtime) -> RedisStore {
             .acquire(locker.key("warm", "up").unwrap())
             .await
             .unwrap();
-        assert!(warm.release().await.unwrap());
+        warm.release().await.unwrap();
         store
     })
 }
@@ -70,14 +70,14 @@ fn store(server: &RedisServer, main: &Runtime) -> RedisStore {
 async fn fresh_keys_are_acquired(locker: &Locker, name: &str, n: usize) {
     let acquires = (0..n).map(|i| {
         let key = locker.key("fresh", format!("{name}-{i}")).unwrap();
-        locker.acquire(key)
+        locker.acquire(key).into_future()
     });
     let answers = tokio::time::timeout(Duration::from_secs(10), join_all(acquires))
         .await
         .unwrap_or_else(|_| panic!("{name}: the acquires were not answered within 10 s"));
     for (i, answer) in answers.into_iter().enumerate() {
         let guard = answer.unwrap_or_else(|e| panic!("{name}-{i}: {e}"));
-        assert!(guard.release().await.unwrap());
+        guard.release().await.unwrap();
     }
 }
 
@@ -149,11 +149,19 @@ fn background_leases_are_renewed_whatever_became_of_another_runtime() {
     let locker = Locker::with_config(store, short);
     // The locker's first background lease, on a runtime that is then left undriven.
     let idle = current_thread();
-    let first = idle.block_on(locker.acquire(locker.key("renew", "idle").unwrap()));
+    let first = idle.block_on(
+        locker
+            .acquire(locker.key("renew", "idle").unwrap())
+            .into_future(),
+    );
     let first = first.unwrap();
     // And one on a runtime that shuts down.
     let doomed = current_thread();
-    let second = doomed.block_on(locker.acquire(locker.key("renew", "doomed").unwrap()));
+    let second = doomed.block_on(
+        locker
+            .acquire(locker.key("renew", "doomed").unwrap())
+            .into_future(),
+    );
     drop(doomed);
     drop(second);
     main.block_on(async {
@@ -168,10 +176,10 @@ fn background_leases_are_renewed_whatever_became_of_another_runtime() {
             "{:?}",
             guard.lease().lost_reason()
         );
-        assert!(
-            guard.release().await.unwrap(),
-            "the lease ran out: it was not renewed"
-        );
+        guard
+            .release()
+            .await
+            .expect("the lease ran out: it was not renewed");
     });
     drop(first);
     drop(idle);
@@ -184,13 +192,10 @@ async fn cycle(locker: &Locker, name: &str) {
         .acquire(key)
         .await
         .unwrap_or_else(|e| panic!("{name}: acquire: {e}"));
-    assert!(
-        guard
-            .release()
-            .await
-            .unwrap_or_else(|e| panic!("{name}: release: {e}")),
-        "{name}: the lease was not held at its release"
-    );
+    guard
+        .release()
+        .await
+        .unwrap_or_else(|e| panic!("{name}: release (was the lease held?): {e}"));
 }
 
 /// [`cycle`], answered within 5 s.
@@ -279,11 +284,19 @@ fn a_background_lease_held_across_sync_work_in_a_bridge_is_renewed() {
     let locker = Locker::with_config(store.clone(), short);
     // The locker's renewals already under way for a lease of another runtime.
     let warm = main
-        .block_on(locker.acquire(locker.key("bridge", "warm").unwrap()))
+        .block_on(
+            locker
+                .acquire(locker.key("bridge", "warm").unwrap())
+                .into_future(),
+        )
         .unwrap();
     let bridge = current_thread();
     let guard = bridge
-        .block_on(locker.acquire(locker.key("bridge", "job").unwrap()))
+        .block_on(
+            locker
+                .acquire(locker.key("bridge", "job").unwrap())
+                .into_future(),
+        )
         .unwrap();
     std::thread::sleep(Duration::from_millis(2000));
     assert!(
@@ -292,15 +305,18 @@ fn a_background_lease_held_across_sync_work_in_a_bridge_is_renewed() {
         guard.lease().lost_reason()
     );
     let elsewhere = Locker::with_config(store, config());
-    let taken = main.block_on(elsewhere.acquire(elsewhere.key("bridge", "job").unwrap()));
+    let taken = main.block_on(
+        elsewhere
+            .acquire(elsewhere.key("bridge", "job").unwrap())
+            .into_future(),
+    );
     assert!(
         taken.is_err(),
         "another holder took the key: it was not renewed"
     );
-    assert!(
-        bridge.block_on(guard.release()).unwrap(),
-        "the lease ran out: it was not renewed"
-    );
+    bridge
+        .block_on(guard.release())
+        .expect("the lease ran out: it was not renewed");
     drop(warm);
 }
 
@@ -324,9 +340,9 @@ fn a_guard_dropped_at_the_end_of_a_runtime_is_released() {
         // The TTL is 30 s: only the release frees it within this bound.
         let start = Instant::now();
         loop {
-            match main.block_on(locker.acquire(key.clone())) {
+            match main.block_on(locker.acquire(key.clone()).into_future()) {
                 Ok(guard) => {
-                    assert!(main.block_on(guard.release()).unwrap());
+                    main.block_on(guard.release()).unwrap();
                     break;
                 }
                 Err(e) if start.elapsed() < Duration::from_secs(3) => {
@@ -384,7 +400,7 @@ fn park(locker: &Locker, name: &str, queued: bool) -> tokio::task::JoinHandle<()
     let locker = locker.clone();
     let key = locker.key("parked", name).unwrap();
     tokio::spawn(async move {
-        let mut parked = Box::pin(locker.acquire(key));
+        let mut parked = Box::pin(locker.acquire(key).into_future());
         let answered = poll_once(&mut parked).await;
         assert!(!answered || !queued, "answered while Redis is paused");
         std::future::pending::<()>().await;
@@ -414,7 +430,7 @@ fn an_unpolled_queued_caller_holds_up_nobody() {
         fresh_keys_are_acquired(&locker, "behind", 5).await;
         let first = first.await.unwrap().unwrap();
         parked.abort();
-        assert!(first.release().await.unwrap());
+        first.release().await.unwrap();
     });
 }
 
@@ -451,7 +467,7 @@ fn held_after_a_cancelled_storm(
                 let acquired =
                     tokio::time::timeout(Duration::from_millis(1), locker.acquire(key)).await;
                 if let Ok(Ok(guard)) = acquired {
-                    assert!(guard.release().await.unwrap());
+                    guard.release().await.unwrap();
                 }
             })
         });
@@ -464,7 +480,7 @@ fn held_after_a_cancelled_storm(
                 let key = locker.key(name, i.to_string()).unwrap();
                 match locker.try_acquire(key).await.unwrap() {
                     Some(guard) => {
-                        assert!(guard.release().await.unwrap());
+                        guard.release().await.unwrap();
                         0
                     }
                     None => 1,

@@ -13,7 +13,7 @@ mod support;
 use std::time::Duration;
 
 use support::{Backend, LockKeys};
-use tower_lock::{LockConfig, Locker, RedisStore, Wait};
+use tower_lock::{LockConfig, LockError, Locker, RedisStore, Wait};
 use tower_lock_testkit::{Flavor, RedisServer, monitor::Monitor};
 
 fn valkey() -> RedisServer {
@@ -128,7 +128,7 @@ async fn one_lease(server: &RedisServer) -> (tower_lock_testkit::monitor::Comman
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let renewals = guard.lease().renewals();
-    assert!(guard.release().await.unwrap(), "the release found its key");
+    guard.release().await.expect("the release found its key");
     (monitor.finish(&mut ctl).await, renewals)
 }
 
@@ -182,7 +182,7 @@ async fn with_handoff_valkey_releases_with_the_script() {
     while guard.lease().renewals() < 1 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(guard.release().await.unwrap());
+    guard.release().await.unwrap();
     let sent = monitor.finish(&mut ctl).await;
     assert_eq!(sent.get("DELIFEQ"), 0, "{sent:?}");
     assert!(sent.get("SET") >= 1, "renewal not SET IFEQ: {sent:?}");
@@ -221,7 +221,10 @@ async fn valkeys_compare_commands_touch_only_the_holders_key() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(!guard.release().await.unwrap(), "released another's key");
+    assert!(
+        matches!(guard.release().await, Err(LockError::LeaseLost(_))),
+        "released another's key"
+    );
     let value: String = redis::cmd("GET")
         .arg(&key)
         .query_async(&mut conn)

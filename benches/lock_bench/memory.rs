@@ -126,7 +126,7 @@ async fn heap_per_lease(url: &str) -> HeapPerLease {
         .buffer_unordered(256)
         .collect()
         .await;
-    assert!(released.iter().all(|r| matches!(r, Ok(true))));
+    assert!(released.iter().all(Result::is_ok));
     drop(released);
     settle().await;
     let after = heap_bytes();
@@ -143,7 +143,7 @@ async fn heap_per_lease(url: &str) -> HeapPerLease {
         .buffer_unordered(256)
         .collect()
         .await;
-    assert!(again.iter().all(|r| matches!(r, Ok(true))));
+    assert!(again.iter().all(Result::is_ok));
     drop(again);
     settle().await;
     let after_again = heap_bytes();

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::{StreamExt, stream};
 use tokio::runtime::Runtime;
-use tower_lock::{LeaseGuard, LockConfig, Locker, RedisStore};
+use tower_lock::{LeaseGuard, LockConfig, LockError, Locker, RedisStore};
 use tower_lock_testkit::{RedisServer, monitor::Monitor};
 
 use crate::{
@@ -95,7 +95,8 @@ async fn renewal(redis: &RedisServer, s: &Settings) -> RenewalSample {
         .map(|guard| async move {
             let lost = guard.is_lost();
             match guard.release().await {
-                Ok(released) => (lost || !released, false),
+                Ok(()) => (lost, false),
+                Err(LockError::LeaseLost(_)) => (true, false),
                 Err(_) => (lost, true),
             }
         })

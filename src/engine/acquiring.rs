@@ -1,8 +1,9 @@
-//! [`Acquiring`]: one call's acquire, with the wait policy, TTL and longest hold it asks for.
+//! [`Acquiring`]: one call's acquire, with the wait policy, TTL and longest hold it asks for,
+//! and the [`AcquireFuture`] it becomes when awaited.
 
 use std::{
     fmt,
-    future::Future,
+    future::{Future, IntoFuture},
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
@@ -26,8 +27,11 @@ use crate::{
     wait::Wait,
 };
 
-/// An acquire on a [`Locker`], from [`Locker::acquire`]: a future of a [`LeaseGuard`]. Before
-/// it is awaited, it can be told what this call asks for instead of the locker's settings.
+/// An acquire on a [`Locker`], from [`Locker::acquire`]: a builder of what this call asks for
+/// instead of the locker's settings, awaited for a [`LeaseGuard`] (it is [`IntoFuture`]: the
+/// future is an [`AcquireFuture`]), or finished with [`try_acquire`](Self::try_acquire) or
+/// [`run`](Self::run). Each of them takes the builder, so none can be called twice and no
+/// setting can come too late.
 ///
 /// ```
 /// use std::time::Duration;
@@ -47,22 +51,25 @@ use crate::{
 /// ```
 ///
 /// The guard is released when dropped: `let _ = locker.acquire(key).await?` releases at once.
-#[must_use = "an acquire does nothing until awaited (or `run`, or `try_once`)"]
+///
+/// The builder is not itself a future: what was polled cannot be told more, or finished
+/// another way.
+///
+/// ```compile_fail
+/// # use std::{future::Future, pin::Pin, task::Poll};
+/// # use tower_lock::{Locker, MemoryStore};
+/// # async fn job(locker: Locker) -> Result<(), Box<dyn std::error::Error>> {
+/// let mut acquiring = locker.acquire(locker.key("jobs", "reindex")?);
+/// std::future::poll_fn(|cx| {
+///     let _ = Pin::new(&mut acquiring).poll(cx); // `Acquiring` is not a future
+///     Poll::Ready(())
+/// })
+/// .await;
+/// acquiring.run(async {}).await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "an acquire does nothing until awaited (or `run`, or `try_acquire`)"]
 pub struct Acquiring {
-    state: State,
-}
-
-/// The acquisition once started.
-type Acquire = Pin<Box<dyn Future<Output = Result<LeaseGuard, LockError>> + Send>>;
-
-enum State {
-    /// Not polled yet: what it will ask for (boxed: the running state is a box too).
-    Start(Option<Box<Request>>),
-    /// Polled only through `&mut`: the wrapper makes the builder `Sync`.
-    Running(SyncWrapper<Acquire>),
-}
-
-struct Request {
     locker: Locker,
     keys: KeySet,
     terms: Terms,
@@ -115,44 +122,23 @@ impl Counts {
 impl Acquiring {
     pub(super) fn new(locker: Locker, keys: KeySet, terms: Terms) -> Self {
         Self {
-            state: State::Start(Some(Box::new(Request {
-                locker,
-                keys,
-                terms,
-                counts: Counts::default(),
-            }))),
-        }
-    }
-
-    /// What it asks for, until it is first polled.
-    fn request(&mut self) -> Option<&mut Request> {
-        match &mut self.state {
-            State::Start(request) => request.as_deref_mut(),
-            State::Running(_) => None,
-        }
-    }
-
-    fn take(self) -> Request {
-        match self.state {
-            State::Start(Some(request)) => *request,
-            _ => panic!("an `Acquiring` used after it was polled"),
+            locker,
+            keys,
+            terms,
+            counts: Counts::default(),
         }
     }
 
     /// Waits for the keys by this policy instead of the locker's.
     pub fn wait(mut self, wait: Wait) -> Self {
-        if let Some(r) = self.request() {
-            r.terms = r.terms.clone().with_wait(wait);
-        }
+        self.terms = self.terms.with_wait(wait);
         self
     }
 
     /// Holds the lease with this time to live (at least 10 ms) instead of the locker's,
     /// renewed every third of it.
     pub fn ttl(mut self, ttl: Duration) -> Self {
-        if let Some(r) = self.request() {
-            r.terms = r.terms.clone().with_ttl(ttl);
-        }
+        self.terms = self.terms.with_ttl(ttl);
         self
     }
 
@@ -161,9 +147,7 @@ impl Acquiring {
     /// [`run`](Self::run) cancels its work and releases the keys. Background leases have no
     /// longest hold unless a call sets one.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        if let Some(r) = self.request() {
-            r.terms.max_hold = Some(max_hold);
-        }
+        self.terms.max_hold = Some(max_hold);
         self
     }
 
@@ -186,22 +170,18 @@ impl Acquiring {
     /// let key = locker.key("provider", "acct-1")?;
     /// let first = locker.acquire(key.clone()).permits(2).await?;
     /// let second = locker.acquire(key.clone()).permits(2).await?;
-    /// assert!(locker.acquire(key).permits(2).try_once().await?.is_none());
+    /// assert!(locker.acquire(key).permits(2).try_acquire().await?.is_none());
     /// # drop((first, second)); Ok(()) }
     /// ```
     pub fn permits(mut self, permits: u32) -> Self {
-        if let Some(r) = self.request() {
-            r.counts.permits = Some(permits);
-        }
+        self.counts.permits = Some(permits);
         self
     }
 
     /// Takes this many of the keys' [`permits`](Self::permits) (default 1). More than the
     /// permits, 0, or a weight without permits is an error when awaited ([`LockError::Config`]).
     pub fn weight(mut self, weight: u32) -> Self {
-        if let Some(r) = self.request() {
-            r.counts.weight = Some(weight);
-        }
+        self.counts.weight = Some(weight);
         self
     }
 
@@ -210,9 +190,7 @@ impl Acquiring {
     /// behind readers is not starved by readers that keep coming, and readers queued behind a
     /// writer wait for it. With [`permits`](Self::permits), one of them.
     pub fn shared(mut self) -> Self {
-        if let Some(r) = self.request() {
-            r.counts.mode = Some(Mode::Shared);
-        }
+        self.counts.mode = Some(Mode::Shared);
         self
     }
 
@@ -220,15 +198,13 @@ impl Acquiring {
     /// capacity. A plain lease (neither) does not count holders, so a writer of a key that
     /// readers share must say this.
     pub fn exclusive(mut self) -> Self {
-        if let Some(r) = self.request() {
-            r.counts.mode = Some(Mode::Exclusive);
-        }
+        self.counts.mode = Some(Mode::Exclusive);
         self
     }
 
     /// Acquires the keys if they are all free now, without waiting (whatever the wait policy):
     /// `Ok(None)` when one is held.
-    pub async fn try_once(self) -> Result<Option<LeaseGuard>, LockError> {
+    pub async fn try_acquire(self) -> Result<Option<LeaseGuard>, LockError> {
         match self.wait(Wait::none()).await {
             Ok(guard) => Ok(Some(guard)),
             Err(LockError::Contended { .. }) => Ok(None),
@@ -238,13 +214,7 @@ impl Acquiring {
 
     /// Runs `work` under the lease; see [`Locker::run`].
     pub async fn run<F: Future>(self, work: F) -> Result<F::Output, LockError> {
-        let Request {
-            locker,
-            keys,
-            terms,
-            counts,
-        } = self.take();
-        let keys = counts.apply(keys)?;
+        let (locker, keys, terms) = self.asked()?;
         let store = locker.shared().store.identity();
         match reentry(&keys, store) {
             // Re-entered by its holder: the work runs under the hold around it, and is dropped
@@ -293,51 +263,69 @@ impl Acquiring {
             }
         }
     }
+
+    /// The locker, the keys with the share asked for, and the terms.
+    fn asked(self) -> Result<(Locker, KeySet, Terms), ConfigError> {
+        let keys = self.counts.apply(self.keys)?;
+        Ok((self.locker, keys, self.terms))
+    }
+
+    /// The acquire, run when first polled (so that a re-entry is judged by the task that awaits
+    /// it).
+    async fn acquire(self) -> Result<LeaseGuard, LockError> {
+        let (locker, keys, terms) = self.asked()?;
+        let engine = Arc::clone(locker.shared());
+        // Re-entered by its holder (this task holds the keys): a guard on the same hold.
+        match reentry(&keys, locker.shared().store.identity()) {
+            Reentry::Covered(lease) => return Ok(LeaseGuard::nested(lease, engine)),
+            Reentry::Blocked => return Err(waits_for_itself().into()),
+            Reentry::Fresh => {}
+        }
+        let span = lease_span(&locker, &keys);
+        match locker.hold(keys, span.clone(), terms).await {
+            Ok(hold) => Ok(LeaseGuard::new(hold, engine)),
+            Err(error) => {
+                telemetry::record_not_acquired(&span, &error);
+                Err(error)
+            }
+        }
+    }
 }
 
-impl Future for Acquiring {
+impl IntoFuture for Acquiring {
+    type Output = Result<LeaseGuard, LockError>;
+    type IntoFuture = AcquireFuture;
+
+    fn into_future(self) -> AcquireFuture {
+        AcquireFuture {
+            inner: SyncWrapper::new(Box::pin(self.acquire())),
+        }
+    }
+}
+
+/// The future an [`Acquiring`] becomes when awaited: a [`LeaseGuard`] once the keys are held.
+///
+/// Dropped before it is ready, it acquires nothing: an acquire already sent is released.
+#[must_use = "futures do nothing unless you `.await` or poll them"]
+pub struct AcquireFuture {
+    /// Polled only through `&mut`: the wrapper makes the future `Sync`.
+    inner: SyncWrapper<Acquire>,
+}
+
+/// The acquire once started.
+type Acquire = Pin<Box<dyn Future<Output = Result<LeaseGuard, LockError>> + Send>>;
+
+impl Future for AcquireFuture {
     type Output = Result<LeaseGuard, LockError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if let State::Start(request) = &mut self.state {
-            let Request {
-                locker,
-                keys,
-                terms,
-                counts,
-            } = *request
-                .take()
-                .expect("an `Acquiring` polled after it was taken");
-            let keys = match counts.apply(keys) {
-                Ok(keys) => keys,
-                Err(error) => return Poll::Ready(Err(error.into())),
-            };
-            // Re-entered by its holder (this task holds the keys): a guard on the same hold.
-            match reentry(&keys, locker.shared().store.identity()) {
-                Reentry::Covered(lease) => {
-                    let engine = Arc::clone(locker.shared());
-                    return Poll::Ready(Ok(LeaseGuard::nested(lease, engine)));
-                }
-                Reentry::Blocked => return Poll::Ready(Err(waits_for_itself().into())),
-                Reentry::Fresh => {}
-            }
-            let span = lease_span(&locker, &keys);
-            let hold = locker.hold(keys, span.clone(), terms);
-            let engine = Arc::clone(locker.shared());
-            self.state = State::Running(SyncWrapper::new(Box::pin(async move {
-                match hold.await {
-                    Ok(hold) => Ok(LeaseGuard::new(hold, engine)),
-                    Err(error) => {
-                        telemetry::record_not_acquired(&span, &error);
-                        Err(error)
-                    }
-                }
-            })));
-        }
-        match &mut self.state {
-            State::Running(acquire) => acquire.get_mut().as_mut().poll(cx),
-            State::Start(_) => unreachable!("started above"),
-        }
+        self.inner.get_mut().as_mut().poll(cx)
+    }
+}
+
+impl fmt::Debug for AcquireFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AcquireFuture").finish_non_exhaustive()
     }
 }
 
@@ -351,15 +339,11 @@ fn lease_span(locker: &Locker, keys: &KeySet) -> tracing::Span {
 
 impl fmt::Debug for Acquiring {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.state {
-            State::Start(Some(request)) => f
-                .debug_struct("Acquiring")
-                .field("keys", &request.keys)
-                .field("terms", &request.terms)
-                .field("counts", &request.counts)
-                .finish_non_exhaustive(),
-            _ => f.debug_struct("Acquiring").finish_non_exhaustive(),
-        }
+        f.debug_struct("Acquiring")
+            .field("keys", &self.keys)
+            .field("terms", &self.terms)
+            .field("counts", &self.counts)
+            .finish_non_exhaustive()
     }
 }
 

@@ -5,7 +5,11 @@ use std::{fmt, ops::Deref, sync::Arc};
 use tracing::Instrument;
 
 use super::{hold::Hold, state::Engine};
-use crate::{lease::Lease, store::StoreError, telemetry::Outcome};
+use crate::{
+    error::{LockError, LostReason},
+    lease::Lease,
+    telemetry::Outcome,
+};
 
 /// A lease held by background work: renewed by the locker's background task, released on drop.
 ///
@@ -117,14 +121,28 @@ impl LeaseGuard {
         }
     }
 
-    /// Stops renewing and releases the lease now. `Ok(false)`: it was no longer ours.
+    /// Stops renewing and releases the lease now, and says whether it was still ours: an error
+    /// when it was not, so that a `?` does not pass over a lease that ended without us.
+    ///
+    /// # Errors
+    ///
+    /// - [`LockError::LeaseLost`]: the lease was no longer held, so the work it covered may have
+    ///   overlapped another holder's: its reason if the lease was already known lost
+    ///   ([`Lease::lost_reason`]), else [`LostReason::NotHeld`] (the store no longer had our
+    ///   token).
+    /// - [`LockError::Store`]: the store failed or did not answer in time. The release is sent
+    ///   again in the background while the lease is valid; failing that, the key frees itself
+    ///   at its TTL.
     ///
     /// A nested guard (a re-entry of a lease its task holds) releases nothing: the outer holder
-    /// does. It answers whether the lease is still held (`false` once the outer holder has
-    /// released it: a nested guard kept past its holder is lost then).
-    pub async fn release(mut self) -> Result<bool, StoreError> {
+    /// does. It answers `Ok(())` while the lease is held, [`LockError::LeaseLost`] once it is
+    /// lost (a nested guard kept past its holder's release is lost then, as `NotHeld`).
+    pub async fn release(mut self) -> Result<(), LockError> {
         if let Some(Nested(lease)) = &self.nested {
-            return Ok(!lease.is_lost() && !lease.is_releasing());
+            return match lease.lost_reason() {
+                None => Ok(()),
+                Some(reason) => Err(LockError::LeaseLost(reason)),
+            };
         }
         let mut hold = self
             .hold
@@ -134,7 +152,13 @@ impl LeaseGuard {
         // `hold_ms` leaves out the release's round trip).
         hold.finish(Outcome::Released);
         let span = hold.span().clone();
-        hold.release().instrument(span).await
+        let lease = hold.lease().clone();
+        if hold.release().instrument(span).await? {
+            Ok(())
+        } else {
+            let reason = lease.lost_reason().unwrap_or(LostReason::NotHeld);
+            Err(LockError::LeaseLost(reason))
+        }
     }
 }
 
@@ -172,10 +196,11 @@ impl Drop for Nested {
     }
 }
 
-/// A guard and the builder that makes one can be shared by reference across an `.await` in a
-/// spawned task (`Sync`), and moved into one (`Send`).
+/// A guard, the builder that makes one and the future it becomes can be shared by reference
+/// across an `.await` in a spawned task (`Sync`), and moved into one (`Send`).
 const _: () = {
     const fn shared<T: Send + Sync>() {}
     shared::<LeaseGuard>();
     shared::<super::Acquiring>();
+    shared::<super::AcquireFuture>();
 };

@@ -145,12 +145,12 @@ impl Locker {
     }
 
     /// Acquires `keys` as one lease if they are all free now, without waiting: `Ok(None)` when
-    /// one is held. See [`Acquiring::try_once`] to set a TTL or longest hold for the call.
+    /// one is held. See [`Acquiring::try_acquire`] to set a TTL or longest hold for the call.
     pub async fn try_acquire(
         &self,
         keys: impl Into<KeySet>,
     ) -> Result<Option<LeaseGuard>, LockError> {
-        self.acquire(keys).try_once().await
+        self.acquire(keys).try_acquire().await
     }
 
     /// Runs `work` under a lease on `keys`: acquires them (waiting by the configured policy),

@@ -3,7 +3,7 @@
 //!
 //! - [`Locker`] (public) holds the store, the settings and what the leases share;
 //!   [`Acquiring`] (public) is one call's acquire, with its own wait, TTL or longest hold
-//!   (`terms`).
+//!   (`terms`), a builder that becomes an [`AcquireFuture`] (public) when awaited.
 //! - `acquire`: the acquire loop (process-local queue, wait policy, the store's hand-off queue).
 //! - `hold`: the one lifecycle of a held lease (renewal, max hold, loss policy, release on
 //!   completion or drop, the outcome).
@@ -29,7 +29,11 @@ mod terms;
 #[cfg(test)]
 mod tests;
 
-pub use self::{acquiring::Acquiring, guard::LeaseGuard, locker::Locker};
+pub use self::{
+    acquiring::{AcquireFuture, Acquiring},
+    guard::LeaseGuard,
+    locker::Locker,
+};
 pub(crate) use self::{
     hold::{Guarded, Hold, poll_guarded},
     reentry::Held,

@@ -137,7 +137,7 @@ async fn renewals_are_due_every_third_of_the_ttl_from_when_they_were_sent() {
     }
     assert_eq!(guard.renewals(), 3);
     assert!(guard.time_left() > 2000 * MS);
-    assert!(guard.release().await.unwrap());
+    guard.release().await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
@@ -174,6 +174,37 @@ async fn a_lease_the_store_no_longer_holds_is_lost_at_the_next_renewal() {
     assert_eq!(guard.time_left(), Duration::ZERO);
 }
 
+/// A release that finds the lease gone is an error the caller sees, not an `Ok(false)` that a
+/// `?` passes over: with the reason the lease was lost for.
+#[tokio::test(start_paused = true)]
+async fn a_release_that_finds_the_lease_gone_is_an_error() {
+    let store = Scripted::new();
+    let locker = locker(&store, config(300 * MS, Wait::none()));
+    // Deleted behind its holder.
+    let guard = locker.acquire(locker.key("t", "a").unwrap()).await.unwrap();
+    store.set_forget(true);
+    assert_eq!(guard.lost().await, LostReason::NotHeld);
+    store.set_forget(false);
+    assert!(matches!(
+        guard.release().await,
+        Err(LockError::LeaseLost(LostReason::NotHeld))
+    ));
+    // Expired while the store could not be reached to renew it.
+    let guard = locker.acquire(locker.key("t", "b").unwrap()).await.unwrap();
+    store.set_down(true);
+    assert_eq!(guard.lost().await, LostReason::Expired);
+    store.set_down(false);
+    assert!(matches!(
+        guard.release().await,
+        Err(LockError::LeaseLost(LostReason::Expired))
+    ));
+    // Held to the end: released.
+    let guard = locker.acquire(locker.key("t", "c").unwrap()).await.unwrap();
+    sleep(1000 * MS).await;
+    guard.release().await.unwrap();
+    assert_eq!(store.inner.held(), 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_released_background_lease_stops_renewing() {
     let store = Scripted::new();
@@ -181,7 +212,7 @@ async fn a_released_background_lease_stops_renewing() {
     let guard = locker.acquire(locker.key("t", "k").unwrap()).await.unwrap();
     sleep(1500 * MS).await;
     assert_eq!(store.count(is_renew), 1);
-    assert!(guard.release().await.unwrap());
+    guard.release().await.unwrap();
     sleep(10_000 * MS).await;
     assert_eq!(store.count(is_renew), 1, "renewed after its release");
     // A dropped guard too, with its release spawned.
@@ -316,7 +347,7 @@ async fn a_set_on_a_plain_store_goes_key_by_key_and_gives_back_what_it_took() {
     // The first key was taken, the second refused, the first given back; the third never tried.
     assert_eq!(store.count(is_acquire) - before, 2);
     assert_eq!(store.inner.held(), 1, "a key of the set stayed taken");
-    assert!(held.release().await.unwrap());
+    held.release().await.unwrap();
 
     let guard = waiter.acquire(set.clone()).await.unwrap();
     assert_eq!(guard.keys(), &set);
@@ -332,7 +363,7 @@ async fn a_set_on_a_plain_store_goes_key_by_key_and_gives_back_what_it_took() {
     sleep(20_010 * MS).await;
     assert_eq!(store.count(is_renew) - renewals, 3);
     assert!(!guard.is_lost());
-    assert!(guard.release().await.unwrap());
+    guard.release().await.unwrap();
     assert_eq!(store.inner.held(), 0);
 }
 
@@ -391,7 +422,7 @@ async fn try_acquire_does_not_wait() {
         1,
         "the free key of the set stayed taken"
     );
-    assert!(held.release().await.unwrap());
+    held.release().await.unwrap();
     let guard = other.try_acquire(both).await.unwrap().expect("free now");
     assert_eq!(guard.keys().len(), 2);
 }
@@ -622,7 +653,11 @@ async fn after_a_store_error_a_stale_handoff_is_not_taken() {
         assert!(started.elapsed() < 2000 * MS, "never released");
         sleep(5 * MS).await;
     }
-    guard.release().await.unwrap();
+    // The scripted store keeps no lease: its release answers "not held".
+    assert!(matches!(
+        guard.release().await,
+        Err(LockError::LeaseLost(LostReason::NotHeld))
+    ));
 }
 
 /// A release that fails answers at once, and is sent again in a spawned task, 50 ms after the
@@ -637,7 +672,7 @@ async fn a_failed_release_is_sent_again_while_the_lease_is_valid() {
     let guard = locker.acquire(k.clone()).await.unwrap();
     store.set_down(true);
     let started = Instant::now();
-    assert!(guard.release().await.is_err());
+    assert!(matches!(guard.release().await, Err(LockError::Store(_))));
     assert_eq!(started.elapsed(), Duration::ZERO, "the caller waited");
     tokio::time::sleep(300 * MS).await;
     store.set_down(false);
@@ -650,7 +685,7 @@ async fn a_failed_release_is_sent_again_while_the_lease_is_valid() {
     let before = store.count(is_release);
     let guard = locker.acquire(k.clone()).await.unwrap();
     store.set_down(true);
-    assert!(guard.release().await.is_err());
+    assert!(matches!(guard.release().await, Err(LockError::Store(_))));
     tokio::time::sleep(5_000 * MS).await;
     // 0, 50, 150, 350, 750, 1250, 1750 ms: the next would come after the lease's end (2 s).
     assert_eq!(store.count(is_release) - before, 7);

@@ -71,12 +71,49 @@ impl IdempotencyLayer {
         principal: P,
         config: IdempotencyConfig,
     ) -> Self {
-        let shared_key_space = TypeId::of::<P>() == TypeId::of::<SharedKeySpace>();
-        let records = store
-            .capabilities()
-            .records
-            .expect("every IdempotencyStore keeps records");
         let locker = Locker::with_config(store, config.lock.clone());
+        Self::build(locker, principal, config)
+    }
+
+    /// A layer that takes its locks with `locker`, its keys scoped by `principal`: one store,
+    /// one set of process-local queues and one renewal task with the
+    /// [`LockLayer`](crate::LockLayer)s and background work built on the same locker, as
+    /// [`LockLayer::from_locker`](crate::LockLayer::from_locker) shares them. The lock settings
+    /// are the locker's (a waiting policy makes a concurrent duplicate wait for the first
+    /// request's record rather than answer 409 at once); the others are the defaults of
+    /// [`IdempotencyConfig`].
+    ///
+    /// ```
+    /// use tower_lock::{IdempotencyLayer, LockConfig, Locker, MemoryStore, Wait};
+    /// use tower_lock::idempotency::SharedKeySpace;
+    ///
+    /// let locker = Locker::with_config(
+    ///     MemoryStore::new(),
+    ///     LockConfig::builder().wait(Wait::none()).build()?,
+    /// );
+    /// let layer = IdempotencyLayer::from_locker(locker.clone(), SharedKeySpace);
+    /// assert_eq!(layer.config().lock().wait(), &Wait::none());
+    /// # Ok::<(), tower_lock::ConfigError>(())
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// At start-up, when the locker's store keeps no idempotency records
+    /// ([`RedlockStore`](crate::RedlockStore), a store outside this crate; see
+    /// [`Capabilities::idempotency_records`](crate::store::Capabilities::idempotency_records)):
+    /// [`new`](Self::new) and [`with_config`](Self::with_config) refuse such a store at compile
+    /// time, through [`IdempotencyStore`].
+    pub fn from_locker(locker: Locker, principal: impl Principal) -> Self {
+        let mut config = IdempotencyConfig::default();
+        config.lock = locker.config().clone();
+        Self::build(locker, principal, config)
+    }
+
+    fn build<P: Principal>(locker: Locker, principal: P, config: IdempotencyConfig) -> Self {
+        let shared_key_space = TypeId::of::<P>() == TypeId::of::<SharedKeySpace>();
+        let records = locker.engine().store.capabilities().records.clone().expect(
+            "IdempotencyLayer::from_locker: the locker's store keeps no idempotency records",
+        );
         Self {
             state: Arc::new(IdempotencyState {
                 locker,

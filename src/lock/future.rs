@@ -19,7 +19,7 @@ use super::{
 };
 use crate::{
     engine::{Guarded, Held, Hold, Release, poll_guarded},
-    error::LockError,
+    error::{LockError, LostReason},
     key::KeySet,
     store::BoxFuture,
     telemetry::{self, Outcome},
@@ -166,134 +166,199 @@ where
     (state, span)
 }
 
+/// What the future's output is for service `S`.
+type OutputOf<S, ReqBody, ResBody> =
+    Result<Response<ResponseBody<ResBody>>, <S as Service<Request<ReqBody>>>::Error>;
+
+/// Where one state's step leads.
+enum Step<St, Out> {
+    /// The future is ready with this.
+    Ready(Out),
+    /// On to this state.
+    Next(St),
+    /// On to this state, in this span (the lock's, once the body named the keys).
+    NextIn(St, Span),
+}
+
+/// A step of a [`ResponseFuture`] for service `S`.
+type StepOf<S, ReqBody, ResBody> = Step<StateOf<S, ReqBody>, OutputOf<S, ReqBody, ResBody>>;
+
 impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
 {
-    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+    type Output = OutputOf<S, ReqBody, ResBody>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            let _entered = this.span.enter();
-            match this.state.as_mut().project() {
+            let entered = this.span.enter();
+            let step = match this.state.as_mut().project() {
                 StateProj::Reading {
                     state,
                     read,
                     service,
-                } => {
-                    let read = ready!(read.as_mut().poll(cx));
-                    let state = Arc::clone(state);
-                    let mut service = service.take().expect(POLLED_AFTER_READY);
-                    drop(_entered);
-                    match read {
-                        Ok((request, Some(keys))) => {
-                            let (next, span) = acquiring(state, keys, service, request);
-                            *this.span = span;
-                            this.state.set(next);
-                        }
-                        Ok((request, None)) => this.state.set(State::Passing {
-                            fut: service.call(request),
-                        }),
-                        Err(rejection) => this.state.set(State::Rejected {
-                            response: Some(state.reject(rejection.into())),
-                        }),
-                    }
-                }
+                } => ready!(poll_reading(state, read, service, cx)),
                 StateProj::Acquiring {
                     state,
                     acquire,
                     service,
                     request,
-                } => {
-                    let hold = match ready!(acquire.as_mut().poll(cx)) {
-                        Ok(hold) => hold,
-                        Err(error) => {
-                            telemetry::record_not_acquired(this.span, &error);
-                            let response = state.reject(error);
-                            this.state.set(State::Rejected {
-                                response: Some(response),
-                            });
-                            continue;
-                        }
-                    };
-                    let mut request = request.take().expect(POLLED_AFTER_READY);
-                    request.extensions_mut().insert(hold.lease().clone());
-                    let fut = service.take().expect(POLLED_AFTER_READY).call(request);
-                    let store = state.locker.engine().store.identity();
-                    let fut = Held::within_current(hold.lease().clone(), store).scope(fut);
-                    let state = Some(Arc::clone(state));
-                    this.state.set(State::Running {
-                        fut,
-                        state,
-                        hold: Some(hold),
-                    });
-                }
-                StateProj::Passing { fut } => {
-                    let output = ready!(fut.poll(cx));
-                    return Poll::Ready(output.map(|r| r.map(ResponseBody::new)));
-                }
+                } => ready!(poll_acquiring(
+                    state, acquire, service, request, this.span, cx
+                )),
+                StateProj::Passing { fut } => Step::Ready(handed_on(ready!(fut.poll(cx)))),
                 StateProj::Running { fut, state, hold } => {
-                    let held = hold.as_mut().expect(POLLED_AFTER_READY);
-                    let output = match ready!(poll_guarded(fut, held, cx)) {
-                        Guarded::Done(output) => output,
-                        Guarded::Aborted(reason) => {
-                            let state = state.take().expect(POLLED_AFTER_READY);
-                            let response = state.reject(LockError::LeaseLost(reason));
-                            // Dropping the running state drops the inner future (abort).
-                            let hold = hold.take().expect(POLLED_AFTER_READY);
-                            match hold.abort(reason) {
-                                Some(release) => this.state.set(State::ReleasingRejected {
-                                    release,
-                                    response: Some(response),
-                                }),
-                                None => this.state.set(State::Rejected {
-                                    response: Some(response),
-                                }),
-                            }
-                            continue;
-                        }
-                    };
-                    let state = state.take().expect(POLLED_AFTER_READY);
-                    let mut hold = hold.take().expect(POLLED_AFTER_READY);
-                    hold.finish(match &output {
-                        Err(_) => Outcome::Failed,
-                        Ok(_) if hold.lease().is_lost() => Outcome::CompletedLeaseLost,
-                        Ok(_) => Outcome::Completed,
-                    });
-                    match output {
-                        Ok(response) if state.locker.config().hold_until_body_end() => {
-                            let hold = BodyHold::new(hold.into_background(state.locker.engine()));
-                            return Poll::Ready(Ok(
-                                response.map(|body| ResponseBody::holding(body, hold))
-                            ));
-                        }
-                        output => {
-                            // Release before handing the response on, so a client that retries
-                            // at once never meets its own lock.
-                            this.state.set(State::Releasing {
-                                release: hold.release(),
-                                output: Some(output),
-                            });
-                        }
-                    }
+                    ready!(poll_running::<S, ReqBody, ResBody>(fut, state, hold, cx))
                 }
                 StateProj::Releasing { release, output } => {
                     // A failed release is logged by the release; the TTL frees the key.
                     let _ = ready!(Pin::new(release).poll(cx));
-                    let output = output.take().expect(POLLED_AFTER_READY);
-                    return Poll::Ready(output.map(|r| r.map(ResponseBody::new)));
+                    Step::Ready(handed_on(taken(output)))
                 }
                 StateProj::ReleasingRejected { release, response } => {
                     let _ = ready!(Pin::new(release).poll(cx));
-                    let response = response.take().expect(POLLED_AFTER_READY);
-                    return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                    Step::Ready(Ok(taken(response).map(ResponseBody::full)))
                 }
                 StateProj::Rejected { response } => {
-                    let response = response.take().expect(POLLED_AFTER_READY);
-                    return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                    Step::Ready(Ok(taken(response).map(ResponseBody::full)))
+                }
+            };
+            match step {
+                Step::Ready(output) => return Poll::Ready(output),
+                // In the span still: dropping the state left (the inner future, on an abort)
+                // happens in it.
+                Step::Next(next) => this.state.set(next),
+                Step::NextIn(next, span) => {
+                    drop(entered);
+                    *this.span = span;
+                    this.state.set(next);
                 }
             }
         }
+    }
+}
+
+/// The inner service's answer, as the layer hands it on.
+fn handed_on<B, E>(output: Result<Response<B>, E>) -> Result<Response<ResponseBody<B>>, E> {
+    output.map(|response| response.map(ResponseBody::new))
+}
+
+/// What a state keeps until it moves on, taken as it does.
+fn taken<T>(slot: &mut Option<T>) -> T {
+    slot.take().expect(POLLED_AFTER_READY)
+}
+
+/// Reading the body: then acquiring the keys it names, passing it through (no key), or
+/// rejecting it.
+fn poll_reading<S, ReqBody, ResBody>(
+    state: &Arc<LockState>,
+    read: &mut Reading<ReqBody>,
+    service: &mut Option<S>,
+    cx: &mut Context<'_>,
+) -> Poll<StepOf<S, ReqBody, ResBody>>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    let read = ready!(read.as_mut().poll(cx));
+    let state = Arc::clone(state);
+    let mut service = taken(service);
+    Poll::Ready(match read {
+        Ok((request, Some(keys))) => {
+            let (next, span) = acquiring(state, keys, service, request);
+            Step::NextIn(next, span)
+        }
+        Ok((request, None)) => Step::Next(State::Passing {
+            fut: service.call(request),
+        }),
+        Err(rejection) => Step::Next(State::Rejected {
+            response: Some(state.reject(rejection.into())),
+        }),
+    })
+}
+
+/// Acquiring: then running the inner service with the lease, or rejecting the request.
+fn poll_acquiring<S, ReqBody, ResBody>(
+    state: &Arc<LockState>,
+    acquire: &mut BoxFuture<Result<Hold, LockError>>,
+    service: &mut Option<S>,
+    request: &mut Option<Request<ReqBody>>,
+    span: &Span,
+    cx: &mut Context<'_>,
+) -> Poll<StepOf<S, ReqBody, ResBody>>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    let hold = match ready!(acquire.as_mut().poll(cx)) {
+        Ok(hold) => hold,
+        Err(error) => {
+            telemetry::record_not_acquired(span, &error);
+            return Poll::Ready(Step::Next(State::Rejected {
+                response: Some(state.reject(error)),
+            }));
+        }
+    };
+    let mut request = taken(request);
+    request.extensions_mut().insert(hold.lease().clone());
+    let fut = taken(service).call(request);
+    Poll::Ready(Step::Next(State::Running {
+        fut: Held::within_current(hold.lease().clone(), state.locker.engine().store.identity())
+            .scope(fut),
+        state: Some(Arc::clone(state)),
+        hold: Some(hold),
+    }))
+}
+
+/// Running the inner service under the lease: then releasing (or handing the lease to the
+/// body), or, once the lease is lost, aborting it.
+fn poll_running<S, ReqBody, ResBody>(
+    fut: Pin<&mut TaskLocalFuture<Held, S::Future>>,
+    state: &mut Option<Arc<LockState>>,
+    hold: &mut Option<Hold>,
+    cx: &mut Context<'_>,
+) -> Poll<StepOf<S, ReqBody, ResBody>>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    let held = hold.as_mut().expect(POLLED_AFTER_READY);
+    let output = match ready!(poll_guarded(fut, held, cx)) {
+        Guarded::Done(output) => output,
+        Guarded::Aborted(reason) => return Poll::Ready(aborted(taken(state), taken(hold), reason)),
+    };
+    let state = taken(state);
+    let mut hold = taken(hold);
+    hold.finish(match &output {
+        Err(_) => Outcome::Failed,
+        Ok(_) if hold.lease().is_lost() => Outcome::CompletedLeaseLost,
+        Ok(_) => Outcome::Completed,
+    });
+    Poll::Ready(match output {
+        Ok(response) if state.locker.config().hold_until_body_end() => {
+            let hold = BodyHold::new(hold.into_background(state.locker.engine()));
+            Step::Ready(Ok(response.map(|body| ResponseBody::holding(body, hold))))
+        }
+        // Release before handing the response on, so a client that retries at once never
+        // meets its own lock.
+        output => Step::Next(State::Releasing {
+            release: hold.release(),
+            output: Some(output),
+        }),
+    })
+}
+
+/// The lease was lost while the inner service ran: the 503, once the lease is released if it
+/// is still ours. Moving on drops the running state, and the inner future with it (abort).
+fn aborted<S, ReqBody, Out>(
+    state: Arc<LockState>,
+    hold: Hold,
+    reason: LostReason,
+) -> Step<StateOf<S, ReqBody>, Out>
+where
+    S: Service<Request<ReqBody>>,
+{
+    let response = Some(state.reject(LockError::LeaseLost(reason)));
+    match hold.abort(reason) {
+        Some(release) => Step::Next(State::ReleasingRejected { release, response }),
+        None => Step::Next(State::Rejected { response }),
     }
 }

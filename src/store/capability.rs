@@ -592,6 +592,11 @@ impl Backend {
         self.caps.identity.unwrap_or_default()
     }
 
+    /// What the store can do beyond the four operations.
+    pub(crate) fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
     /// One attempt; with `wait` and a store that hands off, one that queues the caller.
     pub(crate) fn attempt(
         &self,
