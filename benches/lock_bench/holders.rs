@@ -144,11 +144,9 @@ impl Instance {
 
     async fn release(&self, key: &str, held: Held) -> Result<(), String> {
         match (self, held) {
-            (Self::Tower(_), Held::Tower(guard)) => match guard.release().await {
-                Ok(true) => Ok(()),
-                Ok(false) => Err("the lease was no longer held at its release".into()),
-                Err(error) => Err(error.to_string()),
-            },
+            (Self::Tower(_), Held::Tower(guard)) => {
+                guard.release().await.map_err(|error| error.to_string())
+            }
             (Self::Zset(zset), Held::Zset(token)) => {
                 let mut conn = zset.conn.clone();
                 let _: i64 = redis::cmd("ZREM")
