@@ -86,11 +86,13 @@ async fn batched_renewals_go_one_script_per_slot() {
         );
     }
     // The first renewal goes out alone (nothing else is in flight); the others queue behind it
-    // and go together, one script per slot.
-    assert_eq!(
-        after - before,
-        slots.len() as u64 + 1,
-        "one script per slot: {} leases in {} slots",
+    // and go together, one script per slot (the second may go alone too, when the first's answer
+    // was in by the time it was polled: Redis answers on the crate's thread).
+    let scripts = after - before;
+    let per_slot = slots.len() as u64 + 1;
+    assert!(
+        (per_slot..=per_slot + 1).contains(&scripts),
+        "{scripts} scripts, not one per slot: {} leases in {} slots",
         leases.len(),
         slots.len()
     );
