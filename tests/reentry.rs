@@ -426,3 +426,44 @@ async fn a_nested_run_is_dropped_when_the_lease_is_lost() {
     let ran = seen.lock().unwrap().take();
     assert!(matches!(ran, Some(Err(LockError::LeaseLost(_)))), "{ran:?}");
 }
+
+/// Behind `IdempotencyLayer` too: a handler that acquires its request's own key (read from its
+/// `Lease`) re-enters the request's lease at once, with its fencing token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_behind_the_idempotency_layer_re_enters_its_lease() {
+    let server = RedisServer::start();
+    let locker = locker(&server).await;
+    let app = Router::new()
+        .route(
+            "/payments",
+            axum::routing::post({
+                let locker = locker.clone();
+                move |lease: Lease| async move {
+                    let started = Instant::now();
+                    let nested = locker
+                        .acquire(lease.key().clone())
+                        .wait(half_a_second())
+                        .await;
+                    serde_json::json!({
+                        "same_token": nested.as_ref().ok().map(|g| g.fencing_token())
+                            == Some(lease.fencing_token()),
+                        "ms": started.elapsed().as_millis() as u64,
+                    })
+                    .to_string()
+                }
+            }),
+        )
+        .route_layer(tower_lock::IdempotencyLayer::from_locker(
+            locker,
+            tower_lock::idempotency::SharedKeySpace,
+        ));
+    let request = Request::post("/payments")
+        .header("idempotency-key", "\"reentry-test-key-0001\"")
+        .body(Body::empty())
+        .unwrap();
+    let response = send(&app, request).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = body_json(response).await;
+    assert_eq!(body["same_token"], true, "{body}");
+    assert!(body["ms"].as_u64().unwrap() < 300, "{body}");
+}

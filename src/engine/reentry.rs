@@ -1,8 +1,8 @@
 //! Re-entry: the leases the current task holds, so that a nested acquire of a key it holds
 //! returns at once with a lease on the same hold, rather than waiting for itself.
 //!
-//! A task-local, set by the lock layer around every poll of the inner service's future (its
-//! handler) and by [`Acquiring::run`](super::Acquiring::run) around its work: a nested
+//! A task-local, set by the lock and idempotency layers around every poll of the inner
+//! service's future (its handler) and by [`Acquiring::run`](super::Acquiring::run) around its work: a nested
 //! [`Locker::acquire`](super::Locker::acquire) in that task (in the handler, or anything it
 //! awaits) finds the held lease there, if it was taken on the same store (or a clone of it:
 //! the same bytes on another store are another lock). What a task spawns runs in another task,

@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 use http::{Request, Response, request::Parts};
 use http_body::Body;
 use pin_project_lite::pin_project;
-use tokio::time::timeout;
+use tokio::{task::futures::TaskLocalFuture, time::timeout};
 use tower::{BoxError, Service};
 use tracing::Span;
 
@@ -26,7 +26,7 @@ use super::{
     state::IdempotencyState,
 };
 use crate::{
-    engine::{Guarded, Hold, LetGo, Release, poll_guarded},
+    engine::{Guarded, Held, Hold, LetGo, Release, poll_guarded},
     error::LockError,
     key::LockKey,
     store::{BoxFuture, StoreError, StoreErrorKind},
@@ -80,8 +80,10 @@ pin_project! {
             contended: Option<LockError>,
         },
         Running {
+            // Run with the lease as what its task holds, so that a nested acquire of its key
+            // re-enters it (as behind the lock layer).
             #[pin]
-            fut: F,
+            fut: TaskLocalFuture<Held, F>,
             run: Option<Run>,
         },
         Collecting {
@@ -402,7 +404,7 @@ where
         }
         Ok(None) => {
             return Poll::Ready(match hold {
-                Some(hold) => start(pending, hold),
+                Some(hold) => start(pending, hold, layer.locker.engine().store.identity()),
                 None => {
                     let error = taken(contended);
                     telemetry::record_not_acquired(span, &error);
@@ -418,7 +420,7 @@ where
 /// (an error, a response not stored), or, once the lease is lost, aborting it.
 fn poll_running<S, ReqBody, ResBody>(
     layer: &IdempotencyState,
-    fut: Pin<&mut S::Future>,
+    fut: Pin<&mut TaskLocalFuture<Held, S::Future>>,
     run: &mut Option<Run>,
     cx: &mut Context<'_>,
 ) -> Poll<StateOf<S, ReqBody, ResBody>>
@@ -644,6 +646,7 @@ fn decode(raw: Option<Bytes>) -> Result<Option<Record>, StoreError> {
 fn start<S, ReqBody, ResBody>(
     pending: Pending<S, ReqBody>,
     hold: Hold,
+    store: usize,
 ) -> State<S, ReqBody, S::Future, ResBody, S::Error>
 where
     S: Service<Request<ReqBody>>,
@@ -656,7 +659,7 @@ where
         fingerprint,
     } = pending;
     request.extensions_mut().insert(hold.lease().clone());
-    let fut = service.call(request);
+    let fut = Held::within_current(hold.lease().clone(), store).scope(service.call(request));
     State::Running {
         fut,
         run: Some(Run {
