@@ -217,6 +217,6 @@ pub use key::IdempotencyKey;
 pub use key::MissingIdempotencyKey;
 pub use layer::IdempotencyLayer;
 pub use predicate::{Always, NotError, NotRejected, NotServerError, StorePredicate};
-pub use principal::{Principal, PrincipalAnswer, PrincipalRejection, SharedKeySpace};
+pub use principal::{Principal, PrincipalAnswer, PrincipalRejection, SharedKeySpace, principal_fn};
 pub use service::IdempotencyService;
 pub use store::IdempotencyStore;

@@ -65,6 +65,42 @@ where
     }
 }
 
+/// A principal computed by a closure from the request head, with the closure's argument and
+/// answer types inferred (a closure passed straight to
+/// [`IdempotencyLayer::new`](super::IdempotencyLayer::new) needs `|parts: &Parts|` written,
+/// since any [`Principal`] fits there). This only pins down the closure's type; any such closure
+/// is a [`Principal`] already.
+///
+/// ```
+/// use bytes::Bytes;
+/// use http::HeaderValue;
+/// use tower_lock::{
+///     IdempotencyLayer, MemoryStore,
+///     idempotency::{PrincipalRejection, principal_fn},
+/// };
+///
+/// #[derive(Clone)]
+/// struct AccountId(String);
+///
+/// // Scoped by what authentication put into the extensions; a request without it is the
+/// // client's mistake here: 401 with a challenge.
+/// let layer = IdempotencyLayer::new(
+///     MemoryStore::new(),
+///     principal_fn(|parts| match parts.extensions.get::<AccountId>() {
+///         Some(AccountId(id)) => Ok(Bytes::from(id.clone())),
+///         None => Err(PrincipalRejection::unauthorized(HeaderValue::from_static("Bearer"))),
+///     }),
+/// );
+/// # let _ = layer;
+/// ```
+pub fn principal_fn<F, R>(f: F) -> F
+where
+    F: Fn(&Parts) -> R + Send + Sync + 'static,
+    R: PrincipalAnswer,
+{
+    f
+}
+
 /// What a [`Principal`] closure may return: `Option<Bytes>` (`None`: no caller, 500) or
 /// `Result<Bytes, PrincipalRejection>`. Sealed.
 pub trait PrincipalAnswer: sealed::Sealed {
