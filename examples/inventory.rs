@@ -431,7 +431,14 @@ async fn get_stock(
     };
     let found = match inventory.reads {
         Reads::Unlocked => stock.await,
-        Reads::Shared => inventory.keys.acquire(key.clone()).shared().run(stock).await?,
+        Reads::Shared => {
+            inventory
+                .keys
+                .acquire(key.clone())
+                .shared()
+                .run(stock)
+                .await?
+        }
         Reads::Exclusive => inventory.keys.acquire(key.clone()).run(stock).await?,
     };
     let n = found

@@ -864,7 +864,11 @@ async fn a_purchase_waits_for_readers(topology: Topology) {
     let seen = reader_purchase_reader(&topology, "on").await;
     let (sold, sold_at) = seen.purchase;
     assert_eq!(seen.first.0, 200, "{name}");
-    assert_eq!(seen.first.1, Some(5), "{name}: the first reader read after the purchase");
+    assert_eq!(
+        seen.first.1,
+        Some(5),
+        "{name}: the first reader read after the purchase"
+    );
     assert_eq!(sold.status, 200, "{name}: {}", sold.json);
     assert_eq!(sold.left["apple"].0, 4, "{name}");
     assert!(
@@ -897,7 +901,10 @@ async fn without_the_lock_reads_and_purchases_interleave() {
     let seen = reader_purchase_reader(&Topology::redis(), "off").await;
     let (sold, sold_at) = seen.purchase;
     assert_eq!(sold.status, 200, "{}", sold.json);
-    assert!(sold_at < seen.first.2, "the purchase waited without the lock");
+    assert!(
+        sold_at < seen.first.2,
+        "the purchase waited without the lock"
+    );
     assert_eq!((seen.second.0, seen.second.1), (200, Some(5)));
 }
 
@@ -920,9 +927,18 @@ async fn a_read_with_a_bad_work_ms_is_a_400() {
             "{query}"
         );
     }
-    let reply = http.request("GET", "/items/kiwi?work_ms=5", None).await.unwrap();
+    let reply = http
+        .request("GET", "/items/kiwi?work_ms=5", None)
+        .await
+        .unwrap();
     assert_eq!(reply.status, 404);
-    let reply = http.request("GET", "/items/apple?work_ms=5", None).await.unwrap();
-    assert_eq!((reply.status, reply.json()["stock"].as_u64()), (200, Some(5)));
+    let reply = http
+        .request("GET", "/items/apple?work_ms=5", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        (reply.status, reply.json()["stock"].as_u64()),
+        (200, Some(5))
+    );
     instance.assert_no_panic();
 }

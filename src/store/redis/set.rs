@@ -49,6 +49,24 @@ fn shares(keys: &[LockKey]) -> Option<Vec<String>> {
     })
 }
 
+/// Each key, its fencing counter and, with `queues`, its hand-off queue: the keys of the set
+/// scripts.
+fn script_keys<'a>(
+    keys: &'a [LockKey],
+    companions: &'a [CompanionKeys],
+    queues: bool,
+) -> Vec<&'a [u8]> {
+    let mut script_keys: Vec<&[u8]> = Vec::with_capacity(keys.len() * 3);
+    for (key, companions) in keys.iter().zip(companions) {
+        script_keys.push(key.as_bytes());
+        script_keys.push(companions.fence());
+        if queues {
+            script_keys.push(companions.queue());
+        }
+    }
+    script_keys
+}
+
 impl RedisStore {
     /// One `acquire_set.lua` over `keys` (the whole set, or the keys of one slot), or
     /// `acquire_set_counted.lua` where a key has a capacity. With hand-off on, `place` queues a
@@ -68,14 +86,7 @@ impl RedisStore {
             .iter()
             .map(|key| CompanionKeys::new(key, slot_bound))
             .collect();
-        let mut script_keys: Vec<&[u8]> = Vec::with_capacity(keys.len() * 3);
-        for (key, companions) in keys.iter().zip(&companions) {
-            script_keys.push(key.as_bytes());
-            script_keys.push(companions.fence());
-            if handoff {
-                script_keys.push(companions.queue());
-            }
-        }
+        let script_keys = script_keys(keys, &companions, handoff);
         let (ttl_ms, retention, claim) = (ms(ttl), ms(self.fence_retention), ms(self.claim_window));
         let shares = shares(keys);
         let mut args: Vec<&[u8]> = vec![token.as_bytes(), &ttl_ms, &retention];
@@ -188,14 +199,7 @@ impl RedisStore {
             .iter()
             .map(|key| CompanionKeys::new(key, slot_bound))
             .collect();
-        let mut script_keys: Vec<&[u8]> = Vec::with_capacity(keys.len() * 3);
-        for (key, companions) in keys.iter().zip(&companions) {
-            script_keys.push(key.as_bytes());
-            script_keys.push(companions.fence());
-            if handoff {
-                script_keys.push(companions.queue());
-            }
-        }
+        let script_keys = script_keys(keys, &companions, handoff);
         let extra = [ms(self.claim_window), ms(self.fence_retention)];
         let mut args: Vec<&[u8]> = vec![
             token.as_bytes(),
