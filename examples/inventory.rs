@@ -21,12 +21,22 @@
 //! each SKU with the same lock a purchase of that SKU takes (both layers share one [`Locker`]
 //! and lock in the namespace `sku`), so orders and purchases exclude each other too.
 //!
+//! `GET /items/{sku}?work_ms=N` reads a SKU's stock under a *shared* lease on the same lock,
+//! held `N` ms before it reads (the time a real read would take): reads of a SKU run together,
+//! never with a purchase or an order of it, which take the SKU exclusively. First come, first
+//! served: a purchase waits for the reads that hold the SKU, and reads that come after a
+//! waiting purchase wait for it (no purchase is starved by a stream of reads). So every SKU's
+//! lock is a lease with counts ([`LockLayer::shared_when`]: a reader takes 1 of its capacity,
+//! a purchase or order all of it), one layout in the store for every route; with
+//! `LOCK_STORE=redlock`, which cannot count holders, every route takes the plain lock, reads
+//! included (one at a time). `LOCK=off` takes nothing.
+//!
 //! # Routes
 //!
 //! | route | body | answers |
 //! |---|---|---|
 //! | `PUT /items/{sku}` | `{"stock": N}` | 200 `{"sku","stock"}`; 400 on a bad body |
-//! | `GET /items/{sku}` | | 200 `{"sku","stock"}`; 404 for an unknown SKU |
+//! | `GET /items/{sku}?work_ms=N` | | 200 `{"sku","stock"}`; 404 for an unknown SKU; 400 for a `work_ms` that is not a whole number up to 60000; 409 lock held by a purchase or order past `LOCK_WAIT_MS`; 503 lock store unavailable |
 //! | `POST /items/{sku}/purchase?work_ms=N` | | 200 `{"sku","stock","fencing_token"}`; 404 unknown SKU; 422 out of stock; 409 lock held (from the layer); 409 `#stale-write` (the lease was overtaken: nothing sold) |
 //! | `POST /orders?work_ms=N` | `{"items": [{"sku": "a", "qty": 2}, {"sku": "b", "qty": 1}]}` | 200 `{"items": [{"sku","stock"}, ...], "fencing_tokens": {"<sku>": N, ...}}`; 400 bad body; 404 unknown SKU; 422 a SKU short of its quantity; 409 locks held (from the layer); 409 `#stale-write`; 413 body too large |
 //!
@@ -74,8 +84,8 @@
 //! | `HOST` | `127.0.0.1` | address to bind |
 //! | `PORT` | `3000` | port to bind |
 //! | `LOCK_TTL_MS` | `10000` | lease time to live; renewed every third of it while a purchase or order runs |
-//! | `LOCK_WAIT_MS` | `2000` | how long a purchase or order waits for held locks before answering 409; `0` fails fast |
-//! | `LOCK` | `on` | `off` serves the purchase and order routes without the lock |
+//! | `LOCK_WAIT_MS` | `2000` | how long a read, purchase or order waits for held locks before answering 409; `0` fails fast |
+//! | `LOCK` | `on` | `off` serves the read, purchase and order routes without the lock |
 //! | `STOCK_URL` | the lock store's Redis (`REDIS_URL`, or the first of `REDIS_URLS`; the cluster with `LOCK_STORE=cluster`) | a Redis URL that holds the stock; the stock is written only through fenced writes, so it may live on another server than the locks |
 //! | `FENCING` | `on` | `off` writes the stock without the token check: it shows what fencing prevents (a negative control), never for production. A write, once started, then lands even if a lost lease stops its request meanwhile (as a statement already sent to a database would), and the client is told 503 |
 //! | `WRITE_JOURNAL` | unset | a Redis key name: each stock write the data accepted also appends, in the same atomic step on the stock's Redis, one JSON entry to that list (below); needs the stock on one Redis server |
@@ -141,6 +151,14 @@
 //! An order that names a SKU a purchase (or another order) holds waits for it, or answers 409
 //! with `LOCK_WAIT_MS=0`, as a second purchase does.
 //!
+//! Reads share the SKU; a purchase waits for them (with the default `LOCK_WAIT_MS`):
+//!
+//! ```sh
+//! curl -s 'localhost:3000/items/apple?work_ms=500' &
+//! curl -s 'localhost:3000/items/apple?work_ms=500' &    # both answer after about 500 ms
+//! curl -s -X POST localhost:3000/items/apple/purchase; wait  # after the two reads
+//! ```
+//!
 //! To share the lock and the stock between instances, start Redis and two instances:
 //!
 //! ```sh
@@ -185,7 +203,7 @@ mod problem;
 #[path = "common/store.rs"]
 mod store;
 
-/// The longest `work_ms` a purchase or order accepts.
+/// The longest `work_ms` a read, purchase or order accepts.
 const MAX_WORK_MS: u64 = 60_000;
 
 /// The largest order body the lock layer reads for the order's SKUs (larger: 413).
@@ -217,11 +235,21 @@ async fn run() -> Result<(), Box<dyn Error>> {
     // One locker for both locked routes, and one namespace: a purchase and an order lock a SKU
     // with the same lock (and take their turns at it in this process in one queue).
     let locker: Locker = chosen.locker(config);
-    let purchase_lock =
-        LockLayer::from_locker(locker.clone(), Key::path_param("sku")).namespace(SKU_LOCKS);
-    let order_lock = LockLayer::from_locker(locker.clone(), Key::json("/items/*/sku")?)
-        .namespace(SKU_LOCKS)
-        .max_request_body(MAX_ORDER_BODY);
+    // A SKU's lock is always taken with a share where the store counts holders (every store
+    // but Redlock): readers (`GET /items/{sku}`) take 1 of its capacity, purchases and orders
+    // (writers) all of it, so that every request lays the key out alike in the store. On
+    // Redlock, which cannot count, every request takes the plain lock, reads included.
+    let counts = !matches!(chosen.store, store::Store::Redlock(_));
+    let purchase_lock = writers(
+        LockLayer::from_locker(locker.clone(), Key::path_param("sku")).namespace(SKU_LOCKS),
+        counts,
+    );
+    let order_lock = writers(
+        LockLayer::from_locker(locker.clone(), Key::json("/items/*/sku")?)
+            .namespace(SKU_LOCKS)
+            .max_request_body(MAX_ORDER_BODY),
+        counts,
+    );
     let data = match (&settings.stock_url, chosen.data) {
         (Some(url), _) => {
             println!("stock in Redis at {} (STOCK_URL)", store::redacted(url));
@@ -260,14 +288,15 @@ async fn run() -> Result<(), Box<dyn Error>> {
         println!("FENCING=off: stock writes skip the fencing-token check and can lose updates");
     }
 
-    // Only the purchase and order routes are locked; reading and restocking are not.
+    // The purchase and order routes are locked by their layers, reads in their handler
+    // (a SKU the lock cannot take is a 404 there, never stocked); restocking is not locked.
     let (purchase_route, order_route) = if settings.lock {
         (
             post(purchase).route_layer(purchase_lock),
             post(order).route_layer(order_lock),
         )
     } else {
-        println!("LOCK=off: purchases and orders run without the lock and can oversell");
+        println!("LOCK=off: reads, purchases and orders run without the lock and can oversell");
         (post(purchase), post(order))
     };
     let app = Router::new()
@@ -287,6 +316,11 @@ async fn run() -> Result<(), Box<dyn Error>> {
         .with_state(Inventory {
             stock,
             keys: locker,
+            reads: match (settings.lock, counts) {
+                (false, _) => Reads::Unlocked,
+                (true, true) => Reads::Shared,
+                (true, false) => Reads::Exclusive,
+            },
         });
 
     let listener = tokio::net::TcpListener::bind((settings.host.as_str(), settings.port))
@@ -298,12 +332,35 @@ async fn run() -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
+/// `layer`, taking its keys as writers of keys readers share (the whole of each SKU's
+/// capacity) where the store counts holders; the plain lock where it cannot.
+fn writers<K>(layer: LockLayer<K>, counts: bool) -> LockLayer<K> {
+    match counts {
+        true => layer.shared_when(|_| false),
+        false => layer,
+    }
+}
+
 /// What every handler shares.
 #[derive(Clone)]
 struct Inventory {
     stock: Stock,
-    /// Makes each SKU's lock key, which names its stock too (the same key a purchase locks).
+    /// Makes each SKU's lock key, which names its stock too (the same key a purchase locks),
+    /// and takes it for reads.
     keys: Locker,
+    /// How `GET /items/{sku}` locks the SKU.
+    reads: Reads,
+}
+
+/// How a read locks its SKU.
+#[derive(Clone, Copy)]
+enum Reads {
+    /// `LOCK=off`: not at all.
+    Unlocked,
+    /// Shared with other reads, never with a purchase or an order.
+    Shared,
+    /// Exclusive, as a purchase (a store that cannot count holders: Redlock).
+    Exclusive,
 }
 
 impl Inventory {
@@ -355,26 +412,58 @@ async fn set_stock(
     Ok(Json(Item { sku, stock: n }))
 }
 
+/// Reads a SKU's stock under a shared lease on it: with other reads, never while a purchase
+/// or an order of it runs. The lease is held `work_ms` before the read (the time a real read
+/// would take), so that readers can be seen to overlap, and purchases to wait for them.
 async fn get_stock(
     State(inventory): State<Inventory>,
     sku: Result<Path<String>, PathRejection>,
+    params: Result<Query<WorkParams>, QueryRejection>,
 ) -> Result<Json<Item>, Refusal> {
     let Path(sku) = sku.map_err(|e| Problem::bad_request(e.body_text()))?;
+    let work = work_of(params)?;
     // A SKU too long to lock was never stocked.
     let key = inventory.key(&sku).map_err(|_| unknown_sku(&sku))?;
-    let batch = inventory.stock.data.unfenced_batch();
-    let n = read(batch, &[&key])
-        .await
+    let stock = async {
+        tokio::time::sleep(work).await;
+        let batch = inventory.stock.data.unfenced_batch();
+        read(batch, &[&key]).await
+    };
+    let found = match inventory.reads {
+        Reads::Unlocked => stock.await,
+        Reads::Shared => {
+            inventory
+                .keys
+                .acquire(key.clone())
+                .shared()
+                .run(stock)
+                .await?
+        }
+        Reads::Exclusive => inventory.keys.acquire(key.clone()).run(stock).await?,
+    };
+    let n = found
         .map_err(|e| refused_read(e, &[(&sku, &key)], None, None))?
         .remove(0)
         .ok_or_else(|| unknown_sku(&sku))?;
     Ok(Json(Item { sku, stock: n }))
 }
 
+/// The `work_ms` query parameter of reads, purchases and orders (default 0).
 #[derive(Deserialize)]
-struct PurchaseParams {
+struct WorkParams {
     #[serde(default)]
     work_ms: u64,
+}
+
+/// `work_ms` as a duration: 400 for one that is not a whole number, or above `MAX_WORK_MS`.
+fn work_of(params: Result<Query<WorkParams>, QueryRejection>) -> Result<Duration, Problem> {
+    let Query(params) = params.map_err(|e| Problem::bad_request(e.body_text()))?;
+    if params.work_ms > MAX_WORK_MS {
+        return Err(Problem::bad_request(format!(
+            "work_ms must be at most {MAX_WORK_MS}"
+        )));
+    }
+    Ok(Duration::from_millis(params.work_ms))
 }
 
 #[derive(Serialize)]
@@ -395,12 +484,9 @@ async fn purchase(
     lease: Option<Lease>,
     Path(sku): Path<String>,
     headers: HeaderMap,
-    params: Result<Query<PurchaseParams>, QueryRejection>,
+    params: Result<Query<WorkParams>, QueryRejection>,
 ) -> Result<Json<Purchased>, Refusal> {
-    let Query(params) = params.map_err(|e| Problem::bad_request(e.body_text()))?;
-    if params.work_ms > MAX_WORK_MS {
-        return Err(Problem::bad_request(format!("work_ms must be at most {MAX_WORK_MS}")).into());
-    }
+    let work = work_of(params)?;
     let key = inventory.key(&sku)?;
     let stock = &inventory.stock;
     let lease = lease.as_ref();
@@ -422,7 +508,7 @@ async fn purchase(
     }
     // 2. Work (payment, reservation, ...). Without the lock, another purchase reads the same
     //    stock meanwhile.
-    tokio::time::sleep(Duration::from_millis(params.work_ms)).await;
+    tokio::time::sleep(work).await;
     // 3. Write, refused if a newer holder of the SKU read or wrote it meanwhile.
     let left = available - 1;
     let written = [Written {
@@ -468,13 +554,10 @@ async fn order(
     State(inventory): State<Inventory>,
     lease: Option<Lease>,
     headers: HeaderMap,
-    params: Result<Query<PurchaseParams>, QueryRejection>,
+    params: Result<Query<WorkParams>, QueryRejection>,
     body: Result<Json<Order>, JsonRejection>,
 ) -> Result<Json<Ordered>, Refusal> {
-    let Query(params) = params.map_err(|e| Problem::bad_request(e.body_text()))?;
-    if params.work_ms > MAX_WORK_MS {
-        return Err(Problem::bad_request(format!("work_ms must be at most {MAX_WORK_MS}")).into());
-    }
+    let work = work_of(params)?;
     let Json(order) = body.map_err(Problem::bad_json)?;
     let lines = order_lines(order)?;
     let keys = lines
@@ -520,7 +603,7 @@ async fn order(
         .into());
     }
     // 2. Work.
-    tokio::time::sleep(Duration::from_millis(params.work_ms)).await;
+    tokio::time::sleep(work).await;
     // 3. Write every stock, with a journal entry each, in one step (one per hash slot on a
     //    cluster).
     let written: Vec<Written<'_>> = lines

@@ -16,7 +16,10 @@ use std::{
 };
 
 use support::{LockKeys, handoff_subscriptions};
-use tower_lock::{LockConfig, LockError, LockStore, Locker, RedisStore, Token, Wait, key::LockKey};
+use tower_lock::{
+    LockConfig, LockError, LockStore, Locker, RedisStore, Token, Wait,
+    key::{LockKey, Share},
+};
 use tower_lock_testkit::{Proxy, RedisServer, calls_of, redis_cli};
 
 /// A wait policy whose timer would make any timer-woken waiter take seconds.
@@ -976,17 +979,42 @@ fn stream(
     })
 }
 
+/// How the keys of a set are taken: plain, each with a capacity (a writer of keys readers
+/// share), or `hot` with a capacity and the other key plain.
+#[derive(Clone, Copy)]
+enum Keys {
+    Plain,
+    Counted,
+    Mixed,
+}
+
+/// A writer of a key readers share: all of its capacity.
+fn writer() -> Share {
+    Share::exclusive(Share::READERS).unwrap()
+}
+
+/// A reader of a key readers share.
+fn reader() -> Share {
+    Share::new(1, Share::READERS).unwrap()
+}
+
 /// How a set of `hot` and another key fares against three processes that take `hot` in turns,
 /// back to back, through the queue (the key is never free: each release hands it to the next):
-/// the set's locker on `set_store`.
+/// the set's locker on `set_store`, its keys (and the stream's) taken as `keys` says.
 async fn set_against_a_stream(
     server: &RedisServer,
     set_store: RedisStore,
+    keys: Keys,
 ) -> Result<Duration, LockError> {
     let all = stores(server, 3).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let hot = LockKey::new("tower-lock:", "handoff", b"hot", 64).unwrap();
-    let other = LockKey::new("tower-lock:", "handoff", b"other", 64).unwrap();
+    let mut hot = LockKey::new("tower-lock:", "handoff", b"hot", 64).unwrap();
+    let mut other = LockKey::new("tower-lock:", "handoff", b"other", 64).unwrap();
+    match keys {
+        Keys::Plain => {}
+        Keys::Counted => (hot, other) = (hot.with_share(writer()), other.with_share(writer())),
+        Keys::Mixed => hot = hot.with_share(writer()),
+    }
     let streams: Vec<_> = all
         .into_iter()
         .map(|s| {
@@ -1029,8 +1057,107 @@ async fn a_set_takes_its_turn_in_the_queue() {
     let server = RedisServer::start();
     let set_store = RedisStore::connect(server.url()).await.unwrap();
     handoff_subscriptions(&server, 1).await;
-    let waited = set_against_a_stream(&server, set_store).await.unwrap();
+    let waited = set_against_a_stream(&server, set_store, Keys::Plain)
+        .await
+        .unwrap();
     assert!(waited < Duration::from_secs(1), "waited {waited:?}");
+}
+
+/// The same with keys with a capacity (a writer of keys readers share), and with a set that
+/// mixes one with a plain key: the set takes its turn in the key's one queue, as a single key
+/// with a capacity does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_over_counted_keys_takes_its_turn_in_the_queue() {
+    for keys in [Keys::Counted, Keys::Mixed] {
+        let server = RedisServer::start();
+        let set_store = RedisStore::connect(server.url()).await.unwrap();
+        handoff_subscriptions(&server, 1).await;
+        let waited = set_against_a_stream(&server, set_store, keys)
+            .await
+            .unwrap();
+        assert!(waited < Duration::from_secs(1), "waited {waited:?}");
+    }
+}
+
+/// The negative control for `a_set_over_counted_keys_takes_its_turn_in_the_queue`: the same
+/// set over keys with a capacity, not queued (a store without hand-off), gives up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_over_counted_keys_that_does_not_queue_is_starved() {
+    let server = RedisServer::start();
+    let set_store = RedisStore::connect(server.url())
+        .await
+        .unwrap()
+        .handoff(false);
+    let answer = set_against_a_stream(&server, set_store, Keys::Counted).await;
+    assert!(
+        matches!(answer, Err(LockError::Contended { .. })),
+        "{answer:?}"
+    );
+}
+
+/// First come, first served between a set and single keys with a capacity: a set that wants
+/// `hot` whole (a writer) is queued behind a reader; a reader of `hot` that comes after it
+/// would fit beside the first, but waits behind the set, and a writer of `hot` after that
+/// waits too. Released, the reader hands `hot` to the set, then the set to the reader and the
+/// writer in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_set_over_counted_keys_is_not_overtaken() {
+    let server = RedisServer::start();
+    let all = stores(&server, 4).await;
+    let lockers: Vec<Locker> = all.into_iter().map(|s| locker(s, slow_timer())).collect();
+    let hot = lockers[0].key("handoff", "hot").unwrap();
+    let other = lockers[0].key("handoff", "other").unwrap();
+    let holder = lockers[0]
+        .acquire(hot.clone().with_share(reader()))
+        .await
+        .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let take = |locker: &Locker, keys: tower_lock::KeySet, name: &'static str| {
+        let (locker, order) = (locker.clone(), Arc::clone(&order));
+        tokio::spawn(async move {
+            let guard = locker.acquire(keys).await.unwrap();
+            order.lock().unwrap().push(name);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            order.lock().unwrap().push(name);
+            assert!(guard.release().await.unwrap());
+        })
+    };
+    let set = tower_lock::KeySet::from([
+        other.clone().with_share(writer()),
+        hot.clone().with_share(writer()),
+    ]);
+    let set_task = take(&lockers[1], set, "set");
+    queued(&server, &hot, 1).await;
+    let reader_task = take(
+        &lockers[2],
+        hot.clone().with_share(reader()).into(),
+        "reader",
+    );
+    queued(&server, &hot, 2).await;
+    let writer_task = take(
+        &lockers[3],
+        hot.clone().with_share(writer()).into(),
+        "writer",
+    );
+    queued(&server, &hot, 3).await;
+    assert!(
+        order.lock().unwrap().is_empty(),
+        "{:?}",
+        order.lock().unwrap()
+    );
+    assert!(holder.release().await.unwrap());
+    for task in [set_task, reader_task, writer_task] {
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("a waiter was never served")
+            .unwrap();
+    }
+    assert_eq!(
+        *order.lock().unwrap(),
+        ["set", "set", "reader", "reader", "writer", "writer"]
+    );
+    let left = server.lock_keys().await;
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
 
 /// The negative control for `a_set_takes_its_turn_in_the_queue`: a set that does not queue (a
@@ -1042,7 +1169,7 @@ async fn a_set_that_does_not_queue_is_starved() {
         .await
         .unwrap()
         .handoff(false);
-    let answer = set_against_a_stream(&server, set_store).await;
+    let answer = set_against_a_stream(&server, set_store, Keys::Plain).await;
     assert!(
         matches!(answer, Err(LockError::Contended { .. })),
         "{answer:?}"

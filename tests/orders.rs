@@ -1,6 +1,8 @@
 //! `POST /orders` of `examples/inventory.rs`, on real processes: orders of several SKUs and
 //! single purchases, sent to separately started instances that share the lock store and the
-//! stock, on every topology the example runs on (in memory, one Redis, Redlock, Redis Cluster).
+//! stock, on every topology the example runs on (in memory, one Redis, Redlock, Redis Cluster);
+//! and reads (`GET /items/{sku}?work_ms=N`), which share a SKU with each other and never with
+//! a purchase, first come first served.
 //!
 //! Every sale is a deliberately non-atomic read-modify-write, so the books show whether two
 //! holders of one SKU overlapped: each SKU's 200s, taken in fencing-token order, must each leave
@@ -761,4 +763,182 @@ async fn an_order_is_not_starved_by_purchases_in_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_order_is_not_starved_by_purchases_on_redis() {
     an_order_is_not_starved(Topology::redis()).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reads: `GET /items/{sku}?work_ms=N` holds a shared lease on the SKU for N ms, then reads.
+
+/// `GET /items/{sku}?work_ms={work_ms}`: the status and the stock read, and when it answered.
+async fn read(port: u16, sku: &str, work_ms: u64) -> (u16, Option<u64>, Instant) {
+    let reply = Http::new(port)
+        .request("GET", &format!("/items/{sku}?work_ms={work_ms}"), None)
+        .await
+        .expect("GET /items");
+    (reply.status, reply.json()["stock"].as_u64(), Instant::now())
+}
+
+/// Three reads of one SKU holding it 400 ms each, sent at once (over the instances there are):
+/// they run together, so all three answer in about 400 ms, far from the 1.2 s they would take
+/// one after the other; a purchase sent after them still sells.
+async fn reads_overlap(topology: Topology) {
+    let name = topology.name();
+    let instances = topology.start_many(3, &[("LOCK_WAIT_MS", "10000")]);
+    let ports: Vec<u16> = instances.iter().map(|i| i.port).collect();
+    set_stock(ports[0], "apple", 5).await;
+    let started = Instant::now();
+    let reads: Vec<_> = (0..3)
+        .map(|i| tokio::spawn(read(ports[i % ports.len()], "apple", 400)))
+        .collect();
+    for r in reads {
+        let (status, stock, done) = r.await.unwrap();
+        assert_eq!((status, stock), (200, Some(5)), "{name}");
+        assert!(
+            done - started >= Duration::from_millis(400),
+            "{name}: a read did not hold its lease for work_ms"
+        );
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(1000),
+        "{name}: three reads of 400 ms took {took:?}: they did not share the SKU"
+    );
+    let sold = purchase(&mut Http::new(ports[0]), "apple", 0).await;
+    assert_eq!(sold.status, 200, "{name}: {}", sold.json);
+    for instance in &instances {
+        instance.assert_no_panic();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_of_a_sku_overlap_in_memory() {
+    reads_overlap(Topology::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_of_a_sku_overlap_on_redis() {
+    reads_overlap(Topology::redis()).await;
+}
+
+/// What a reader, a purchase and a second reader of one SKU saw, sent in that order (each
+/// from its own instance where there are several): the first reader holds the SKU for 1 s, the
+/// purchase comes 200 ms in and works 600 ms, the second reader (holding it 0 ms) 500 ms in.
+/// Without the lock, the purchase writes at about 800 ms: after the second read, before the
+/// first reader answers.
+struct Interleaving {
+    first: (u16, Option<u64>, Instant),
+    purchase: (Sold, Instant),
+    second: (u16, Option<u64>, Instant),
+}
+
+async fn reader_purchase_reader(topology: &Topology, lock: &str) -> Interleaving {
+    let instances = topology.start_many(3, &[("LOCK", lock), ("LOCK_WAIT_MS", "10000")]);
+    let ports: Vec<u16> = instances.iter().map(|i| i.port).collect();
+    let port = |i: usize| ports[i % ports.len()];
+    set_stock(port(0), "apple", 5).await;
+    let first = tokio::spawn(read(port(0), "apple", 1000));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let buyer = port(1);
+    let purchase = tokio::spawn(async move {
+        let sold = purchase(&mut Http::new(buyer), "apple", 600).await;
+        (sold, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = read(port(2), "apple", 0).await;
+    let seen = Interleaving {
+        first: first.await.unwrap(),
+        purchase: purchase.await.unwrap(),
+        second,
+    };
+    for instance in &instances {
+        instance.assert_no_panic();
+    }
+    seen
+}
+
+/// A purchase waits for the reader that holds the SKU (the reader reads the stock from before
+/// it, and the purchase ends well after the reader), and a reader that comes after the queued
+/// purchase waits for it, though it would fit beside the first reader: it reads the stock the
+/// purchase left.
+async fn a_purchase_waits_for_readers(topology: Topology) {
+    let name = topology.name();
+    let seen = reader_purchase_reader(&topology, "on").await;
+    let (sold, sold_at) = seen.purchase;
+    assert_eq!(seen.first.0, 200, "{name}");
+    assert_eq!(
+        seen.first.1,
+        Some(5),
+        "{name}: the first reader read after the purchase"
+    );
+    assert_eq!(sold.status, 200, "{name}: {}", sold.json);
+    assert_eq!(sold.left["apple"].0, 4, "{name}");
+    assert!(
+        sold_at >= seen.first.2 + Duration::from_millis(150),
+        "{name}: the purchase ended {:?} after the reader: it did not wait for it",
+        sold_at.saturating_duration_since(seen.first.2)
+    );
+    assert_eq!(
+        (seen.second.0, seen.second.1),
+        (200, Some(4)),
+        "{name}: the second reader did not wait for the purchase queued before it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purchase_waits_for_readers_and_later_readers_wait_for_it_in_memory() {
+    a_purchase_waits_for_readers(Topology::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purchase_waits_for_readers_and_later_readers_wait_for_it_on_redis() {
+    a_purchase_waits_for_readers(Topology::redis()).await;
+}
+
+/// The negative control: with `LOCK=off` the purchase does not wait for the reader (it ends
+/// before the reader does), and the second reader does not wait for the purchase (it reads
+/// the stock from before it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_lock_reads_and_purchases_interleave() {
+    let seen = reader_purchase_reader(&Topology::redis(), "off").await;
+    let (sold, sold_at) = seen.purchase;
+    assert_eq!(sold.status, 200, "{}", sold.json);
+    assert!(
+        sold_at < seen.first.2,
+        "the purchase waited without the lock"
+    );
+    assert_eq!((seen.second.0, seen.second.1), (200, Some(5)));
+}
+
+/// `work_ms` of a read: a whole number of ms, at most the purchases' cap (60000); anything
+/// else is a 400 problem, and an unknown SKU is still a 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_with_a_bad_work_ms_is_a_400() {
+    let instance = Topology::Memory.start(&[]);
+    let mut http = Http::new(instance.port);
+    set_stock(instance.port, "apple", 5).await;
+    for query in ["work_ms=abc", "work_ms=-1", "work_ms=60001", "work_ms=1.5"] {
+        let reply = http
+            .request("GET", &format!("/items/apple?{query}"), None)
+            .await
+            .unwrap();
+        assert_eq!(reply.status, 400, "{query}: {:?}", reply.json());
+        assert_eq!(
+            reply.header("content-type"),
+            Some("application/problem+json"),
+            "{query}"
+        );
+    }
+    let reply = http
+        .request("GET", "/items/kiwi?work_ms=5", None)
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 404);
+    let reply = http
+        .request("GET", "/items/apple?work_ms=5", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        (reply.status, reply.json()["stock"].as_u64()),
+        (200, Some(5))
+    );
+    instance.assert_no_panic();
 }

@@ -336,3 +336,61 @@ async fn the_layer_takes_reads_shared_and_writes_exclusive() {
         "reads never ran together"
     );
 }
+
+/// Every user of a key takes it the same way: taken plain while a lease with a share holds it,
+/// or with a share while a plain lease holds it, alone or in a set, the acquire is an error
+/// naming the mistake (a 503 from the layer), never a wait for a lease that cannot come nor a
+/// second holder. Once the first lease is gone, the key may be taken the other way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_taken_both_ways_is_an_error() {
+    let server = RedisServer::start();
+    let lockers = processes(&server, 2).await;
+    let key = lockers[0].key("items", "k").unwrap();
+    let other = lockers[0].key("items", "j").unwrap();
+    let chain = |error: &dyn std::error::Error| {
+        let mut text = error.to_string();
+        let mut source = error.source();
+        while let Some(s) = source {
+            text = format!("{text}: {s}");
+            source = s.source();
+        }
+        text
+    };
+    let reader = lockers[0].acquire(key.clone()).shared().await.unwrap();
+    for keys in [
+        KeySet::from(key.clone()),
+        KeySet::from([key.clone(), other.clone()]),
+    ] {
+        let error = lockers[1]
+            .acquire(keys)
+            .wait(Wait::none())
+            .await
+            .expect_err("taken plain beside a reader");
+        let text = chain(&error);
+        assert!(text.contains("WRONGTYPE"), "{text}");
+    }
+    assert!(reader.release().await.unwrap());
+    let plain = lockers[0].acquire(key.clone()).await.unwrap();
+    for keys in [
+        KeySet::from(key.clone()),
+        KeySet::from([key.clone(), other.clone()]),
+    ] {
+        let started = Instant::now();
+        let error = lockers[1]
+            .acquire(keys)
+            .shared()
+            .await
+            .expect_err("taken shared beside a plain lease");
+        let text = chain(&error);
+        assert!(text.contains("same way"), "{text}");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "waited {:?} for a lease that cannot come",
+            started.elapsed()
+        );
+    }
+    assert!(plain.release().await.unwrap());
+    let reader = lockers[1].acquire(key.clone()).shared().await.unwrap();
+    assert!(reader.release().await.unwrap());
+    assert!(server.lock_keys().await.is_empty(), "keys left behind");
+}

@@ -243,7 +243,14 @@ class Run:
     async def read_final(self) -> None:
         first = next(iter(self.env.instances.values()))
         for sku in self.skus:
-            status, body = await request(first.port, "GET", f"/items/{sku}")
+            # A read takes a shared lease on the SKU: it waits for a holder's lease (a killed
+            # instance's runs out at its TTL), and is sent again if it gives up (409).
+            deadline = time.monotonic() + 30
+            while True:
+                status, body = await request(first.port, "GET", f"/items/{sku}")
+                if status != 409 or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.1)
             if status != 200:
                 raise RuntimeError(f"GET /items/{sku} answered {status}: {body}")
             self.history.write({"type": "final", "sku": sku, "stock": body["stock"]})

@@ -18,8 +18,9 @@ use crate::error::ConfigError;
 ///
 /// A key without a share (the default) is the plain exclusive lease: its layout in the store
 /// and its cost are those of a lock with no counts. Every user of one key must agree on its
-/// capacity; a lease with a share and one without on the same key do not exclude each other
-/// in [`MemoryStore`](crate::MemoryStore) and fail in Redis (the key holds another type).
+/// capacity, and take it the same way: a lease with a share asked for while a plain one holds
+/// the key, or the other way round, is an error from the store (alone or in a key set), never
+/// a wait or a second holder.
 ///
 /// A store reads it from [`LockKey::share`](super::LockKey::share); a store that ignores it
 /// treats every lease as exclusive, which never lets more holders in than the capacity allows,

@@ -173,7 +173,9 @@ pub(crate) struct Completed {
 /// Takes and gives back a lease's several keys at once.
 ///
 /// An attempt takes every key of the set for the caller's token, or none: a caller that does
-/// not get them all holds none of them as a lease. With hand-off on and a caller that will
+/// not get them all holds none of them as a lease. A key with a capacity
+/// ([`LockKey::share`]) is taken for its weight, as a single key is, and waits in the key's one
+/// queue (on a store that counts: the engine sends no share to one that does not). With hand-off on and a caller that will
 /// wait, a store may queue it, and while it is queued keep for it the keys before the one it
 /// waits for, in lock order (see `docs/DECISIONS.md`, "Sets of keys, and waiting for them").
 pub(crate) trait AcquireSet: Send + Sync + 'static {
@@ -624,11 +626,7 @@ impl Backend {
         ttl: Duration,
         wait: bool,
     ) -> BoxFuture<Result<SetAttempt, StoreError>> {
-        // A set with a key with a capacity goes key by key: the stores' set scripts take plain
-        // keys only.
-        if let Some(sets) = &self.caps.key_sets
-            && !keys.counted()
-        {
+        if let Some(sets) = &self.caps.key_sets {
             return Arc::clone(sets).acquire_set(keys, token, ttl, wait);
         }
         let store = Arc::clone(&self.store);
@@ -686,7 +684,7 @@ impl Backend {
             return self.release(key.clone(), token, limit);
         }
         let release: BoxFuture<Result<bool, StoreError>> = match &self.caps.key_sets {
-            Some(sets) if !keys.counted() => Arc::clone(sets).release_set(keys, token),
+            Some(sets) => Arc::clone(sets).release_set(keys, token),
             _ => {
                 let releases: Vec<_> = keys
                     .iter()

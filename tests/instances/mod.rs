@@ -176,15 +176,24 @@ pub async fn set_stock(port: u16, sku: &str, stock: u64) {
     }
 }
 
+/// `sku`'s stock (`None` for an unknown SKU). A read takes a shared lease on the SKU, so it
+/// waits for a purchase or an order of it (or a dead holder's lease) to end: one that gives up
+/// (409) is sent again, for up to 30 s.
 pub async fn get_stock(port: u16, sku: &str) -> Option<u64> {
-    let reply = Http::new(port)
-        .request("GET", &format!("/items/{sku}"), None)
-        .await
-        .expect("GET stock");
-    match reply.status {
-        200 => reply.json()["stock"].as_u64(),
-        404 => None,
-        other => panic!("GET /items/{sku}: {other}"),
+    let started = Instant::now();
+    loop {
+        let reply = Http::new(port)
+            .request("GET", &format!("/items/{sku}"), None)
+            .await
+            .expect("GET stock");
+        match reply.status {
+            200 => return reply.json()["stock"].as_u64(),
+            404 => return None,
+            409 if started.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => panic!("GET /items/{sku}: {other}"),
+        }
     }
 }
 

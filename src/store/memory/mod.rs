@@ -9,7 +9,7 @@ use std::{
     collections::HashMap,
     sync::{
         Arc, Mutex, MutexGuard,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -42,7 +42,10 @@ pub struct MemoryStore {
 struct Inner {
     leases: Mutex<HashMap<Bytes, Entry>>,
     /// The holders of keys with a capacity (leases with counts), apart from the plain leases.
-    counted: Mutex<HashMap<Bytes, Vec<counted::Holder>>>,
+    counted: Mutex<counted::Counted>,
+    /// Whether a lease with a share was ever asked for: until then, a plain acquire need not
+    /// look for one on its key.
+    any_counted: AtomicBool,
     fence: AtomicU64,
     ops: AtomicU64,
     /// Idempotency records, written atomically with a release.
@@ -75,7 +78,7 @@ impl MemoryStore {
         self.inner.leases.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn counted(&self) -> MutexGuard<'_, HashMap<Bytes, Vec<counted::Holder>>> {
+    fn counted(&self) -> MutexGuard<'_, counted::Counted> {
         self.inner.counted.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -131,11 +134,17 @@ impl LockStore for MemoryStore {
             if self.inner.ops.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
                 self.sweep_counted(now);
             }
-            return Ok(self.acquire_share(key, share, token, ttl));
+            return self.acquire_share(key, share, token, ttl);
         }
         let mut leases = self.leases();
         if self.inner.ops.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
             leases.retain(|_, e| e.expires > now);
+        }
+        // Lock order: the plain leases, then the holders of keys with a capacity.
+        if self.inner.any_counted.load(Ordering::Relaxed)
+            && counted::counted_live(&self.counted(), key, now)
+        {
+            return Err(counted::taken_both_ways());
         }
         let k = Self::key(key);
         // Held with the caller's own token (the same acquire sent twice): acquired again, with

@@ -1,11 +1,12 @@
-//! Key sets in memory: every key of a set taken under the lease map's one lock.
+//! Key sets in memory: every key of a set taken under the lease maps' locks (the plain
+//! leases', then the counted holders'), its keys with a capacity as `counted.rs` takes one.
 
-use std::{sync::Arc, time::Duration};
+use std::{sync::Arc, sync::atomic::Ordering, time::Duration};
 
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::{Entry, MemoryStore};
+use super::{Entry, MemoryStore, counted};
 use crate::{
     key::KeySet,
     store::{AcquireSet, BoxFuture, SetAttempt, StoreError},
@@ -13,48 +14,85 @@ use crate::{
 };
 
 impl MemoryStore {
-    /// Takes every key of `keys` for `token`, or none; see [`AcquireSet::acquire_set`].
+    /// Takes every key of `keys` for `token`, or none; see [`AcquireSet::acquire_set`]. A key
+    /// taken plain and with a share at once is an error ([`counted::taken_both_ways`]).
     pub(crate) fn acquire_set_now(
         &self,
         keys: &KeySet,
         token: &Token,
         ttl: Duration,
-    ) -> SetAttempt {
+    ) -> Result<SetAttempt, StoreError> {
         let now = Instant::now();
+        let any_share = keys.iter().any(|key| key.share().is_some());
+        if any_share {
+            self.inner.any_counted.store(true, Ordering::Relaxed);
+        }
         let mut leases = self.leases();
+        // Lock order: the plain leases, then the holders of keys with a capacity.
+        let mut holders =
+            (any_share || self.inner.any_counted.load(Ordering::Relaxed)).then(|| self.counted());
         for (blocked, key) in keys.iter().enumerate() {
-            if let Some(entry) = leases
-                .get(key.as_bytes())
-                .filter(|e| e.expires > now && e.token != *token)
-            {
-                return SetAttempt::Contended {
-                    expires_in: Some(entry.expires - now),
-                    blocked,
-                };
-            }
+            let expires_in = match (key.share(), holders.as_deref_mut()) {
+                (Some(share), Some(holders)) => {
+                    if counted::plain_live(&leases, key, now) {
+                        return Err(counted::taken_both_ways());
+                    }
+                    match counted::room(holders, key, share, token, now) {
+                        Ok(()) => continue,
+                        Err(expires_in) => expires_in,
+                    }
+                }
+                (_, holders) => {
+                    if holders.is_some_and(|h| counted::counted_live(h, key, now)) {
+                        return Err(counted::taken_both_ways());
+                    }
+                    match leases
+                        .get(key.as_bytes())
+                        .filter(|e| e.expires > now && e.token != *token)
+                    {
+                        Some(entry) => Some(entry.expires - now),
+                        None => continue,
+                    }
+                }
+            };
+            return Ok(SetAttempt::Contended {
+                expires_in,
+                blocked,
+            });
         }
         let fencing_tokens = keys
             .iter()
             .map(|key| {
-                leases.insert(
-                    Bytes::copy_from_slice(key.as_bytes()),
-                    Entry {
-                        token: token.clone(),
-                        expires: now + ttl,
-                    },
-                );
+                match (key.share(), holders.as_deref_mut()) {
+                    (Some(share), Some(holders)) => {
+                        counted::hold(holders, key, share, token, now + ttl);
+                    }
+                    _ => {
+                        leases.insert(
+                            Bytes::copy_from_slice(key.as_bytes()),
+                            Entry {
+                                token: token.clone(),
+                                expires: now + ttl,
+                            },
+                        );
+                    }
+                }
                 self.next_fence()
             })
             .collect();
-        SetAttempt::Acquired { fencing_tokens }
+        Ok(SetAttempt::Acquired { fencing_tokens })
     }
 
     /// Releases every key of `keys` held with `token`; whether every one was (and was live).
     pub(crate) fn release_set_now(&self, keys: &KeySet, token: &Token) -> bool {
         let now = Instant::now();
-        let mut leases = self.leases();
         let mut all = true;
         for key in keys {
+            if key.share().is_some() {
+                all &= self.release_share(key, token);
+                continue;
+            }
+            let mut leases = self.leases();
             match leases.get(key.as_bytes()) {
                 Some(entry) if entry.token == *token => {
                     all &= entry.expires > now;
@@ -79,7 +117,7 @@ impl AcquireSet for MemoryStore {
         _wait: bool,
     ) -> BoxFuture<Result<SetAttempt, StoreError>> {
         let answer = self.acquire_set_now(&keys, &token, ttl);
-        Box::pin(async move { Ok(answer) })
+        Box::pin(async move { answer })
     }
 
     fn release_set(
@@ -110,16 +148,18 @@ mod tests {
         // One key of the set held elsewhere: nothing is taken.
         let held = KeySet::from(key("y"));
         assert!(matches!(
-            store.acquire_set_now(&held, &b, ttl),
+            store.acquire_set_now(&held, &b, ttl).unwrap(),
             SetAttempt::Acquired { .. }
         ));
-        let SetAttempt::Contended { blocked, .. } = store.acquire_set_now(&set, &a, ttl) else {
+        let SetAttempt::Contended { blocked, .. } = store.acquire_set_now(&set, &a, ttl).unwrap()
+        else {
             panic!("a held key did not block the set")
         };
         assert_eq!(set.as_slice()[blocked], key("y"));
         assert_eq!(store.held(), 1, "the set took some keys");
         assert!(store.release_set_now(&held, &b));
-        let SetAttempt::Acquired { fencing_tokens } = store.acquire_set_now(&set, &a, ttl) else {
+        let SetAttempt::Acquired { fencing_tokens } = store.acquire_set_now(&set, &a, ttl).unwrap()
+        else {
             panic!("a free set not taken")
         };
         assert_eq!(fencing_tokens.len(), 3);

@@ -812,13 +812,22 @@ fn answer_of(code: &Value, n: &Value, acks: Option<i64>) -> Result<Answer, Store
     };
     match n {
         Value::Int(n) if code >= 0 => Ok(Answer { code, n: *n, acks }),
-        Value::BulkString(message) if code == -1 => Err(StoreError::msg(
-            StoreErrorKind::Backend,
-            format!(
-                "Redis refused the lock operation: {}",
-                String::from_utf8_lossy(message)
-            ),
-        )),
+        Value::BulkString(message) if code == -1 => {
+            let message = String::from_utf8_lossy(message);
+            // A plain script on a key that leases with a share hold (a sorted set), or on a
+            // value that is no lock: say which mistake it may be.
+            let hint = if message.starts_with("WRONGTYPE Operation") {
+                " (the key holds no plain lease: a lease with a share (permits, shared or \
+                 exclusive), which every user of the key must then take, or a value that is no \
+                 lock)"
+            } else {
+                ""
+            };
+            Err(StoreError::msg(
+                StoreErrorKind::Backend,
+                format!("Redis refused the lock operation: {message}{hint}"),
+            ))
+        }
         _ => Err(StoreError::msg(StoreErrorKind::Backend, UNREADABLE)),
     }
 }

@@ -290,7 +290,8 @@ impl RedisStore {
     /// acquires, releases, renewals and idempotent completions, see
     /// `src/store/redis/scripts/ops.lua` for its arguments), `counted` (the same batch, for
     /// keys with a capacity: leases with counts), `record_lookup`, and for leases on
-    /// several keys `acquire_set` and `release_set`. For a security
+    /// several keys `acquire_set` and `release_set` (and `acquire_set_counted` and
+    /// `release_set_counted`, for a set with a key with a capacity). For a security
     /// review, an ACL audit (see `docs/TOPOLOGY.md`), or a tool that sends them by hand.
     ///
     /// ```

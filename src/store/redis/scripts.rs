@@ -26,6 +26,10 @@ pub(super) struct Scripts {
     pub(super) acquire_set: Script,
     /// A lease on several keys, given up at once.
     pub(super) release_set: Script,
+    /// The same two for a set with a key with a capacity (`counted.lua`), so that the plain
+    /// set scripts define none of its functions.
+    pub(super) acquire_set_counted: Script,
+    pub(super) release_set_counted: Script,
     /// This store's loads of each script, by hash (see `RedisStore::reload`).
     loads: Mutex<HashMap<String, Load>>,
 }
@@ -57,26 +61,24 @@ const OPS_PARTS: [&str; 7] = [
 /// The batch script with the functions of keys with a capacity, before its reader.
 fn counted_script() -> String {
     let (functions, reader) = OPS_PARTS.split_at(OPS_PARTS.len() - 1);
+    format!("{}{}{}", functions.concat(), COUNTED, reader[0])
+}
+
+/// A script over a set of keys: the fencing and hand-off functions, `functions` (those of keys
+/// with a capacity, or none), then `body` (its `-- @handoff` line marks where its hand-off path
+/// starts) run as a function, then the fencing counters it used saved once, whatever it
+/// answered.
+fn set_script(functions: &str, body: &str) -> String {
     format!(
-        "{}{}{}",
-        functions.concat(),
-        include_str!("scripts/counted.lua"),
-        reader[0]
+        "{}{}{}local function run_set()\n{}\nend\nlocal answer = run_set()\nsave_fences()\nreturn answer\n",
+        OPS_PARTS[0], OPS_PARTS[1], functions, body
     )
 }
 
-/// A script over a set of keys: the fencing and hand-off functions, then `body` (its
-/// `-- @handoff` line marks where its hand-off path starts) run as a function, then the fencing
-/// counters it used saved once, whatever it answered.
-fn set_script(body: &str) -> String {
-    format!(
-        "{}{}local function run_set()\n{}\nend\nlocal answer = run_set()\nsave_fences()\nreturn answer\n",
-        OPS_PARTS[0], OPS_PARTS[1], body
-    )
-}
+const COUNTED: &str = include_str!("scripts/counted.lua");
 
 /// Every script a [`RedisStore`] runs, by name, put together once per process.
-pub(super) static LUA: LazyLock<[(&str, String); 6]> = LazyLock::new(|| {
+pub(super) static LUA: LazyLock<[(&str, String); 8]> = LazyLock::new(|| {
     [
         ("ops", OPS_PARTS.concat()),
         ("counted", counted_script()),
@@ -86,11 +88,19 @@ pub(super) static LUA: LazyLock<[(&str, String); 6]> = LazyLock::new(|| {
         ),
         (
             "acquire_set",
-            set_script(include_str!("scripts/acquire_set.lua")),
+            set_script("", include_str!("scripts/acquire_set.lua")),
         ),
         (
             "release_set",
-            set_script(include_str!("scripts/release_set.lua")),
+            set_script("", include_str!("scripts/release_set.lua")),
+        ),
+        (
+            "acquire_set_counted",
+            set_script(COUNTED, include_str!("scripts/acquire_set_counted.lua")),
+        ),
+        (
+            "release_set_counted",
+            set_script(COUNTED, include_str!("scripts/release_set_counted.lua")),
         ),
         ("fenced", include_str!("scripts/fenced.lua").to_owned()),
     ]
@@ -111,6 +121,8 @@ impl Scripts {
             counted: Script::new(lua("counted")),
             acquire_set: Script::new(lua("acquire_set")),
             release_set: Script::new(lua("release_set")),
+            acquire_set_counted: Script::new(lua("acquire_set_counted")),
+            release_set_counted: Script::new(lua("release_set_counted")),
             loads: Mutex::default(),
         })
     }

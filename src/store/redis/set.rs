@@ -37,9 +37,40 @@ enum Answer {
     },
 }
 
+/// Each key's weight and capacity, as the counted set scripts read them after their own
+/// arguments (`0` and `0` for a plain key); `None` for a set of plain keys, which the plain
+/// scripts take.
+fn shares(keys: &[LockKey]) -> Option<Vec<String>> {
+    keys.iter().any(|key| key.share().is_some()).then(|| {
+        keys.iter()
+            .flat_map(|key| key.share().map_or([0, 0], |s| [s.weight(), s.capacity()]))
+            .map(|n| n.to_string())
+            .collect()
+    })
+}
+
+/// Each key, its fencing counter and, with `queues`, its hand-off queue: the keys of the set
+/// scripts.
+fn script_keys<'a>(
+    keys: &'a [LockKey],
+    companions: &'a [CompanionKeys],
+    queues: bool,
+) -> Vec<&'a [u8]> {
+    let mut script_keys: Vec<&[u8]> = Vec::with_capacity(keys.len() * 3);
+    for (key, companions) in keys.iter().zip(companions) {
+        script_keys.push(key.as_bytes());
+        script_keys.push(companions.fence());
+        if queues {
+            script_keys.push(companions.queue());
+        }
+    }
+    script_keys
+}
+
 impl RedisStore {
-    /// One `acquire_set.lua` over `keys` (the whole set, or the keys of one slot). With
-    /// hand-off on, `place` queues a caller that will wait.
+    /// One `acquire_set.lua` over `keys` (the whole set, or the keys of one slot), or
+    /// `acquire_set_counted.lua` where a key has a capacity. With hand-off on, `place` queues a
+    /// caller that will wait.
     async fn set_script(
         &self,
         keys: &[LockKey],
@@ -55,19 +86,16 @@ impl RedisStore {
             .iter()
             .map(|key| CompanionKeys::new(key, slot_bound))
             .collect();
-        let mut script_keys: Vec<&[u8]> = Vec::with_capacity(keys.len() * 3);
-        for (key, companions) in keys.iter().zip(&companions) {
-            script_keys.push(key.as_bytes());
-            script_keys.push(companions.fence());
-            if handoff {
-                script_keys.push(companions.queue());
-            }
-        }
+        let script_keys = script_keys(keys, &companions, handoff);
         let (ttl_ms, retention, claim) = (ms(ttl), ms(self.fence_retention), ms(self.claim_window));
+        let shares = shares(keys);
         let mut args: Vec<&[u8]> = vec![token.as_bytes(), &ttl_ms, &retention];
-        if handoff {
+        if shares.is_some() {
+            args.push(if handoff { b"1" } else { b"0" });
+        }
+        if handoff || shares.is_some() {
             args.push(&claim);
-            match place {
+            match place.filter(|_| handoff) {
                 Some(place) => {
                     args.push(&place.stamp);
                     args.push(place.channel.as_bytes());
@@ -76,9 +104,14 @@ impl RedisStore {
                 None => args.extend([&b""[..], b"", b"0"]),
             }
         }
-        let (answer, acks): (Vec<i64>, _) = self
-            .invoke(&self.scripts.acquire_set, &script_keys, &args, true)
-            .await?;
+        let script = match &shares {
+            Some(shares) => {
+                args.extend(shares.iter().map(String::as_bytes));
+                &self.scripts.acquire_set_counted
+            }
+            None => &self.scripts.acquire_set,
+        };
+        let (answer, acks): (Vec<i64>, _) = self.invoke(script, &script_keys, &args, true).await?;
         let malformed = || {
             StoreError::msg(
                 StoreErrorKind::Backend,
@@ -116,10 +149,15 @@ impl RedisStore {
         }
     }
 
-    /// One `release_set.lua` over `keys`: how many were held with `token`.
+    /// One `release_set.lua` over `keys` (`release_set_counted.lua` where a key has a
+    /// capacity): how many were held with `token`.
     async fn release_keys(&self, keys: &[LockKey], token: &Token) -> Result<usize, StoreError> {
         let handoff = self.handoff.is_some();
         let slot_bound = self.slot_bound.load(Ordering::Relaxed);
+        let shares = shares(keys);
+        if let Some(shares) = &shares {
+            return self.release_counted(keys, token, shares, slot_bound).await;
+        }
         let companions: Vec<CompanionKeys> = if handoff {
             keys.iter()
                 .map(|key| CompanionKeys::new(key, slot_bound))
@@ -143,6 +181,40 @@ impl RedisStore {
         }
         let (released, _): (i64, _) = self
             .invoke(&self.scripts.release_set, &script_keys, &args, false)
+            .await?;
+        Ok(usize::try_from(released).unwrap_or(0))
+    }
+
+    /// [`release_keys`](Self::release_keys) of a set with a key with a capacity: every key
+    /// with its fencing counter (and queue, with hand-off), then each key's `shares`.
+    async fn release_counted(
+        &self,
+        keys: &[LockKey],
+        token: &Token,
+        shares: &[String],
+        slot_bound: bool,
+    ) -> Result<usize, StoreError> {
+        let handoff = self.handoff.is_some();
+        let companions: Vec<CompanionKeys> = keys
+            .iter()
+            .map(|key| CompanionKeys::new(key, slot_bound))
+            .collect();
+        let script_keys = script_keys(keys, &companions, handoff);
+        let extra = [ms(self.claim_window), ms(self.fence_retention)];
+        let mut args: Vec<&[u8]> = vec![
+            token.as_bytes(),
+            if handoff { b"1" } else { b"0" },
+            &extra[0],
+            &extra[1],
+        ];
+        args.extend(shares.iter().map(String::as_bytes));
+        let (released, _): (i64, _) = self
+            .invoke(
+                &self.scripts.release_set_counted,
+                &script_keys,
+                &args,
+                false,
+            )
             .await?;
         Ok(usize::try_from(released).unwrap_or(0))
     }

@@ -21,14 +21,26 @@ local function counted_now()
   return counted_clock
 end
 
--- The weight `lock`'s live holders take, once the dead are dropped; nil when a plain lease
--- (a string: a lock taken without counts) holds the key.
+-- A key taken with a share that holds something else: a plain lease (a string: a lock taken
+-- without counts), or a value that is no lock. Every user of a key takes it the same way, so
+-- this is an error, not a wait (`WRONGTYPE`, as Redis answers a plain script on a sorted set).
+local function counted_wrong(kind)
+  if kind == 'string' then
+    error({err = 'WRONGTYPE tower-lock: a plain lease holds this key, which this lease takes '
+      .. 'with a share (permits, shared or exclusive): every user of a key must take it the '
+      .. 'same way'})
+  end
+  error({err = 'WRONGTYPE tower-lock: this key holds a ' .. kind .. ', not a lock'})
+end
+
+-- The weight `lock`'s live holders take, once the dead are dropped; an error when the key
+-- holds anything but a lease with a share (`counted_wrong`).
 local function counted_used(lock, now)
   local kind = redis.call('TYPE', lock).ok
   if kind == 'none' then
     return 0
   elseif kind ~= 'zset' then
-    return nil
+    counted_wrong(kind)
   end
   redis.call('ZREMRANGEBYSCORE', lock, '-inf', now)
   local used = 0
@@ -102,9 +114,6 @@ local function counted_acquire(lock, fence_key, queue, token, weight, cap, ttl, 
                                stamp, channel, rescan)
   local now = counted_now()
   local used = counted_used(lock, now)
-  if not used then
-    return 0, redis.call('PTTL', lock)
-  end
   local member = token .. ':' .. weight
   weight, cap, ttl = tonumber(weight), tonumber(cap), tonumber(ttl)
   if redis.call('ZSCORE', lock, member) then
