@@ -246,7 +246,8 @@ async fn without_info_the_stores_connect_and_the_eviction_policy_is_unknown() {
 
 /// Leases with counts as `USER`: two permits held at once across the two stores, a third
 /// request queued and handed a permit by a release, renewed, released; then a reader and a
-/// writer of one key taking turns. Answers the first error.
+/// writer of one key taking turns, and two readers of a set of counted keys. Answers the first
+/// error.
 async fn take_turns_with_counts(a: &RedisStore, b: &RedisStore) -> Result<(), LockError> {
     let wait = Wait::constant(Duration::from_secs(5)).deadline(Duration::from_secs(10));
     let first = locker(a.clone(), Duration::from_secs(10), wait.clone());
@@ -276,6 +277,17 @@ async fn take_turns_with_counts(a: &RedisStore, b: &RedisStore) -> Result<(), Lo
     tokio::time::sleep(Duration::from_millis(200)).await;
     reader.release().await?;
     writing.await.unwrap()?;
+    // A set of counted keys (the counted set scripts), held shared while another reader shares it.
+    let set = |locker: &Locker| -> Vec<LockKey> {
+        ["counted", "counted-too"]
+            .iter()
+            .map(|v| locker.key("acl", v).unwrap())
+            .collect()
+    };
+    let readers = first.acquire(set(&first)).shared().await?;
+    let also = second.acquire(set(&second)).shared().await?;
+    also.release().await?;
+    readers.release().await?;
     Ok(())
 }
 
