@@ -383,6 +383,11 @@ async fn a_key_taken_both_ways_is_an_error() {
             .expect_err("taken shared beside a plain lease");
         let text = chain(&error);
         assert!(text.contains("same way"), "{text}");
+        // Alone or in a set, the store's error says what Redis refused in the same words.
+        assert!(
+            text.contains("Redis refused the lock operation: WRONGTYPE tower-lock:"),
+            "{text}"
+        );
         assert!(
             started.elapsed() < Duration::from_secs(1),
             "waited {:?} for a lease that cannot come",

@@ -2,7 +2,7 @@
 
 use std::{fmt, sync::Arc};
 
-use super::LockKey;
+use super::{LockKey, Share};
 
 /// The keys one lease holds: one or several [`LockKey`]s, without repeats, in *lock order*.
 ///
@@ -40,13 +40,32 @@ enum Repr {
     Many(Arc<[LockKey]>),
 }
 
+/// The stronger of two asks of one key (see [`KeySet::new`]); `None`: both plain.
+fn stronger(a: Option<Share>, b: Option<Share>) -> Option<Share> {
+    let exclusive = |capacity: u32| Share::exclusive(capacity).ok();
+    match (a, b) {
+        (None, None) => None,
+        (Some(s), None) | (None, Some(s)) => exclusive(s.capacity()).or(Some(s)),
+        (Some(a), Some(b)) if a == b => Some(a),
+        (Some(a), Some(b)) if a.capacity() != b.capacity() => {
+            exclusive(a.capacity().max(b.capacity())).or(Some(a))
+        }
+        (Some(a), Some(b)) => Some(if b.weight() > a.weight() { b } else { a }),
+    }
+}
+
 /// The lock order of two keys: by hash slot, then bytes.
 fn lock_order(a: &LockKey, b: &LockKey) -> std::cmp::Ordering {
     (a.slot(), a.as_bytes()).cmp(&(b.slot(), b.as_bytes()))
 }
 
 impl KeySet {
-    /// The set of `keys`, in lock order, each once.
+    /// The set of `keys`, in lock order, each once. A key named more than once with different
+    /// shares is taken with the strongest of them: exclusive over shared, the larger weight of
+    /// one capacity, exclusive of the larger capacity when capacities differ, and exclusive of
+    /// its capacity when one ask is plain and another has a share (so that one holder asking to
+    /// read and to write a key writes it; a plain and a counted ask of one key are still the
+    /// key taken both ways, an error once another holder takes it the other way).
     pub fn new(keys: impl IntoIterator<Item = LockKey>) -> Self {
         let mut keys: Vec<LockKey> = keys.into_iter().collect();
         if keys.len() == 1 {
@@ -54,7 +73,15 @@ impl KeySet {
             return Self::from(key);
         }
         keys.sort_by(lock_order);
-        keys.dedup();
+        keys.dedup_by(|later, kept| {
+            if later != kept {
+                return false;
+            }
+            if let Some(share) = stronger(kept.share(), later.share()) {
+                *kept = kept.clone().with_share(share);
+            }
+            true
+        });
         match keys.len() {
             1 => Self::from(keys.pop().expect("one key")),
             _ => Self {
@@ -203,6 +230,49 @@ mod tests {
 
     fn key(v: &str) -> LockKey {
         LockKey::new("p:", "s", v.as_bytes(), 64).unwrap()
+    }
+
+    /// A key asked twice with different shares is taken with the stronger, whatever the order
+    /// it was named in (a reader and a writer of one account: the writer).
+    #[test]
+    fn a_key_asked_twice_is_taken_with_the_stronger_share() {
+        let reader = Share::new(1, Share::READERS).unwrap();
+        let writer = Share::exclusive(Share::READERS).unwrap();
+        let shares = |keys: Vec<LockKey>| -> Vec<Option<Share>> {
+            KeySet::new(keys).iter().map(LockKey::share).collect()
+        };
+        let a = key("a");
+        for asked in [
+            vec![a.clone().with_share(reader), a.clone().with_share(writer)],
+            vec![a.clone().with_share(writer), a.clone().with_share(reader)],
+            vec![a.clone(), a.clone().with_share(reader)],
+            vec![a.clone().with_share(reader), a.clone()],
+        ] {
+            assert_eq!(shares(asked), [Some(writer)]);
+        }
+        let (one, two) = (Share::new(1, 3).unwrap(), Share::new(2, 3).unwrap());
+        for asked in [
+            vec![
+                a.clone().with_share(one),
+                key("b"),
+                a.clone().with_share(two),
+            ],
+            vec![
+                a.clone().with_share(two),
+                key("b"),
+                a.clone().with_share(one),
+            ],
+        ] {
+            let set = KeySet::new(asked);
+            assert_eq!(set.len(), 2);
+            assert_eq!(set.iter().find(|k| **k == a).unwrap().share(), Some(two));
+        }
+        let other = Share::new(1, 5).unwrap();
+        assert_eq!(
+            shares(vec![a.clone().with_share(one), a.clone().with_share(other)]),
+            [Some(Share::exclusive(5).unwrap())]
+        );
+        assert_eq!(shares(vec![a.clone(), a.clone()]), [None]);
     }
 
     #[test]

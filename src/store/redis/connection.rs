@@ -214,6 +214,17 @@ fn classify(e: &RedisError) -> (StoreErrorKind, Option<Cow<'static, str>>) {
     if let Some(cause) = auth {
         return (StoreErrorKind::Authentication, Some(cause.into()));
     }
+    // A key set's script refusing a key taken the other way (`counted_wrong` in the scripts):
+    // worded as the batched operations' refusal is (`commit.rs`), without the script's name.
+    if e.code() == Some("WRONGTYPE")
+        && let Some(detail) = e.detail().filter(|d| d.starts_with("tower-lock:"))
+    {
+        let detail = detail.split(" script:").next().unwrap_or(detail).trim_end();
+        return (
+            StoreErrorKind::Backend,
+            Some(format!("Redis refused the lock operation: WRONGTYPE {detail}").into()),
+        );
+    }
     if e.kind() == ErrorKind::InvalidClientConfig {
         let cause = match e.detail() {
             // The redis crate's details name a setting, never its value.
