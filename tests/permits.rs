@@ -19,7 +19,7 @@ use axum::{
     http::{Request, StatusCode},
     routing::post,
 };
-use support::{LockKeys, body_json, handoff_subscriptions, send};
+use support::{LockKeys, body_json, handoff_subscriptions, processes, send};
 use tower_lock::{
     Key, LockConfig, LockError, LockLayer, LockStore, Locker, RedisStore, RedlockStore, Token,
     Wait,
@@ -27,23 +27,6 @@ use tower_lock::{
     store::Capabilities,
 };
 use tower_lock_testkit::RedisServer;
-
-/// Stores standing for separate processes, their hand-off subscriptions up.
-async fn processes(server: &RedisServer, n: usize) -> Vec<Locker> {
-    let mut stores = Vec::new();
-    for _ in 0..n {
-        stores.push(RedisStore::connect(server.url()).await.unwrap());
-    }
-    handoff_subscriptions(server, n).await;
-    let config = LockConfig::builder()
-        .wait(Wait::constant(Duration::from_secs(2)).deadline(Duration::from_secs(30)))
-        .build()
-        .unwrap();
-    stores
-        .into_iter()
-        .map(|store| Locker::with_config(store, config.clone()))
-        .collect()
-}
 
 /// How many holders run at once, at most.
 #[derive(Default)]

@@ -19,25 +19,9 @@ use axum::{
     http::{Method, Request, StatusCode},
     routing::get,
 };
-use support::{LockKeys, handoff_subscriptions, send};
-use tower_lock::{Key, KeySet, LockConfig, LockLayer, Locker, RedisStore, Wait};
+use support::{LockKeys, handoff_subscriptions, processes, send};
+use tower_lock::{Key, KeySet, LockLayer, Locker, RedisStore, Wait};
 use tower_lock_testkit::RedisServer;
-
-async fn processes(server: &RedisServer, n: usize) -> Vec<Locker> {
-    let mut stores = Vec::new();
-    for _ in 0..n {
-        stores.push(RedisStore::connect(server.url()).await.unwrap());
-    }
-    handoff_subscriptions(server, n).await;
-    let config = LockConfig::builder()
-        .wait(Wait::constant(Duration::from_secs(2)).deadline(Duration::from_secs(30)))
-        .build()
-        .unwrap();
-    stores
-        .into_iter()
-        .map(|store| Locker::with_config(store, config.clone()))
-        .collect()
-}
 
 /// Who is inside one resource: readers and writers, and whether a writer ever had company.
 #[derive(Default)]

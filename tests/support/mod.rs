@@ -111,6 +111,24 @@ pub async fn value_of(server: &RedisServer, key: &[u8]) -> Option<Vec<u8>> {
         .unwrap()
 }
 
+/// `n` lockers over stores standing for separate processes on `server`, their hand-off
+/// subscriptions up, each waiting up to 30 s (retrying every 2 s when not handed the key).
+pub async fn processes(server: &RedisServer, n: usize) -> Vec<tower_lock::Locker> {
+    let mut stores = Vec::new();
+    for _ in 0..n {
+        stores.push(RedisStore::connect(server.url()).await.unwrap());
+    }
+    handoff_subscriptions(server, n).await;
+    let config = tower_lock::LockConfig::builder()
+        .wait(tower_lock::Wait::constant(Duration::from_secs(2)).deadline(Duration::from_secs(30)))
+        .build()
+        .unwrap();
+    stores
+        .into_iter()
+        .map(|store| tower_lock::Locker::with_config(store, config.clone()))
+        .collect()
+}
+
 /// Waits until `n` stores' hand-off subscriptions (opened by `RedisStore::connect`) are up;
 /// answers their channels.
 pub async fn handoff_subscriptions(server: &RedisServer, n: usize) -> Vec<String> {
