@@ -177,21 +177,7 @@ async fn a_heavy_request_is_not_overtaken_by_lighter_ones() {
         }
     });
     // The heavy request is queued in Redis.
-    let queue = support::queue_key(key.as_bytes());
-    let started = Instant::now();
-    loop {
-        let mut conn = server.client().await;
-        let len: usize = redis::cmd("LLEN")
-            .arg(&queue)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if len == 1 {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(5), "never queued");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    support::wait_until_queued(&server, key.as_bytes(), 1, "the heavy request").await;
     let mut light = Vec::new();
     for i in 0..3 {
         let (locker, key, order) = (lockers[2 - i % 2].clone(), key.clone(), Arc::clone(&order));

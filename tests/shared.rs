@@ -171,24 +171,7 @@ async fn readers_behind_a_queued_writer_wait_for_it() {
             guard.release().await.unwrap();
         }
     });
-    let queue = support::queue_key(key.as_bytes());
-    let started = Instant::now();
-    loop {
-        let mut conn = server.client().await;
-        let len: usize = redis::cmd("LLEN")
-            .arg(&queue)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if len == 1 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the writer never queued"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    support::wait_until_queued(&server, key.as_bytes(), 1, "the writer").await;
     let reader = tokio::spawn({
         let (locker, key, order) = (lockers[2].clone(), key.clone(), Arc::clone(&order));
         async move {

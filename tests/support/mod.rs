@@ -111,6 +111,29 @@ pub async fn value_of(server: &RedisServer, key: &[u8]) -> Option<Vec<u8>> {
         .unwrap()
 }
 
+/// Waits until `key`'s hand-off queue on `server` holds `n` waiters; panics after 5 s, naming
+/// `who` as the waiter that never queued.
+pub async fn wait_until_queued(server: &RedisServer, key: &[u8], n: usize, who: &str) {
+    let queue = queue_key(key);
+    let started = std::time::Instant::now();
+    loop {
+        let mut conn = server.client().await;
+        let len: usize = redis::cmd("LLEN")
+            .arg(&queue)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if len == n {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{who} never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// `n` lockers over stores standing for separate processes on `server`, their hand-off
 /// subscriptions up, each waiting up to 30 s (retrying every 2 s when not handed the key).
 pub async fn processes(server: &RedisServer, n: usize) -> Vec<tower_lock::Locker> {
