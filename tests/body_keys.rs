@@ -21,7 +21,6 @@ use axum::{
     routing::post,
 };
 use bytes::Bytes;
-use http::request::Parts;
 use support::body_json;
 use tower::ServiceExt;
 use tower_lock::{
@@ -357,8 +356,9 @@ async fn a_closure_reads_the_body_and_the_head() {
             .build()
             .unwrap(),
     );
-    // One SKU per line of a plain-text body, under the tenant the header names.
-    let source = Key::body(|parts: &Parts, body: &Bytes| {
+    // One SKU per line of a plain-text body, under the tenant the header names; the closure's
+    // argument and answer types are inferred.
+    let source = Key::body(|parts, body| {
         let tenant = parts
             .headers
             .get("x-tenant")
@@ -440,11 +440,11 @@ async fn max_keys_stops_reading_the_body() {
 #[tokio::test]
 async fn max_keys_bounds_the_keys_made_from_a_sources_values() {
     let locker = at_most_two_keys();
-    let many = Key::from_fn_many(|_: &Parts| {
+    let many = Key::from_fn(|_| {
         let mut values: Vec<Bytes> = ["a", "a", "b", "c"].into_iter().map(Bytes::from).collect();
         values.push(Bytes::new());
         values.extend((0..10_000).map(|n| Bytes::from(format!("sku-{n}"))));
-        Ok(Some(KeyValues::from(values)))
+        Ok(Some(values))
     });
     let layer = LockLayer::from_locker(locker, many).namespace("sku");
     let app = Router::new().route("/orders", post(|| async { "ok" }).route_layer(layer));

@@ -28,7 +28,9 @@ use bb8_redis::{RedisConnectionManager, bb8};
 use instances::{Counts, Instance, Plan, audit, run_load};
 use serde::Deserialize;
 use support::{LockKeys, body_json, purchase, send};
-use tower_lock::{Key, Lease, LockConfig, LockLayer, LockStore, OnLeaseLost, RedisStore, Wait};
+use tower_lock::{
+    Key, Lease, LockConfig, LockLayer, LockStore, OnLeaseLost, RedisStore, Wait, key::PathParamKey,
+};
 use tower_lock_testkit::{Proxy, RedisServer, calls_of, http::Http};
 
 // -------------------------------------------------------------------------------------------
@@ -86,7 +88,7 @@ struct Params {
     panic: bool,
 }
 
-fn books_app(books: Arc<Books>, layer: LockLayer) -> Router {
+fn books_app(books: Arc<Books>, layer: LockLayer<PathParamKey>) -> Router {
     let handler = move |lease: Lease, Path(_sku): Path<String>, Query(p): Query<Params>| {
         let books = Arc::clone(&books);
         async move {
@@ -107,7 +109,7 @@ fn books_app(books: Arc<Books>, layer: LockLayer) -> Router {
         .route_layer(layer)
 }
 
-fn layer(store: impl LockStore, config: LockConfig) -> LockLayer {
+fn layer(store: impl LockStore, config: LockConfig) -> LockLayer<PathParamKey> {
     LockLayer::with_config(store, Key::path_param("sku"), config)
 }
 

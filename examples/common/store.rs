@@ -36,8 +36,8 @@ use redis::{
 #[cfg(feature = "tls")]
 use tower_lock::store::TlsConfig;
 use tower_lock::{
-    KeySource, LockConfig, LockLayer, Locker, MemoryStore, RedisStore, RedlockStore,
-    fence::FencedData, store::StoreError,
+    LockConfig, LockLayer, Locker, MemoryStore, RedisStore, RedlockStore, fence::FencedData,
+    key::IntoKeys, store::StoreError,
 };
 
 /// A connection for the example's own data: one Redis, or the cluster.
@@ -131,7 +131,7 @@ impl Chosen {
     }
 
     /// A [`LockLayer`] for `key` on the chosen store, with a locker of its own.
-    pub fn lock_layer(&self, key: impl KeySource, config: LockConfig) -> LockLayer {
+    pub fn lock_layer<K: IntoKeys>(&self, key: K, config: LockConfig) -> LockLayer<K> {
         LockLayer::from_locker(self.locker(config), key)
     }
 }

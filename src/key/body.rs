@@ -16,21 +16,26 @@ use super::{KeyRejection, KeyValues};
 /// keys from the body (not JSON, a field missing) rejects the request: 400.
 ///
 /// [`Key::json`](super::Key::json) covers the common case, keys from fields of a JSON body.
-/// For anything else, implement this trait (or write a closure) and build the layer with
-/// [`Key::body`](super::Key::body):
+/// For anything else, write a closure and build the layer with [`Key::body`](super::Key::body),
+/// or implement this trait and build it with [`BodyKeys::new`]:
 ///
 /// ```
 /// use bytes::Bytes;
 /// use http::request::Parts;
-/// use tower_lock::{Key, LockLayer, MemoryStore, key::{KeyRejection, KeyValues}};
+/// use tower_lock::{LockLayer, MemoryStore, key::{BodyKeySource, BodyKeys, KeyRejection, KeyValues}};
 ///
-/// // One SKU per line of a plain-text body.
-/// let source = Key::body(|_parts: &Parts, body: &Bytes| {
-///     let text = std::str::from_utf8(body)
-///         .map_err(|_| KeyRejection::invalid("the body is not UTF-8"))?;
-///     Ok(Some(text.lines().map(|l| Bytes::copy_from_slice(l.trim().as_bytes())).collect::<KeyValues>()))
-/// });
-/// let layer = LockLayer::new(MemoryStore::new(), source).namespace("sku");
+/// /// One SKU per line of a plain-text body.
+/// struct Lines;
+///
+/// impl BodyKeySource for Lines {
+///     fn keys(&self, _parts: &Parts, body: &Bytes) -> Result<Option<KeyValues>, KeyRejection> {
+///         let text = std::str::from_utf8(body)
+///             .map_err(|_| KeyRejection::invalid("the body is not UTF-8"))?;
+///         Ok(Some(text.lines().map(|l| Bytes::copy_from_slice(l.trim().as_bytes())).collect()))
+///     }
+/// }
+///
+/// let layer = LockLayer::new(MemoryStore::new(), BodyKeys::new(Lines)).namespace("sku");
 /// # let _ = layer;
 /// ```
 pub trait BodyKeySource: Send + Sync + 'static {
@@ -53,19 +58,29 @@ pub trait BodyKeySource: Send + Sync + 'static {
     }
 }
 
-impl<F> BodyKeySource for F
+impl<F, V> BodyKeySource for F
 where
-    F: Fn(&Parts, &Bytes) -> Result<Option<KeyValues>, KeyRejection> + Send + Sync + 'static,
+    F: Fn(&Parts, &Bytes) -> Result<Option<V>, KeyRejection> + Send + Sync + 'static,
+    V: Into<KeyValues>,
 {
     fn keys(&self, parts: &Parts, body: &Bytes) -> Result<Option<KeyValues>, KeyRejection> {
-        self(parts, body)
+        Ok(self(parts, body)?.map(Into::into))
     }
 }
 
-/// A [`BodyKeySource`] as a layer's key source; made by [`Key::body`](super::Key::body).
+/// A [`BodyKeySource`] as a layer's key source: `LockLayer<BodyKeys<S>>` reads the request
+/// body for its keys. Made by [`Key::body`](super::Key::body) from a closure, or by
+/// [`new`](Self::new) from a source of your own.
 #[derive(Clone)]
 pub struct BodyKeys<S> {
-    pub(super) source: S,
+    source: S,
+}
+
+impl<S: BodyKeySource> BodyKeys<S> {
+    /// `source` as a layer's key source.
+    pub fn new(source: S) -> Self {
+        Self { source }
+    }
 }
 
 impl<S: BodyKeySource> BodyKeySource for BodyKeys<S> {

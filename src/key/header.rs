@@ -1,7 +1,7 @@
 use bytes::Bytes;
 use http::{HeaderName, request::Parts};
 
-use super::{KeyRejection, KeySource};
+use super::{KeyRejection, KeySource, KeyValues};
 
 /// Locks on a request header's value. Created by [`Key::header`](super::Key::header).
 #[derive(Debug, Clone)]
@@ -27,7 +27,7 @@ impl HeaderKey {
 }
 
 impl KeySource for HeaderKey {
-    fn key(&self, parts: &mut Parts) -> Result<Option<Bytes>, KeyRejection> {
+    fn keys(&self, parts: &Parts) -> Result<Option<KeyValues>, KeyRejection> {
         let name = self.name.as_ref().map_err(|name| {
             KeyRejection::misconfigured(format!("`{name}` is not a valid header name"))
         })?;
@@ -49,7 +49,7 @@ impl KeySource for HeaderKey {
                 "the `{name}` header is empty"
             )));
         }
-        Ok(Some(Bytes::copy_from_slice(value.as_bytes())))
+        Ok(Some(Bytes::copy_from_slice(value.as_bytes()).into()))
     }
 }
 
@@ -69,41 +69,38 @@ mod tests {
     #[test]
     fn header_present_missing_repeated_empty() {
         let source = Key::header("Idempotency-Key");
-        let got = source.key(&mut parts(&[("idempotency-key", b"abc")]));
-        assert_eq!(got.unwrap().unwrap(), "abc");
+        let got = source.keys(&parts(&[("idempotency-key", b"abc")]));
+        assert_eq!(got.unwrap().unwrap().as_slice(), ["abc"]);
 
-        let missing = source.key(&mut parts(&[])).unwrap_err();
+        let missing = source.keys(&parts(&[])).unwrap_err();
         assert!(missing.is_client_error());
         assert!(missing.detail().contains("idempotency-key"), "{missing}");
-        assert_eq!(
-            source.clone().optional().key(&mut parts(&[])).unwrap(),
-            None
-        );
+        assert_eq!(source.clone().optional().keys(&parts(&[])).unwrap(), None);
 
         let twice = [("idempotency-key", &b"a"[..]), ("idempotency-key", b"b")];
         assert!(
             source
-                .key(&mut parts(&twice))
+                .keys(&parts(&twice))
                 .unwrap_err()
                 .detail()
                 .contains("more than once")
         );
-        assert!(source.key(&mut parts(&[("idempotency-key", b"")])).is_err());
+        assert!(source.keys(&parts(&[("idempotency-key", b"")])).is_err());
     }
 
     #[test]
     fn opaque_bytes_pass_through() {
         let source = Key::header("x-k");
         let got = source
-            .key(&mut parts(&[("x-k", b"\xff\xfe\t x")]))
+            .keys(&parts(&[("x-k", b"\xff\xfe\t x")]))
             .unwrap()
             .unwrap();
-        assert_eq!(&got[..], b"\xff\xfe\t x");
+        assert_eq!(&got.as_slice()[0][..], b"\xff\xfe\t x");
     }
 
     #[test]
     fn bad_header_name_is_a_server_error() {
-        let err = Key::header("bad header").key(&mut parts(&[])).unwrap_err();
+        let err = Key::header("bad header").keys(&parts(&[])).unwrap_err();
         assert!(!err.is_client_error());
     }
 }

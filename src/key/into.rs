@@ -1,36 +1,28 @@
-//! What a [`LockLayer`](crate::LockLayer) can be built with: [`IntoKeys`], and where its keys
-//! come from, [`FromHead`] or [`FromBody`].
+//! What a [`LockLayer`](crate::LockLayer) can be built with: [`IntoKeys`].
 
 use std::sync::Arc;
 
-use super::{BodyKeySource, BodyKeys, JsonKeys, KeySetSource};
+use super::{BodyKeySource, BodyKeys, JsonKeys, KeySource};
 
-/// A layer whose key source reads the request head alone: any [`KeySource`](super::KeySource)
-/// or [`KeySetSource`]. The layer leaves the body alone and works with any body type.
-#[derive(Debug, Clone, Copy)]
-pub enum FromHead {}
-
-/// A layer whose key source reads the request body too ([`Key::json`](super::Key::json),
-/// [`Key::body`](super::Key::body)): it buffers the body, up to its
+/// What a [`LockLayer`](crate::LockLayer) can be built with: every [`KeySource`], which reads
+/// the request head, and the sources that read the body too, [`JsonKeys`]
+/// ([`Key::json`](super::Key::json)) and [`BodyKeys`] ([`Key::body`](super::Key::body)).
+///
+/// The layer is generic over the source's own type (`LockLayer<PathParamKey>`,
+/// `LockLayer<JsonKeys>`), and that type says what it does with the request: a head source
+/// leaves the body alone and works with any body type; a body source buffers the body, up to
 /// [`max_request_body`](crate::LockLayer::max_request_body), and hands the handler the same
 /// bytes, so its body type must be built from [`Bytes`](bytes::Bytes) (`axum::body::Body` is).
-#[derive(Debug, Clone, Copy)]
-pub enum FromBody {}
-
-/// What a [`LockLayer`](crate::LockLayer) can be built with: every [`KeySetSource`] (and so
-/// every [`KeySource`](super::KeySource)), which reads the request head, and the sources that
-/// read the body, [`Key::json`](super::Key::json) and [`Key::body`](super::Key::body).
-///
-/// [`From`](Self::From) says which, and so which layer it builds: `LockLayer<FromHead>` (the
-/// plain `LockLayer`) or `LockLayer<FromBody>`. Sealed.
-pub trait IntoKeys: sealed::Sealed {
-    /// Where the keys come from: [`FromHead`] or [`FromBody`].
-    type From;
-}
+/// Sealed.
+pub trait IntoKeys: sealed::Sealed {}
 
 #[allow(unreachable_pub)]
 pub(crate) mod sealed {
+    use bytes::Bytes;
+    use http::request::Parts;
+
     use super::*;
+    use crate::key::{KeyRejection, KeyValues};
 
     /// Keeps [`IntoKeys`](super::IntoKeys) to the crate's kinds of key sources, and turns one
     /// into what the layer holds.
@@ -39,32 +31,114 @@ pub(crate) mod sealed {
         fn into_source(self) -> Source;
     }
 
+    /// A source that reads axum's path parameters, which axum's extractor reads only from a
+    /// `&mut Parts`: the layer calls it with the request's own head.
+    #[cfg(feature = "axum")]
+    pub trait Routed: Send + Sync + 'static {
+        /// [`KeySource::keys`], reading the parameters in place.
+        fn keys_routed(&self, parts: &mut Parts) -> Result<Option<KeyValues>, KeyRejection>;
+    }
+
     /// A layer's key source.
     #[derive(Clone)]
     pub enum Source {
-        Head(Arc<dyn KeySetSource>),
+        /// Reads the head.
+        Head(Arc<dyn KeySource>),
+        /// A built-in that reads the path parameters, in place.
+        #[cfg(feature = "axum")]
+        Routed(Arc<dyn Routed>),
+        /// Reads the head and the body.
         Body(Arc<dyn BodyKeySource>),
+    }
+
+    impl Source {
+        /// The request's key values from its head alone; a body source is refused (the
+        /// layer's type never pairs one with a head-only service).
+        pub fn head_keys(&self, parts: &mut Parts) -> Result<Option<KeyValues>, KeyRejection> {
+            match self {
+                Self::Head(source) => source.keys(parts),
+                #[cfg(feature = "axum")]
+                Self::Routed(source) => source.keys_routed(parts),
+                Self::Body(_) => Err(KeyRejection::misconfigured(
+                    "the key source reads the body, but the layer was built for the head",
+                )),
+            }
+        }
+
+        /// The request's key values from its head and `body`, at most `max` distinct ones
+        /// (see [`BodyKeySource::keys_at_most`]).
+        pub fn body_keys(
+            &self,
+            parts: &mut Parts,
+            body: &Bytes,
+            max: usize,
+        ) -> Result<Option<KeyValues>, KeyRejection> {
+            match self {
+                Self::Body(source) => source.keys_at_most(parts, body, max),
+                _ => self.head_keys(parts),
+            }
+        }
     }
 
     impl std::fmt::Debug for Source {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str(match self {
                 Self::Head(_) => "Source::Head",
+                #[cfg(feature = "axum")]
+                Self::Routed(_) => "Source::Routed",
                 Self::Body(_) => "Source::Body",
             })
         }
     }
 }
 
-impl<T: KeySetSource> sealed::Sealed for T {
+impl<K: KeySource> sealed::Sealed for K {
     fn into_source(self) -> sealed::Source {
-        sealed::Source::Head(Arc::new(self))
+        // The built-ins that read axum's path parameters read them in place, with the
+        // request's `&mut Parts`, rather than from a copy of its extensions as their
+        // `KeySource::keys` must.
+        #[cfg(feature = "axum")]
+        let this = match routed(self) {
+            Ok(routed) => return sealed::Source::Routed(routed),
+            Err(this) => this,
+        };
+        #[cfg(not(feature = "axum"))]
+        let this = self;
+        sealed::Source::Head(Arc::new(this))
     }
 }
 
-impl<T: KeySetSource> IntoKeys for T {
-    type From = FromHead;
+/// `source` as a [`Routed`](sealed::Routed) source when it is one of the built-ins that read
+/// the path parameters; else `source` back.
+#[cfg(feature = "axum")]
+fn routed<K: KeySource>(source: K) -> Result<Arc<dyn sealed::Routed>, K> {
+    use super::{PathKey, PathParamKey, PathParamsKey};
+    let source = match downcast::<PathParamKey, K>(source) {
+        Ok(source) => return Ok(Arc::new(source)),
+        Err(source) => source,
+    };
+    let source = match downcast::<PathParamsKey, K>(source) {
+        Ok(source) => return Ok(Arc::new(source)),
+        Err(source) => source,
+    };
+    match downcast::<PathKey, K>(source) {
+        Ok(source) => Ok(Arc::new(source)),
+        Err(source) => Err(source),
+    }
 }
+
+/// `value` as a `T` when it is one; else `value` back.
+#[cfg(feature = "axum")]
+fn downcast<T: 'static, K: 'static>(value: K) -> Result<T, K> {
+    use std::any::Any;
+    let mut slot = Some(value);
+    if let Some(found) = (&mut slot as &mut dyn Any).downcast_mut::<Option<T>>() {
+        return Ok(found.take().expect("the value is in the slot"));
+    }
+    Err(slot.take().expect("the value is in the slot"))
+}
+
+impl<K: KeySource> IntoKeys for K {}
 
 impl sealed::Sealed for JsonKeys {
     fn into_source(self) -> sealed::Source {
@@ -72,9 +146,7 @@ impl sealed::Sealed for JsonKeys {
     }
 }
 
-impl IntoKeys for JsonKeys {
-    type From = FromBody;
-}
+impl IntoKeys for JsonKeys {}
 
 impl<S: BodyKeySource> sealed::Sealed for BodyKeys<S> {
     fn into_source(self) -> sealed::Source {
@@ -82,6 +154,4 @@ impl<S: BodyKeySource> sealed::Sealed for BodyKeys<S> {
     }
 }
 
-impl<S: BodyKeySource> IntoKeys for BodyKeys<S> {
-    type From = FromBody;
-}
+impl<S: BodyKeySource> IntoKeys for BodyKeys<S> {}

@@ -58,12 +58,12 @@ mod body;
 mod header;
 mod into;
 mod json;
-mod multi;
 mod path;
 #[cfg(feature = "axum")]
 mod path_param;
 mod set;
 mod share;
+mod values;
 
 use std::{fmt, ops::Range, sync::Arc};
 
@@ -77,56 +77,77 @@ use crate::{
 
 pub use body::{BodyKeySource, BodyKeys};
 pub use header::HeaderKey;
+pub use into::IntoKeys;
 pub(crate) use into::sealed::Source;
-pub use into::{FromBody, FromHead, IntoKeys};
 pub use json::JsonKeys;
-pub use multi::{FnKeys, KeySetSource, KeyValues};
 pub use path::PathKey;
 #[cfg(feature = "axum")]
 pub use path_param::{PathParamKey, PathParamsKey};
 pub use set::KeySet;
 pub use share::Share;
+pub use values::KeyValues;
 
-/// Derives the lock key's value from a request head.
+/// Derives the values of a request's lock keys from its head: one (a SKU, an idempotency key)
+/// or several (both accounts of a transfer, taken as one lease).
 ///
 /// Implemented for the built-ins (see [`Key`]) and for any closure
-/// `Fn(&Parts) -> Result<Option<Bytes>, KeyRejection>`.
-///
-/// The method takes `&mut Parts` so that a source can run axum extractors; it should not change
-/// the request.
+/// `Fn(&Parts) -> Result<Option<V>, KeyRejection>` whose `V` converts into [`KeyValues`]
+/// (`Bytes`, `String`, `&'static str`, `KeyValues`, `Vec<Bytes>`, `[Bytes; N]`);
+/// [`Key::from_fn`] writes such a closure without type annotations.
 ///
 /// ```
 /// use bytes::Bytes;
 /// use http::request::Parts;
-/// use tower_lock::key::{KeyRejection, KeySource};
+/// use tower_lock::key::{KeyRejection, KeySource, KeyValues};
 ///
 /// /// Locks on the tenant id that an earlier layer put into the extensions.
-/// #[derive(Clone)]
 /// struct TenantKey;
 ///
 /// #[derive(Clone)]
 /// struct TenantId(u64);
 ///
 /// impl KeySource for TenantKey {
-///     fn key(&self, parts: &mut Parts) -> Result<Option<Bytes>, KeyRejection> {
+///     fn keys(&self, parts: &Parts) -> Result<Option<KeyValues>, KeyRejection> {
 ///         match parts.extensions.get::<TenantId>() {
-///             Some(TenantId(id)) => Ok(Some(Bytes::from(id.to_string()))),
+///             Some(TenantId(id)) => Ok(Some(id.to_string().into())),
 ///             None => Err(KeyRejection::missing("tenant id")),
 ///         }
 ///     }
 /// }
+///
+/// /// `X-Accounts: 17, 42`: lock every account named, as one lease.
+/// struct Accounts;
+///
+/// impl KeySource for Accounts {
+///     fn keys(&self, parts: &Parts) -> Result<Option<KeyValues>, KeyRejection> {
+///         let header = parts
+///             .headers
+///             .get("x-accounts")
+///             .ok_or_else(|| KeyRejection::missing("`x-accounts` header"))?;
+///         let list = header
+///             .to_str()
+///             .map_err(|_| KeyRejection::invalid("`x-accounts` is not text"))?;
+///         Ok(Some(list.split(',').map(|a| Bytes::copy_from_slice(a.trim().as_bytes())).collect()))
+///     }
+/// }
 /// ```
+///
+/// A source that reads the request body is a [`BodyKeySource`] instead.
 pub trait KeySource: Send + Sync + 'static {
-    /// The value to lock on, `None` to pass the request through unlocked, or a rejection.
-    fn key(&self, parts: &mut Parts) -> Result<Option<Bytes>, KeyRejection>;
+    /// The values to lock on, `None` to pass the request through unlocked, or a rejection.
+    ///
+    /// The layer takes every value's key as one lease; a value given twice is one key, and no
+    /// value at all is a 400.
+    fn keys(&self, parts: &Parts) -> Result<Option<KeyValues>, KeyRejection>;
 }
 
-impl<F> KeySource for F
+impl<F, V> KeySource for F
 where
-    F: Fn(&Parts) -> Result<Option<Bytes>, KeyRejection> + Send + Sync + 'static,
+    F: Fn(&Parts) -> Result<Option<V>, KeyRejection> + Send + Sync + 'static,
+    V: Into<KeyValues>,
 {
-    fn key(&self, parts: &mut Parts) -> Result<Option<Bytes>, KeyRejection> {
-        self(parts)
+    fn keys(&self, parts: &Parts) -> Result<Option<KeyValues>, KeyRejection> {
+        Ok(self(parts)?.map(Into::into))
     }
 }
 
@@ -165,47 +186,35 @@ impl Key {
         PathKey::new()
     }
 
-    /// Locks on whatever the closure computes from the request head.
+    /// Locks on whatever the closure computes from the request head: one value (`Bytes`,
+    /// `String`, `&'static str`) or several ([`KeyValues`], `Vec<Bytes>`, `[Bytes; N]`), taken
+    /// as one lease.
     ///
-    /// This only pins down the closure's type for inference; any such closure is a
-    /// [`KeySource`] already.
-    ///
-    /// ```
-    /// use bytes::Bytes;
-    /// use tower_lock::Key;
-    ///
-    /// // Lock per client account, taken from a header set by an authenticating proxy.
-    /// let source = Key::from_fn(|parts| {
-    ///     Ok(parts.headers.get("x-account-id").map(|v| Bytes::copy_from_slice(v.as_bytes())))
-    /// });
-    /// # let _ = source;
-    /// ```
-    pub fn from_fn<F>(f: F) -> F
-    where
-        F: Fn(&Parts) -> Result<Option<Bytes>, KeyRejection> + Send + Sync + 'static,
-    {
-        f
-    }
-
-    /// Locks on several values the closure computes from the request head, as one lease (see
-    /// [`KeySetSource`]).
+    /// Any such closure is a [`KeySource`] already; this pins down its type, so that neither
+    /// its argument nor its answer needs a written type.
     ///
     /// ```
     /// use bytes::Bytes;
     /// use tower_lock::{Key, key::KeyValues};
     ///
-    /// // Both accounts of a transfer, from headers set by an authenticating proxy.
-    /// let source = Key::from_fn_many(|parts| {
-    ///     let account = |name: &str| parts.headers.get(name).map(|v| Bytes::copy_from_slice(v.as_bytes()));
-    ///     Ok(account("x-from").zip(account("x-to")).map(|(a, b)| KeyValues::from([a, b])))
+    /// // Lock per client account, taken from a header set by an authenticating proxy.
+    /// let account = Key::from_fn(|parts| {
+    ///     Ok(parts.headers.get("x-account-id").map(|v| Bytes::copy_from_slice(v.as_bytes())))
     /// });
-    /// # let _ = source;
+    ///
+    /// // Both accounts of a transfer, as one lease.
+    /// let transfer = Key::from_fn(|parts| {
+    ///     let account = |name: &str| parts.headers.get(name).map(|v| Bytes::copy_from_slice(v.as_bytes()));
+    ///     Ok(account("x-from").zip(account("x-to")).map(|(a, b)| [a, b]))
+    /// });
+    /// # let _ = (account, transfer);
     /// ```
-    pub fn from_fn_many<F>(f: F) -> FnKeys<F>
+    pub fn from_fn<F, V>(f: F) -> F
     where
-        F: Fn(&Parts) -> Result<Option<KeyValues>, KeyRejection> + Send + Sync + 'static,
+        F: Fn(&Parts) -> Result<Option<V>, KeyRejection> + Send + Sync + 'static,
+        V: Into<KeyValues>,
     {
-        FnKeys::new(f)
+        f
     }
 
     /// Locks on several path parameters of the matched axum route, as one lease: both accounts
@@ -217,17 +226,40 @@ impl Key {
 
     /// Locks on fields of the JSON request body, named by a JSON pointer in which `*` stands
     /// for every element of an array (`/items/*/sku`); [`JsonKeys::and`] adds fields. The
-    /// layer buffers the body (see [`FromBody`]). A [`ConfigError`](crate::ConfigError) if
-    /// `pointer` is not a JSON pointer (RFC 6901). See [`JsonKeys`].
+    /// layer buffers the body, up to its
+    /// [`max_request_body`](crate::LockLayer::max_request_body). A
+    /// [`ConfigError`](crate::ConfigError) if `pointer` is not a JSON pointer (RFC 6901). See
+    /// [`JsonKeys`].
     pub fn json(pointer: &str) -> Result<JsonKeys, crate::ConfigError> {
         JsonKeys::new(pointer)
     }
 
-    /// Locks on what `source` (a [`BodyKeySource`], or a closure
-    /// `Fn(&Parts, &Bytes) -> Result<Option<KeyValues>, KeyRejection>`) reads from the request
-    /// head and body. The layer buffers the body (see [`FromBody`]).
-    pub fn body<S: BodyKeySource>(source: S) -> BodyKeys<S> {
-        BodyKeys { source }
+    /// Locks on what the closure reads from the request head and body: one value or several,
+    /// as [`from_fn`](Self::from_fn)'s. The layer buffers the body, up to its
+    /// [`max_request_body`](crate::LockLayer::max_request_body), and hands the handler the
+    /// same bytes; its body type must be built from `Bytes` (`axum::body::Body` is).
+    ///
+    /// Neither argument nor the answer needs a written type. A [`BodyKeySource`] of your own
+    /// (a type, not a closure) becomes a layer's source through [`BodyKeys::new`].
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tower_lock::{Key, LockLayer, MemoryStore};
+    ///
+    /// // The order id of a plain-text body, scoped by the tenant header.
+    /// let source = Key::body(|parts, body| {
+    ///     let tenant = parts.headers.get("x-tenant").map(|t| t.as_bytes()).unwrap_or_default();
+    ///     Ok(Some(Bytes::from([tenant, b"/", &body[..]].concat())))
+    /// });
+    /// let layer = LockLayer::new(MemoryStore::new(), source).namespace("order");
+    /// # let _ = layer;
+    /// ```
+    pub fn body<F, V>(f: F) -> BodyKeys<F>
+    where
+        F: Fn(&Parts, &Bytes) -> Result<Option<V>, KeyRejection> + Send + Sync + 'static,
+        V: Into<KeyValues>,
+    {
+        BodyKeys::new(f)
     }
 }
 
@@ -665,16 +697,21 @@ mod tests {
     #[test]
     fn path_and_closure_sources() {
         let mut p = parts(http::Request::get("/a/b?q=1").body(()).unwrap());
-        assert_eq!(Key::path().key(&mut p).unwrap().unwrap(), "/a/b");
-        let source = Key::from_fn(|parts: &Parts| {
+        assert_eq!(Key::path().keys(&p).unwrap().unwrap().as_slice(), ["/a/b"]);
+        let source = Key::from_fn(|parts| {
             if parts.uri.query().is_some() {
-                Ok(None)
+                Ok(None::<Bytes>)
             } else {
                 Err(KeyRejection::invalid("no query"))
             }
         });
-        assert_eq!(source.key(&mut p).unwrap(), None);
-        let mut p = parts(http::Request::get("/a").body(()).unwrap());
-        assert_eq!(source.key(&mut p).unwrap_err().detail(), "no query");
+        assert_eq!(source.keys(&p).unwrap(), None);
+        p = parts(http::Request::get("/a").body(()).unwrap());
+        assert_eq!(source.keys(&p).unwrap_err().detail(), "no query");
+        // One value or several, each answer type without annotations.
+        let one = Key::from_fn(|parts| Ok(Some(parts.uri.path().to_owned())));
+        assert_eq!(one.keys(&p).unwrap().unwrap().as_slice(), ["/a"]);
+        let two = Key::from_fn(|_| Ok(Some([Bytes::from("x"), Bytes::from("y")])));
+        assert_eq!(two.keys(&p).unwrap().unwrap().as_slice(), ["x", "y"]);
     }
 }

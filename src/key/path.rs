@@ -2,7 +2,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use percent_encoding::percent_decode;
 
-use super::{KeyRejection, KeySource};
+use super::{KeyRejection, KeySource, KeyValues};
 
 /// Locks on the request path as the router resolves it, whatever its spelling.
 /// Created by [`Key::path`](super::Key::path).
@@ -35,17 +35,50 @@ impl PathKey {
     }
 }
 
-impl KeySource for PathKey {
-    fn key(&self, parts: &mut Parts) -> Result<Option<Bytes>, KeyRejection> {
+impl PathKey {
+    /// The value of a path without `%`: the path itself.
+    fn plain(parts: &Parts) -> Option<KeyValues> {
         let path = parts.uri.path();
-        if !path.contains('%') {
-            return Ok(Some(Bytes::copy_from_slice(path.as_bytes())));
+        (!path.contains('%')).then(|| Bytes::copy_from_slice(path.as_bytes()).into())
+    }
+
+    /// The value of a path with `%`: what the router resolved, if it did, else the path
+    /// canonicalized.
+    fn decoded(parts: &Parts, resolved: Option<Vec<u8>>) -> Result<KeyValues, KeyRejection> {
+        let value = match resolved {
+            Some(resolved) => resolved,
+            None => canonical(parts.uri.path())?,
+        };
+        Ok(Bytes::from(value).into())
+    }
+}
+
+/// Under axum, a path with `%` on a matched route reads the route's parameters: called from a
+/// source of your own, from a copy of the request's extensions (see [`PathParamKey`]); a layer
+/// built with the source itself reads them in place.
+///
+/// [`PathParamKey`]: super::PathParamKey
+impl KeySource for PathKey {
+    fn keys(&self, parts: &Parts) -> Result<Option<KeyValues>, KeyRejection> {
+        if let Some(plain) = Self::plain(parts) {
+            return Ok(Some(plain));
         }
         #[cfg(feature = "axum")]
-        if let Some(resolved) = routed::resolved(parts)? {
-            return Ok(Some(resolved.into()));
+        let resolved = routed::resolved(parts, super::path_param::path_params_of)?;
+        #[cfg(not(feature = "axum"))]
+        let resolved = None;
+        Self::decoded(parts, resolved).map(Some)
+    }
+}
+
+#[cfg(feature = "axum")]
+impl super::into::sealed::Routed for PathKey {
+    fn keys_routed(&self, parts: &mut Parts) -> Result<Option<KeyValues>, KeyRejection> {
+        if let Some(plain) = Self::plain(parts) {
+            return Ok(Some(plain));
         }
-        canonical(parts.uri.path()).map(|value| Some(value.into()))
+        let resolved = routed::resolved(&mut *parts, super::path_param::path_params)?;
+        Self::decoded(parts, resolved).map(Some)
     }
 }
 
@@ -80,15 +113,22 @@ fn escape(segment: &[u8], out: &mut Vec<u8>) {
 
 #[cfg(feature = "axum")]
 mod routed {
-    use axum::extract::MatchedPath;
+    use axum::extract::{MatchedPath, RawPathParams};
     use http::request::Parts;
     use percent_encoding::percent_decode;
 
-    use super::{super::path_param::path_params, KeyRejection, escape};
+    use super::{KeyRejection, escape};
 
-    /// The path axum resolved: the matched template with its parameters' decoded values.
-    /// `None` when no route matched (or the parameters do not fit the template).
-    pub(super) fn resolved(parts: &mut Parts) -> Result<Option<Vec<u8>>, KeyRejection> {
+    /// The path axum resolved: the matched template with its parameters' decoded values, the
+    /// parameters read by `path_params`. `None` when no route matched (or the parameters do
+    /// not fit the template).
+    pub(super) fn resolved<P>(
+        parts: P,
+        path_params: fn(P) -> Result<Option<RawPathParams>, KeyRejection>,
+    ) -> Result<Option<Vec<u8>>, KeyRejection>
+    where
+        P: std::ops::Deref<Target = Parts>,
+    {
         let Some(template) = parts.extensions.get::<MatchedPath>().cloned() else {
             return Ok(None);
         };
@@ -185,13 +225,14 @@ mod routed {
 mod tests {
     use super::*;
 
-    fn key(uri: &str) -> Result<Option<Bytes>, KeyRejection> {
-        let mut parts = http::Request::get(uri).body(()).unwrap().into_parts().0;
-        PathKey::new().key(&mut parts)
+    fn key(uri: &str) -> Result<Option<KeyValues>, KeyRejection> {
+        let parts = http::Request::get(uri).body(()).unwrap().into_parts().0;
+        PathKey::new().keys(&parts)
     }
 
     fn value(uri: &str) -> String {
-        String::from_utf8(key(uri).unwrap().unwrap().to_vec()).unwrap()
+        let values = key(uri).unwrap().unwrap();
+        String::from_utf8(values.as_slice()[0].to_vec()).unwrap()
     }
 
     #[test]

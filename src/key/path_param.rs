@@ -11,7 +11,7 @@ use axum::extract::{
 use bytes::Bytes;
 use http::request::Parts;
 
-use super::{KeyRejection, KeySource};
+use super::{KeyRejection, KeySource, KeyValues, into::sealed::Routed};
 
 /// Locks on a path parameter of the matched axum route.
 /// Created by [`Key::path_param`](super::Key::path_param).
@@ -53,7 +53,8 @@ impl PathParamKey {
 /// The request's path parameters, percent-decoded by axum's router: `None` if no axum router
 /// has routed the request, a 400 if a parameter is not UTF-8 once decoded.
 pub(super) fn path_params(parts: &mut Parts) -> Result<Option<RawPathParams>, KeyRejection> {
-    // `RawPathParams` reads an extension axum's router sets; its future is ready at once.
+    // `RawPathParams` reads an extension axum's router sets (a type private to axum, hence the
+    // `&mut Parts`); its future is ready at once.
     let mut fut = pin!(RawPathParams::from_request_parts(parts, &()));
     match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
         Poll::Ready(Ok(params)) => Ok(Some(params)),
@@ -64,9 +65,23 @@ pub(super) fn path_params(parts: &mut Parts) -> Result<Option<RawPathParams>, Ke
     }
 }
 
-impl KeySource for PathParamKey {
-    fn key(&self, parts: &mut Parts) -> Result<Option<Bytes>, KeyRejection> {
-        let Some(params) = path_params(parts)? else {
+/// [`path_params`] from a shared head: read from a scratch head that holds a copy of the
+/// request's extensions (the only part axum's extractor reads). What a source called from
+/// [`KeySource::keys`] pays; a layer built with the source itself reads the request's own.
+pub(super) fn path_params_of(parts: &Parts) -> Result<Option<RawPathParams>, KeyRejection> {
+    let mut scratch = http::Request::new(()).into_parts().0;
+    scratch.extensions = parts.extensions.clone();
+    path_params(&mut scratch)
+}
+
+impl PathParamKey {
+    /// The parameter's value among `params` (`None`: no axum router routed the request).
+    fn value(
+        &self,
+        parts: &Parts,
+        params: Option<&RawPathParams>,
+    ) -> Result<Option<Bytes>, KeyRejection> {
+        let Some(params) = params else {
             // A request without a path (`CONNECT host:port`) cannot match any route.
             if parts.uri.path().is_empty() {
                 return Ok(None);
@@ -91,6 +106,23 @@ impl KeySource for PathParamKey {
              this layer have none, make the key source `optional`)",
             self.name
         )))
+    }
+}
+
+/// Called from a source of your own, this reads the parameters from a copy of the request's
+/// extensions (axum's extractor needs `&mut Parts`); a layer built with the source itself
+/// reads them in place, without the copy.
+impl KeySource for PathParamKey {
+    fn keys(&self, parts: &Parts) -> Result<Option<KeyValues>, KeyRejection> {
+        let params = path_params_of(parts)?;
+        Ok(self.value(parts, params.as_ref())?.map(KeyValues::from))
+    }
+}
+
+impl Routed for PathParamKey {
+    fn keys_routed(&self, parts: &mut Parts) -> Result<Option<KeyValues>, KeyRejection> {
+        let params = path_params(parts)?;
+        Ok(self.value(parts, params.as_ref())?.map(KeyValues::from))
     }
 }
 
@@ -124,11 +156,16 @@ impl PathParamsKey {
     }
 }
 
-impl super::KeySetSource for PathParamsKey {
-    fn keys(&self, parts: &mut Parts) -> Result<Option<super::KeyValues>, KeyRejection> {
+impl PathParamsKey {
+    /// The parameters' values among `params` (`None`: no axum router routed the request).
+    fn values(
+        &self,
+        parts: &Parts,
+        params: Option<&RawPathParams>,
+    ) -> Result<Option<KeyValues>, KeyRejection> {
         let mut values = Vec::with_capacity(self.params.len());
         for param in &self.params {
-            match param.key(parts)? {
+            match param.value(parts, params)? {
                 Some(value) => values.push(value),
                 None => return Ok(None),
             }
@@ -139,5 +176,21 @@ impl super::KeySetSource for PathParamsKey {
             ));
         }
         Ok(Some(values.into()))
+    }
+}
+
+/// Called from a source of your own, this reads the parameters from a copy of the request's
+/// extensions, as [`PathParamKey`]'s does.
+impl KeySource for PathParamsKey {
+    fn keys(&self, parts: &Parts) -> Result<Option<KeyValues>, KeyRejection> {
+        let params = path_params_of(parts)?;
+        self.values(parts, params.as_ref())
+    }
+}
+
+impl Routed for PathParamsKey {
+    fn keys_routed(&self, parts: &mut Parts) -> Result<Option<KeyValues>, KeyRejection> {
+        let params = path_params(parts)?;
+        self.values(parts, params.as_ref())
     }
 }

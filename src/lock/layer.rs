@@ -11,7 +11,7 @@ use super::{
 use crate::{
     config::LockConfig,
     engine::Locker,
-    key::{FromBody, FromHead, IntoKeys, Share},
+    key::{BodyKeys, IntoKeys, JsonKeys, Share},
     response::Rejection,
     store::LockStore,
 };
@@ -27,37 +27,35 @@ use crate::{
 /// that cannot get its lock within the wait policy answers 409, one whose store fails answers
 /// 503, one with a bad key answers 400; see [`response`](crate::response).
 ///
-/// `K` says where the keys come from: the request head ([`FromHead`], the default: any
-/// [`KeySource`](crate::KeySource) or [`KeySetSource`](crate::key::KeySetSource)), or its body
-/// too ([`FromBody`]: [`Key::json`](crate::Key::json), [`Key::body`](crate::Key::body)), which
-/// the layer then buffers, up to [`max_request_body`](Self::max_request_body). The
-/// constructors pick it from the source.
+/// `K` is the key source's type ([`IntoKeys`]: `LockLayer<PathParamKey>`,
+/// `LockLayer<JsonKeys>`), and says what the layer does with the request: a
+/// [`KeySource`](crate::KeySource) reads the head, and the layer works with any body type;
+/// [`JsonKeys`] ([`Key::json`](crate::Key::json)) and [`BodyKeys`]
+/// ([`Key::body`](crate::Key::body)) read the body too, which the layer then buffers, up to
+/// [`max_request_body`](Self::max_request_body). The layer is `Clone`, `Debug`, `Send` and
+/// `Sync` whatever `K`.
 #[must_use]
-pub struct LockLayer<K = FromHead> {
+pub struct LockLayer<K> {
     state: Arc<LockState>,
     _keys: PhantomData<fn() -> K>,
 }
 
-impl<K> LockLayer<K> {
+impl<K: IntoKeys> LockLayer<K> {
     /// A layer locking on `keys` in `store`, with the default [`LockConfig`].
-    pub fn new(store: impl LockStore, keys: impl IntoKeys<From = K>) -> Self {
+    pub fn new(store: impl LockStore, keys: K) -> Self {
         Self::from_locker(Locker::new(store), keys)
     }
 
     /// A layer with `config` (checked when it was built: an invalid setting is an error at
     /// start-up, never at request time).
-    pub fn with_config(
-        store: impl LockStore,
-        keys: impl IntoKeys<From = K>,
-        config: LockConfig,
-    ) -> Self {
+    pub fn with_config(store: impl LockStore, keys: K, config: LockConfig) -> Self {
         Self::from_locker(Locker::with_config(store, config), keys)
     }
 
     /// A layer sharing a [`Locker`] (its store and config) with other layers or background
     /// work. Layers that share a locker also share its process-local queues: their requests
     /// for the same key take turns in this process before they contend in the store.
-    pub fn from_locker(locker: Locker, keys: impl IntoKeys<From = K>) -> Self {
+    pub fn from_locker(locker: Locker, keys: K) -> Self {
         Self {
             state: Arc::new(LockState {
                 locker,
@@ -71,7 +69,9 @@ impl<K> LockLayer<K> {
             _keys: PhantomData,
         }
     }
+}
 
+impl<K> LockLayer<K> {
     /// Scopes keys by this namespace instead of the request's method and route template.
     ///
     /// Layers (or routes) with the same namespace and key value exclude each other; use it when
@@ -175,10 +175,24 @@ impl<K> LockLayer<K> {
     }
 }
 
-impl LockLayer<FromBody> {
+impl LockLayer<JsonKeys> {
     /// The most bytes of a request body the layer reads for its keys (default 1 MiB). A
     /// larger body answers 413, checked against `Content-Length` before anything is read.
-    pub fn max_request_body(mut self, bytes: usize) -> Self {
+    pub fn max_request_body(self, bytes: usize) -> Self {
+        self.with_max_body(bytes)
+    }
+}
+
+impl<S> LockLayer<BodyKeys<S>> {
+    /// The most bytes of a request body the layer reads for its keys (default 1 MiB). A
+    /// larger body answers 413, checked against `Content-Length` before anything is read.
+    pub fn max_request_body(self, bytes: usize) -> Self {
+        self.with_max_body(bytes)
+    }
+}
+
+impl<K> LockLayer<K> {
+    fn with_max_body(mut self, bytes: usize) -> Self {
         Arc::make_mut(&mut self.state).max_body = bytes;
         self
     }

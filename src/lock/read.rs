@@ -1,5 +1,5 @@
 //! Reading a request body for its lock keys, for a layer whose key source reads the body
-//! ([`FromBody`](crate::key::FromBody)).
+//! ([`JsonKeys`](crate::key::JsonKeys), [`BodyKeys`](crate::key::BodyKeys)).
 
 use std::{pin::pin, sync::Arc};
 

@@ -14,28 +14,30 @@ use super::{
     body::ResponseBody, future::ResponseFuture, layer::LockLayer, read::read_keys, state::LockState,
 };
 use crate::{
-    key::{FromBody, FromHead, KeySetSource},
+    key::{BodyKeySource, BodyKeys, IntoKeys, JsonKeys, KeySource},
     store::LockStore,
 };
 
 /// Middleware that locks each request's keys around the inner service.
 ///
 /// Created by [`LockLayer`]; see the [crate docs](crate) for how a request flows through it.
-/// `K` is the layer's: where the keys come from ([`FromHead`] or [`FromBody`]).
-pub struct LockService<S, K = FromHead> {
+/// `K` is the layer's: the key source's type. A [`KeySource`] reads the request head, and
+/// the service takes any body; [`JsonKeys`] and [`BodyKeys`] read the body too, which must
+/// then be built from `Bytes`.
+pub struct LockService<S, K> {
     inner: S,
     state: Arc<LockState>,
     _keys: PhantomData<fn() -> K>,
 }
 
-impl<S> LockService<S> {
+impl<S, K: IntoKeys> LockService<S, K> {
     /// Wraps `inner` with the default config (see [`LockLayer::new`]).
-    pub fn new(inner: S, store: impl LockStore, keys: impl KeySetSource) -> Self {
+    pub fn new(inner: S, store: impl LockStore, keys: K) -> Self {
         tower::Layer::layer(&LockLayer::new(store, keys), inner)
     }
 
     /// A [`LockLayer`] with the default config, the usual way to build this service.
-    pub fn layer(store: impl LockStore, keys: impl KeySetSource) -> LockLayer {
+    pub fn layer(store: impl LockStore, keys: K) -> LockLayer<K> {
         LockLayer::new(store, keys)
     }
 }
@@ -75,9 +77,11 @@ impl<S, K> LockService<S, K> {
     }
 }
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, FromHead>
+/// Keys from the head: the request goes on as it came, whatever its body.
+impl<S, K, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, K>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    K: KeySource,
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
@@ -102,9 +106,30 @@ where
     }
 }
 
-/// Keys from the body: the body is read (up to `max_request_body`) before anything else, then
-/// handed to the inner service as the same bytes.
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, FromBody>
+impl<S, K> LockService<S, K> {
+    /// [`Service::call`] for a source that reads the body: the body is read (up to
+    /// `max_request_body`) before anything else, then handed to the inner service as the same
+    /// bytes.
+    fn call_reading<ReqBody, ResBody>(
+        &mut self,
+        req: Request<ReqBody>,
+    ) -> ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+        ReqBody: Body + From<Bytes> + Send + 'static,
+        ReqBody::Data: Send,
+        ReqBody::Error: Into<BoxError>,
+    {
+        let state = Arc::clone(&self.state);
+        match read_keys(Arc::clone(&state), req) {
+            Ok(read) => ResponseFuture::reading(state, read, self.take_ready()),
+            Err(rejection) => ResponseFuture::rejected(state.reject(rejection.into())),
+        }
+    }
+}
+
+/// Keys from fields of the JSON body, which is read first (see [`LockService::call_reading`]).
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, JsonKeys>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     ReqBody: Body + From<Bytes> + Send + 'static,
@@ -120,11 +145,29 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let state = Arc::clone(&self.state);
-        match read_keys(Arc::clone(&state), req) {
-            Ok(read) => ResponseFuture::reading(state, read, self.take_ready()),
-            Err(rejection) => ResponseFuture::rejected(state.reject(rejection.into())),
-        }
+        self.call_reading(req)
+    }
+}
+
+/// Keys from the head and body, which is read first (see [`LockService::call_reading`]).
+impl<S, F, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, BodyKeys<F>>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    F: BodyKeySource,
+    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        self.call_reading(req)
     }
 }
 

@@ -40,14 +40,16 @@ pub(super) type SharedWhen = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 impl LockState {
     /// The request's lock keys from its head: `Ok(None)` to pass it through unlocked.
     pub(crate) fn keys(&self, parts: &mut Parts) -> Result<Option<KeySet>, KeyRejection> {
-        let values = match &self.source {
-            Source::Head(source) => source.keys(parts)?,
-            Source::Body(_) => {
-                return Err(KeyRejection::misconfigured(
-                    "the key source reads the body, but the layer was built for the head",
-                ));
-            }
-        };
+        let values = self.source.head_keys(parts)?;
+        self.key_set(parts, values)
+    }
+
+    /// `values` as the request's lock keys, scoped and counted.
+    fn key_set(
+        &self,
+        parts: &Parts,
+        values: Option<KeyValues>,
+    ) -> Result<Option<KeySet>, KeyRejection> {
         values
             .map(|values| {
                 self.scoped(parts, &values)
@@ -84,16 +86,8 @@ impl LockState {
         body: &Bytes,
     ) -> Result<Option<KeySet>, KeyRejection> {
         let max = self.locker.config().max_keys();
-        let values = match &self.source {
-            Source::Body(source) => source.keys_at_most(parts, body, max)?,
-            Source::Head(source) => source.keys(parts)?,
-        };
-        values
-            .map(|values| {
-                self.scoped(parts, &values)
-                    .map(|keys| self.counted(parts, keys))
-            })
-            .transpose()
+        let values = self.source.body_keys(parts, body, max)?;
+        self.key_set(parts, values)
     }
 
     /// `values` as lock keys: each scoped and prefixed, at most `max_keys` distinct ones (a

@@ -10,7 +10,9 @@ use std::{
 };
 
 use axum::http::{StatusCode, header};
-use tower_lock::{Key, LockConfig, LockConfigBuilder, LockLayer, Locker, OnLeaseLost, Wait};
+use tower_lock::{
+    Key, LockConfig, LockConfigBuilder, LockLayer, Locker, OnLeaseLost, Wait, key::PathParamKey,
+};
 
 use crate::support::{
     Backend, Counter, SKU_NAMESPACE, Shop, Tally, body_json, counter_app, order, purchase, send,
@@ -34,7 +36,7 @@ pub(crate) use tests;
 /// How many concurrent requests the exclusion test sends.
 pub const EXCLUSION_REQUESTS: usize = 240;
 
-async fn layer<B: Backend>(backend: &B, config: LockConfig) -> LockLayer {
+async fn layer<B: Backend>(backend: &B, config: LockConfig) -> LockLayer<PathParamKey> {
     LockLayer::with_config(backend.store().await, Key::path_param("sku"), config)
 }
 
