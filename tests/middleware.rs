@@ -16,7 +16,8 @@ use bytes::Bytes;
 use support::{Counter, body_json, counter_app, purchase, send};
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_lock::{
-    Key, Lease, LockConfig, LockError, LockLayer, LockService, MemoryStore, Wait, key::KeyRejection,
+    Key, KeySource, Lease, LockConfig, LockError, LockLayer, LockService, MemoryStore, Wait,
+    key::KeyRejection,
 };
 
 fn assert_send<T: Send>(_: &T) {}
@@ -537,6 +538,162 @@ async fn closure_key_sources_can_reject() {
     assert_eq!(send(&app, req(None)).await.status(), 200);
     assert_eq!(send(&app, req(Some("42"))).await.status(), 200);
     assert_400(&app, req(Some("4x")), "digits").await;
+}
+
+/// `/items/{sku}`, `/transfers/{from}/{to}`, `/files/{*rest}` and `/health` under `layer`
+/// (`Router::layer`), each answering the values of its lease's keys (joined by `,`), or
+/// `unlocked`.
+fn routed_app<K: KeySource>(layer: LockLayer<K>) -> Router {
+    let values = |lease: Option<Lease>| async move {
+        match lease {
+            Some(lease) => lease
+                .keys()
+                .iter()
+                .map(|key| String::from_utf8_lossy(key.value()).into_owned())
+                .collect::<Vec<_>>()
+                .join(","),
+            None => "unlocked".to_owned(),
+        }
+    };
+    Router::new()
+        .route("/items/{sku}", post(values))
+        .route("/transfers/{from}/{to}", post(values))
+        .route("/files/{*rest}", post(values))
+        .route("/health", get(|| async { "healthy" }))
+        .layer(layer)
+}
+
+/// The path-parameter sources answer alike whether the layer is built with one (it reads the
+/// parameters in place) or a source of the user's calls one (`KeySource::keys` on `&Parts`,
+/// which reads them from a copy of the extensions): decoded values, 400 for a value not UTF-8
+/// once decoded, 500 for a route without the parameter and for a layer outside the router.
+#[tokio::test]
+async fn path_parameter_sources_answer_alike_in_a_layer_and_in_a_closure() {
+    let sku = Key::path_param("sku");
+    let pair = Key::path_params(["from", "to"]);
+    let path = Key::path();
+    let store = MemoryStore::new();
+    let apps = [
+        (
+            "sku, the layer's own",
+            routed_app(LockLayer::new(store.clone(), sku.clone())),
+        ),
+        (
+            "sku, in a closure",
+            routed_app(LockLayer::new(
+                store.clone(),
+                Key::from_fn(move |parts| sku.keys(parts)),
+            )),
+        ),
+    ];
+    for (how, app) in &apps {
+        for (path, want) in [
+            ("/items/ab%20c", (StatusCode::OK, "ab c")),
+            ("/items/caf%C3%A9", (StatusCode::OK, "café")),
+            ("/nowhere", (StatusCode::NOT_FOUND, "")),
+        ] {
+            let (status, text) =
+                status_and_text(app, Request::post(path).body(Body::empty()).unwrap()).await;
+            assert_eq!((status, &*text), want, "{how} {path}");
+        }
+        assert_400(
+            app,
+            Request::post("/items/%FF").body(Body::empty()).unwrap(),
+            "UTF-8",
+        )
+        .await;
+        let r = send(app, Request::get("/health").body(Body::empty()).unwrap()).await;
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "{how}");
+        let detail = body_json(r).await["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains("`sku`"), "{how}: {detail}");
+    }
+
+    let apps = [
+        (
+            "pair, the layer's own",
+            routed_app(LockLayer::new(store.clone(), pair.clone())),
+        ),
+        (
+            "pair, in a closure",
+            routed_app(LockLayer::new(
+                store.clone(),
+                Key::from_fn(move |parts| pair.keys(parts)),
+            )),
+        ),
+    ];
+    for (how, app) in &apps {
+        let req = Request::post("/transfers/al%20ice/bob")
+            .body(Body::empty())
+            .unwrap();
+        let (status, text) = status_and_text(app, req).await;
+        assert_eq!(status, StatusCode::OK, "{how}");
+        let mut values: Vec<&str> = text.split(',').collect();
+        values.sort_unstable();
+        assert_eq!(values, ["al ice", "bob"], "{how}");
+        assert_400(
+            app,
+            Request::post("/transfers/%FF/bob")
+                .body(Body::empty())
+                .unwrap(),
+            "UTF-8",
+        )
+        .await;
+    }
+
+    let apps = [
+        (
+            "path, the layer's own",
+            routed_app(LockLayer::new(store.clone(), path.clone())),
+        ),
+        (
+            "path, in a closure",
+            routed_app(LockLayer::new(
+                store.clone(),
+                Key::from_fn(move |parts| path.keys(parts)),
+            )),
+        ),
+    ];
+    for (how, app) in &apps {
+        // A catch-all captures `%2F` and `/` alike: one resource, one value.
+        for uri in ["/files/a%2Fb/c", "/files/a/b/c"] {
+            let (status, text) =
+                status_and_text(app, Request::post(uri).body(Body::empty()).unwrap()).await;
+            assert_eq!(
+                (status, &*text),
+                (StatusCode::OK, "/files/a/b/c"),
+                "{how} {uri}"
+            );
+        }
+    }
+
+    // Outside the router: no parameters, a 500 either way.
+    let sku = Key::path_param("sku");
+    let outside = [
+        ServiceBuilder::new()
+            .layer(LockLayer::new(store.clone(), sku.clone()))
+            .service(routed_app(LockLayer::new(store.clone(), Key::path())))
+            .boxed_clone(),
+        ServiceBuilder::new()
+            .layer(LockLayer::new(
+                store.clone(),
+                Key::from_fn(move |parts| sku.keys(parts)),
+            ))
+            .service(routed_app(LockLayer::new(store.clone(), Key::path())))
+            .boxed_clone(),
+    ];
+    for app in outside {
+        let r = app
+            .oneshot(Request::post("/items/a").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let detail = body_json(r.map(Body::new)).await["detail"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(detail.contains("route_layer"), "{detail}");
+    }
+    assert_eq!(store.held(), 0);
 }
 
 #[tokio::test]

@@ -155,3 +155,31 @@ impl<S: BodyKeySource> sealed::Sealed for BodyKeys<S> {
 }
 
 impl<S: BodyKeySource> IntoKeys for BodyKeys<S> {}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::{super::Key, sealed::Sealed};
+
+    #[test]
+    fn each_source_is_held_as_what_it_reads() {
+        let held = |source: super::sealed::Source| format!("{source:?}");
+        let closure = Key::from_fn(|parts| Ok(Some(Bytes::from(parts.uri.path().to_owned()))));
+        assert_eq!(held(closure.into_source()), "Source::Head");
+        assert_eq!(held(Key::header("x").into_source()), "Source::Head");
+        assert_eq!(held(Key::json("/a").unwrap().into_source()), "Source::Body");
+        let body = Key::body(|_, body| Ok(Some(body.clone())));
+        assert_eq!(held(body.into_source()), "Source::Body");
+        // The path-parameter built-ins read the parameters in place, without a copy.
+        #[cfg(feature = "axum")]
+        {
+            assert_eq!(held(Key::path_param("a").into_source()), "Source::Routed");
+            assert_eq!(
+                held(Key::path_params(["a"]).into_source()),
+                "Source::Routed"
+            );
+            assert_eq!(held(Key::path().into_source()), "Source::Routed");
+        }
+    }
+}
