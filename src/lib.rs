@@ -31,12 +31,12 @@
 //! ```
 //!
 //! 1. The [`KeySource`] trait derives a value from the request head: a header
-//!    ([`Key::header`]), a path parameter ([`Key::path_param`]), the path, or any closure. It may
-//!    answer "no key" (the request passes through unlocked) or reject the request (400). The
-//!    value is scoped by the route (or a [namespace](LockLayer::namespace)) and prefixed; see
-//!    [`key`] for the layout and limits. A source may also name several keys
-//!    ([`key::KeySetSource`]) or read them from the body ([`Key::json`], [`Key::body`]): see
-//!    [below](#several-resources-per-request).
+//!    ([`Key::header`]), a path parameter ([`Key::path_param`]), the path, or any closure
+//!    ([`Key::from_fn`]). It may answer "no key" (the request passes through unlocked) or
+//!    reject the request (400). The value is scoped by the route (or a
+//!    [namespace](LockLayer::namespace)) and prefixed; see [`key`] for the layout and limits. A
+//!    source may also name several keys ([`key::KeyValues`]) or read them from the body
+//!    ([`Key::json`], [`Key::body`]): see [below](#several-resources-per-request).
 //! 2. The [`Locker`] tries `acquire` on the [`LockStore`]: in Redis, `SET key token NX PX ttl`
 //!    with a fresh 128-bit token, plus a fencing token, in one round trip. If the key is held it
 //!    retries by the [`Wait`] policy until its deadline, then answers 409 with `Retry-After`. If

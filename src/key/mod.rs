@@ -1,10 +1,14 @@
-//! Key sources: how a request becomes a lock key.
+//! Key sources: how a request becomes lock keys.
 //!
 //! A [`KeySource`] looks at the request head and answers one of three things:
 //!
-//! - `Ok(Some(value))`: lock on this value;
+//! - `Ok(Some(values))`: lock on these values ([`KeyValues`]: one, or several taken as one
+//!   lease);
 //! - `Ok(None)`: this request needs no lock, pass it through unlocked;
 //! - `Err(KeyRejection)`: the request is malformed (400), or the route is misconfigured (500).
+//!
+//! A [`BodyKeySource`] answers the same from the head and the body; a layer built with one
+//! ([`Key::json`], [`Key::body`]) reads the body first.
 //!
 //! The built-ins are constructed through [`Key`]:
 //!
@@ -12,8 +16,14 @@
 //! |---|---|---|---|
 //! | [`Key::header`] | the header's bytes | header missing and [`HeaderKey::optional`] | missing (default), repeated, empty |
 //! | [`Key::path_param`] (feature `axum`) | a matched route's path parameter, percent-decoded | the request matched no route; the route has no such parameter and [`PathParamKey::optional`] | not UTF-8 once decoded; parameter not in the route (500); layer outside the router (500) |
+//! | [`Key::path_params`] (feature `axum`) | several path parameters, one key each, one lease | as `path_param` | as `path_param` |
 //! | [`Key::path`] | the request path, each segment percent-decoded ([`PathKey`]) | never | a segment not UTF-8 once decoded |
-//! | [`Key::from_fn`] / any closure | whatever the closure returns | `Ok(None)` | `Err(..)` |
+//! | [`Key::from_fn`] / any closure or [`KeySource`] | what it computes from the head: one value or several | `Ok(None)` | `Err(..)`; no value at all |
+//! | [`Key::json`] | fields of a JSON body, by JSON pointer ([`JsonKeys`]) | [`JsonKeys::optional`] and no field found | not JSON, a field missing or not a string or number; body too large (413) |
+//! | [`Key::body`] / any [`BodyKeySource`] | what it computes from the head and the body | `Ok(None)` | `Err(..)`; no value at all; body too large (413) |
+//!
+//! A layer's type names its source: `LockLayer<PathParamKey>`, `LockLayer<JsonKeys>` (see
+//! [`IntoKeys`]).
 //!
 //! One resource is one lock whatever its spelling: the sources that read the path key on what
 //! the router resolves (percent-decoded), not on the raw bytes, so `/accounts/%31` and

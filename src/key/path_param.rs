@@ -23,6 +23,11 @@ use super::{KeyRejection, KeySource, KeyValues, into::sealed::Routed};
 /// | matched no route (the router's fallback answers) | unlocked: the router's 404 stands |
 /// | the parameter is not UTF-8 once percent-decoded | 400 |
 /// | was never routed (the layer wraps the router from outside) | 500 |
+///
+/// axum's router keeps the parameters in an extension its extractor reads only from a
+/// `&mut Parts`. A layer built with this source reads them in place; a source of your own
+/// that calls this one's [`KeySource::keys`] (on a `&Parts`) makes it read them from a copy
+/// of the request's extensions, which costs that copy, and answers the same.
 #[derive(Debug, Clone)]
 pub struct PathParamKey {
     name: Arc<str>,
@@ -132,7 +137,8 @@ impl Routed for PathParamKey {
 ///
 /// Each parameter is read as [`PathParamKey`] reads one; a request that matched no route passes
 /// through unlocked, and a route without one of the parameters is a 500 unless the source is
-/// [`optional`](Self::optional).
+/// [`optional`](Self::optional). Called from a source of your own, it reads the parameters
+/// from a copy of the request's extensions, as [`PathParamKey`] does.
 #[derive(Debug, Clone)]
 pub struct PathParamsKey {
     params: Vec<PathParamKey>,

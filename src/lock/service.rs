@@ -128,7 +128,8 @@ impl<S, K> LockService<S, K> {
     }
 }
 
-/// Keys from fields of the JSON body, which is read first (see [`LockService::call_reading`]).
+/// Keys from fields of the JSON body: the body is read first (up to `max_request_body`), then
+/// handed to the inner service as the same bytes.
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, JsonKeys>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
@@ -149,7 +150,8 @@ where
     }
 }
 
-/// Keys from the head and body, which is read first (see [`LockService::call_reading`]).
+/// Keys from the head and the body: the body is read first (up to `max_request_body`), then
+/// handed to the inner service as the same bytes.
 impl<S, F, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, BodyKeys<F>>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
