@@ -563,30 +563,28 @@ fn routed_app<K: KeySource>(layer: LockLayer<K>) -> Router {
         .layer(layer)
 }
 
+/// `routed_app` twice: with a layer built with `source` itself, and with one built with a
+/// closure that calls it.
+fn layer_and_closure<K: KeySource + Clone>(store: &MemoryStore, source: K) -> [(&str, Router); 2] {
+    let own = routed_app(LockLayer::new(store.clone(), source.clone()));
+    let closure = Key::from_fn(move |parts| source.keys(parts));
+    [
+        ("the layer's own", own),
+        (
+            "in a closure",
+            routed_app(LockLayer::new(store.clone(), closure)),
+        ),
+    ]
+}
+
 /// The path-parameter sources answer alike whether the layer is built with one (it reads the
 /// parameters in place) or a source of the user's calls one (`KeySource::keys` on `&Parts`,
 /// which reads them from a copy of the extensions): decoded values, 400 for a value not UTF-8
 /// once decoded, 500 for a route without the parameter and for a layer outside the router.
 #[tokio::test]
 async fn path_parameter_sources_answer_alike_in_a_layer_and_in_a_closure() {
-    let sku = Key::path_param("sku");
-    let pair = Key::path_params(["from", "to"]);
-    let path = Key::path();
     let store = MemoryStore::new();
-    let apps = [
-        (
-            "sku, the layer's own",
-            routed_app(LockLayer::new(store.clone(), sku.clone())),
-        ),
-        (
-            "sku, in a closure",
-            routed_app(LockLayer::new(
-                store.clone(),
-                Key::from_fn(move |parts| sku.keys(parts)),
-            )),
-        ),
-    ];
-    for (how, app) in &apps {
+    for (how, app) in &layer_and_closure(&store, Key::path_param("sku")) {
         for (path, want) in [
             ("/items/ab%20c", (StatusCode::OK, "ab c")),
             ("/items/caf%C3%A9", (StatusCode::OK, "café")),
@@ -596,68 +594,32 @@ async fn path_parameter_sources_answer_alike_in_a_layer_and_in_a_closure() {
                 status_and_text(app, Request::post(path).body(Body::empty()).unwrap()).await;
             assert_eq!((status, &*text), want, "{how} {path}");
         }
-        assert_400(
-            app,
-            Request::post("/items/%FF").body(Body::empty()).unwrap(),
-            "UTF-8",
-        )
-        .await;
+        let bad = Request::post("/items/%FF").body(Body::empty()).unwrap();
+        assert_400(app, bad, "UTF-8").await;
         let r = send(app, Request::get("/health").body(Body::empty()).unwrap()).await;
         assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "{how}");
         let detail = body_json(r).await["detail"].as_str().unwrap().to_owned();
         assert!(detail.contains("`sku`"), "{how}: {detail}");
     }
 
-    let apps = [
-        (
-            "pair, the layer's own",
-            routed_app(LockLayer::new(store.clone(), pair.clone())),
-        ),
-        (
-            "pair, in a closure",
-            routed_app(LockLayer::new(
-                store.clone(),
-                Key::from_fn(move |parts| pair.keys(parts)),
-            )),
-        ),
-    ];
-    for (how, app) in &apps {
-        let req = Request::post("/transfers/al%20ice/bob")
-            .body(Body::empty())
-            .unwrap();
-        let (status, text) = status_and_text(app, req).await;
+    for (how, app) in &layer_and_closure(&store, Key::path_params(["from", "to"])) {
+        let req = Request::post("/transfers/al%20ice/bob");
+        let (status, text) = status_and_text(app, req.body(Body::empty()).unwrap()).await;
         assert_eq!(status, StatusCode::OK, "{how}");
         let mut values: Vec<&str> = text.split(',').collect();
         values.sort_unstable();
         assert_eq!(values, ["al ice", "bob"], "{how}");
-        assert_400(
-            app,
-            Request::post("/transfers/%FF/bob")
-                .body(Body::empty())
-                .unwrap(),
-            "UTF-8",
-        )
-        .await;
+        let bad = Request::post("/transfers/%FF/bob")
+            .body(Body::empty())
+            .unwrap();
+        assert_400(app, bad, "UTF-8").await;
     }
 
-    let apps = [
-        (
-            "path, the layer's own",
-            routed_app(LockLayer::new(store.clone(), path.clone())),
-        ),
-        (
-            "path, in a closure",
-            routed_app(LockLayer::new(
-                store.clone(),
-                Key::from_fn(move |parts| path.keys(parts)),
-            )),
-        ),
-    ];
-    for (how, app) in &apps {
+    for (how, app) in &layer_and_closure(&store, Key::path()) {
         // A catch-all captures `%2F` and `/` alike: one resource, one value.
         for uri in ["/files/a%2Fb/c", "/files/a/b/c"] {
-            let (status, text) =
-                status_and_text(app, Request::post(uri).body(Body::empty()).unwrap()).await;
+            let req = Request::post(uri).body(Body::empty()).unwrap();
+            let (status, text) = status_and_text(app, req).await;
             assert_eq!(
                 (status, &*text),
                 (StatusCode::OK, "/files/a/b/c"),

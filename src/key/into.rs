@@ -113,29 +113,22 @@ impl<K: KeySource> sealed::Sealed for K {
 #[cfg(feature = "axum")]
 fn routed<K: KeySource>(source: K) -> Result<Arc<dyn sealed::Routed>, K> {
     use super::{PathKey, PathParamKey, PathParamsKey};
-    let source = match downcast::<PathParamKey, K>(source) {
-        Ok(source) => return Ok(Arc::new(source)),
-        Err(source) => source,
-    };
-    let source = match downcast::<PathParamsKey, K>(source) {
-        Ok(source) => return Ok(Arc::new(source)),
-        Err(source) => source,
-    };
-    match downcast::<PathKey, K>(source) {
-        Ok(source) => Ok(Arc::new(source)),
-        Err(source) => Err(source),
-    }
+    as_routed::<PathParamKey, K>(source)
+        .or_else(as_routed::<PathParamsKey, K>)
+        .or_else(as_routed::<PathKey, K>)
 }
 
-/// `value` as a `T` when it is one; else `value` back.
+/// `source` as a [`Routed`](sealed::Routed) source when it is a `T`; else `source` back.
 #[cfg(feature = "axum")]
-fn downcast<T: 'static, K: 'static>(value: K) -> Result<T, K> {
-    use std::any::Any;
-    let mut slot = Some(value);
-    if let Some(found) = (&mut slot as &mut dyn Any).downcast_mut::<Option<T>>() {
-        return Ok(found.take().expect("the value is in the slot"));
+fn as_routed<T: sealed::Routed, K: 'static>(source: K) -> Result<Arc<dyn sealed::Routed>, K> {
+    let mut slot = Some(source);
+    let any: &mut dyn std::any::Any = &mut slot;
+    match any.downcast_mut::<Option<T>>().and_then(Option::take) {
+        Some(found) => Ok(Arc::new(found)),
+        None => Err(slot
+            .take()
+            .expect("a source that is not a `T` stays in its slot")),
     }
-    Err(slot.take().expect("the value is in the slot"))
 }
 
 impl<K: KeySource> IntoKeys for K {}
