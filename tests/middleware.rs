@@ -16,7 +16,8 @@ use bytes::Bytes;
 use support::{Counter, body_json, counter_app, purchase, send};
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_lock::{
-    Key, Lease, LockConfig, LockError, LockLayer, LockService, MemoryStore, Wait, key::KeyRejection,
+    Key, Lease, LockConfig, LockError, LockLayer, MemoryStore, Wait, key::KeyRejection,
+    lock::LockService,
 };
 
 fn assert_send<T: Send>(_: &T) {}

@@ -348,23 +348,26 @@ impl std::hash::Hash for LockKey {
 }
 
 impl LockKey {
-    /// Builds a key from its prefix, scope and value, checking the value's length.
-    ///
-    /// Used by the layer and by [`Locker::key`](crate::Locker::key); a store never needs it.
-    /// A prefix that contains `{` or `}` is refused as
-    /// [misconfigured](KeyRejection::misconfigured): the key's hash tag must be the first.
-    pub fn new(
-        prefix: &str,
-        scope: &str,
-        value: &[u8],
-        max_len: usize,
-    ) -> Result<Self, KeyRejection> {
-        if prefix.contains(['{', '}']) {
-            return Err(KeyRejection::misconfigured(
-                "the key prefix must not contain `{` or `}` (the key's hash tag starts after it)",
-            ));
+    pub_with_test_util! {
+        /// Builds a key from its prefix, scope and value, checking the value's length.
+        ///
+        /// The layer and [`Locker::key`](crate::Locker::key) build keys; a test of a store that
+        /// needs one by hand has this (feature `test-util`).
+        /// A prefix that contains `{` or `}` is refused as
+        /// [misconfigured](KeyRejection::misconfigured): the key's hash tag must be the first.
+        fn new(
+            prefix: &str,
+            scope: &str,
+            value: &[u8],
+            max_len: usize,
+        ) -> Result<Self, KeyRejection> {
+            if prefix.contains(['{', '}']) {
+                return Err(KeyRejection::misconfigured(
+                    "the key prefix must not contain `{` or `}` (the key's hash tag starts after it)",
+                ));
+            }
+            Self::from_parts(prefix, &[scope], value, max_len)
         }
-        Self::from_parts(prefix, &[scope], value, max_len)
     }
 
     /// [`new`](Self::new) with the scope given in pieces (joined), for a scope the layer puts

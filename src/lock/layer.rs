@@ -28,7 +28,7 @@ use crate::{
 /// 503, one with a bad key answers 400; see [`response`](crate::response).
 ///
 /// `K` says where the keys come from: the request head ([`FromHead`], the default: any
-/// [`KeySource`](crate::KeySource) or [`KeySetSource`](crate::key::KeySetSource)), or its body
+/// [`KeySource`](crate::key::KeySource) or [`KeySetSource`](crate::key::KeySetSource)), or its body
 /// too ([`FromBody`]: [`Key::json`](crate::Key::json), [`Key::body`](crate::Key::body)), which
 /// the layer then buffers, up to [`max_request_body`](Self::max_request_body). The
 /// constructors pick it from the source.
@@ -117,7 +117,7 @@ impl<K> LockLayer<K> {
     /// # Panics
     ///
     /// At start-up, when `permits` is 0 (no request could ever run), or when the store cannot
-    /// count a key's holders ([`RedlockStore`](crate::RedlockStore), a store written outside
+    /// count a key's holders ([`RedlockStore`](crate::store::RedlockStore), a store written outside
     /// this crate; see [`Capabilities::counts`](crate::store::Capabilities::counts)).
     pub fn permits(mut self, permits: u32) -> Self {
         if let Err(error) = Share::permit(permits) {
