@@ -118,9 +118,9 @@ use axum::{
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 use tower_lock::{
-    IdempotencyConfig, IdempotencyLayer, Lease, LockConfig, Locker, MemoryStore, Wait,
+    IdempotencyLayer, Lease, LockConfig, Locker, MemoryStore, Wait,
     fence::{Batch, FencedData, data_key},
-    idempotency::IdempotencyKey,
+    idempotency::{IdempotencyConfig, IdempotencyKey},
 };
 
 #[path = "common/app.rs"]

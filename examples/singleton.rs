@@ -128,7 +128,7 @@ async fn run() -> Result<(), BoxError> {
 
 /// Why an instance stopped running the job.
 enum Outcome {
-    Lost(tower_lock::LostReason),
+    Lost(tower_lock::lease::LostReason),
     SteppedDown,
     Stop,
 }

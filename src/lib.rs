@@ -30,20 +30,20 @@
 //!              │ bad key: 400           │ store error/timeout: 503     │ lost: 503 (abort)  │ spawned release
 //! ```
 //!
-//! 1. The [`KeySource`] trait derives a value from the request head: a header
+//! 1. The [`KeySource`](key::KeySource) trait derives a value from the request head: a header
 //!    ([`Key::header`]), a path parameter ([`Key::path_param`]), the path, or any closure
 //!    ([`Key::from_fn`]). It may answer "no key" (the request passes through unlocked) or
 //!    reject the request (400). The value is scoped by the route (or a
 //!    [namespace](LockLayer::namespace)) and prefixed; see [`key`] for the layout and limits. A
 //!    source may also name several keys ([`key::KeyValues`]) or read them from the body
 //!    ([`Key::json`], [`Key::body`]): see [below](#several-resources-per-request).
-//! 2. The [`Locker`] tries `acquire` on the [`LockStore`]: in Redis, `SET key token NX PX ttl`
+//! 2. The [`Locker`] tries `acquire` on the [`LockStore`](store::LockStore): in Redis, `SET key token NX PX ttl`
 //!    with a fresh 128-bit token, plus a fencing token, in one round trip. If the key is held it
 //!    retries by the [`Wait`] policy until its deadline, then answers 409 with `Retry-After`. If
 //!    the store fails or does not answer in time it answers 503.
 //! 3. The inner service runs with a [`Lease`] in the request extensions (an axum extractor). While
 //!    it runs, the response future renews the lease every `ttl / 3`; a renewal that finds the
-//!    lease gone aborts the request with 503 (or, with [`OnLeaseLost::Continue`], lets it finish
+//!    lease gone aborts the request with 503 (or, with [`OnLeaseLost::Continue`](config::OnLeaseLost::Continue), lets it finish
 //!    and reports the loss through the `Lease`).
 //! 4. When the inner future completes, the lease is released (a token-checked delete) *before*
 //!    the response is handed on, so a client that retries at once never meets its own lock. If
@@ -66,14 +66,14 @@
 //! [`Locker::acquire`] gives background work the same machinery: a [`LeaseGuard`] renewed by
 //! the locker's background task (one task per locker and runtime, however many leases),
 //! released on drop, reporting loss through [`Lease::lost`]. Each call may set its own wait, TTL and longest hold
-//! ([`Acquiring`]); [`Locker::try_acquire`] does not wait; [`Locker::run`] runs a future under
+//! ([`Acquiring`](lease::Acquiring)); [`Locker::try_acquire`] does not wait; [`Locker::run`] runs a future under
 //! a lease and drops it if the lease is lost. See `examples/singleton.rs` for a job that runs on
 //! exactly one instance.
 //!
 //! # Several resources per request
 //!
 //! A checkout takes every SKU of its cart, a transfer both accounts. One lease then holds all
-//! their keys (a [`KeySet`]): taken together, all of them or none on each attempt, in *lock
+//! their keys (a [`KeySet`](key::KeySet)): taken together, all of them or none on each attempt, in *lock
 //! order*, one order that every process computes alike, so that two requests naming the same
 //! keys in different orders never deadlock; each key with a fencing token of its own
 //! ([`Lease::fencing_tokens`]); renewed, lost and released together. A checkout whose SKUs are
@@ -166,6 +166,20 @@
 //!   TLS): each store's `connect_with_tls`. See `docs/SECURITY.md`.
 //! - `metrics`: counters, histograms and a gauge for every lease through the
 //!   [`metrics`](https://docs.rs/metrics) facade (see `docs/OBSERVABILITY.md`).
+//! - `test-util`: [`Token::generate`](store::Token) and [`LockKey::new`](key::LockKey) public,
+//!   for a test that drives a [`LockStore`](store::LockStore) by hand; an application never
+//!   needs them (the engine draws tokens, [`Locker::key`] builds keys).
+//!
+//! # Where the types are
+//!
+//! The crate root holds the types an application names: [`LockLayer`] and [`Key`],
+//! [`IdempotencyLayer`], [`Locker`] with its [`LeaseGuard`], the [`Lease`] a handler receives,
+//! [`LockConfig`], [`Wait`], the errors [`LockError`] and [`ConfigError`], and the stores
+//! [`MemoryStore`] and `RedisStore`. Everything else lives in one module, and only there:
+//! [`key`] (key sources, [`KeySet`](key::KeySet)), [`lock`] (the layer's service, future and
+//! body), [`idempotency`], [`fence`], [`lease`] (the acquire builder, why a lease was lost),
+//! [`config`] (the config builder and its enums), [`response`] (rejections and problem
+//! bodies), [`store`] (the store trait and the other stores).
 //!
 //! The crate re-exports neither `redis` nor `bb8_redis`: code that builds its own connection
 //! or pool depends on them itself, at the versions above.
@@ -173,7 +187,7 @@
 //! # Observability
 //!
 //! Every locked request runs in a `lock` span (`INFO`) with its scope, a hashed key (see
-//! [`KeyDisplay`]), the fencing token, attempts, wait and hold times, renewals and the outcome.
+//! [`KeyDisplay`](config::KeyDisplay)), the fencing token, attempts, wait and hold times, renewals and the outcome.
 //! Contention and retries log at `DEBUG`; 409s, 503s, lost leases and renewal or release
 //! failures at `WARN`, with the error's whole source chain. The lock token is never logged.
 #![forbid(unsafe_code)]
@@ -185,15 +199,30 @@
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+/// Declares a function public with the `test-util` feature and crate-private without it: what
+/// a test of a store needs (a token, a key built by hand) and an application never does.
+macro_rules! pub_with_test_util {
+    ($(#[$attr:meta])* fn $($item:tt)*) => {
+        #[cfg(feature = "test-util")]
+        #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+        $(#[$attr])*
+        pub fn $($item)*
+
+        #[cfg(not(feature = "test-util"))]
+        $(#[$attr])*
+        pub(crate) fn $($item)*
+    };
+}
+
 mod background;
 mod concat;
-mod config;
+pub mod config;
 mod engine;
 mod error;
 pub mod fence;
 pub mod idempotency;
 pub mod key;
-mod lease;
+pub mod lease;
 pub mod lock;
 pub mod response;
 #[cfg(feature = "serde")]
@@ -206,26 +235,17 @@ mod testing;
 mod token;
 mod wait;
 
-pub use config::{KeyDisplay, LockConfig, LockConfigBuilder, OnLeaseLost};
-pub use engine::{AcquireFuture, Acquiring, LeaseGuard, Locker};
-pub use error::{ConfigError, LockError, LostReason};
-pub use idempotency::{IdempotencyConfig, IdempotencyLayer, IdempotencyStore};
-pub use key::{Key, KeySet, KeySource};
-pub use lease::Lease;
-#[cfg(feature = "axum")]
-pub use lock::MissingLease;
-pub use lock::{LockLayer, LockService};
-pub use response::Rejection;
-#[cfg(feature = "cluster")]
-pub use store::ClusterStore;
-#[cfg(feature = "sentinel")]
-pub use store::SentinelStore;
-#[cfg(feature = "tls")]
-pub use store::TlsConfig;
-pub use store::{LockStore, MemoryStore};
+// The headline types, here and nowhere else; every other public type lives in its module.
+pub use config::settings::LockConfig;
+pub use engine::{LeaseGuard, Locker};
+pub use error::{ConfigError, LockError};
+pub use idempotency::layer::IdempotencyLayer;
+pub use key::build::Key;
+pub use lease::handle::Lease;
+pub use lock::layer::LockLayer;
+pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
-pub use store::{RedisStore, RedlockStore};
-pub use token::Token;
+pub use store::redis::RedisStore;
 pub use wait::Wait;
 
 #[cfg(all(doctest, feature = "axum"))]

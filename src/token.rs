@@ -62,21 +62,26 @@ fn fill_from(pool: &mut Pool, out: &mut [u8; 16]) -> Result<(), getrandom::Error
 pub struct Token([u8; 32]);
 
 impl Token {
-    /// Draws a new random token.
-    ///
-    /// Fails only when the operating system cannot provide randomness (a [`StoreError`] of kind
-    /// [`Entropy`](crate::store::StoreErrorKind::Entropy): the layer answers 503) rather than falling back to
-    /// a weaker source.
-    pub fn generate() -> Result<Self, StoreError> {
-        let mut raw = [0u8; 16];
-        fill(&mut raw).map_err(StoreError::entropy)?;
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut out = [0u8; 32];
-        for (i, byte) in raw.iter().enumerate() {
-            out[2 * i] = HEX[usize::from(byte >> 4)];
-            out[2 * i + 1] = HEX[usize::from(byte & 0x0f)];
+    pub_with_test_util! {
+        /// Draws a new random token.
+        ///
+        /// Fails only when the operating system cannot provide randomness (a [`StoreError`] of kind
+        /// [`Entropy`](crate::store::StoreErrorKind::Entropy): the layer answers 503) rather than falling back to
+        /// a weaker source.
+        ///
+        /// The engine draws one per lease; a test of a [`LockStore`](crate::store::LockStore) that
+        /// calls it directly needs this (feature `test-util`).
+        fn generate() -> Result<Self, StoreError> {
+            let mut raw = [0u8; 16];
+            fill(&mut raw).map_err(StoreError::entropy)?;
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            let mut out = [0u8; 32];
+            for (i, byte) in raw.iter().enumerate() {
+                out[2 * i] = HEX[usize::from(byte >> 4)];
+                out[2 * i + 1] = HEX[usize::from(byte & 0x0f)];
+            }
+            Ok(Self(out))
         }
-        Ok(Self(out))
     }
 
     /// The token's bytes, as a store should write them.

@@ -16,9 +16,9 @@ use std::{
 use axum::{Router, body::Body, http::Request, routing::post};
 use tower::ServiceExt;
 use tower_lock::{
-    ClusterStore, IdempotencyLayer, IdempotencyStore, LockConfig, LockError, LockStore, Locker,
-    MemoryStore, RedisStore, RedlockStore, SentinelStore, Wait, idempotency::SharedKeySpace,
-    store::Capabilities,
+    IdempotencyLayer, LockConfig, LockError, Locker, MemoryStore, RedisStore, Wait,
+    idempotency::{IdempotencyStore, SharedKeySpace},
+    store::{Capabilities, ClusterStore, LockStore, RedlockStore, SentinelStore},
 };
 use tower_lock_testkit::{RedisCluster, RedisServer, SentinelSetup, calls_of, key_slot};
 
@@ -202,7 +202,7 @@ impl<S: LockStore> LockStore for Counted<S> {
     async fn acquire(
         &self,
         key: &tower_lock::key::LockKey,
-        token: &tower_lock::Token,
+        token: &tower_lock::store::Token,
         ttl: Duration,
     ) -> Result<tower_lock::store::Acquire, tower_lock::store::StoreError> {
         self.acquires.fetch_add(1, Ordering::SeqCst);
@@ -212,7 +212,7 @@ impl<S: LockStore> LockStore for Counted<S> {
     async fn renew(
         &self,
         key: &tower_lock::key::LockKey,
-        token: &tower_lock::Token,
+        token: &tower_lock::store::Token,
         ttl: Duration,
     ) -> Result<bool, tower_lock::store::StoreError> {
         self.inner.renew(key, token, ttl).await
@@ -221,7 +221,7 @@ impl<S: LockStore> LockStore for Counted<S> {
     async fn release(
         &self,
         key: &tower_lock::key::LockKey,
-        token: &tower_lock::Token,
+        token: &tower_lock::store::Token,
     ) -> Result<bool, tower_lock::store::StoreError> {
         self.inner.release(key, token).await
     }

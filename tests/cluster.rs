@@ -20,8 +20,9 @@ use std::{
 use axum::{Router, http::StatusCode, routing::post};
 use support::{Backend, Cluster, purchase, send};
 use tower_lock::{
-    ClusterStore, Key, LockConfig, LockError, LockLayer, LockStore, Locker, Token, Wait,
-    key::LockKey, store::Acquire,
+    Key, LockConfig, LockError, LockLayer, Locker, Wait,
+    key::LockKey,
+    store::{Acquire, ClusterStore, LockStore, Token},
 };
 use tower_lock_testkit::{Proxy, RedisCluster, RedisServer, calls_of, errors_of, key_slot};
 
@@ -365,7 +366,7 @@ fn route_key(sku: &str) -> LockKey {
 }
 
 /// `POST /items/{sku}/purchase`, locked on the SKU, answering after `work`.
-fn route_app(store: tower_lock::ClusterStore, config: LockConfig, work: Duration) -> Router {
+fn route_app(store: tower_lock::store::ClusterStore, config: LockConfig, work: Duration) -> Router {
     let layer = LockLayer::with_config(store, Key::path_param("sku"), config);
     Router::new()
         .route(

@@ -11,7 +11,7 @@ use std::{
 
 use axum::{Router, body::Body, extract::Path, http::Request, routing::post};
 use support::send;
-use tower_lock::{Key, LockConfig, LockLayer, LockStore, MemoryStore, RedisStore, Wait};
+use tower_lock::{Key, LockConfig, LockLayer, MemoryStore, RedisStore, Wait, store::LockStore};
 use tower_lock_testkit::{RedisServer, calls_of};
 
 /// A wait policy whose timer would make any timer-woken waiter take seconds.

@@ -23,7 +23,10 @@ use std::{
 use axum::http::StatusCode;
 use instances::example_binary;
 use support::{Counter, counter_app, purchase, send};
-use tower_lock::{Key, LockConfig, LockLayer, LockStore, RedisStore, RedlockStore, Wait};
+use tower_lock::{
+    Key, LockConfig, LockLayer, RedisStore, Wait,
+    store::{LockStore, RedlockStore},
+};
 use tower_lock_testkit::{RedisServer, process::Process};
 
 /// In every password here; nowhere else.
@@ -182,7 +185,7 @@ async fn scenario(seen: &mut Seen) {
                 tower_lock_testkit::RedisCluster::start_with(options, 3, 0)
             });
             assert!(cluster.urls()[0].contains(PASSWORD));
-            let store = tower_lock::ClusterStore::connect_with_tls(cluster.urls(), &tls)
+            let store = tower_lock::store::ClusterStore::connect_with_tls(cluster.urls(), &tls)
                 .await
                 .unwrap();
             traffic(store, seen).await;
@@ -192,7 +195,7 @@ async fn scenario(seen: &mut Seen) {
                 .map(|u| u.replace(PASSWORD, WRONG_PASSWORD))
                 .collect();
             seen.error(
-                &tower_lock::ClusterStore::connect_with_tls(wrong, &tls)
+                &tower_lock::store::ClusterStore::connect_with_tls(wrong, &tls)
                     .await
                     .unwrap_err(),
             );
@@ -200,7 +203,7 @@ async fn scenario(seen: &mut Seen) {
         #[cfg(feature = "sentinel")]
         {
             use redis::RedisConnectionInfo;
-            use tower_lock::SentinelStore;
+            use tower_lock::store::SentinelStore;
             use tower_lock_testkit::sentinel::{MASTER_NAME, SentinelSetup};
             let options = tls_options();
             let setup = tokio::task::block_in_place(|| {
@@ -234,7 +237,7 @@ async fn scenario(seen: &mut Seen) {
         let cluster = tokio::task::block_in_place(|| {
             tower_lock_testkit::RedisCluster::start_with(options, 3, 0)
         });
-        let store = tower_lock::ClusterStore::connect(cluster.urls())
+        let store = tower_lock::store::ClusterStore::connect(cluster.urls())
             .await
             .unwrap();
         traffic(store, seen).await;
@@ -243,13 +246,17 @@ async fn scenario(seen: &mut Seen) {
             .iter()
             .map(|u| u.replace(PASSWORD, WRONG_PASSWORD))
             .collect();
-        seen.error(&tower_lock::ClusterStore::connect(wrong).await.unwrap_err());
+        seen.error(
+            &tower_lock::store::ClusterStore::connect(wrong)
+                .await
+                .unwrap_err(),
+        );
     }
 
     #[cfg(feature = "sentinel")]
     {
         use redis::{RedisConnectionInfo, sentinel::SentinelNodeConnectionInfo};
-        use tower_lock::SentinelStore;
+        use tower_lock::store::SentinelStore;
         use tower_lock_testkit::sentinel::{MASTER_NAME, SentinelSetup};
         let options = RedisServer::options().password(PASSWORD);
         let setup = tokio::task::block_in_place(|| {

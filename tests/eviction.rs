@@ -7,7 +7,10 @@ mod support;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use support::Redlock;
-use tower_lock::{RedisStore, RedlockStore, store::Eviction};
+use tower_lock::{
+    RedisStore,
+    store::{Eviction, RedlockStore},
+};
 use tower_lock_testkit::RedisServer;
 
 /// A `MakeWriter` that keeps everything logged.
@@ -149,7 +152,7 @@ async fn cluster_masters_are_each_read_and_warned_about() {
     let cluster = tokio::task::block_in_place(|| {
         tower_lock_testkit::RedisCluster::one_node(&["--maxmemory-policy", "allkeys-random"])
     });
-    let store = tower_lock::ClusterStore::connect(cluster.urls())
+    let store = tower_lock::store::ClusterStore::connect(cluster.urls())
         .await
         .unwrap();
     let node = addr(&cluster.nodes[0]);
@@ -172,7 +175,7 @@ async fn the_sentinel_master_is_read_and_warned_about() {
     setup
         .master
         .cli(&["CONFIG", "SET", "maxmemory-policy", "volatile-random"]);
-    let store = tower_lock::SentinelStore::connect(setup.sentinel_urls(), MASTER_NAME)
+    let store = tower_lock::store::SentinelStore::connect(setup.sentinel_urls(), MASTER_NAME)
         .await
         .unwrap();
     assert_warned(&addr(&setup.master), "volatile-random");

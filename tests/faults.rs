@@ -29,7 +29,8 @@ use instances::{Counts, Instance, Plan, audit, run_load};
 use serde::Deserialize;
 use support::{LockKeys, body_json, purchase, send};
 use tower_lock::{
-    Key, Lease, LockConfig, LockLayer, LockStore, OnLeaseLost, RedisStore, Wait, key::PathParamKey,
+    Key, Lease, LockConfig, LockLayer, RedisStore, Wait, config::OnLeaseLost, key::PathParamKey,
+    store::LockStore,
 };
 use tower_lock_testkit::{Proxy, RedisServer, calls_of, http::Http};
 
@@ -526,7 +527,7 @@ async fn latency_run(policy: OnLeaseLost, one_way: Duration, work: u64) -> Laten
     // Steady state: the scripts are loaded (a first EVALSHA on a fresh server costs three
     // round trips: NOSCRIPT, SCRIPT LOAD, EVALSHA), for each of acquire, renew and release.
     let warm = tower_lock::key::LockKey::new("tower-lock:", "warm", b"up", 8).unwrap();
-    let token = tower_lock::Token::generate().unwrap();
+    let token = tower_lock::store::Token::generate().unwrap();
     store
         .acquire(&warm, &token, Duration::from_secs(1))
         .await

@@ -18,8 +18,9 @@ use std::{
 };
 
 use tower_lock::{
-    LockStore, Locker, MemoryStore, RedisStore, RedlockStore, Wait,
+    Locker, MemoryStore, RedisStore, Wait,
     fence::{FenceError, FencedData, Reply, data_key},
+    store::{LockStore, RedlockStore},
 };
 use tower_lock_testkit::RedisServer;
 
@@ -214,7 +215,7 @@ async fn redlock_locks_with_the_data_on_one_redis() {
 #[cfg(feature = "sentinel")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_master() {
-    use tower_lock::SentinelStore;
+    use tower_lock::store::SentinelStore;
     use tower_lock_testkit::{SentinelSetup, sentinel::MASTER_NAME};
 
     let setup =
@@ -247,7 +248,7 @@ async fn a_sentinel_master() {
 #[cfg(feature = "cluster")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_slot() {
-    use tower_lock::ClusterStore;
+    use tower_lock::store::ClusterStore;
     use tower_lock_testkit::RedisCluster;
 
     let cluster = tokio::task::block_in_place(|| RedisCluster::start(3, 0));

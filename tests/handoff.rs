@@ -17,8 +17,9 @@ use std::{
 
 use support::{LockKeys, handoff_subscriptions};
 use tower_lock::{
-    LockConfig, LockError, LockStore, Locker, RedisStore, Token, Wait,
+    LockConfig, LockError, Locker, RedisStore, Wait,
     key::{LockKey, Share},
+    store::{LockStore, Token},
 };
 use tower_lock_testkit::{Proxy, RedisServer, calls_of, redis_cli};
 
@@ -1112,7 +1113,7 @@ async fn a_queued_set_over_counted_keys_is_not_overtaken() {
         .await
         .unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
-    let take = |locker: &Locker, keys: tower_lock::KeySet, name: &'static str| {
+    let take = |locker: &Locker, keys: tower_lock::key::KeySet, name: &'static str| {
         let (locker, order) = (locker.clone(), Arc::clone(&order));
         tokio::spawn(async move {
             let guard = locker.acquire(keys).await.unwrap();
@@ -1122,7 +1123,7 @@ async fn a_queued_set_over_counted_keys_is_not_overtaken() {
             guard.release().await.unwrap();
         })
     };
-    let set = tower_lock::KeySet::from([
+    let set = tower_lock::key::KeySet::from([
         other.clone().with_share(writer()),
         hot.clone().with_share(writer()),
     ]);
@@ -1184,7 +1185,7 @@ async fn a_waiting_set_keeps_the_keys_before_the_one_it_waits_for() {
     let server = RedisServer::start();
     let all = stores(&server, 3).await;
     let lockers: Vec<Locker> = all.into_iter().map(|s| locker(s, slow_timer())).collect();
-    let set = tower_lock::KeySet::from([
+    let set = tower_lock::key::KeySet::from([
         lockers[0].key("handoff", "x").unwrap(),
         lockers[0].key("handoff", "y").unwrap(),
     ]);
@@ -1238,7 +1239,7 @@ async fn a_set_that_gives_up_hands_on_what_it_kept() {
     let server = RedisServer::start();
     let all = stores(&server, 3).await;
     let lockers: Vec<Locker> = all.into_iter().map(|s| locker(s, slow_timer())).collect();
-    let set = tower_lock::KeySet::from([
+    let set = tower_lock::key::KeySet::from([
         lockers[0].key("handoff", "x").unwrap(),
         lockers[0].key("handoff", "y").unwrap(),
     ]);

@@ -27,8 +27,11 @@ use bytes::Bytes;
 use serde::Deserialize;
 use support::{Backend, LockKeys, Memory, Redis, send};
 use tower_lock::{
-    IdempotencyConfig, IdempotencyLayer, IdempotencyStore, Lease, LockConfig, Wait,
-    idempotency::{Always, Fingerprint, IdempotencyKey, NotError, SharedKeySpace},
+    IdempotencyLayer, Lease, LockConfig, Wait,
+    idempotency::{
+        Always, Fingerprint, IdempotencyConfig, IdempotencyKey, IdempotencyStore, NotError,
+        SharedKeySpace,
+    },
 };
 
 const KEY: &str = "8e03978e-40d5-43e8-bc93-6894a57f9324";
@@ -1155,6 +1158,6 @@ fn a_layer_from_a_locker_without_records_is_refused() {
     let node = runtime
         .block_on(tower_lock::RedisStore::connect(server.url()))
         .unwrap();
-    let redlock = tower_lock::RedlockStore::new([node]).unwrap();
+    let redlock = tower_lock::store::RedlockStore::new([node]).unwrap();
     let _ = IdempotencyLayer::from_locker(tower_lock::Locker::new(redlock), SharedKeySpace);
 }

@@ -4,7 +4,7 @@ mod suite;
 mod support;
 
 use support::Memory;
-use tower_lock::OnLeaseLost;
+use tower_lock::config::OnLeaseLost;
 
 suite::tests!(
     Memory::new();

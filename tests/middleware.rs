@@ -16,8 +16,9 @@ use bytes::Bytes;
 use support::{Counter, body_json, counter_app, purchase, send};
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_lock::{
-    Key, KeySource, Lease, LockConfig, LockError, LockLayer, LockService, MemoryStore, Wait,
-    key::KeyRejection,
+    Key, Lease, LockConfig, LockError, LockLayer, MemoryStore, Wait,
+    key::{KeyRejection, KeySource},
+    lock::LockService,
 };
 
 fn assert_send<T: Send>(_: &T) {}

@@ -21,10 +21,9 @@ use axum::{
 };
 use support::{LockKeys, body_json, handoff_subscriptions, processes, send};
 use tower_lock::{
-    Key, LockConfig, LockError, LockLayer, LockStore, Locker, RedisStore, RedlockStore, Token,
-    Wait,
+    Key, LockConfig, LockError, LockLayer, Locker, RedisStore, Wait,
     key::{LockKey, Share},
-    store::Capabilities,
+    store::{Capabilities, LockStore, RedlockStore, Token},
 };
 use tower_lock_testkit::RedisServer;
 

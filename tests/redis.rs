@@ -8,7 +8,11 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use support::{Backend, Counter, LockKeys, Redis, body_json, counter_app, purchase, send};
-use tower_lock::{Key, LockConfig, LockLayer, LockStore, OnLeaseLost, RedisStore, Token, Wait};
+use tower_lock::{
+    Key, LockConfig, LockLayer, RedisStore, Wait,
+    config::OnLeaseLost,
+    store::{LockStore, Token},
+};
 use tower_lock_testkit::{RedisServer, one_node_cluster};
 
 suite::tests!(
@@ -738,7 +742,7 @@ async fn every_constructor(server: &RedisServer) -> Vec<(&'static str, Box<dyn L
         (
             "redlock (lazy)",
             Box::new(
-                tower_lock::RedlockStore::connect([server.url()])
+                tower_lock::store::RedlockStore::connect([server.url()])
                     .await
                     .unwrap(),
             ),

@@ -12,8 +12,10 @@ use support::{
     Backend, Counter, LockKeys, Redlock, body_json, counter_app, purchase, send, value_of,
 };
 use tower_lock::{
-    Key, LockConfig, LockLayer, LockStore, Locker, OnLeaseLost, RedisStore, RedlockStore, Token,
-    Wait, key::LockKey, store::Acquire,
+    Key, LockConfig, LockLayer, Locker, RedisStore, Wait,
+    config::OnLeaseLost,
+    key::LockKey,
+    store::{Acquire, LockStore, RedlockStore, Token},
 };
 
 suite::tests!(

@@ -269,7 +269,7 @@ async fn a_nested_acquire_of_more_than_is_held_fails_at_once() {
             async move {
                 let started = Instant::now();
                 let set = locker
-                    .acquire(tower_lock::KeySet::new([one, two.clone()]))
+                    .acquire(tower_lock::key::KeySet::new([one, two.clone()]))
                     .wait(forever)
                     .await
                     .map(drop);
@@ -369,7 +369,7 @@ async fn a_nested_run_is_dropped_when_the_lease_is_lost() {
         store,
         LockConfig::builder()
             .ttl(Duration::from_millis(900))
-            .on_lease_lost(tower_lock::OnLeaseLost::Continue)
+            .on_lease_lost(tower_lock::config::OnLeaseLost::Continue)
             .build()
             .unwrap(),
     );

@@ -9,9 +9,9 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use support::{Backend, Counter, LockKeys, body_json, counter_app, purchase, send, value_of};
 use tower_lock::{
-    Key, LockConfig, LockLayer, LockStore, RedisStore, Token, Wait,
+    Key, LockConfig, LockLayer, RedisStore, Wait,
     key::LockKey,
-    store::{Acquire, StoreErrorKind},
+    store::{Acquire, LockStore, StoreErrorKind, Token},
 };
 use tower_lock_testkit::{RedisServer, calls_of};
 

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use tokio::runtime::{Builder, Runtime};
 use tower_lock::{
-    LockConfig, Locker, RedisStore, Token, Wait,
+    LockConfig, Locker, RedisStore, Wait,
     key::LockKey,
-    store::{Acquire, LockStore, StoreError},
+    store::{Acquire, LockStore, StoreError, Token},
 };
 use tower_lock_testkit::RedisServer;
 
@@ -361,7 +361,7 @@ fn a_guard_dropped_at_the_end_of_a_runtime_is_released() {
 #[cfg(feature = "sentinel")]
 #[test]
 fn a_sentinel_store_connected_on_a_runtime_left_idle_serves_every_other() {
-    use tower_lock::SentinelStore;
+    use tower_lock::store::SentinelStore;
     use tower_lock_testkit::sentinel::{MASTER_NAME, SentinelSetup};
 
     let setup = SentinelSetup::start(Duration::from_secs(5));

@@ -16,9 +16,9 @@ use std::{
 
 use support::{Backend, LockKeys, handoff_subscriptions};
 use tower_lock::{
-    LockConfig, LockStore, Locker, SentinelStore, Token, Wait,
+    LockConfig, Locker, Wait,
     key::LockKey,
-    store::{Acquire, StoreErrorKind},
+    store::{Acquire, LockStore, SentinelStore, StoreErrorKind, Token},
 };
 use tower_lock_testkit::{
     RedisServer,

@@ -20,7 +20,7 @@ use axum::{
     routing::get,
 };
 use support::{LockKeys, handoff_subscriptions, processes, send};
-use tower_lock::{Key, KeySet, LockLayer, Locker, RedisStore, Wait};
+use tower_lock::{Key, LockLayer, Locker, RedisStore, Wait, key::KeySet};
 use tower_lock_testkit::RedisServer;
 
 /// Who is inside one resource: readers and writers, and whether a writer ever had company.

@@ -20,9 +20,9 @@ use axum::{
 use tokio::time::Instant;
 use tower::ServiceExt;
 use tower_lock::{
-    Key, LockConfig, LockError, LockLayer, LockStore, Locker, MemoryStore, Token, Wait,
+    Key, LockConfig, LockError, LockLayer, Locker, MemoryStore, Wait,
     key::LockKey,
-    store::{Acquire, StoreError, StoreErrorKind},
+    store::{Acquire, LockStore, StoreError, StoreErrorKind, Token},
 };
 
 /// A `MemoryStore` that refuses its next `refuse` acquires with an error of `kind`, and counts

@@ -19,8 +19,8 @@ use std::{
 use bb8_redis::RedisConnectionManager;
 use support::Backend;
 use tower_lock::{
-    LockConfig, LockStore, Locker, RedisStore, RedlockStore, Wait,
-    store::{StoreError, StoreErrorKind, TlsConfig},
+    LockConfig, Locker, RedisStore, Wait,
+    store::{LockStore, RedlockStore, StoreError, StoreErrorKind, TlsConfig},
 };
 use tower_lock_testkit::{RedisServer, TestCerts, TlsOptions, calls_of, free_port};
 
@@ -196,7 +196,7 @@ async fn locks_in_two_unshared_tls_servers_lose_updates() {
 #[cfg(feature = "cluster")]
 mod cluster {
     use super::*;
-    use tower_lock::ClusterStore;
+    use tower_lock::store::ClusterStore;
     use tower_lock_testkit::RedisCluster;
 
     struct Cluster {
@@ -289,7 +289,7 @@ mod cluster {
 mod sentinel {
     use super::*;
     use redis::RedisConnectionInfo;
-    use tower_lock::SentinelStore;
+    use tower_lock::store::SentinelStore;
     use tower_lock_testkit::sentinel::{MASTER_NAME, SentinelSetup};
 
     struct Sentinel {
@@ -570,7 +570,7 @@ async fn a_wrong_or_missing_password_is_an_authentication_error() {
         .await
         .unwrap();
     let key = tower_lock::key::LockKey::new("tower-lock:", "t", b"k", 64).unwrap();
-    let token = tower_lock::Token::generate().unwrap();
+    let token = tower_lock::store::Token::generate().unwrap();
     store
         .acquire(&key, &token, Duration::from_secs(5))
         .await

@@ -21,7 +21,7 @@ use axum::{
 use bb8_redis::{RedisConnectionManager, bb8};
 use redis::{Script, aio::MultiplexedConnection};
 use tower::ServiceExt;
-use tower_lock::{Key, LockLayer, RedisStore, Token};
+use tower_lock::{Key, LockLayer, RedisStore, store::Token};
 use tower_lock_testkit::{RedisServer, monitor::Monitor, wrk::Wrk};
 
 use crate::{

@@ -12,7 +12,7 @@
 //! something else than the layer without anyone noticing.
 
 use redis::{RedisResult, Script, aio::MultiplexedConnection};
-use tower_lock::{RedisStore, Token};
+use tower_lock::{RedisStore, store::Token};
 
 use crate::common::TTL_MS;
 

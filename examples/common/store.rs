@@ -36,8 +36,10 @@ use redis::{
 #[cfg(feature = "tls")]
 use tower_lock::store::TlsConfig;
 use tower_lock::{
-    LockConfig, LockLayer, Locker, MemoryStore, RedisStore, RedlockStore, fence::FencedData,
-    key::IntoKeys, store::StoreError,
+    LockConfig, LockLayer, Locker, MemoryStore, RedisStore,
+    fence::FencedData,
+    key::IntoKeys,
+    store::{RedlockStore, StoreError},
 };
 
 /// A connection for the example's own data: one Redis, or the cluster.
@@ -89,9 +91,9 @@ pub enum Store {
     Redis(RedisStore),
     Redlock(RedlockStore),
     #[cfg(feature = "cluster")]
-    Cluster(tower_lock::ClusterStore),
+    Cluster(tower_lock::store::ClusterStore),
     #[cfg(feature = "sentinel")]
-    Sentinel(tower_lock::SentinelStore),
+    Sentinel(tower_lock::store::SentinelStore),
 }
 
 /// Where an example keeps its own data, in Redis.
@@ -269,12 +271,12 @@ impl Tls {
     pub async fn cluster_store(
         &self,
         urls: &[String],
-    ) -> Result<tower_lock::ClusterStore, StoreError> {
+    ) -> Result<tower_lock::store::ClusterStore, StoreError> {
         let urls = urls.iter().map(String::as_str);
         #[cfg(feature = "tls")]
-        return tower_lock::ClusterStore::connect_with_tls(urls, &self.config).await;
+        return tower_lock::store::ClusterStore::connect_with_tls(urls, &self.config).await;
         #[cfg(not(feature = "tls"))]
-        return tower_lock::ClusterStore::connect(urls).await;
+        return tower_lock::store::ClusterStore::connect(urls).await;
     }
 
     /// `SentinelStore::connect`, or over TLS (to the sentinels and every master they name)
@@ -284,10 +286,10 @@ impl Tls {
         &self,
         sentinels: &[String],
         master: &str,
-    ) -> Result<tower_lock::SentinelStore, StoreError> {
+    ) -> Result<tower_lock::store::SentinelStore, StoreError> {
         #[cfg(feature = "tls")]
         if sentinels.iter().any(|url| url.starts_with("rediss://")) {
-            return tower_lock::SentinelStore::connect_with_tls(
+            return tower_lock::store::SentinelStore::connect_with_tls(
                 sentinels.iter().map(String::as_str),
                 master,
                 redis::RedisConnectionInfo::default(),
@@ -295,7 +297,8 @@ impl Tls {
             )
             .await;
         }
-        tower_lock::SentinelStore::connect(sentinels.iter().map(String::as_str), master).await
+        tower_lock::store::SentinelStore::connect(sentinels.iter().map(String::as_str), master)
+            .await
     }
 
     /// The address and settings of `url`, with the TLS settings.

@@ -143,7 +143,7 @@ impl Acquiring {
     }
 
     /// Holds the lease at most this long, renewals or not: then it is reported lost
-    /// ([`LostReason::MaxHold`](crate::LostReason::MaxHold)) and no longer renewed, and
+    /// ([`LostReason::MaxHold`](crate::lease::LostReason::MaxHold)) and no longer renewed, and
     /// [`run`](Self::run) cancels its work and releases the keys. Background leases have no
     /// longest hold unless a call sets one.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
@@ -159,7 +159,7 @@ impl Acquiring {
     /// [`LockError::Contended`] with `permits` set (the layer's 429).
     ///
     /// 0 permits is an error when awaited ([`LockError::Config`]), and so is a store that
-    /// cannot count holders ([`RedlockStore`](crate::RedlockStore), a store outside this crate).
+    /// cannot count holders ([`RedlockStore`](crate::store::RedlockStore), a store outside this crate).
     ///
     /// ```
     /// use tower_lock::{Locker, MemoryStore};

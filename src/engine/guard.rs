@@ -18,7 +18,7 @@ use crate::{
 /// in a `block_on` bridge is renewed while that runtime is not driven, and one dropped at the
 /// end of a runtime's `block_on` (or outside any runtime) is released at once. A guard leaked
 /// (`std::mem::forget`) keeps its lease renewed while the process lives, as a leaked mutex
-/// guard keeps its lock: set a [`max_hold`](crate::Acquiring::max_hold) to bound it. A guard
+/// guard keeps its lock: set a [`max_hold`](crate::lease::Acquiring::max_hold) to bound it. A guard
 /// still held when the process ends (`std::process::exit`, which runs no destructor, or an
 /// abort) is never released: its key stays held until its TTL. A dropped guard is released;
 /// [`release`](Self::release) guards before exiting to know it was.

@@ -157,7 +157,7 @@ impl Locker {
     /// runs `work` while the lease is renewed, releases it, and returns what `work` returned.
     ///
     /// If the lease is lost meanwhile, `work` is dropped at once (whatever the config's
-    /// [`OnLeaseLost`](crate::OnLeaseLost)) and the answer is [`LockError::LeaseLost`], unless
+    /// [`OnLeaseLost`](crate::config::OnLeaseLost)) and the answer is [`LockError::LeaseLost`], unless
     /// `work` has sent a [fenced write](crate::fence): then it runs to its end, its later
     /// fenced writes refused if a newer holder was there, and its output is the answer. The
     /// renewal runs in the awaiting task, as the work is polled. See [`Acquiring::run`] to set

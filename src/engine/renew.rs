@@ -488,7 +488,7 @@ impl Future for Renewing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{key::LockKey, store::MemoryStore};
+    use crate::{MemoryStore, key::LockKey};
 
     const TTL: Duration = Duration::from_secs(30);
 

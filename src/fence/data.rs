@@ -141,7 +141,7 @@ impl fmt::Debug for FencedData {
 /// Implemented for [`RedisStore`](crate::RedisStore) (one Lua script), `SentinelStore` (on the
 /// master it follows; a batch is never sent again after a failover, since its first run may
 /// have landed) and `ClusterStore` (a batch's keys must share one hash slot: see
-/// [`data_key`](super::data_key)). Not for [`RedlockStore`](crate::RedlockStore): its masters
+/// [`data_key`](super::data_key)). Not for [`RedlockStore`](crate::store::RedlockStore): its masters
 /// are independent, and no step is atomic across them; keep the data on one Redis (or a
 /// Sentinel or cluster) and fence it with the Redlock lease's tokens. Sealed: the check and the
 /// writes must be one step in the store, which only the crate's own scripts can promise.
@@ -168,7 +168,7 @@ keeps_fenced_data! {
     #[cfg(feature = "redis")]
     crate::RedisStore,
     #[cfg(feature = "cluster")]
-    crate::ClusterStore,
+    crate::store::ClusterStore,
     #[cfg(feature = "sentinel")]
-    crate::SentinelStore,
+    crate::store::SentinelStore,
 }

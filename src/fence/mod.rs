@@ -89,7 +89,7 @@
 //! 503 ([`FenceError::Store`]) when the store did not answer, and the write may or may not
 //! have landed.
 //!
-//! The layers keep to the same rule. By default ([`OnLeaseLost::Abort`](crate::OnLeaseLost))
+//! The layers keep to the same rule. By default ([`OnLeaseLost::Abort`](crate::config::OnLeaseLost))
 //! a handler whose lease is lost is stopped and answered 503 `#lease-lost`; that is only true
 //! while the handler has written nothing. So **once a handler has sent a fenced batch that
 //! writes, a lost lease no longer stops it**: it runs to its end, its later batches are checked
@@ -134,7 +134,7 @@
 //! holds, unless the clock stepped back (or tokens were handed out faster than one per
 //! microsecond just before). After a failover to a server whose clock lags, before the counter
 //! was replicated, tokens can be below a fence for up to that lag; so can a Redlock lease's
-//! (the largest of its quorum's: [`RedlockStore`](crate::RedlockStore)) when the masters'
+//! (the largest of its quorum's: [`RedlockStore`](crate::store::RedlockStore)) when the masters'
 //! clocks disagree. Then the *newer* holder is refused (409) until its tokens pass the fence:
 //! a fence never lets a lower token write after a higher one, whoever holds the lock.
 //!

@@ -14,7 +14,7 @@ fn key(value: &str) -> LockKey {
 
 /// A lease on `keys`, with these fencing tokens.
 fn lease(keys: &[&str], tokens: &[u64]) -> Lease {
-    let keys: crate::KeySet = keys.iter().map(|k| key(k)).collect();
+    let keys: crate::key::KeySet = keys.iter().map(|k| key(k)).collect();
     let fences = match tokens {
         [one] => Fences::One(*one),
         many => Fences::Many(many.into()),

@@ -7,7 +7,7 @@ use http::{HeaderName, header};
 use super::{fingerprint::Fingerprint, predicate::StoreWhen};
 use crate::{config::LockConfig, error::ConfigError, wait::Wait};
 
-/// Settings of an [`IdempotencyLayer`](super::IdempotencyLayer): valid by construction.
+/// Settings of an [`IdempotencyLayer`](crate::IdempotencyLayer): valid by construction.
 ///
 /// Built with [`IdempotencyConfig::builder`], whose [`build`](IdempotencyConfigBuilder::build)
 /// checks every setting and returns a [`ConfigError`] naming the first invalid one. The getters

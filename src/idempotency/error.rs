@@ -6,9 +6,9 @@ use http::StatusCode;
 
 use crate::{config::LockConfig, error::LockError, response::status_for};
 
-/// Why a request was answered by the [`IdempotencyLayer`](super::IdempotencyLayer) itself.
+/// Why a request was answered by the [`IdempotencyLayer`](crate::IdempotencyLayer) itself.
 ///
-/// The layer turns each into a response (see [`IdempotencyLayer::rejection_response`](super::IdempotencyLayer::rejection_response))
+/// The layer turns each into a response (see [`IdempotencyLayer::rejection_response`](crate::IdempotencyLayer::rejection_response))
 /// and puts the error into that response's extensions, for outer layers to inspect.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]

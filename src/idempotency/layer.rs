@@ -99,7 +99,7 @@ impl IdempotencyLayer {
     /// # Panics
     ///
     /// At start-up, when the locker's store keeps no idempotency records
-    /// ([`RedlockStore`](crate::RedlockStore), a store outside this crate; see
+    /// ([`RedlockStore`](crate::store::RedlockStore), a store outside this crate; see
     /// [`Capabilities::idempotency_records`](crate::store::Capabilities::idempotency_records)):
     /// [`new`](Self::new) and [`with_config`](Self::with_config) refuse such a store at compile
     /// time, through [`IdempotencyStore`].

@@ -1,6 +1,6 @@
 //! `Idempotency-Key` semantics: one run per key, the first response replayed to every retry.
 //!
-//! [`IdempotencyLayer`] follows the IETF httpapi draft "The Idempotency-Key HTTP Header
+//! [`IdempotencyLayer`](crate::IdempotencyLayer) follows the IETF httpapi draft "The Idempotency-Key HTTP Header
 //! Field". A client sends a unique key with a non-idempotent request (`POST /payments`) and the
 //! same key when it retries; the handler runs once, and every retry gets the first response
 //! again, marked `Idempotent-Replayed: true`. A retry that arrives while the first request is
@@ -96,7 +96,7 @@
 //!    neither the lock nor the record and run the handler a second time. Each record carries
 //!    its lease's fencing token, and never replaces a record with a higher one. If the lease
 //!    was lost before the response was ready (a handler that sent a [fenced write](crate::fence)
-//!    runs to its end, and [`OnLeaseLost::Continue`](crate::OnLeaseLost) lets any run on), the
+//!    runs to its end, and [`OnLeaseLost::Continue`](crate::config::OnLeaseLost) lets any run on), the
 //!    record is still stored when nobody holds the key, so that a retry replays what the
 //!    handler did rather than doing it again; never while a newer request holds the key (its
 //!    record is the one to keep), nor over a newer record. If that operation fails (the store
@@ -126,7 +126,7 @@
 //!
 //! Every `type` is under [`PROBLEM_TYPE_BASE`](crate::response::PROBLEM_TYPE_BASE). The
 //! [`IdempotencyError`] is in the response's extensions; replace the bodies with
-//! [`IdempotencyLayer::rejection_response`].
+//! [`IdempotencyLayer::rejection_response`](crate::IdempotencyLayer::rejection_response).
 //!
 //! # What is not stored
 //!
@@ -198,7 +198,7 @@ mod error;
 mod fingerprint;
 mod future;
 mod key;
-mod layer;
+pub(crate) mod layer;
 mod predicate;
 mod principal;
 mod record;
@@ -215,7 +215,6 @@ pub use future::ResponseFuture;
 pub use key::IdempotencyKey;
 #[cfg(feature = "axum")]
 pub use key::MissingIdempotencyKey;
-pub use layer::IdempotencyLayer;
 pub use predicate::{Always, NotError, NotRejected, NotServerError, StorePredicate};
 pub use principal::{Principal, PrincipalAnswer, PrincipalRejection, SharedKeySpace, principal_fn};
 pub use service::IdempotencyService;

@@ -30,10 +30,7 @@ use http::response::Parts;
 ///
 /// ```
 /// use http::{StatusCode, response::Parts};
-/// use tower_lock::{
-///     IdempotencyConfig,
-///     idempotency::{NotError, NotRejected, StorePredicate},
-/// };
+/// use tower_lock::idempotency::{IdempotencyConfig, NotError, NotRejected, StorePredicate};
 ///
 /// // Neither a 4xx nor a 5xx is stored.
 /// let config = IdempotencyConfig::builder().store_when(NotError).build()?;

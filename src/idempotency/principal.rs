@@ -11,7 +11,7 @@ use http::{HeaderValue, StatusCode, request::Parts};
 /// be served another's response by sending its key (and body). Return a tenant or API-key id
 /// that an authenticating layer put into the request extensions.
 ///
-/// Every [`IdempotencyLayer`](super::IdempotencyLayer) is built with one; there is no default.
+/// Every [`IdempotencyLayer`](crate::IdempotencyLayer) is built with one; there is no default.
 /// A service whose clients may share one key space says so with [`SharedKeySpace`], the only
 /// principal whose requests share one: an empty id from any other principal is a request without
 /// a caller, never the shared space.
@@ -67,7 +67,7 @@ where
 
 /// A principal computed by a closure from the request head, with the closure's argument and
 /// answer types inferred (a closure passed straight to
-/// [`IdempotencyLayer::new`](super::IdempotencyLayer::new) needs `|parts: &Parts|` written,
+/// [`IdempotencyLayer::new`](crate::IdempotencyLayer::new) needs `|parts: &Parts|` written,
 /// since any [`Principal`] fits there). This only pins down the closure's type; any such closure
 /// is a [`Principal`] already.
 ///

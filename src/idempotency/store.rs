@@ -3,7 +3,7 @@
 use crate::store::LockStore;
 
 /// A [`LockStore`] that also keeps idempotency records, next to its locks: the stores the
-/// [`IdempotencyLayer`](super::IdempotencyLayer) runs on.
+/// [`IdempotencyLayer`](crate::IdempotencyLayer) runs on.
 ///
 /// Implemented for [`MemoryStore`](crate::MemoryStore), [`RedisStore`](crate::RedisStore)
 /// (one Lua script writes the record and releases the lock), and the stores built on it
@@ -35,7 +35,7 @@ keeps_records! {
     #[cfg(feature = "redis")]
     crate::RedisStore,
     #[cfg(feature = "cluster")]
-    crate::ClusterStore,
+    crate::store::ClusterStore,
     #[cfg(feature = "sentinel")]
-    crate::SentinelStore,
+    crate::store::SentinelStore,
 }

@@ -12,7 +12,7 @@ use crate::error::ConfigError;
 ///
 /// | lease | capacity | weight |
 /// |---|---|---|
-/// | one of `N` permits ([`LockLayer::permits`](crate::LockLayer::permits), [`Acquiring::permits`](crate::Acquiring::permits)) | `N` | 1 (or [`Acquiring::weight`](crate::Acquiring::weight)) |
+/// | one of `N` permits ([`LockLayer::permits`](crate::LockLayer::permits), [`Acquiring::permits`](crate::lease::Acquiring::permits)) | `N` | 1 (or [`Acquiring::weight`](crate::lease::Acquiring::weight)) |
 /// | shared (a reader) | `N`, or [`Share::READERS`] | 1 |
 /// | exclusive on a key with a capacity (a writer) | `N`, or [`Share::READERS`] | the whole capacity |
 ///

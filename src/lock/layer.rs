@@ -29,7 +29,7 @@ use crate::{
 ///
 /// `K` is the key source's type ([`IntoKeys`]: `LockLayer<PathParamKey>`,
 /// `LockLayer<JsonKeys>`), and says what the layer does with the request: a
-/// [`KeySource`](crate::KeySource) reads the head, and the layer works with any body type;
+/// [`KeySource`](crate::key::KeySource) reads the head, and the layer works with any body type;
 /// [`JsonKeys`] ([`Key::json`](crate::Key::json)) and [`BodyKeys`]
 /// ([`Key::body`](crate::Key::body)) read the body too, which the layer then buffers, up to
 /// [`max_request_body`](Self::max_request_body). The layer is `Clone`, `Debug`, `Send` and
@@ -117,7 +117,7 @@ impl<K> LockLayer<K> {
     /// # Panics
     ///
     /// At start-up, when `permits` is 0 (no request could ever run), or when the store cannot
-    /// count a key's holders ([`RedlockStore`](crate::RedlockStore), a store written outside
+    /// count a key's holders ([`RedlockStore`](crate::store::RedlockStore), a store written outside
     /// this crate; see [`Capabilities::counts`](crate::store::Capabilities::counts)).
     pub fn permits(mut self, permits: u32) -> Self {
         if let Err(error) = Share::permit(permits) {

@@ -1,6 +1,6 @@
-//! [`LockLayer`]: a distributed lock around each request.
+//! [`LockLayer`](crate::LockLayer): a distributed lock around each request.
 //!
-//! The layer derives a key from each request (a [`KeySource`](crate::KeySource)), takes a
+//! The layer derives a key from each request (a [`KeySource`](crate::key::KeySource)), takes a
 //! lease on it through its [`Locker`](crate::Locker) before the inner service runs, keeps it
 //! renewed while the service runs, and releases it when the response is ready (or, with
 //! [`hold_until_body_end`](crate::LockConfig::hold_until_body_end), when the body has been
@@ -46,7 +46,7 @@
 //!
 //! A layer wrapping the whole router from outside (`ServiceBuilder` around the `Router`) runs
 //! before routing: no path parameters ([`Key::path_param`](crate::Key::path_param) answers 500), and keys scoped by
-//! method alone unless you set a [namespace](LockLayer::namespace).
+//! method alone unless you set a [namespace](crate::LockLayer::namespace).
 //!
 //! Order it inside timeouts and outside anything that must run under the lock. A
 //! `TimeoutLayer` outside it bounds wait plus handler; when it fires, the future is dropped and
@@ -55,7 +55,7 @@
 //! # A lease lost while the handler runs
 //!
 //! A lease can be lost under a running handler (a pause past its TTL, a store that forgot it):
-//! by default ([`OnLeaseLost::Abort`](crate::OnLeaseLost)) the handler is dropped and the client
+//! by default ([`OnLeaseLost::Abort`](crate::config::OnLeaseLost)) the handler is dropped and the client
 //! gets 503 `#lease-lost`, which tells it that nothing was done. That is only true while the
 //! handler has written nothing, so the answer follows what the handler wrote:
 //!
@@ -65,7 +65,7 @@
 //! | after it | runs to its end; its later fenced writes are refused if a newer holder was there | the handler's answer: 200 when its writes landed, 409 `#stale-write` when the fence refused them (nothing written), 503 `#data-store-unavailable` when the store did not answer (they may have) |
 //!
 //! Writes the crate does not see (another database written directly, an unfenced batch) do not
-//! change the rule: fence them, or use [`OnLeaseLost::Continue`](crate::OnLeaseLost) and check
+//! change the rule: fence them, or use [`OnLeaseLost::Continue`](crate::config::OnLeaseLost) and check
 //! [`Lease::is_lost`](crate::Lease::is_lost) before each.
 //!
 
@@ -73,13 +73,11 @@ mod body;
 #[cfg(feature = "axum")]
 mod extract;
 mod future;
-mod layer;
+pub(crate) mod layer;
 mod read;
 mod service;
 mod state;
 
 #[cfg(feature = "axum")]
 pub use self::extract::MissingLease;
-pub use self::{
-    body::ResponseBody, future::ResponseFuture, layer::LockLayer, service::LockService,
-};
+pub use self::{body::ResponseBody, future::ResponseFuture, service::LockService};

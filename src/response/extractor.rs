@@ -54,7 +54,7 @@ use super::problem;
 /// ```
 ///
 /// The [`IdempotencyLayer`](crate::IdempotencyLayer)'s default
-/// [`store_when`](crate::IdempotencyConfig::store_when) does not store these (400, 413, 415,
+/// [`store_when`](crate::idempotency::IdempotencyConfig::store_when) does not store these (400, 413, 415,
 /// 422), in either format: the client's corrected retry with the same key runs the handler.
 #[derive(Debug, Clone)]
 pub struct ProblemRejection {

@@ -26,7 +26,7 @@ use crate::{
 /// `tests/capabilities.rs` holds both against the stores. A store without a capability still
 /// works everywhere: operations go one by one, waiters pace themselves by their wait policy, and
 /// only the idempotency layer needs records (a compile-time bound,
-/// [`IdempotencyStore`](crate::IdempotencyStore)), and a lease on several keys takes them one
+/// [`IdempotencyStore`](crate::idempotency::IdempotencyStore)), and a lease on several keys takes them one
 /// by one, in lock order, giving back what it took when one is held. The operations themselves are crate-private:
 /// they carry protocol details (hand-off signals, record encodings) that change with the
 /// scripts.

@@ -36,7 +36,7 @@ const RETRY_WAIT_MS: std::ops::Range<u64> = 10..50;
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// use tower_lock::{ClusterStore, Key, LockLayer};
+/// use tower_lock::{store::ClusterStore, Key, LockLayer};
 ///
 /// // Seed nodes: any few of the cluster's nodes; the client discovers the rest.
 /// let store = ClusterStore::connect(["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/"]).await?;

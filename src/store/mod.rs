@@ -1,7 +1,7 @@
 //! Lock stores: where leases live.
 //!
 //! A store implements [`LockStore`]: three atomic operations on one key, each guarded by the
-//! holder's [`Token`], and how long a lease is known to last. [`MemoryStore`] keeps leases in
+//! holder's [`Token`], and how long a lease is known to last. [`MemoryStore`](crate::MemoryStore) keeps leases in
 //! the process (one instance, tests, demos); [`RedisStore`] shares them between every instance
 //! that talks to the same Redis; [`RedlockStore`], `ClusterStore` and `SentinelStore` are
 //! built on it for other topologies.
@@ -18,9 +18,9 @@ pub(crate) mod error;
 #[cfg(feature = "redis")]
 mod eviction;
 pub(crate) mod fenced;
-mod memory;
+pub(crate) mod memory;
 #[cfg(feature = "redis")]
-mod redis;
+pub(crate) mod redis;
 #[cfg(feature = "redis")]
 mod redlock;
 #[cfg(feature = "sentinel")]
@@ -46,9 +46,8 @@ pub use self::cluster::ClusterStore;
 pub use self::error::{StoreError, StoreErrorKind};
 #[cfg(feature = "redis")]
 pub use self::eviction::Eviction;
-pub use self::memory::MemoryStore;
 #[cfg(feature = "redis")]
-pub use self::redis::RedisStore;
+pub(crate) use self::redis::RedisStore;
 #[cfg(feature = "redis")]
 pub use self::redlock::RedlockStore;
 #[cfg(feature = "sentinel")]
@@ -57,7 +56,8 @@ pub use self::sentinel::SentinelStore;
 pub use self::tls::TlsConfig;
 #[cfg(feature = "tls")]
 pub(crate) use self::tls::prepare as prepare_tls;
-use crate::{key::LockKey, token::Token};
+use crate::key::LockKey;
+pub use crate::token::Token;
 
 /// The answer to an acquire attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,7 +22,7 @@ use crate::{error::ConfigError, key::LockKey, token::Token};
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// use tower_lock::{Key, LockLayer, RedlockStore};
+/// use tower_lock::{Key, LockLayer, store::RedlockStore};
 ///
 /// let store = RedlockStore::connect([
 ///     "redis://10.0.0.1:6379/",

@@ -35,7 +35,7 @@ use super::{
 /// and key for mutual TLS (the `tls` feature).
 ///
 /// Give it to a store's `connect_with_tls` ([`RedisStore`](crate::RedisStore::connect_with_tls),
-/// [`RedlockStore`](crate::RedlockStore::connect_with_tls), `ClusterStore::connect_with_tls`,
+/// [`RedlockStore`](crate::store::RedlockStore::connect_with_tls), `ClusterStore::connect_with_tls`,
 /// `SentinelStore::connect_with_tls`), or turn a URL into a [`ConnectionInfo`] with
 /// [`connection_info`](Self::connection_info) for a connection, manager or pool of your own.
 /// The URLs say `rediss://`; a `TlsConfig` that names any certificate refuses a `redis://`

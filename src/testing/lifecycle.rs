@@ -27,8 +27,10 @@ use tracing_subscriber::{Registry, layer::Context as LayerContext, prelude::*};
 use super::Scripted;
 use crate::telemetry::outcome::documented::{self, Recorder};
 use crate::{
-    IdempotencyConfig, IdempotencyLayer, Key, Lease, LockConfig, LockLayer, OnLeaseLost, Wait,
-    fence::FencedData, idempotency::SharedKeySpace,
+    IdempotencyLayer, Key, Lease, LockConfig, LockLayer, Wait,
+    config::OnLeaseLost,
+    fence::FencedData,
+    idempotency::{IdempotencyConfig, SharedKeySpace},
 };
 
 const MS: Duration = Duration::from_millis(1);

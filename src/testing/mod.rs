@@ -17,11 +17,9 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use crate::{
+    MemoryStore,
     key::LockKey,
-    store::{
-        Acquire, BoxFuture, Capabilities, LockStore, MemoryStore, Records, StoreError,
-        StoreErrorKind,
-    },
+    store::{Acquire, BoxFuture, Capabilities, LockStore, Records, StoreError, StoreErrorKind},
     token::Token,
 };
 
@@ -189,4 +187,4 @@ impl Records for Scripted {
 }
 
 impl crate::idempotency::store::sealed::Sealed for Scripted {}
-impl crate::IdempotencyStore for Scripted {}
+impl crate::idempotency::IdempotencyStore for Scripted {}

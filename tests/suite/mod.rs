@@ -11,7 +11,9 @@ use std::{
 
 use axum::http::{StatusCode, header};
 use tower_lock::{
-    Key, LockConfig, LockConfigBuilder, LockLayer, Locker, OnLeaseLost, Wait, key::PathParamKey,
+    Key, LockConfig, LockLayer, Locker, Wait,
+    config::{LockConfigBuilder, OnLeaseLost},
+    key::PathParamKey,
 };
 
 use crate::support::{
@@ -161,7 +163,7 @@ pub async fn renewal_keeps_long_handlers_exclusive<B: Backend>(backend: B) {
 /// The negative control for renewal: without it, a lease of the same TTL expires under a
 /// handler that runs 5x as long, and a second holder gets in.
 pub async fn without_renewal_the_lease_expires<B: Backend>(backend: B) {
-    use tower_lock::{LockStore, Token, store::Acquire};
+    use tower_lock::store::{Acquire, LockStore, Token};
     let store = backend.store().await;
     let key = tower_lock::key::LockKey::new("tower-lock:", "s", b"k", 64).unwrap();
     let ttl = Duration::from_millis(200);
@@ -459,7 +461,7 @@ pub async fn singleton_guard<B: Backend>(backend: B) {
 /// caller holds the key and releases it, rather than taking its own lease for another holder's
 /// and leaving the key locked for a TTL. Another token is still refused (the negative control).
 pub async fn own_token_acquires_again<B: Backend>(backend: B) {
-    use tower_lock::{LockStore, Token, store::Acquire};
+    use tower_lock::store::{Acquire, LockStore, Token};
     let store = backend.store().await;
     let key = tower_lock::key::LockKey::new("tower-lock:", "resent", b"k", 64).unwrap();
     let (mine, other) = (Token::generate().unwrap(), Token::generate().unwrap());
@@ -621,7 +623,8 @@ pub async fn without_the_lock_sets_lose_updates() {
 /// keeps there.
 pub async fn sets_in_opposite_orders_never_deadlock<B: Backend>(backend: B) {
     let shared = B::NAME == "memory";
-    let keeps = shared || tower_lock::LockStore::capabilities(&backend.store().await).hand_off();
+    let keeps =
+        shared || tower_lock::store::LockStore::capabilities(&backend.store().await).hand_off();
     let config = || patient().build().unwrap();
     let one = shop_locker(&backend, config()).await;
     let locker = || {

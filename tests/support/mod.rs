@@ -25,7 +25,7 @@ use axum::{
 };
 use serde::Deserialize;
 use tower::ServiceExt;
-use tower_lock::{LockLayer, LockStore, MemoryStore, RedisStore, key::PathParamKey};
+use tower_lock::{LockLayer, MemoryStore, RedisStore, key::PathParamKey, store::LockStore};
 use tower_lock_testkit::RedisServer;
 
 /// Every key under the crate's default prefix but the fencing counters and the fences of data
@@ -342,10 +342,10 @@ impl Redlock {
 }
 
 impl Backend for Redlock {
-    type Store = tower_lock::RedlockStore;
+    type Store = tower_lock::store::RedlockStore;
     const NAME: &'static str = "redlock";
-    async fn store(&self) -> tower_lock::RedlockStore {
-        tower_lock::RedlockStore::connect(self.urls())
+    async fn store(&self) -> tower_lock::store::RedlockStore {
+        tower_lock::store::RedlockStore::connect(self.urls())
             .await
             .expect("connect to the test redis-servers")
             // Generous, so that a loaded CI machine does not turn slow answers into failures.
@@ -358,10 +358,10 @@ pub struct Cluster(pub tower_lock_testkit::RedisCluster);
 
 #[cfg(feature = "cluster")]
 impl Backend for Cluster {
-    type Store = tower_lock::ClusterStore;
+    type Store = tower_lock::store::ClusterStore;
     const NAME: &'static str = "cluster";
-    async fn store(&self) -> tower_lock::ClusterStore {
-        tower_lock::ClusterStore::connect(self.0.urls())
+    async fn store(&self) -> tower_lock::store::ClusterStore {
+        tower_lock::store::ClusterStore::connect(self.0.urls())
             .await
             .expect("connect to the test cluster")
     }
@@ -388,7 +388,7 @@ impl LockStore for Tweaked {
     async fn acquire(
         &self,
         key: &tower_lock::key::LockKey,
-        token: &tower_lock::Token,
+        token: &tower_lock::store::Token,
         ttl: Duration,
     ) -> Result<tower_lock::store::Acquire, tower_lock::store::StoreError> {
         tokio::time::sleep(self.acquire_delay).await;
@@ -398,7 +398,7 @@ impl LockStore for Tweaked {
     async fn renew(
         &self,
         key: &tower_lock::key::LockKey,
-        token: &tower_lock::Token,
+        token: &tower_lock::store::Token,
         ttl: Duration,
     ) -> Result<bool, tower_lock::store::StoreError> {
         tokio::time::sleep(self.renew_delay).await;
@@ -408,7 +408,7 @@ impl LockStore for Tweaked {
     async fn release(
         &self,
         key: &tower_lock::key::LockKey,
-        token: &tower_lock::Token,
+        token: &tower_lock::store::Token,
     ) -> Result<bool, tower_lock::store::StoreError> {
         tokio::time::sleep(self.release_delay).await;
         let released = self.inner.release(key, token).await;

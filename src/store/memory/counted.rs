@@ -92,7 +92,7 @@ pub(super) fn hold(
 }
 
 impl MemoryStore {
-    /// [`acquire`](crate::LockStore::acquire) of a key with a capacity: taken while the live
+    /// [`acquire`](crate::store::LockStore::acquire) of a key with a capacity: taken while the live
     /// holders' weights and the caller's sum to at most the capacity. A live plain lease of the
     /// same key is an error ([`taken_both_ways`]).
     pub(super) fn acquire_share(
@@ -121,7 +121,7 @@ impl MemoryStore {
         })
     }
 
-    /// [`renew`](crate::LockStore::renew) of a key with a capacity: the caller's own entry.
+    /// [`renew`](crate::store::LockStore::renew) of a key with a capacity: the caller's own entry.
     pub(super) fn renew_share(&self, key: &LockKey, token: &Token, ttl: Duration) -> bool {
         let now = Instant::now();
         let mut counted = self.counted();
@@ -138,7 +138,7 @@ impl MemoryStore {
         }
     }
 
-    /// [`release`](crate::LockStore::release) of a key with a capacity: the caller's own entry.
+    /// [`release`](crate::store::LockStore::release) of a key with a capacity: the caller's own entry.
     pub(super) fn release_share(&self, key: &LockKey, token: &Token) -> bool {
         let now = Instant::now();
         let mut counted = self.counted();

@@ -73,7 +73,7 @@ const FOLLOW_WAIT: Duration = Duration::from_secs(5);
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// use tower_lock::{Key, LockLayer, SentinelStore};
+/// use tower_lock::{Key, LockLayer, store::SentinelStore};
 ///
 /// // Any of the sentinels that monitor the master named `mymaster`.
 /// let store = SentinelStore::connect(
@@ -160,7 +160,7 @@ impl SentinelStore {
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// // The redis crate of the version tower-lock uses (1.x).
     /// use redis::{RedisConnectionInfo, sentinel::SentinelNodeConnectionInfo};
-    /// use tower_lock::SentinelStore;
+    /// use tower_lock::store::SentinelStore;
     ///
     /// let master = SentinelNodeConnectionInfo::default()
     ///     .set_redis_connection_info(RedisConnectionInfo::default().set_password("secret"));
@@ -211,7 +211,7 @@ impl SentinelStore {
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// use redis::RedisConnectionInfo; // the redis crate of the version tower-lock uses (1.x)
-    /// use tower_lock::{SentinelStore, store::TlsConfig};
+    /// use tower_lock::{store::{SentinelStore, TlsConfig}};
     ///
     /// let tls = TlsConfig::new().ca_cert_file("/etc/redis/tls/ca.pem");
     /// let master = RedisConnectionInfo::default().set_password("secret");

@@ -1,6 +1,6 @@
 //! `MemoryStore`'s idempotency records.
 
-use crate::store::MemoryStore;
+use crate::MemoryStore;
 
 /// `complete` on `MemoryStore`: only the holder writes the record, which appears exactly as the
 /// lock goes.

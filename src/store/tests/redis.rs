@@ -11,8 +11,9 @@ use super::{
     queue_entries, queue_len, token_text,
 };
 use crate::{
+    RedisStore,
     key::LockKey,
-    store::{Acquire, Attempt, LockStore, RedisStore, Signal},
+    store::{Acquire, Attempt, LockStore, Signal},
     token::Token,
 };
 

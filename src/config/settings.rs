@@ -78,7 +78,7 @@ pub enum KeyDisplay {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_lock::{LockConfig, OnLeaseLost, Wait};
+/// use tower_lock::{LockConfig, Wait, config::OnLeaseLost};
 ///
 /// let config = LockConfig::builder()
 ///     .ttl(Duration::from_secs(30))
