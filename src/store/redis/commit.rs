@@ -128,7 +128,7 @@ pub(super) struct Answer {
 }
 
 /// The answers of one call, shared by its callers.
-type Answers = Arc<Vec<Result<Answer, StoreError>>>;
+type Answers = Arc<[Result<Answer, StoreError>]>;
 
 /// A call in flight: driven by whichever of its callers, or of the callers queued behind it, is
 /// polled.
@@ -415,7 +415,7 @@ impl RedisStore {
         let call: Call = Box::pin(async move {
             let answers = store.send(ops).await;
             drop(flight);
-            Arc::new(answers)
+            answers
         });
         let batch = call.shared();
         if let Some(weak) = batch.downgrade() {
@@ -558,23 +558,25 @@ impl Drop for Waiting<'_> {
 impl RedisStore {
     /// Sends `ops` as one script call (one per hash slot on a server that hashes keys to
     /// slots); an answer for each, in order.
-    async fn send(&self, ops: Vec<Queued>) -> Vec<Result<Answer, StoreError>> {
+    async fn send(&self, ops: Vec<Queued>) -> Answers {
         let n = ops.len();
         if !self.slot_bound.load(Ordering::Relaxed) {
-            let answers = if n == 1 {
-                vec![self.call_one(&ops[0]).await]
-            } else {
-                self.call(&ops).await
-            };
             // Refused before it ran, by a server that hashes keys to slots (a cluster-mode
             // server behind a plain connection): from now on, one call per slot, with the
             // fencing counter of each slot.
             // (Its operations whose callers left have answers of their own.)
-            if !answers
-                .iter()
-                .any(|a| matches!(a, Err(e) if is_cross_slot(e)))
-            {
-                return answers;
+            let cross_slot =
+                |a: &Result<Answer, StoreError>| matches!(a, Err(e) if is_cross_slot(e));
+            if n == 1 {
+                let answer = self.call_one(&ops[0]).await;
+                if !cross_slot(&answer) {
+                    return Arc::new([answer]);
+                }
+            } else {
+                let answers = self.call(&ops).await;
+                if !answers.iter().any(cross_slot) {
+                    return answers.into();
+                }
             }
             tracing::debug!(
                 "the Redis server hashes keys to slots; batches go one script call per slot from \
@@ -583,7 +585,7 @@ impl RedisStore {
             self.slot_bound.store(true, Ordering::Relaxed);
         }
         if n == 1 {
-            return vec![self.call_one(&ops[0]).await];
+            return Arc::new([self.call_one(&ops[0]).await]);
         }
         // By slot, each slot's operations in their order; the slots' calls at once.
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
@@ -692,60 +694,57 @@ impl RedisStore {
         }
     }
 
-    /// The `EVALSHA` of the batch script for the operations `all[i]`, `i` in `sent`.
+    /// The `EVALSHA` of the batch script for the operations `all[i]`, `i` in `sent`, written
+    /// straight into the command: one pass counts the keys (their count goes first), another
+    /// writes them, each operation's companions made on the stack as it is reached.
     fn batch_cmd(&self, all: &[Queued], sent: &[usize]) -> Cmd {
-        let ops: Vec<&Op> = sent.iter().map(|&i| &all[i].op).collect();
+        let ops = || sent.iter().map(|&i| &all[i].op);
         let handoff = self.handoff.is_some();
         // One fencing counter for the whole server unless it hashes keys to slots: a batch of
         // acquires then reads and writes one counter (per prefix), not one per slot.
         let slot_bound = self.slot_bound.load(Ordering::Relaxed);
-        let companions: Vec<Option<CompanionKeys>> = ops
-            .iter()
-            .map(|op| match op {
-                Op::Acquire { key, .. } => Some(CompanionKeys::new(key, slot_bound)),
-                Op::Release { key, .. } | Op::Complete { key, .. } if handoff => {
-                    Some(CompanionKeys::new(key, slot_bound))
-                }
-                _ => None,
-            })
-            .collect();
-        let records: Vec<Option<Vec<u8>>> = ops
-            .iter()
-            .map(|op| match op {
-                Op::Complete { key, .. } => Some(record_key(key)),
-                _ => None,
-            })
-            .collect();
-        let mut keys: Vec<&[u8]> = Vec::with_capacity(ops.len() * 4);
-        for ((op, companions), record) in ops.iter().zip(&companions).zip(&records) {
-            keys.push(op.key().as_bytes());
-            if let Some(record) = record {
-                keys.push(record);
+        // An operation's keys: its lock key; a completion's record; an acquire's fencing
+        // counter, and with hand-off, a release's or completion's too; and with hand-off, the
+        // key's queue after its counter.
+        let companions = |op: &Op| match op {
+            Op::Acquire { .. } => true,
+            Op::Release { .. } | Op::Complete { .. } => handoff,
+            Op::Renew { .. } => false,
+        };
+        let (mut keys, mut size) = (0, 96);
+        for op in ops() {
+            let mut n = 1;
+            if let Op::Complete { record, .. } = op {
+                n += 1;
+                size += record.len();
             }
-            if let Some(companions) = companions {
-                match op {
-                    Op::Acquire { .. } => {
-                        keys.push(companions.fence());
-                        if handoff {
-                            keys.push(companions.queue());
-                        }
-                    }
-                    _ => keys.extend([companions.fence(), companions.queue()]),
-                }
+            if companions(op) {
+                n += 1 + usize::from(handoff);
             }
+            keys += n;
+            size += n * (op.key().as_bytes().len() + 16) + 96;
         }
-        let size = 96 + keys.iter().map(|k| k.len()).sum::<usize>() + ops.len() * 96;
-        let mut eval = Cmd::with_capacity(6 + keys.len() + ops.len() * 6, size);
+        let mut eval = Cmd::with_capacity(6 + keys + sent.len() * 6, size);
         eval.arg("EVALSHA")
             .arg(self.script_for(all).get_hash())
-            .arg(keys.len());
-        for key in &keys {
-            eval.arg(*key);
+            .arg(keys);
+        for op in ops() {
+            eval.arg(op.key().as_bytes());
+            if let Op::Complete { key, .. } = op {
+                eval.arg(&record_key(key)[..]);
+            }
+            if companions(op) {
+                let companions = CompanionKeys::new(op.key(), slot_bound);
+                eval.arg(companions.fence());
+                if handoff {
+                    eval.arg(companions.queue());
+                }
+            }
         }
         eval.arg(if handoff { "1" } else { "0" })
             .arg(&*ms(self.claim_window))
             .arg(&*ms(self.fence_retention));
-        for op in &ops {
+        for op in ops() {
             if let Some(share) = op.key().share()
                 && !matches!(op, Op::Complete { .. })
             {
