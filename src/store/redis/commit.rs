@@ -37,12 +37,13 @@
 //! Lanes of several runtimes also send their calls at once, like a pool's.
 
 use std::{
+    borrow::Cow,
     collections::HashMap,
     future::Future,
     hash::{BuildHasherDefault, Hasher},
     pin::Pin,
     sync::{
-        Arc, Mutex, MutexGuard, PoisonError,
+        Arc, Mutex, MutexGuard, OnceLock, PoisonError,
         atomic::{AtomicBool, Ordering},
     },
     task::{Context, Poll, Waker},
@@ -567,16 +568,13 @@ impl RedisStore {
             // (Its operations whose callers left have answers of their own.)
             let cross_slot =
                 |a: &Result<Answer, StoreError>| matches!(a, Err(e) if is_cross_slot(e));
-            if n == 1 {
-                let answer = self.call_one(&ops[0]).await;
-                if !cross_slot(&answer) {
-                    return Arc::new([answer]);
-                }
+            let answers = if n == 1 {
+                self.call_one(&ops[0]).await
             } else {
-                let answers = self.call(&ops).await;
-                if !answers.iter().any(cross_slot) {
-                    return answers.into();
-                }
+                self.call(&ops).await
+            };
+            if !answers.iter().any(cross_slot) {
+                return answers;
             }
             tracing::debug!(
                 "the Redis server hashes keys to slots; batches go one script call per slot from \
@@ -585,7 +583,7 @@ impl RedisStore {
             self.slot_bound.store(true, Ordering::Relaxed);
         }
         if n == 1 {
-            return Arc::new([self.call_one(&ops[0]).await]);
+            return self.call_one(&ops[0]).await;
         }
         // By slot, each slot's operations in their order; the slots' calls at once.
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
@@ -607,8 +605,8 @@ impl RedisStore {
         let answered = futures_util::future::join_all(calls).await;
         let mut out: Vec<Option<Result<Answer, StoreError>>> = (0..n).map(|_| None).collect();
         for ((_, members), answers) in groups.iter().zip(answered) {
-            for (&i, answer) in members.iter().zip(answers) {
-                out[i] = Some(answer);
+            for (&i, answer) in members.iter().zip(answers.iter()) {
+                out[i] = Some(answer.clone());
             }
         }
         out.into_iter()
@@ -618,43 +616,46 @@ impl RedisStore {
 
     /// A lone operation: a renewal or release with the server's native compare command where
     /// it has one (and nothing else in flight to keep in order), else the batch script.
-    async fn call_one(&self, queued: &Queued) -> Result<Answer, StoreError> {
-        let answer = |code| Answer {
-            code,
-            n: 0,
-            acks: None,
+    async fn call_one(&self, queued: &Queued) -> Answers {
+        let answer = |code| {
+            Arc::new([Ok(Answer {
+                code,
+                n: 0,
+                acks: None,
+            })])
         };
-        match &queued.op {
+        let native = match &queued.op {
             // A key with a capacity holds a set of holders: the script counts them.
-            op if op.key().share().is_some() => {}
-            Op::Renew { key, token, ttl } => {
-                if let Some(renewed) = self.native_renew(key, token, *ttl).await? {
-                    return Ok(answer(i64::from(renewed)));
-                }
-            }
-            Op::Release { key, token } => {
-                if let Some(released) = self.native_release(key, token).await? {
-                    return Ok(answer(i64::from(released)));
-                }
-            }
-            _ => {}
+            op if op.key().share().is_some() => Ok(None),
+            Op::Renew { key, token, ttl } => self.native_renew(key, token, *ttl).await,
+            Op::Release { key, token } => self.native_release(key, token).await,
+            _ => Ok(None),
+        };
+        match native {
+            Ok(Some(done)) => answer(i64::from(done)),
+            Ok(None) => self.call(std::slice::from_ref(queued)).await,
+            Err(error) => Arc::new([Err(error)]),
         }
-        self.call(std::slice::from_ref(queued))
-            .await
-            .pop()
-            .expect("one answer for one operation")
     }
 
     /// One `EVALSHA` of the batch script for `ops` (and `WAIT`, with replica acknowledgement
     /// on and an acquire or renewal among them), but for the operations whose callers left:
     /// checked as it is sent, and again if it is sent again after `NOSCRIPT`.
-    async fn call(&self, ops: &[Queued]) -> Vec<Result<Answer, StoreError>> {
-        let live = |ops: &[Queued]| -> Vec<usize> {
+    async fn call(&self, ops: &[Queued]) -> Answers {
+        let live = |ops: &[Queued]| -> Cow<'static, [usize]> {
+            // A lone operation's caller, still there (the common case): no list to make.
+            if let [queued] = ops
+                && !queued.ticket.left()
+            {
+                return Cow::Borrowed(&[0]);
+            }
             (0..ops.len()).filter(|&i| !ops[i].ticket.left()).collect()
         };
+        let every =
+            |answer: Result<Answer, StoreError>| (0..ops.len()).map(|_| answer.clone()).collect();
         let mut sent = live(ops);
         if sent.is_empty() {
-            return vec![Err(left()); ops.len()];
+            return every(Err(left()));
         }
         let replicate = sent.iter().any(|&i| ops[i].op.replicates());
         let eval = self.batch_cmd(ops, &sent);
@@ -667,21 +668,21 @@ impl RedisStore {
             .await;
         match answer {
             Ok(Some((values, acks))) if values.len() == 2 * sent.len() => {
-                let mut answers = vec![Err(left()); ops.len()];
-                for (&i, pair) in sent.iter().zip(values.chunks_exact(2)) {
-                    answers[i] = answer_of(&pair[0], &pair[1], acks);
-                }
-                answers
+                // In order: the sent operations' answers, and the others' (left) in between.
+                let mut sent = sent.iter().copied().zip(values.chunks_exact(2)).peekable();
+                (0..ops.len())
+                    .map(|i| match sent.next_if(|&(at, _)| at == i) {
+                        Some((_, pair)) => answer_of(&pair[0], &pair[1], acks),
+                        None => Err(left()),
+                    })
+                    .collect()
             }
-            Ok(Some(_)) => {
-                let error = StoreError::msg(
-                    StoreErrorKind::Backend,
-                    "the lock script answered for the wrong number of operations",
-                );
-                vec![Err(error); ops.len()]
-            }
-            Ok(None) => vec![Err(left()); ops.len()],
-            Err(error) => vec![Err(error); ops.len()],
+            Ok(Some(_)) => every(Err(StoreError::msg(
+                StoreErrorKind::Backend,
+                "the lock script answered for the wrong number of operations",
+            ))),
+            Ok(None) => every(Err(left())),
+            Err(error) => every(Err(error)),
         }
     }
 
@@ -781,12 +782,12 @@ impl RedisStore {
     }
 }
 
-/// The answer of an operation not sent because its caller left (read by nobody).
+/// The answer of an operation not sent because its caller left (read by nobody): one message
+/// for the process, not one allocated per call.
 fn left() -> StoreError {
-    StoreError::msg(
-        StoreErrorKind::Backend,
-        "the lock operation was not sent: its caller left",
-    )
+    static MESSAGE: OnceLock<Arc<str>> = OnceLock::new();
+    let message = MESSAGE.get_or_init(|| "the lock operation was not sent: its caller left".into());
+    StoreError::msg(StoreErrorKind::Backend, Arc::clone(message))
 }
 
 /// An acquire's place in the hand-off queue: stamp, channel, rescan (empty: not queued).
