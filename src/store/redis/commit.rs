@@ -17,7 +17,8 @@
 //! kept in a `select!` while another branch runs): a call in flight is driven to its end by
 //! whichever of them is polled, and when it ends every queued caller is woken, the first
 //! polled forming the next batch (the others' operations among them). A runtime that shuts
-//! down drops its callers, and with them its lane; one that is no longer driven (a
+//! down drops its callers, and with them its lane's calls (an idle lane is kept for its
+//! runtime's next call until another lane goes idle); one that is no longer driven (a
 //! current-thread runtime whose `block_on` returned) holds up its own callers only.
 //!
 //! Order is kept within a lane: on one connection, one call at a time, operations in arrival
@@ -194,6 +195,12 @@ struct Lane {
     queue: Vec<Queued>,
 }
 
+impl Lane {
+    fn is_idle(&self) -> bool {
+        self.flights.is_empty() && self.queue.is_empty()
+    }
+}
+
 /// An operation and its caller's place.
 struct Queued {
     op: Op,
@@ -293,14 +300,18 @@ fn lane_of(lanes: &mut Vec<Lane>, runtime: Option<runtime::Id>) -> &mut Lane {
 
 /// After a lane's call ended or a queued caller left: the wakers of its queued callers, if the
 /// lane has room for another call (every one of them, since any may be left unpolled, and the
-/// first polled takes the queue over); and the lane removed once it is idle.
+/// first polled takes the queue over). A lane that is idle is kept, with its lists' room, for
+/// its runtime's next call (a lone operation's would otherwise make the lane and its list of
+/// calls again), and the other idle lanes are removed: the runtime of one may be gone.
 fn next_leaders(lanes: &mut Vec<Lane>, runtime: Option<runtime::Id>, window: usize) -> Vec<Waker> {
     let Some(i) = lanes.iter().position(|lane| lane.runtime == runtime) else {
         return Vec::new();
     };
     let lane = &mut lanes[i];
-    if lane.flights.is_empty() && lane.queue.is_empty() {
-        lanes.swap_remove(i);
+    if lane.is_idle() {
+        if lanes.len() > 1 {
+            lanes.retain(|lane| lane.runtime == runtime || !lane.is_idle());
+        }
         return Vec::new();
     }
     if lane.flights.len() >= window {
