@@ -899,4 +899,31 @@ mod tests {
         assert_eq!(low.len(), 256, "every bucket of 256 is used by 8192 tokens");
         assert_eq!(top.len(), 128, "every control byte is used by 8192 tokens");
     }
+
+    /// A lane that goes idle stays for its runtime's next call; the other idle lanes (their
+    /// runtimes may be gone) go then, and a busy one stays.
+    #[test]
+    fn one_idle_lane_is_kept() {
+        let runtimes: Vec<_> = (0..3)
+            .map(|_| runtime::Builder::new_current_thread().build().unwrap())
+            .collect();
+        let ids: Vec<_> = runtimes.iter().map(|rt| Some(rt.handle().id())).collect();
+        let mut lanes = Vec::new();
+        for &id in &ids {
+            lane_of(&mut lanes, id);
+        }
+        lane_of(&mut lanes, None).next = 7;
+        let busy = lane_of(&mut lanes, ids[2]);
+        busy.queue.push(Queued {
+            op: Op::Release {
+                key: LockKey::new("p:", "s", b"k", 64).unwrap(),
+                token: Token::generate().unwrap(),
+            },
+            ticket: Arc::default(),
+        });
+        assert!(next_leaders(&mut lanes, None, 1).is_empty());
+        let left: Vec<_> = lanes.iter().map(|lane| lane.runtime).collect();
+        assert_eq!(left, [ids[2], None]);
+        assert_eq!(lanes[1].next, 7, "the idle lane kept is the caller's own");
+    }
 }
