@@ -157,9 +157,9 @@ pub(super) struct Committer {
 type Unsettled = HashMap<Token, Carrier, BuildHasherDefault<TokenHasher>>;
 
 /// A hasher for the map of tokens: tokens are random (128 bits from the OS's CSPRNG, drawn by
-/// this process, never from input), so a multiply-and-rotate fold of their bytes spreads them
-/// as well as SipHash, which keys an attacker could choose would need, at a few dozen
-/// instructions rather than about 500 per lookup.
+/// this process, never from input), so nobody can pick keys that collide, and a
+/// multiply-and-rotate fold of their bytes spreads them as well as SipHash would, at a few
+/// dozen instructions rather than about 500 per lookup.
 #[derive(Default)]
 struct TokenHasher(u64);
 
