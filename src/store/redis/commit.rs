@@ -17,7 +17,8 @@
 //! kept in a `select!` while another branch runs): a call in flight is driven to its end by
 //! whichever of them is polled, and when it ends every queued caller is woken, the first
 //! polled forming the next batch (the others' operations among them). A runtime that shuts
-//! down drops its callers, and with them its lane; one that is no longer driven (a
+//! down drops its callers, and with them its lane's calls (an idle lane is kept for its
+//! runtime's next call until another lane goes idle); one that is no longer driven (a
 //! current-thread runtime whose `block_on` returned) holds up its own callers only.
 //!
 //! Order is kept within a lane: on one connection, one call at a time, operations in arrival
@@ -37,11 +38,13 @@
 //! Lanes of several runtimes also send their calls at once, like a pool's.
 
 use std::{
+    borrow::Cow,
     collections::HashMap,
     future::Future,
+    hash::{BuildHasherDefault, Hasher},
     pin::Pin,
     sync::{
-        Arc, Mutex, MutexGuard, PoisonError,
+        Arc, Mutex, MutexGuard, OnceLock, PoisonError,
         atomic::{AtomicBool, Ordering},
     },
     task::{Context, Poll, Waker},
@@ -127,7 +130,7 @@ pub(super) struct Answer {
 }
 
 /// The answers of one call, shared by its callers.
-type Answers = Arc<Vec<Result<Answer, StoreError>>>;
+type Answers = Arc<[Result<Answer, StoreError>]>;
 
 /// A call in flight: driven by whichever of its callers, or of the callers queued behind it, is
 /// polled.
@@ -147,7 +150,35 @@ pub(super) struct Committer {
     /// of one of those tokens waits for its call to end, since the acquire may be on its way to
     /// Redis after its caller left (and sent again after `NOSCRIPT`), and a release that
     /// overtook it would leave the key held by nobody until its TTL.
-    unsettled: Mutex<HashMap<Token, Carrier>>,
+    unsettled: Mutex<Unsettled>,
+}
+
+/// [`Committer::unsettled`]: by token, hashed with [`TokenHasher`].
+type Unsettled = HashMap<Token, Carrier, BuildHasherDefault<TokenHasher>>;
+
+/// A hasher for the map of tokens: tokens are random (128 bits from the OS's CSPRNG, drawn by
+/// this process, never from input), so nobody can pick keys that collide, and a
+/// multiply-and-rotate fold of their bytes spreads them as well as SipHash would, at a few
+/// dozen instructions rather than about 500 per lookup.
+#[derive(Default)]
+struct TokenHasher(u64);
+
+impl Hasher for TokenHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        // The fractional part of the golden ratio, odd: a multiply spreads each word's bits
+        // upwards (as rustc's own FxHasher does).
+        const K: u64 = 0x9e37_79b9_7f4a_7c15;
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(K);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        // The well-spread high bits down to the low ones, which pick the bucket.
+        self.0.rotate_left(26)
+    }
 }
 
 /// The call that carries an acquire: its lane, its number there, and the call.
@@ -162,6 +193,12 @@ struct Lane {
     /// The number of its next call.
     next: u64,
     queue: Vec<Queued>,
+}
+
+impl Lane {
+    fn is_idle(&self) -> bool {
+        self.flights.is_empty() && self.queue.is_empty()
+    }
 }
 
 /// An operation and its caller's place.
@@ -230,7 +267,7 @@ impl Committer {
         self.lanes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn unsettled(&self) -> MutexGuard<'_, HashMap<Token, Carrier>> {
+    fn unsettled(&self) -> MutexGuard<'_, Unsettled> {
         self.unsettled
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -263,14 +300,18 @@ fn lane_of(lanes: &mut Vec<Lane>, runtime: Option<runtime::Id>) -> &mut Lane {
 
 /// After a lane's call ended or a queued caller left: the wakers of its queued callers, if the
 /// lane has room for another call (every one of them, since any may be left unpolled, and the
-/// first polled takes the queue over); and the lane removed once it is idle.
+/// first polled takes the queue over). A lane that is idle is kept, with its lists' room, for
+/// its runtime's next call (a lone operation's would otherwise make the lane and its list of
+/// calls again), and the other idle lanes are removed: the runtime of one may be gone.
 fn next_leaders(lanes: &mut Vec<Lane>, runtime: Option<runtime::Id>, window: usize) -> Vec<Waker> {
     let Some(i) = lanes.iter().position(|lane| lane.runtime == runtime) else {
         return Vec::new();
     };
     let lane = &mut lanes[i];
-    if lane.flights.is_empty() && lane.queue.is_empty() {
-        lanes.swap_remove(i);
+    if lane.is_idle() {
+        if lanes.len() > 1 {
+            lanes.retain(|lane| lane.runtime == runtime || !lane.is_idle());
+        }
         return Vec::new();
     }
     if lane.flights.len() >= window {
@@ -386,7 +427,7 @@ impl RedisStore {
         let call: Call = Box::pin(async move {
             let answers = store.send(ops).await;
             drop(flight);
-            Arc::new(answers)
+            answers
         });
         let batch = call.shared();
         if let Some(weak) = batch.downgrade() {
@@ -529,22 +570,21 @@ impl Drop for Waiting<'_> {
 impl RedisStore {
     /// Sends `ops` as one script call (one per hash slot on a server that hashes keys to
     /// slots); an answer for each, in order.
-    async fn send(&self, ops: Vec<Queued>) -> Vec<Result<Answer, StoreError>> {
+    async fn send(&self, ops: Vec<Queued>) -> Answers {
         let n = ops.len();
         if !self.slot_bound.load(Ordering::Relaxed) {
-            let answers = if n == 1 {
-                vec![self.call_one(&ops[0]).await]
-            } else {
-                self.call(&ops).await
-            };
             // Refused before it ran, by a server that hashes keys to slots (a cluster-mode
             // server behind a plain connection): from now on, one call per slot, with the
             // fencing counter of each slot.
             // (Its operations whose callers left have answers of their own.)
-            if !answers
-                .iter()
-                .any(|a| matches!(a, Err(e) if is_cross_slot(e)))
-            {
+            let cross_slot =
+                |a: &Result<Answer, StoreError>| matches!(a, Err(e) if is_cross_slot(e));
+            let answers = if n == 1 {
+                self.call_one(&ops[0]).await
+            } else {
+                self.call(&ops).await
+            };
+            if !answers.iter().any(cross_slot) {
                 return answers;
             }
             tracing::debug!(
@@ -554,7 +594,7 @@ impl RedisStore {
             self.slot_bound.store(true, Ordering::Relaxed);
         }
         if n == 1 {
-            return vec![self.call_one(&ops[0]).await];
+            return self.call_one(&ops[0]).await;
         }
         // By slot, each slot's operations in their order; the slots' calls at once.
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
@@ -576,8 +616,8 @@ impl RedisStore {
         let answered = futures_util::future::join_all(calls).await;
         let mut out: Vec<Option<Result<Answer, StoreError>>> = (0..n).map(|_| None).collect();
         for ((_, members), answers) in groups.iter().zip(answered) {
-            for (&i, answer) in members.iter().zip(answers) {
-                out[i] = Some(answer);
+            for (&i, answer) in members.iter().zip(answers.iter()) {
+                out[i] = Some(answer.clone());
             }
         }
         out.into_iter()
@@ -587,43 +627,46 @@ impl RedisStore {
 
     /// A lone operation: a renewal or release with the server's native compare command where
     /// it has one (and nothing else in flight to keep in order), else the batch script.
-    async fn call_one(&self, queued: &Queued) -> Result<Answer, StoreError> {
-        let answer = |code| Answer {
-            code,
-            n: 0,
-            acks: None,
+    async fn call_one(&self, queued: &Queued) -> Answers {
+        let answer = |code| {
+            Arc::new([Ok(Answer {
+                code,
+                n: 0,
+                acks: None,
+            })])
         };
-        match &queued.op {
+        let native = match &queued.op {
             // A key with a capacity holds a set of holders: the script counts them.
-            op if op.key().share().is_some() => {}
-            Op::Renew { key, token, ttl } => {
-                if let Some(renewed) = self.native_renew(key, token, *ttl).await? {
-                    return Ok(answer(i64::from(renewed)));
-                }
-            }
-            Op::Release { key, token } => {
-                if let Some(released) = self.native_release(key, token).await? {
-                    return Ok(answer(i64::from(released)));
-                }
-            }
-            _ => {}
+            op if op.key().share().is_some() => Ok(None),
+            Op::Renew { key, token, ttl } => self.native_renew(key, token, *ttl).await,
+            Op::Release { key, token } => self.native_release(key, token).await,
+            _ => Ok(None),
+        };
+        match native {
+            Ok(Some(done)) => answer(i64::from(done)),
+            Ok(None) => self.call(std::slice::from_ref(queued)).await,
+            Err(error) => Arc::new([Err(error)]),
         }
-        self.call(std::slice::from_ref(queued))
-            .await
-            .pop()
-            .expect("one answer for one operation")
     }
 
     /// One `EVALSHA` of the batch script for `ops` (and `WAIT`, with replica acknowledgement
     /// on and an acquire or renewal among them), but for the operations whose callers left:
     /// checked as it is sent, and again if it is sent again after `NOSCRIPT`.
-    async fn call(&self, ops: &[Queued]) -> Vec<Result<Answer, StoreError>> {
-        let live = |ops: &[Queued]| -> Vec<usize> {
+    async fn call(&self, ops: &[Queued]) -> Answers {
+        let live = |ops: &[Queued]| -> Cow<'static, [usize]> {
+            // A lone operation's caller, still there (the common case): no list to make.
+            if let [queued] = ops
+                && !queued.ticket.left()
+            {
+                return Cow::Borrowed(&[0]);
+            }
             (0..ops.len()).filter(|&i| !ops[i].ticket.left()).collect()
         };
+        let every =
+            |answer: Result<Answer, StoreError>| (0..ops.len()).map(|_| answer.clone()).collect();
         let mut sent = live(ops);
         if sent.is_empty() {
-            return vec![Err(left()); ops.len()];
+            return every(Err(left()));
         }
         let replicate = sent.iter().any(|&i| ops[i].op.replicates());
         let eval = self.batch_cmd(ops, &sent);
@@ -636,21 +679,21 @@ impl RedisStore {
             .await;
         match answer {
             Ok(Some((values, acks))) if values.len() == 2 * sent.len() => {
-                let mut answers = vec![Err(left()); ops.len()];
-                for (&i, pair) in sent.iter().zip(values.chunks_exact(2)) {
-                    answers[i] = answer_of(&pair[0], &pair[1], acks);
-                }
-                answers
+                // In order: the sent operations' answers, and the others' (left) in between.
+                let mut sent = sent.iter().copied().zip(values.chunks_exact(2)).peekable();
+                (0..ops.len())
+                    .map(|i| match sent.next_if(|&(at, _)| at == i) {
+                        Some((_, pair)) => answer_of(&pair[0], &pair[1], acks),
+                        None => Err(left()),
+                    })
+                    .collect()
             }
-            Ok(Some(_)) => {
-                let error = StoreError::msg(
-                    StoreErrorKind::Backend,
-                    "the lock script answered for the wrong number of operations",
-                );
-                vec![Err(error); ops.len()]
-            }
-            Ok(None) => vec![Err(left()); ops.len()],
-            Err(error) => vec![Err(error); ops.len()],
+            Ok(Some(_)) => every(Err(StoreError::msg(
+                StoreErrorKind::Backend,
+                "the lock script answered for the wrong number of operations",
+            ))),
+            Ok(None) => every(Err(left())),
+            Err(error) => every(Err(error)),
         }
     }
 
@@ -663,60 +706,57 @@ impl RedisStore {
         }
     }
 
-    /// The `EVALSHA` of the batch script for the operations `all[i]`, `i` in `sent`.
+    /// The `EVALSHA` of the batch script for the operations `all[i]`, `i` in `sent`, written
+    /// straight into the command: one pass counts the keys (their count goes first), another
+    /// writes them, each operation's companions made on the stack as it is reached.
     fn batch_cmd(&self, all: &[Queued], sent: &[usize]) -> Cmd {
-        let ops: Vec<&Op> = sent.iter().map(|&i| &all[i].op).collect();
+        let ops = || sent.iter().map(|&i| &all[i].op);
         let handoff = self.handoff.is_some();
         // One fencing counter for the whole server unless it hashes keys to slots: a batch of
         // acquires then reads and writes one counter (per prefix), not one per slot.
         let slot_bound = self.slot_bound.load(Ordering::Relaxed);
-        let companions: Vec<Option<CompanionKeys>> = ops
-            .iter()
-            .map(|op| match op {
-                Op::Acquire { key, .. } => Some(CompanionKeys::new(key, slot_bound)),
-                Op::Release { key, .. } | Op::Complete { key, .. } if handoff => {
-                    Some(CompanionKeys::new(key, slot_bound))
-                }
-                _ => None,
-            })
-            .collect();
-        let records: Vec<Option<Vec<u8>>> = ops
-            .iter()
-            .map(|op| match op {
-                Op::Complete { key, .. } => Some(record_key(key)),
-                _ => None,
-            })
-            .collect();
-        let mut keys: Vec<&[u8]> = Vec::with_capacity(ops.len() * 4);
-        for ((op, companions), record) in ops.iter().zip(&companions).zip(&records) {
-            keys.push(op.key().as_bytes());
-            if let Some(record) = record {
-                keys.push(record);
+        // An operation's keys: its lock key; a completion's record; an acquire's fencing
+        // counter, and with hand-off, a release's or completion's too; and with hand-off, the
+        // key's queue after its counter.
+        let companions = |op: &Op| match op {
+            Op::Acquire { .. } => true,
+            Op::Release { .. } | Op::Complete { .. } => handoff,
+            Op::Renew { .. } => false,
+        };
+        let (mut keys, mut size) = (0, 96);
+        for op in ops() {
+            let mut n = 1;
+            if let Op::Complete { record, .. } = op {
+                n += 1;
+                size += record.len();
             }
-            if let Some(companions) = companions {
-                match op {
-                    Op::Acquire { .. } => {
-                        keys.push(companions.fence());
-                        if handoff {
-                            keys.push(companions.queue());
-                        }
-                    }
-                    _ => keys.extend([companions.fence(), companions.queue()]),
-                }
+            if companions(op) {
+                n += 1 + usize::from(handoff);
             }
+            keys += n;
+            size += n * (op.key().as_bytes().len() + 16) + 96;
         }
-        let size = 96 + keys.iter().map(|k| k.len()).sum::<usize>() + ops.len() * 96;
-        let mut eval = Cmd::with_capacity(6 + keys.len() + ops.len() * 6, size);
+        let mut eval = Cmd::with_capacity(6 + keys + sent.len() * 6, size);
         eval.arg("EVALSHA")
             .arg(self.script_for(all).get_hash())
-            .arg(keys.len());
-        for key in &keys {
-            eval.arg(*key);
+            .arg(keys);
+        for op in ops() {
+            eval.arg(op.key().as_bytes());
+            if let Op::Complete { key, .. } = op {
+                eval.arg(&record_key(key)[..]);
+            }
+            if companions(op) {
+                let companions = CompanionKeys::new(op.key(), slot_bound);
+                eval.arg(companions.fence());
+                if handoff {
+                    eval.arg(companions.queue());
+                }
+            }
         }
         eval.arg(if handoff { "1" } else { "0" })
             .arg(&*ms(self.claim_window))
             .arg(&*ms(self.fence_retention));
-        for op in &ops {
+        for op in ops() {
             if let Some(share) = op.key().share()
                 && !matches!(op, Op::Complete { .. })
             {
@@ -753,12 +793,12 @@ impl RedisStore {
     }
 }
 
-/// The answer of an operation not sent because its caller left (read by nobody).
+/// The answer of an operation not sent because its caller left (read by nobody): one message
+/// for the process, not one allocated per call.
 fn left() -> StoreError {
-    StoreError::msg(
-        StoreErrorKind::Backend,
-        "the lock operation was not sent: its caller left",
-    )
+    static MESSAGE: OnceLock<Arc<str>> = OnceLock::new();
+    let message = MESSAGE.get_or_init(|| "the lock operation was not sent: its caller left".into());
+    StoreError::msg(StoreErrorKind::Backend, Arc::clone(message))
 }
 
 /// An acquire's place in the hand-off queue: stamp, channel, rescan (empty: not queued).
@@ -839,4 +879,51 @@ pub(super) fn is_cross_slot(error: &StoreError) -> bool {
     std::error::Error::source(error)
         .and_then(|source| source.downcast_ref::<RedisError>())
         .is_some_and(|e| e.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::hash::BuildHasher;
+
+    use super::*;
+
+    /// Tokens spread over a table's buckets (the low bits) and its control bytes (the top 7).
+    #[test]
+    fn the_token_hasher_spreads_tokens() {
+        let hasher = BuildHasherDefault::<TokenHasher>::default();
+        let hashes: Vec<u64> = (0..8192)
+            .map(|_| hasher.hash_one(Token::generate().expect("entropy")))
+            .collect();
+        let low: std::collections::HashSet<u64> = hashes.iter().map(|h| h & 0xff).collect();
+        let top: std::collections::HashSet<u64> = hashes.iter().map(|h| h >> 57).collect();
+        assert_eq!(low.len(), 256, "every bucket of 256 is used by 8192 tokens");
+        assert_eq!(top.len(), 128, "every control byte is used by 8192 tokens");
+    }
+
+    /// A lane that goes idle stays for its runtime's next call; the other idle lanes (their
+    /// runtimes may be gone) go then, and a busy one stays.
+    #[test]
+    fn one_idle_lane_is_kept() {
+        let runtimes: Vec<_> = (0..3)
+            .map(|_| runtime::Builder::new_current_thread().build().unwrap())
+            .collect();
+        let ids: Vec<_> = runtimes.iter().map(|rt| Some(rt.handle().id())).collect();
+        let mut lanes = Vec::new();
+        for &id in &ids {
+            lane_of(&mut lanes, id);
+        }
+        lane_of(&mut lanes, None).next = 7;
+        let busy = lane_of(&mut lanes, ids[2]);
+        busy.queue.push(Queued {
+            op: Op::Release {
+                key: LockKey::new("p:", "s", b"k", 64).unwrap(),
+                token: Token::generate().unwrap(),
+            },
+            ticket: Arc::default(),
+        });
+        assert!(next_leaders(&mut lanes, None, 1).is_empty());
+        let left: Vec<_> = lanes.iter().map(|lane| lane.runtime).collect();
+        assert_eq!(left, [ids[2], None]);
+        assert_eq!(lanes[1].next, 7, "the idle lane kept is the caller's own");
+    }
 }

@@ -153,8 +153,9 @@ pub struct RedisStore {
     /// The hand-off queue's signals, when on (`handoff`).
     handoff: Option<Arc<Handoff>>,
     claim_window: Duration,
-    /// The server's address, for the hand-off's own connection (stores made by `connect`).
-    client: Option<Client>,
+    /// The server's address, for the hand-off's own connection (stores made by `connect`);
+    /// shared, since every call clones the store (its strings would be copied each time).
+    client: Option<Arc<Client>>,
     /// Group commit: the operations waiting for the call in flight. Shared by clones; a copy
     /// with other settings (the setters below) gets a queue of its own, since a batch is sent
     /// with one store's settings.
@@ -393,7 +394,7 @@ impl RedisStore {
     pub fn handoff(mut self, enabled: bool) -> Self {
         self.handoff = match (&self.client, enabled) {
             (Some(client), true) => {
-                let handoff = Handoff::new(client.clone());
+                let handoff = Handoff::new(Client::clone(client));
                 handoff.ensure_running();
                 Some(handoff)
             }
@@ -562,7 +563,7 @@ impl RedisStore {
     }
 
     fn with_client(mut self, client: Client) -> Self {
-        self.client = Some(client);
+        self.client = Some(Arc::new(client));
         self
     }
 
