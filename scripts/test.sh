@@ -69,9 +69,12 @@ if [ "$#" -eq 0 ]; then
   cargo package --allow-dirty --quiet
 fi
 
-# The crate without its default features still builds (tower-only users), and with TLS alone.
-cargo check --no-default-features --quiet
-cargo check --no-default-features --features tls --quiet
+# The crate without its default features still builds (tower-only users), and with TLS alone,
+# without a warning; and its doc examples compile and pass without axum (each gated on what it
+# uses).
+cargo clippy -p tower-lock --lib --no-default-features --quiet -- -D warnings
+cargo clippy -p tower-lock --lib --no-default-features --features tls --quiet -- -D warnings
+cargo test -p tower-lock --doc --no-default-features --features redis --quiet
 # The whole suite: the crate's unit and doc tests, the integration tests (`suite/`) and the test
 # kit's own (its MONITOR and wrk parsers), in one build so that the dependencies they share are
 # compiled once.

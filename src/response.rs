@@ -21,6 +21,7 @@
 //! response, so that a custom body keeps the rest:
 //!
 //! ```
+//! # #[cfg(feature = "axum")] {
 //! use axum::{Router, http::{HeaderValue, header}, routing::post};
 //! use tower_lock::{Key, LockLayer, MemoryStore};
 //!
@@ -31,6 +32,7 @@
 //!     response
 //! });
 //! let app: Router = Router::new().route("/items/{sku}/purchase", post(|| async { "sold" }).layer(layer));
+//! # }
 //! ```
 //! The layer inserts the [`LockError`]
 //! into the extensions of whatever response is built, for outer layers to inspect. With the

@@ -659,6 +659,41 @@ async fn path_parameter_sources_answer_alike_in_a_layer_and_in_a_closure() {
     assert_eq!(store.held(), 0);
 }
 
+/// Under `Router::nest`, inner routes see the path without the prefix while the matched
+/// template has it: every spelling of one path still takes one lock (a `%`-spelled path used to
+/// lock on the template with the prefix, a plain one on the path without it: two locks for one
+/// resource), whether the layer holds the source or a closure calls it.
+#[tokio::test]
+async fn a_nested_path_takes_one_lock_whatever_its_spelling() {
+    let store = MemoryStore::new();
+    for (how, inner) in layer_and_closure(&store, Key::path()) {
+        let app = Router::new().nest("/api", inner);
+        let mut values = Vec::new();
+        for uri in [
+            "/api/items/1",
+            "/api/items/%31",
+            "/api/files/a%2Fb/c",
+            "/api/files/a/b/c",
+        ] {
+            let req = Request::post(uri).body(Body::empty()).unwrap();
+            let (status, text) = status_and_text(&app, req).await;
+            assert_eq!(status, StatusCode::OK, "{how} {uri}");
+            values.push(text);
+        }
+        assert_eq!(
+            values,
+            [
+                "/api/items/1",
+                "/api/items/1",
+                "/api/files/a/b/c",
+                "/api/files/a/b/c"
+            ],
+            "{how}"
+        );
+    }
+    assert_eq!(store.held(), 0);
+}
+
 #[tokio::test]
 async fn invalid_config_fails_at_build_time() {
     let err = LockConfig::builder()

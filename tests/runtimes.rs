@@ -590,3 +590,48 @@ fn a_panic_in_background_renewals_reports_every_lease_of_the_task_lost() {
         );
     });
 }
+
+/// Polls `f` on this thread, outside any runtime, with a waker that unparks it.
+fn block_on_plain<F: std::future::Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "outside a runtime: stalled");
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+}
+
+/// A store called outside any runtime (a plain executor) after its scripts were flushed: the
+/// reload's timers are the crate runtime's, so the call is answered, not a panic ("there is no
+/// reactor running") that every caller of its batch would share.
+#[test]
+fn a_store_called_outside_any_runtime_reloads_its_scripts() {
+    let server = RedisServer::start();
+    let main = multi_thread(1);
+    let store = store(&server, &main);
+    for round in 0..3 {
+        assert!(server.cli(&["SCRIPT", "FLUSH"]).contains("OK"));
+        let value = format!("{round}");
+        let key = LockKey::new("tower-lock:", "outside", value.as_bytes(), 64).unwrap();
+        let token = Token::generate().unwrap();
+        block_on_plain(async {
+            let got = store
+                .acquire(&key, &token, Duration::from_secs(30))
+                .await
+                .unwrap();
+            assert!(matches!(got, Acquire::Acquired { .. }), "{got:?}");
+            assert!(store.release(&key, &token).await.unwrap());
+        });
+    }
+}

@@ -1,5 +1,6 @@
 //! [`Key`](crate::Key): the constructors of the built-in key sources.
 
+#[cfg(feature = "axum")]
 use std::sync::Arc;
 
 use bytes::Bytes;

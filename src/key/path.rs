@@ -17,10 +17,14 @@ use super::{KeyRejection, KeySource, KeyValues};
 /// canonical form. The query is ignored; `.`, `..`, empty segments and a trailing `/` are kept,
 /// as routers keep them.
 ///
-/// Under axum, on a matched route, the value is built from what the router resolved: the route
-/// template with each parameter replaced by its decoded value. This differs from the above only
-/// for a catch-all (`/files/{*path}`): it captures `a%2Fb/c` and `a/b/c` alike as `a/b/c`, so
-/// both give `/files/a/b/c`.
+/// Under axum, on a matched route, the value is built from what the router resolved, whatever
+/// the spelling: the route template with each parameter replaced by its decoded value. This
+/// differs from the above in two places: a catch-all (`/files/{*path}`) captures `a%2Fb/c` and
+/// `a/b/c` alike as `a/b/c`, so both give `/files/a/b/c`; and under [`Router::nest`], whose
+/// inner routes see the path without the prefix but whose matched template has it, the value
+/// is the whole path (`/api/accounts/1`), the prefix included.
+///
+/// [`Router::nest`]: https://docs.rs/axum/0.8/axum/struct.Router.html#method.nest
 ///
 /// A segment that is not UTF-8 once percent-decoded is a 400, as axum rejects such a path
 /// parameter.
@@ -36,49 +40,39 @@ impl PathKey {
 }
 
 impl PathKey {
-    /// The value of a path without `%`: the path itself.
-    fn plain(parts: &Parts) -> Option<KeyValues> {
+    /// The value of a request no router resolved: the path itself when it has no `%`, else
+    /// the path canonicalized.
+    fn unrouted(parts: &Parts) -> Result<KeyValues, KeyRejection> {
         let path = parts.uri.path();
-        (!path.contains('%')).then(|| Bytes::copy_from_slice(path.as_bytes()).into())
-    }
-
-    /// The value of a path with `%`: what the router resolved, if it did, else the path
-    /// canonicalized.
-    fn decoded(parts: &Parts, resolved: Option<Vec<u8>>) -> Result<KeyValues, KeyRejection> {
-        let value = match resolved {
-            Some(resolved) => resolved,
-            None => canonical(parts.uri.path())?,
-        };
-        Ok(Bytes::from(value).into())
+        if !path.contains('%') {
+            return Ok(Bytes::copy_from_slice(path.as_bytes()).into());
+        }
+        Ok(Bytes::from(canonical(path)?).into())
     }
 }
 
-/// Under axum, a path with `%` on a matched route reads the route's parameters: called from a
-/// source of your own, from a copy of the request's extensions (see [`PathParamKey`]); a layer
-/// built with the source itself reads them in place.
+/// Under axum, on a matched route, reads the route's parameters: called from a source of your
+/// own, from a copy of the request's extensions (see [`PathParamKey`]); a layer built with the
+/// source itself reads them in place.
 ///
 /// [`PathParamKey`]: super::PathParamKey
 impl KeySource for PathKey {
     fn keys(&self, parts: &Parts) -> Result<Option<KeyValues>, KeyRejection> {
-        if let Some(plain) = Self::plain(parts) {
-            return Ok(Some(plain));
-        }
         #[cfg(feature = "axum")]
-        let resolved = routed::resolved(parts, super::path_param::path_params_of)?;
-        #[cfg(not(feature = "axum"))]
-        let resolved = None;
-        Self::decoded(parts, resolved).map(Some)
+        if let Some(resolved) = routed::resolved(parts, super::path_param::path_params_of)? {
+            return Ok(Some(Bytes::from(resolved).into()));
+        }
+        Self::unrouted(parts).map(Some)
     }
 }
 
 #[cfg(feature = "axum")]
 impl super::into::sealed::Routed for PathKey {
     fn keys_routed(&self, parts: &mut Parts) -> Result<Option<KeyValues>, KeyRejection> {
-        if let Some(plain) = Self::plain(parts) {
-            return Ok(Some(plain));
+        if let Some(resolved) = routed::resolved(&mut *parts, super::path_param::path_params)? {
+            return Ok(Some(Bytes::from(resolved).into()));
         }
-        let resolved = routed::resolved(&mut *parts, super::path_param::path_params)?;
-        Self::decoded(parts, resolved).map(Some)
+        Self::unrouted(parts).map(Some)
     }
 }
 

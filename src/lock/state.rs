@@ -92,7 +92,10 @@ impl LockState {
 
     /// `values` as lock keys: each scoped and prefixed, at most `max_keys` distinct ones (a
     /// value given twice is one key, and counts once). Keys are made only up to the first value
-    /// past the limit: the work is bounded by the limit, however many values a source gave.
+    /// past the limit, so the keys made are bounded by the limit; a repeated value costs one
+    /// lookup of its bytes, so the walk over a source's values is as long as the list the source
+    /// built (a source that turns client input into values one for one bounds its input: the
+    /// body sources stop at the limit themselves).
     fn scoped(&self, parts: &Parts, values: &KeyValues) -> Result<KeySet, KeyRejection> {
         let max = self.locker.config().max_keys();
         let keys = match values.as_slice() {
