@@ -74,7 +74,7 @@ fi
 # uses).
 cargo clippy -p tower-lock --lib --no-default-features --quiet -- -D warnings
 cargo clippy -p tower-lock --lib --no-default-features --features tls --quiet -- -D warnings
-cargo test -p tower-lock --doc --no-default-features --features redis --quiet
+cargo test -p tower-lock --doc --no-default-features --quiet
 # The whole suite: the crate's unit and doc tests, the integration tests (`suite/`) and the test
 # kit's own (its MONITOR and wrk parsers), in one build so that the dependencies they share are
 # compiled once.
