@@ -193,8 +193,8 @@ async fn held_on_three_masters(ttl: Duration) -> (Redlock, LockConfig, tower_loc
 ///   the lease lived on two masters for as long as it was held, and this second restart let a
 ///   contender win a quorum while the holder ran (two holders);
 /// - two masters restarted empty together (within one renewal interval: what Redlock's
-///   delayed restart forbids) still let a contender in, and the holder learns it at its next
-///   renewal.
+///   delayed restart forbids) still let a contender in, and one of the two learns it at its
+///   next renewal (the holder, unless its put-back lands on the contender's fresh key).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn masters_restarted_empty_one_after_the_other_under_a_held_lease() {
     let ttl = Duration::from_millis(600);
@@ -231,12 +231,23 @@ async fn masters_restarted_empty_one_after_the_other_under_a_held_lease() {
         .acquire(contender.key("t", "k").unwrap())
         .await
         .expect("two empty masters make a quorum for the contender");
-    let lost = tokio::time::timeout(ttl, guard.lost()).await;
+    // One of the two learns it at its next renewal. Usually the holder (two masters deny it);
+    // but a renewal in flight when the first master went down may have been granted by the
+    // two that were still up, and its put-back then overwrites the contender's fresh key on the
+    // first master restarted: the holder keeps a quorum and the contender is the one that
+    // finds none.
+    let lost = tokio::time::timeout(ttl, async {
+        tokio::select! {
+            reason = guard.lost() => ("holder", reason),
+            reason = stolen.lost() => ("contender", reason),
+        }
+    })
+    .await;
     assert!(
         lost.is_ok(),
-        "the holder did not notice at its next renewal"
+        "neither the holder nor the contender noticed at its next renewal"
     );
-    stolen.release().await.unwrap();
+    let _ = stolen.release().await;
 }
 
 /// A master restarted empty under a held lease, where a contender's failed attempt then left

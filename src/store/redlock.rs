@@ -257,7 +257,11 @@ impl RedlockStore {
     /// It overwrites another token's key: while a quorum holds this lease, that key can only be
     /// what a contender's failed attempt left (two quorums share a node, and each node of this
     /// one holds this lease); and were it to arrive after this lease ended, it takes one node
-    /// from a later holder, whose other nodes still leave no quorum for anyone else. With
+    /// from a later holder, whose other nodes still leave no quorum for anyone else. Only
+    /// when two nodes lose their data within one renewal (what Redlock's delayed restart
+    /// forbids) can it land on a contender's lease that did win a quorum: then the contender,
+    /// not the holder, finds no quorum at its next renewal, and the two overlap until then, as
+    /// they would the other way round. With
     /// `SET NX`, a contender retrying every few milliseconds kept the lease off the node for
     /// several renewals.
     async fn put_back(&self, indices: &[usize], key: &LockKey, token: &Token, ttl: Duration) {
