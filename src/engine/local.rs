@@ -35,7 +35,7 @@ use std::{
 };
 
 use tokio::{
-    sync::{Notify, OwnedSemaphorePermit, Semaphore},
+    sync::{Notify, Semaphore},
     time::{Instant, sleep_until, timeout_at},
 };
 
@@ -56,9 +56,11 @@ pub(crate) struct LocalQueues {
 #[derive(Debug)]
 struct Entry {
     /// Tokio's semaphore queues its waiters in FIFO order, the head waiting for its whole
-    /// weight; holding permits is holding the turn. As many permits as the key's capacity, as
+    /// weight; holding permits is holding the turn (a turn forgets the permits it takes and
+    /// adds them back when dropped: the semaphore lives in the entry, not in an allocation of
+    /// its own). As many permits as the key's capacity, as
     /// the first contender of the entry's life saw it (1 for a plain key).
-    turn: Arc<Semaphore>,
+    turn: Semaphore,
     capacity: u32,
     /// Published by the turn's holder, read by a waiter that gives up.
     holder: Mutex<Holder>,
@@ -92,7 +94,7 @@ impl Entry {
         // Only a 32-bit target's limit is below `u32::MAX` (the readers' capacity).
         let capacity = capacity.min(u32::try_from(Semaphore::MAX_PERMITS).unwrap_or(u32::MAX));
         Self {
-            turn: Arc::new(Semaphore::new(capacity as usize)),
+            turn: Semaphore::new(capacity as usize),
             capacity,
             holder: Mutex::default(),
             published: Notify::new(),
@@ -117,7 +119,8 @@ pub(crate) struct Turn {
     queues: Arc<LocalQueues>,
     // `None` only while dropping.
     entry: Option<Arc<Entry>>,
-    guard: Option<OwnedSemaphorePermit>,
+    /// Whether it holds its permits (taken, forgotten, added back when dropped).
+    held: bool,
     /// The permits of the key's queue this turn takes (1 for a plain key).
     weight: u32,
 }
@@ -173,7 +176,7 @@ impl LocalQueues {
             key,
             queues: Arc::clone(self),
             entry: Some(entry),
-            guard: None,
+            held: false,
             weight,
         }
     }
@@ -218,9 +221,15 @@ impl Turn {
 
     /// Takes the turn if it is free now.
     fn try_take(&mut self) -> bool {
-        let queue = Arc::clone(&self.entry().turn);
-        self.guard = queue.try_acquire_many_owned(self.weight).ok();
-        self.guard.is_some()
+        let taken = self
+            .entry()
+            .turn
+            .try_acquire_many(self.weight)
+            .map(|permits| {
+                permits.forget();
+            });
+        self.held = taken.is_ok();
+        self.held
     }
 
     /// Waits for the turn, or gives up when the deadline passes first.
@@ -229,21 +238,26 @@ impl Turn {
         deadline: Option<Instant>,
         store_timeout: Duration,
     ) -> Result<(), GaveUp> {
-        let queue = Arc::clone(&self.entry().turn);
+        let entry = Arc::clone(
+            self.entry
+                .as_ref()
+                .expect("a turn has its entry until dropped"),
+        );
         // Never closed, so acquiring fails only by the deadline.
-        let guard = match deadline {
+        let permits = match deadline {
             Some(deadline) => {
-                match timeout_at(deadline, queue.acquire_many_owned(self.weight)).await {
-                    Ok(Ok(guard)) => guard,
+                match timeout_at(deadline, entry.turn.acquire_many(self.weight)).await {
+                    Ok(Ok(permits)) => permits,
                     _ => return Err(self.gave_up(store_timeout).await),
                 }
             }
-            None => match queue.acquire_many_owned(self.weight).await {
-                Ok(guard) => guard,
+            None => match entry.turn.acquire_many(self.weight).await {
+                Ok(permits) => permits,
                 Err(_) => return Err(self.gave_up(store_timeout).await),
             },
         };
-        self.guard = Some(guard);
+        permits.forget();
+        self.held = true;
         Ok(())
     }
 
@@ -427,7 +441,7 @@ impl Drop for Turn {
         // Only the holder of the turn publishes: it forgets what it knew of the holder before
         // passing the turn on, so the next head starts from `Unknown`; a failure of the store
         // stands until the next head asks it. Waiting waiters are told either way.
-        if self.guard.is_some() {
+        if self.held {
             let entry = self.entry();
             let mut holder = entry.holder();
             if !matches!(*holder, Holder::Failing(_)) {
@@ -438,7 +452,9 @@ impl Drop for Turn {
         }
         // Pass the turn on first, then forget the key if nobody else holds or waits for it
         // (every holder and waiter keeps a clone of the entry, taken under this same lock).
-        drop(self.guard.take());
+        if std::mem::take(&mut self.held) {
+            self.entry().turn.add_permits(self.weight as usize);
+        }
         let mut queues = self
             .queues
             .queues

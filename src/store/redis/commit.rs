@@ -40,9 +40,7 @@
 use std::{
     borrow::Cow,
     collections::HashMap,
-    future::Future,
     hash::{BuildHasherDefault, Hasher},
-    pin::Pin,
     sync::{
         Arc, Mutex, MutexGuard, OnceLock, PoisonError,
         atomic::{AtomicBool, Ordering},
@@ -52,13 +50,13 @@ use std::{
 };
 
 use bytes::Bytes;
-use futures_util::future::{FutureExt, Shared, WeakShared};
 use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 use tokio::runtime::{self, Handle};
 
 use super::{
     RedisStore,
     keys::{CompanionKeys, ms, record_key},
+    shared::{Answers, SharedCall, WeakCall},
 };
 use crate::{
     key::LockKey,
@@ -129,14 +127,9 @@ pub(super) struct Answer {
     pub(super) acks: Option<i64>,
 }
 
-/// The answers of one call, shared by its callers.
-type Answers = Arc<[Result<Answer, StoreError>]>;
-
 /// A call in flight: driven by whichever of its callers, or of the callers queued behind it, is
 /// polled.
-type Batch = Shared<Call>;
-
-type Call = Pin<Box<dyn Future<Output = Answers> + Send>>;
+type Batch = SharedCall;
 
 /// The queue of one store (shared by its clones): a lane per Tokio runtime.
 pub(super) struct Committer {
@@ -182,14 +175,14 @@ impl Hasher for TokenHasher {
 }
 
 /// The call that carries an acquire: its lane, its number there, and the call.
-type Carrier = (Option<runtime::Id>, u64, WeakShared<Call>);
+type Carrier = (Option<runtime::Id>, u64, WeakCall);
 
 /// The calls in flight and the queue of the callers on one runtime (`None`: outside any).
 struct Lane {
     runtime: Option<runtime::Id>,
     /// Its calls in flight, by number, for its queued callers to drive (weak: a call whose
     /// callers all left is abandoned).
-    flights: Vec<(u64, WeakShared<Call>)>,
+    flights: Vec<(u64, WeakCall)>,
     /// The number of its next call.
     next: u64,
     queue: Vec<Queued>,
@@ -330,14 +323,45 @@ struct Flight {
     runtime: Option<runtime::Id>,
     number: u64,
     /// The tokens of its acquires, in [`Committer::unsettled`].
-    acquires: Vec<Token>,
+    acquires: Acquires,
+}
+
+/// The tokens of a call's acquires: a lone operation's (none or one) with no list.
+#[derive(Clone)]
+enum Acquires {
+    One(Option<Token>),
+    Many(Vec<Token>),
+}
+
+impl Acquires {
+    fn of(ops: &[Queued]) -> Self {
+        let mut tokens = ops.iter().filter_map(|queued| match &queued.op {
+            Op::Acquire { token, .. } => Some(token.clone()),
+            _ => None,
+        });
+        match ops.len() {
+            0 | 1 => Self::One(tokens.next()),
+            _ => Self::Many(tokens.collect()),
+        }
+    }
+
+    fn iter(&self) -> std::slice::Iter<'_, Token> {
+        match self {
+            Self::One(token) => token.as_slice().iter(),
+            Self::Many(tokens) => tokens.iter(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.iter().len() == 0
+    }
 }
 
 impl Drop for Flight {
     fn drop(&mut self) {
         if !self.acquires.is_empty() {
             let mut unsettled = self.committer.unsettled();
-            for token in &self.acquires {
+            for token in self.acquires.iter() {
                 if unsettled.get(token).is_some_and(|(runtime, number, _)| {
                     *runtime == self.runtime && *number == self.number
                 }) {
@@ -389,7 +413,10 @@ impl RedisStore {
                 // Sent at its first poll, below; a caller that leaves before it is sent again
                 // after `NOSCRIPT` is left out then.
                 let _leaves = Leaves(ticket);
-                call.await[0].clone()
+                let mut call = call;
+                (&mut call).await;
+                call.answers()
+                    .map_or_else(|| Err(left()), |answers| answers.get(0).clone())
             }
             None => {
                 let mut queued = Waiting {
@@ -410,13 +437,7 @@ impl RedisStore {
     fn launch(&self, lane: &mut Lane, ops: Vec<Queued>) -> Batch {
         let number = lane.next;
         lane.next += 1;
-        let acquires: Vec<Token> = ops
-            .iter()
-            .filter_map(|queued| match &queued.op {
-                Op::Acquire { token, .. } => Some(token.clone()),
-                _ => None,
-            })
-            .collect();
+        let acquires = Acquires::of(&ops);
         let flight = Flight {
             committer: Arc::clone(&self.committer),
             runtime: lane.runtime,
@@ -424,21 +445,19 @@ impl RedisStore {
             acquires: acquires.clone(),
         };
         let store = self.clone();
-        let call: Call = Box::pin(async move {
+        let batch = SharedCall::new(async move {
             let answers = store.send(ops).await;
             drop(flight);
             answers
         });
-        let batch = call.shared();
-        if let Some(weak) = batch.downgrade() {
-            if !acquires.is_empty() {
-                let mut unsettled = self.committer.unsettled();
-                for token in acquires {
-                    unsettled.insert(token, (lane.runtime, number, weak.clone()));
-                }
+        let weak = batch.downgrade();
+        if !acquires.is_empty() {
+            let mut unsettled = self.committer.unsettled();
+            for token in acquires.iter() {
+                unsettled.insert(token.clone(), (lane.runtime, number, weak.clone()));
             }
-            lane.flights.push((number, weak));
         }
+        lane.flights.push((number, weak));
         batch
     }
 }
@@ -461,8 +480,9 @@ impl Waiting<'_> {
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Answer, StoreError>> {
         loop {
             if let Some((batch, i)) = &mut self.batch {
-                let answers = std::task::ready!(batch.poll_unpin(cx));
-                return Poll::Ready(answers[*i].clone());
+                std::task::ready!(batch.poll_end(cx));
+                let answer = batch.answers().map(|answers| answers.get(*i).clone());
+                return Poll::Ready(answer.unwrap_or_else(|| Err(left())));
             }
             // Outside the lock: the last share of a call ends its flight, which takes it.
             self.driving.clear();
@@ -486,7 +506,7 @@ impl Waiting<'_> {
                     // ends makes room.
                     let mut ended = false;
                     for call in &mut self.driving {
-                        ended |= call.poll_unpin(cx).is_ready();
+                        ended |= call.poll_end(cx).is_ready();
                     }
                     if ended {
                         continue;
@@ -620,20 +640,22 @@ impl RedisStore {
                 out[i] = Some(answer.clone());
             }
         }
-        out.into_iter()
-            .map(|a| a.expect("every operation answered"))
-            .collect()
+        Answers::from_fn(n, |i| {
+            out[i]
+                .take()
+                .unwrap_or_else(|| Err(StoreError::msg(StoreErrorKind::Backend, UNREADABLE)))
+        })
     }
 
     /// A lone operation: a renewal or release with the server's native compare command where
     /// it has one (and nothing else in flight to keep in order), else the batch script.
     async fn call_one(&self, queued: &Queued) -> Answers {
         let answer = |code| {
-            Arc::new([Ok(Answer {
+            Answers::One(Ok(Answer {
                 code,
                 n: 0,
                 acks: None,
-            })])
+            }))
         };
         let native = match &queued.op {
             // A key with a capacity holds a set of holders: the script counts them.
@@ -645,7 +667,7 @@ impl RedisStore {
         match native {
             Ok(Some(done)) => answer(i64::from(done)),
             Ok(None) => self.call(std::slice::from_ref(queued)).await,
-            Err(error) => Arc::new([Err(error)]),
+            Err(error) => Answers::One(Err(error)),
         }
     }
 
@@ -662,8 +684,7 @@ impl RedisStore {
             }
             (0..ops.len()).filter(|&i| !ops[i].ticket.left()).collect()
         };
-        let every =
-            |answer: Result<Answer, StoreError>| (0..ops.len()).map(|_| answer.clone()).collect();
+        let every = |answer: Result<Answer, StoreError>| Answers::every(ops.len(), answer);
         let mut sent = live(ops);
         if sent.is_empty() {
             return every(Err(left()));
@@ -681,12 +702,10 @@ impl RedisStore {
             Ok(Some((values, acks))) if values.len() == 2 * sent.len() => {
                 // In order: the sent operations' answers, and the others' (left) in between.
                 let mut sent = sent.iter().copied().zip(values.chunks_exact(2)).peekable();
-                (0..ops.len())
-                    .map(|i| match sent.next_if(|&(at, _)| at == i) {
-                        Some((_, pair)) => answer_of(&pair[0], &pair[1], acks),
-                        None => Err(left()),
-                    })
-                    .collect()
+                Answers::from_fn(ops.len(), |i| match sent.next_if(|&(at, _)| at == i) {
+                    Some((_, pair)) => answer_of(&pair[0], &pair[1], acks),
+                    None => Err(left()),
+                })
             }
             Ok(Some(_)) => every(Err(StoreError::msg(
                 StoreErrorKind::Backend,

@@ -18,6 +18,7 @@ mod records;
 mod replicas;
 mod scripts;
 mod set;
+mod shared;
 
 use std::{
     fmt,
