@@ -101,15 +101,30 @@ struct Notifier {
     passed_over: AtomicBool,
 }
 
-/// Waker slots, the first two inline.
+/// Waker slots, the first two inline. A slot given up by a caller that left before the call
+/// ended is given to the next caller that waits (queued callers wait through a fresh clone at
+/// each poll: without reuse, a long call would grow the list at every wake-up).
 #[derive(Default)]
 struct Wakers {
     first: [Option<Waker>; 2],
     more: Vec<Option<Waker>>,
     used: usize,
+    free: Vec<usize>,
 }
 
 impl Wakers {
+    fn take_slot(&mut self) -> usize {
+        self.free.pop().unwrap_or_else(|| {
+            self.used += 1;
+            self.used - 1
+        })
+    }
+
+    fn give_back(&mut self, slot: usize) {
+        *self.slot(slot) = None;
+        self.free.push(slot);
+    }
+
     fn slot(&mut self, i: usize) -> &mut Option<Waker> {
         match i {
             0 | 1 => &mut self.first[i],
@@ -185,10 +200,7 @@ impl SharedCall {
         let notifier = &self.cell.notifier;
         let slot = {
             let mut wakers = notifier.wakers();
-            let slot = *self.slot.get_or_insert_with(|| {
-                wakers.used += 1;
-                wakers.used - 1
-            });
+            let slot = *self.slot.get_or_insert_with(|| wakers.take_slot());
             let waker = wakers.slot(slot);
             if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                 *waker = Some(cx.waker().clone());
@@ -251,8 +263,11 @@ impl Clone for SharedCall {
 
 impl Drop for SharedCall {
     fn drop(&mut self) {
-        if let Some(slot) = self.slot {
-            *self.cell.notifier.wakers().slot(slot) = None;
+        // Once the call has ended nobody waits any more: nothing to give back.
+        if let Some(slot) = self.slot
+            && self.cell.answers.get().is_none()
+        {
+            self.cell.notifier.wakers().give_back(slot);
         }
     }
 }
@@ -355,6 +370,35 @@ mod tests {
             .expect("driven by the caller polled");
         assert_eq!(second.answers().unwrap().get(0).as_ref().unwrap().code, 7);
         drop(first);
+    }
+
+    /// Callers that wait through a fresh clone at every poll (as queued callers do) reuse the
+    /// slots of the clones they dropped: the list stays as long as the callers waiting at once.
+    #[tokio::test]
+    async fn waker_slots_are_reused() {
+        let (send, receive) = tokio::sync::oneshot::channel::<()>();
+        let call = SharedCall::new(async move {
+            let _ = receive.await;
+            Answers::every(1, answer(0))
+        });
+        for _ in 0..1000 {
+            let mut clones: Vec<SharedCall> = (0..5).map(|_| call.clone()).collect();
+            for clone in &mut clones {
+                assert!(poll_once(clone).await.is_pending());
+            }
+        }
+        {
+            let wakers = call.cell.notifier.wakers();
+            assert!(
+                wakers.used <= 5,
+                "{} slots for 5 callers at once",
+                wakers.used
+            );
+        }
+        send.send(()).unwrap();
+        let mut call = call;
+        (&mut call).await;
+        assert!(call.answers().is_some());
     }
 
     /// Two threads polling the same call at once, many times over: each ends with the answers
