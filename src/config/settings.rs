@@ -226,7 +226,9 @@ settings! {
     max_hold: Duration => |v| v, get Duration => |s| s.max_hold;
     /// Bound on each renew and release round trip, and the least time an acquire attempt gets
     /// even when the wait deadline is shorter, so `Wait::none()` still has time for one try
-    /// (default 1 s).
+    /// (default 1 s). A [`RedisStore`](crate::RedisStore) made by `connect` also gives each
+    /// command at most 2 s of silence from Redis (its connection's own response timeout: the
+    /// call then fails as timed out), so above 2 s this bounds nothing more there.
     store_timeout: Duration => |v| v, get Duration => |s| s.store_timeout;
     /// Prepended to every key, to keep this service's locks apart in a shared Redis (default
     /// `tower-lock:`).
