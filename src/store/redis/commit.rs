@@ -194,6 +194,9 @@ impl Lane {
     }
 }
 
+/// The operations of one call: a lone operation's (most calls) without a list.
+type Ops = smallvec::SmallVec<[Queued; 1]>;
+
 /// An operation and its caller's place.
 struct Queued {
     op: Op,
@@ -402,7 +405,7 @@ impl RedisStore {
             let lane = lane_of(&mut lanes, runtime);
             // Behind a queue, an operation joins it, so that operations go in arrival order.
             if lane.flights.len() < committer.window && lane.queue.is_empty() {
-                Some(self.launch(lane, vec![queued]))
+                Some(self.launch(lane, smallvec::smallvec![queued]))
             } else {
                 lane.queue.push(queued);
                 None
@@ -434,7 +437,7 @@ impl RedisStore {
 
     /// A call of `ops`, in flight in `lane` from now on (sent at its first poll): its callers
     /// and the lane's queued callers drive it, whichever are polled.
-    fn launch(&self, lane: &mut Lane, ops: Vec<Queued>) -> Batch {
+    fn launch(&self, lane: &mut Lane, ops: Ops) -> Batch {
         let number = lane.next;
         lane.next += 1;
         let acquires = Acquires::of(&ops);
@@ -528,7 +531,7 @@ impl Waiting<'_> {
                 // The lane's next batch: the queue's first operations, in arrival order (its
                 // callers that gave up have left it).
                 let n = lane.queue.len().min(MAX_BATCH);
-                let ops: Vec<Queued> = lane.queue.drain(..n).collect();
+                let ops: Ops = lane.queue.drain(..n).collect();
                 let tickets: Vec<Arc<Ticket>> = ops
                     .iter()
                     .map(|queued| Arc::clone(&queued.ticket))
@@ -590,7 +593,7 @@ impl Drop for Waiting<'_> {
 impl RedisStore {
     /// Sends `ops` as one script call (one per hash slot on a server that hashes keys to
     /// slots); an answer for each, in order.
-    async fn send(&self, ops: Vec<Queued>) -> Answers {
+    async fn send(&self, ops: Ops) -> Answers {
         let n = ops.len();
         if !self.slot_bound.load(Ordering::Relaxed) {
             // Refused before it ran, by a server that hashes keys to slots (a cluster-mode
