@@ -206,6 +206,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
                 log: Log::Redis(data.conn),
                 per_slot: data.per_slot,
                 provider,
+                retention: settings.retention,
             }
         }
         None => {
@@ -218,6 +219,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
                 log: Log::Memory(Arc::default()),
                 per_slot: false,
                 provider,
+                retention: settings.retention,
             }
         }
     };
@@ -465,6 +467,9 @@ struct Payments {
     /// The data is on a cluster: the log (one key) is in another slot than a payment, so it is
     /// appended after the payment's fenced write rather than with it.
     per_slot: bool,
+    /// How long a payment is found by its key: as long as the layer replays its response. After
+    /// that the key is a new request, and the payment's key (and its fence) expire.
+    retention: Duration,
 }
 
 #[derive(Clone)]
@@ -530,9 +535,9 @@ impl Payments {
         };
         let json = serde_json::to_string(payment).map_err(|e| Problem::corrupt(&e))?;
         let logged = serde_json::to_string(&record).map_err(|e| Problem::corrupt(&e))?;
-        let mut batch = self
-            .batch(lease)
-            .set(payment_key(lease, account, key), json);
+        let mut batch =
+            self.batch(lease)
+                .set_with_ttl(payment_key(lease, account, key), json, self.retention);
         let with_log = matches!(self.log, Log::Redis(_)) && !self.per_slot;
         if with_log {
             batch = batch.rpush(LOG_KEY, &logged);

@@ -950,11 +950,14 @@ async fn killed_instance_keys_pass_on_after_the_ttl() {
     let killed = Instant::now();
     let mut expiry = Vec::new();
     for sku in skus {
+        // The example locks SKUs in the namespace `sku`; a key's name holds the SKU's digest.
+        let name =
+            tower_lock::key::LockKey::new("tower-lock:", "sku", sku.as_bytes(), 512).unwrap();
         let key = redis
             .lock_keys()
             .await
             .into_iter()
-            .find(|k| k.ends_with(format!(":{sku}").as_bytes()))
+            .find(|k| k[..] == *name.as_bytes())
             .expect("the key of a held SKU");
         let pttl: i64 = redis::cmd("PTTL")
             .arg(&key)

@@ -33,14 +33,16 @@ struct Round {
 /// Until a lock key for `sku` exists in `redis` (A holds it).
 async fn until_locked(redis: &RedisServer, sku: &str) {
     let mut conn = redis.client().await;
+    // The example locks SKUs in the namespace `sku`; the key's name holds the SKU's digest.
+    let key = tower_lock::key::LockKey::new("tower-lock:", "sku", sku.as_bytes(), 512).unwrap();
     let started = Instant::now();
     loop {
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("tower-lock:*:sku:{sku}"))
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(key.as_bytes())
             .query_async(&mut conn)
             .await
             .unwrap();
-        if !keys.is_empty() {
+        if exists {
             return;
         }
         assert!(

@@ -49,7 +49,7 @@ use crate::{
 #[derive(Debug, Default)]
 pub(crate) struct LocalQueues {
     // A key's entry lives while anyone holds or waits for its turn.
-    queues: Mutex<HashMap<Arc<[u8]>, Arc<Entry>>>,
+    queues: Mutex<HashMap<LockKey, Arc<Entry>>>,
 }
 
 /// One key's queue, and what its head knows of the key's holder.
@@ -115,7 +115,7 @@ impl Entry {
 /// This request's turn at a key, within the process. Dropping it passes the turn on.
 #[derive(Debug)]
 pub(crate) struct Turn {
-    key: Arc<[u8]>,
+    key: LockKey,
     queues: Arc<LocalQueues>,
     // `None` only while dropping.
     entry: Option<Arc<Entry>>,
@@ -161,7 +161,7 @@ impl LocalQueues {
         let (weight, capacity) = key
             .share()
             .map_or((1, 1), |share| (share.weight(), share.capacity()));
-        let key = key.shared();
+        let key = key.clone();
         let entry = {
             let mut queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
             Arc::clone(

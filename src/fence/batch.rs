@@ -28,6 +28,7 @@ use crate::{
 /// | [`get`](Self::get) | `GET` | [`Reply::Data`] or [`Reply::Nil`] |
 /// | [`hget`](Self::hget) | `HGET` | [`Reply::Data`] or [`Reply::Nil`] |
 /// | [`set`](Self::set) | `SET` | [`Reply::Done`] |
+/// | [`set_with_ttl`](Self::set_with_ttl) | `SET PX` | [`Reply::Done`] |
 /// | [`del`](Self::del) | `DEL` | [`Reply::Int`]: keys removed |
 /// | [`hset`](Self::hset) | `HSET` | [`Reply::Int`]: fields added |
 /// | [`incr_by`](Self::incr_by) | `INCRBY` | [`Reply::Int`]: the counter after it |
@@ -82,11 +83,28 @@ impl Batch {
         })
     }
 
-    /// Sets a string value (whatever the key held before).
+    /// Sets a string value (whatever the key held before), kept until written again.
     pub fn set(self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> Self {
         self.op(DataOp::Set {
             key: bytes(key),
             value: bytes(value),
+            ttl: None,
+        })
+    }
+
+    /// Sets a string value that expires after `ttl` (at least a millisecond; `SET PX`). The
+    /// batch's fences are kept at least as long, so that no value outlives the fence that
+    /// guards it.
+    pub fn set_with_ttl(
+        self,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        ttl: std::time::Duration,
+    ) -> Self {
+        self.op(DataOp::Set {
+            key: bytes(key),
+            value: bytes(value),
+            ttl: Some(ttl.max(std::time::Duration::from_millis(1))),
         })
     }
 
@@ -168,6 +186,7 @@ impl Batch {
                 .map(|(key, token)| (fence_key(key), *token))
                 .collect(),
             ops: self.ops,
+            horizon: self.data.fence_horizon(),
         };
         let limit = self.data.batch_timeout();
         let applied = tokio::time::timeout(limit, Arc::clone(self.data.backend()).apply(plan))
@@ -181,6 +200,9 @@ impl Batch {
                     .into_iter()
                     .nth(resource)
                     .ok_or_else(|| FenceError::Invalid("the store named no resource".into()))?;
+                if let Some(lease) = &self.lease {
+                    lease.mark_refused();
+                }
                 tracing::debug!(
                     scope = resource.scope(),
                     fencing_token,

@@ -12,6 +12,10 @@ use crate::{
 /// The default bound on one batch's round trip.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// The default horizon of a fence: a day, as long as the idempotency records of the same
+/// requests are kept by default.
+pub(super) const DEFAULT_HORIZON: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// A handle on the data a lock protects, written through fenced batches.
 ///
 /// Made from a store of this crate that can apply a batch atomically ([`FencedStore`]: a
@@ -25,6 +29,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 pub struct FencedData {
     backend: Arc<dyn FencedWrites>,
     timeout: Duration,
+    horizon: Duration,
     kind: &'static str,
 }
 
@@ -38,6 +43,7 @@ impl FencedData {
         Self {
             backend,
             timeout: DEFAULT_TIMEOUT,
+            horizon: DEFAULT_HORIZON,
             kind: std::any::type_name_of_val(&store)
                 .rsplit("::")
                 .next()
@@ -50,6 +56,7 @@ impl FencedData {
         Self {
             backend: Arc::new(MemoryData::default()),
             timeout: DEFAULT_TIMEOUT,
+            horizon: DEFAULT_HORIZON,
             kind: "memory",
         }
     }
@@ -59,6 +66,28 @@ impl FencedData {
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// How long a fence outlives the last batch that touched it (default a day), and so how old
+    /// a lease's token may be and still write a resource whose fence has expired.
+    ///
+    /// A fence is kept for the horizon after each batch that touches it (or as long as the
+    /// longest-lived value a batch set with [`Batch::set_with_ttl`], if longer); then it
+    /// expires, and the resource holds no key of the lock's. A batch on a resource without a
+    /// fence refuses, as [`FenceError::Stale`](super::FenceError::Stale), every token older
+    /// than the horizon (tokens follow the lock server's clock): so a holder paused for longer
+    /// than the horizon is refused whether its resource's fence is still there or not, and
+    /// never writes. The other side: a lease held for longer than the horizon, whose resource
+    /// nobody touched for a whole horizon, is refused too. Keep the horizon above the longest
+    /// a lease is held between two batches on one resource, and the same on every instance
+    /// that writes the data (an instance with a longer horizon than the one that wrote a fence
+    /// admits tokens the fence would have refused, for the difference).
+    ///
+    /// See the [module docs](super#fences-expire).
+    #[must_use]
+    pub fn horizon(mut self, horizon: Duration) -> Self {
+        self.horizon = horizon;
         self
     }
 
@@ -124,6 +153,10 @@ impl FencedData {
     pub(super) fn batch_timeout(&self) -> Duration {
         self.timeout
     }
+
+    pub(super) fn fence_horizon(&self) -> Duration {
+        self.horizon
+    }
 }
 
 impl fmt::Debug for FencedData {
@@ -131,6 +164,7 @@ impl fmt::Debug for FencedData {
         f.debug_struct("FencedData")
             .field("store", &self.kind)
             .field("timeout", &self.timeout)
+            .field("horizon", &self.horizon)
             .finish()
     }
 }

@@ -1,16 +1,23 @@
 //! Fenced data in this process ([`FencedData::in_memory`](super::FencedData::in_memory)): the
 //! same checks as the Redis script, under one mutex.
+//!
+//! Fences and values set with a time to live expire as in Redis. A resource without a fence
+//! refuses a token below the highest of every fence that has expired (`floor`): the process's
+//! own form of the horizon rule, exact where the Redis script's is bounded by the clock (a
+//! fence that expired was raised by a token issued a horizon ago or more, so a token below it
+//! is older still).
 
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
+    time::{Duration, Instant},
 };
 
 use bytes::Bytes;
 
 use crate::store::{
     BoxFuture, StoreError,
-    fenced::{Applied, DataOp, FencedWrites, Plan, Reply},
+    fenced::{Applied, DataOp, FENCE_SLACK, FencedWrites, Plan, Reply},
 };
 
 #[derive(Debug, Default)]
@@ -21,8 +28,24 @@ pub(super) struct MemoryData {
 #[derive(Debug, Default)]
 struct State {
     keys: HashMap<Bytes, Value>,
-    fences: HashMap<Bytes, u64>,
+    /// When the keys set with a time to live expire.
+    expiries: HashMap<Bytes, Instant>,
+    fences: HashMap<Bytes, Fence>,
+    /// The highest token of a fence that expired: a resource without a fence refuses a token
+    /// below it.
+    floor: u64,
+    /// When expired keys and fences are next swept out (those a batch names go at once).
+    next_sweep: Option<Instant>,
 }
+
+#[derive(Debug, Clone, Copy)]
+struct Fence {
+    token: u64,
+    expires: Instant,
+}
+
+/// How often expired keys and fences nobody names are swept out.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 enum Value {
@@ -137,11 +160,18 @@ impl State {
                 }
                 _ => Reply::Nil,
             },
-            DataOp::Set { key, value } => {
+            DataOp::Set { key, value, ttl } => {
+                match ttl {
+                    Some(ttl) => self.expiries.insert(key.clone(), Instant::now() + ttl),
+                    None => self.expiries.remove(&key),
+                };
                 self.keys.insert(key, Value::Str(value));
                 Reply::Done
             }
-            DataOp::Del { key } => Reply::Int(i64::from(self.keys.remove(&key).is_some())),
+            DataOp::Del { key } => {
+                self.expiries.remove(&key);
+                Reply::Int(i64::from(self.keys.remove(&key).is_some()))
+            }
             DataOp::HSet { key, field, value } => match self.keys.get_mut(&key) {
                 Some(Value::Hash(hash)) => {
                     Reply::Int(i64::from(hash.insert(field, value).is_none()))
@@ -173,28 +203,86 @@ impl State {
         }
     }
 
+    /// Drops `key`'s value if it has expired.
+    fn expire_key(&mut self, key: &Bytes, now: Instant) {
+        if self.expiries.get(key).is_some_and(|&at| at <= now) {
+            self.expiries.remove(key);
+            self.keys.remove(key);
+        }
+    }
+
+    /// `key`'s fence, unless it has expired (then its token joins the floor).
+    fn fence(&mut self, key: &Bytes, now: Instant) -> Option<u64> {
+        let fence = *self.fences.get(key)?;
+        if fence.expires > now {
+            return Some(fence.token);
+        }
+        self.fences.remove(key);
+        self.floor = self.floor.max(fence.token);
+        None
+    }
+
+    /// Sweeps out every expired key and fence, at most once per [`SWEEP_EVERY`]: nothing is
+    /// kept past its expiry for long, whether a batch names it again or not.
+    fn sweep(&mut self, now: Instant) {
+        if self.next_sweep.is_some_and(|at| at > now) {
+            return;
+        }
+        self.next_sweep = Some(now + SWEEP_EVERY);
+        let expired: Vec<Bytes> = (self.expiries.iter())
+            .filter(|&(_, &at)| at <= now)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in expired {
+            self.expire_key(&key, now);
+        }
+        let floor = &mut self.floor;
+        self.fences.retain(|_, fence| {
+            let live = fence.expires > now;
+            if !live {
+                *floor = (*floor).max(fence.token);
+            }
+            live
+        });
+    }
+
     fn apply(&mut self, plan: Plan) -> Applied {
+        let now = Instant::now();
+        self.sweep(now);
+        for op in &plan.ops {
+            self.expire_key(op.key(), now);
+        }
+        let mut found_fences = Vec::with_capacity(plan.fences.len());
         for (i, (fence_key, token)) in plan.fences.iter().enumerate() {
-            if let Some(&fence) = self.fences.get(fence_key)
-                && fence > *token
-            {
-                return Applied::Stale { resource: i, fence };
+            let fence = self.fence(fence_key, now);
+            match fence {
+                Some(fence) if fence > *token => return Applied::Stale { resource: i, fence },
+                None if self.floor > *token => {
+                    return Applied::Stale {
+                        resource: i,
+                        fence: self.floor,
+                    };
+                }
+                _ => found_fences.push(fence),
             }
         }
         if let Some(reason) = self.check(&plan.ops) {
             return Applied::Invalid { reason };
         }
         let writes = plan.ops.iter().any(DataOp::writes);
+        let keep = (plan.horizon + FENCE_SLACK).max(plan.longest_ttl().unwrap_or_default());
         let replies: Vec<Reply> = plan.ops.into_iter().map(|op| self.run(op)).collect();
         let found = replies.iter().any(|r| matches!(r, Reply::Data(_)));
-        for (fence_key, token) in plan.fences {
-            match self.fences.get_mut(&fence_key) {
-                Some(fence) => *fence = (*fence).max(token),
-                None if writes || found => {
-                    self.fences.insert(fence_key, token);
-                }
-                None => {}
+        for ((fence_key, token), fence) in plan.fences.into_iter().zip(found_fences) {
+            if fence.is_none() && !writes && !found {
+                continue;
             }
+            let expires = self
+                .fences
+                .get(&fence_key)
+                .map_or(now + keep, |f| f.expires.max(now + keep));
+            let token = fence.map_or(token, |fence| fence.max(token));
+            self.fences.insert(fence_key, Fence { token, expires });
         }
         Applied::Done(replies)
     }

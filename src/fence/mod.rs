@@ -61,7 +61,8 @@
 //! read-modify-write is only safe if a holder that read *before* a newer holder cannot write
 //! *after* it. A batch that only reads what does not exist leaves nothing behind, so that
 //! requests naming resources that do not exist add no keys. Tokens only ever grow, so a stale
-//! holder stays refused for good, whatever it retries.
+//! holder stays refused for good, whatever it retries (and after its resource's fence has
+//! expired too: see [Fences expire](#fences-expire)).
 //!
 //! A batch's keys are data. One that names the lock's own keys (a lock key, its hand-off
 //! queue, idempotency record or fence, a fencing counter of its prefix) is refused with
@@ -70,6 +71,42 @@
 //! keys outside them, unless its `name` is the lock keys' prefix. A counter that `incr_by` would
 //! not read as `INCRBY` does (a sign but `-`, a leading zero, `-0`, beyond `i64`) is refused the
 //! same way, before anything is written.
+//!
+//! # Fences expire
+//!
+//! A fence is not kept forever: a service that fences a million resources a day would keep a
+//! million more keys a day, for good. A fence expires a *horizon* after the last batch that
+//! touched it ([`FencedData::horizon`], 24 h by default, the idempotency records' default
+//! retention; one second more for the store's expiry to run late), and never before the
+//! longest-lived value a batch set with [`Batch::set_with_ttl`]: no value outlives its fence.
+//!
+//! What keeps that safe: a token also says when it was issued (it follows the lock server's
+//! clock, in µs; see "Tokens across restarts and failovers" below), and a batch on a resource
+//! **without** a fence refuses, as [`FenceError::Stale`], any token older than now less the
+//! horizon. A fence that expired was last raised a horizon ago or more, by a token issued
+//! before that; every token below it is older still, so it stays refused. So:
+//!
+//! | the holder | its batch |
+//! |---|---|
+//! | holds the newest token; its resource has a fence | applied (the fence is at most its token) |
+//! | stale (a newer holder touched the resource), fence still there | refused: below the fence |
+//! | stale, paused past the horizon, fence expired | refused: older than the horizon |
+//! | holds a lease longer than the horizon, and nobody touched its resource for a whole horizon | refused: older than the horizon (write at least once a horizon, or raise it) |
+//!
+//! A stale holder is never applied, whichever way it comes back. The price is the last row: a
+//! lease held for longer than the horizon whose resource went untouched that long is refused
+//! as if it were stale, so keep the horizon above the longest a lease is held between two
+//! batches on one resource. Every instance that writes the data must use the same horizon
+//! (like the key prefix): one with a longer horizon than the instance that raised a fence
+//! admits, once that fence expired, tokens up to the difference older than the rule allows.
+//!
+//! The rule assumes the clocks of the servers that issue tokens and keep the data agree to
+//! within the second of slack (they are one server in most deployments). In memory
+//! ([`FencedData::in_memory`]) the rule is exact rather than clock-bound: a resource without a
+//! fence refuses any token below the highest of the fences that have expired in the process.
+//!
+//! A fence written by an earlier version of this crate, without an expiry, gets one the first
+//! time a batch touches it; `CHANGELOG.md` shows how to give the others one at once.
 //!
 //! Fencing orders the writes; it does not make a lost lease exclusive again. A holder whose
 //! lease ran out, with no newer holder yet, still writes (its token is still the highest): from
@@ -210,7 +247,8 @@ pub(crate) fn is_lock_namespace(key: &[u8], resource: &LockKey) -> bool {
 }
 
 /// A data key for `resource`, in its hash slot: `name` followed by the lock key without its
-/// prefix (`<name>{<tag>}<scope length>:<scope>:<value>`), so one name gives each resource a key
+/// prefix (`<name>{<tag>}<scope length>:<scope>:<digest>`: the resource's digest, never its value),
+/// so one name gives each resource a key
 /// of its own.
 ///
 /// On a cluster every key of a batch must share one hash slot; keys made here share the slot
@@ -227,7 +265,7 @@ pub(crate) fn is_lock_namespace(key: &[u8], resource: &LockKey) -> bool {
 /// let apple = locker.key("sku", "apple")?;
 /// let key = data_key("stock:", &apple);
 /// assert!(key.starts_with(b"stock:{"));
-/// assert!(key.ends_with(b":sku:apple"));
+/// assert!(key.ends_with(b"3:sku:3a7bd3e2360a3d29eea436fcfb7e44c7")); // apple's digest
 /// # Ok::<(), tower_lock::key::KeyRejection>(())
 /// ```
 pub fn data_key(name: &str, resource: &LockKey) -> Vec<u8> {

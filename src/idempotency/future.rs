@@ -454,12 +454,17 @@ where
     };
     let config = &layer.config;
     let (head, body) = response.into_parts();
-    let storable = config.store_when.should_store(&head);
+    // A holder whose fenced write was refused is stale: a newer request has used the resource
+    // since, and this answer (a 409 `#stale-write`, most likely) is not the key's. Not stored,
+    // so that a retry runs and finds what the newer request did.
+    let stale = running.hold.lease().was_refused();
+    let storable = config.store_when.should_store(&head) && !stale;
     let too_large = body.size_hint().lower() > config.max_response_body as u64;
     if !storable || too_large {
         tracing::debug!(
             status = %head.status,
             too_large,
+            stale,
             "response not stored; a retry runs again"
         );
         running.hold.finish(Outcome::NotStored);

@@ -13,10 +13,23 @@ use super::error::IdempotencyError;
 /// The [`Lease`](crate::Lease) is there too: its [`fencing_token`](crate::Lease::fencing_token)
 /// and [`key`](crate::Lease::key) let a handler make its own writes conditional, which closes
 /// the window the layer cannot (see the [module docs](super#what-the-layer-cannot-close)).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct IdempotencyKey {
     key: Bytes,
     principal: Bytes,
+}
+
+impl std::fmt::Debug for IdempotencyKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The principal may be a secret (an API key): never in a log line.
+        f.debug_struct("IdempotencyKey")
+            .field("key", &self.as_str())
+            .field(
+                "principal",
+                &format_args!("<{} bytes>", self.principal.len()),
+            )
+            .finish()
+    }
 }
 
 impl IdempotencyKey {
@@ -84,18 +97,28 @@ pub(crate) fn read(
 }
 
 /// A Structured Field string (RFC 9651 §3.3.3: `"..."` with `\"` and `\\` escapes, printable
-/// ASCII) or, as Stripe's clients send, a bare run of visible ASCII without quotes. Both spell
-/// the same key: `"abc"` and `abc` are one key.
+/// ASCII) or, as Stripe's clients send, a bare key without quotes. Both spell the same key:
+/// `"abc"` and `abc` are one key.
+///
+/// A bare key holds only the characters of a Structured Field token (`tchar`, `:` and `/`),
+/// first character included (a token must start with a letter or `*`; a bare UUID starts with
+/// a digit, and is accepted). Nothing else: a comma, a semicolon, a space, `=`, parentheses or
+/// brackets could be read by a proxy or a structured-field parser as a list, parameters or
+/// another item, so that two hops see two keys (`a,b` joined from two field lines, or split
+/// into them).
 pub(crate) fn parse(raw: &[u8]) -> Result<Bytes, &'static str> {
     let raw = raw.trim_ascii();
     if raw.is_empty() {
         return Err("it is empty");
     }
     let Some(quoted) = raw.strip_prefix(b"\"") else {
-        if raw.iter().all(|b| b.is_ascii_graphic() && *b != b'"') {
+        if raw.iter().copied().all(is_token_char) {
             return Ok(Bytes::copy_from_slice(raw));
         }
-        return Err("a bare key may hold only visible ASCII, without spaces or quotes");
+        return Err(
+            "a bare key may hold only letters, digits and `!#$%&'*+-.^_`|~:/` (no comma, \
+             semicolon, space or quote); quote any other key as a string",
+        );
     };
     let mut out = Vec::with_capacity(quoted.len());
     let mut bytes = quoted.iter();
@@ -121,6 +144,11 @@ pub(crate) fn parse(raw: &[u8]) -> Result<Bytes, &'static str> {
     Err("the closing quote is missing")
 }
 
+/// A character of a Structured Field token (RFC 9651 §3.3.4): `tchar` (RFC 9110), `:` or `/`.
+fn is_token_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +159,12 @@ mod tests {
         assert_eq!(parse(b"8e03-ab").unwrap(), "8e03-ab");
         assert_eq!(parse(b"  \"a b\"  ").unwrap(), "a b");
         assert_eq!(parse(br#""a\"b\\c""#).unwrap(), r#"a"b\c"#);
+        // Every token character, bare; a comma only inside a string.
+        assert_eq!(
+            parse(b"*Az09!#$%&'+-.^_`|~:/").unwrap(),
+            "*Az09!#$%&'+-.^_`|~:/"
+        );
+        assert_eq!(parse(br#""a,b""#).unwrap(), "a,b");
         for bad in [
             &b""[..],
             b"\"\"",
@@ -141,6 +175,16 @@ mod tests {
             b"ab\"",
             b"\"\xc3\xa9\"",
             b"\"a\tb\"",
+            // What a proxy could split or join: a list, parameters, an inner list.
+            b"key,with,commas,longer-than-twenty-chars",
+            b"a;b=1",
+            b"(a b)",
+            b"a=b",
+            b"a@b",
+            b"[a]",
+            b"{a}",
+            b"a\\b",
+            b"a?b",
         ] {
             assert!(
                 parse(bad).is_err(),

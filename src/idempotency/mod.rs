@@ -64,7 +64,9 @@
 //!
 //! 1. **Key.** The header is a Structured Field string (`Idempotency-Key: "8e03…"`); a bare
 //!    token (`Idempotency-Key: 8e03…`, as Stripe's clients send) is accepted too and is the same
-//!    key. Missing: 400 (or, with [`required(false)`](IdempotencyConfig::required), the request
+//!    key; a bare key holds only a token's characters (letters, digits, `!#$%&'*+-.^_`|~:/`), so
+//!    a comma, semicolon or space, which a proxy could split or join, is a 400 unless quoted.
+//!    Missing: 400 (or, with [`required(false)`](IdempotencyConfig::required), the request
 //!    passes through untouched). Sent twice, malformed, shorter than
 //!    [`min_key_len`](IdempotencyConfig::min_key_len) (16) or longer than
 //!    [`max_key_len`](IdempotencyConfig::max_key_len) (255): 400.

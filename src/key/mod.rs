@@ -42,16 +42,20 @@
 //! reach (an `any` route, `route_service`, a service outside axum) is locked per method, so
 //! give its layer a namespace if the methods must exclude each other.
 //!
-//! The encoding is length-prefixed, so no value, whatever its bytes, can produce a key that belongs
-//! to another scope or falls outside the prefix. It starts with a Redis Cluster hash tag:
+//! The value never appears in the key: the key holds its *digest*, the first 128 bits of its
+//! SHA-256 in hex, so that a key name read from Redis (`SCAN`, `MONITOR`, a backup) shows
+//! nothing a client sent, nor an idempotency principal (an API key). The scope is the
+//! server's and stays readable. The encoding is length-prefixed, so no value, whatever its
+//! bytes, can produce a key that belongs to another scope or falls outside the prefix. It
+//! starts with a Redis Cluster hash tag:
 //!
 //! ```text
-//! <prefix>{<tag>}<scope length>:<scope>:<value>
-//! tower-lock:{8587}26:POST /items/{sku}/purchase:sku-123
+//! <prefix>{<tag>}<scope length>:<scope>:<digest>
+//! tower-lock:{9044}26:POST /items/{sku}/purchase:a07836af8f060bc5aaf0c07eaada638f   (sku-123)
 //! ```
 //!
-//! `<tag>` is a number chosen so that the key's hash slot is the CRC16 of the whole scoped value,
-//! `<scope length>:<scope>:<value>`, modulo 16384: the keys of one route spread over every slot
+//! `<tag>` is a number chosen so that the key's hash slot is the CRC16 of the whole scoped name,
+//! `<scope length>:<scope>:<digest>`, modulo 16384: the keys of one route spread over every slot
 //! (and every master of a cluster), whatever braces the scope or value holds, and companion keys
 //! the store derives from the key share its slot: the hand-off queue and the idempotency record
 //! (`<prefix>{<tag>}queue:…` and `<prefix>{<tag>}record:…`, a role where a lock key has the
@@ -60,8 +64,8 @@
 //!
 //! # Limits
 //!
-//! A value may hold any bytes, including invalid UTF-8 and control characters; Redis keys are
-//! binary-safe. An empty value is rejected with 400, and so is a value longer than
+//! A value may hold any bytes, including invalid UTF-8 and control characters (its digest is
+//! what the store sees); [`LockKey::value`] gives it back in this process. An empty value is rejected with 400, and so is a value longer than
 //! [`LockConfig::max_key_len`](crate::LockConfig::max_key_len) bytes (default 512).
 
 mod body;
@@ -250,7 +254,10 @@ impl std::error::Error for KeyRejection {}
 /// Two keys are equal when they name the same lock (the same bytes).
 #[derive(Clone)]
 pub struct LockKey {
+    /// The key's name (what the store writes), then the value it was derived from.
     full: Arc<[u8]>,
+    /// Where the name ends in `full`.
+    name: usize,
     /// The hash tag, braces included, right after the prefix.
     tag: Range<usize>,
     scope: Range<usize>,
@@ -267,7 +274,7 @@ pub struct LockKey {
 
 impl PartialEq for LockKey {
     fn eq(&self, other: &Self) -> bool {
-        self.full == other.full
+        self.as_bytes() == other.as_bytes()
     }
 }
 
@@ -275,8 +282,27 @@ impl Eq for LockKey {}
 
 impl std::hash::Hash for LockKey {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.full.hash(state);
+        self.as_bytes().hash(state);
     }
+}
+
+/// The length of a value's digest in a key name: 128 bits of SHA-256, in hex.
+const DIGEST_LEN: usize = 32;
+
+/// The digest that stands for `value` in a key name: the first 128 bits of its SHA-256, in
+/// lowercase hex. One-way and collision-resistant (finding two values that share a lock costs
+/// about 2^64 hashes), so a name shows nothing a client sent, and no client can make its key
+/// land on another's.
+fn digest(value: &[u8]) -> [u8; DIGEST_LEN] {
+    use sha2::Digest as _;
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let hash = sha2::Sha256::digest(value);
+    let mut out = [0u8; DIGEST_LEN];
+    for (pair, byte) in out.chunks_exact_mut(2).zip(&hash[..DIGEST_LEN / 2]) {
+        pair[0] = HEX[usize::from(byte >> 4)];
+        pair[1] = HEX[usize::from(byte & 0xf)];
+    }
+    out
 }
 
 impl LockKey {
@@ -328,7 +354,8 @@ impl LockKey {
         let scope_len: usize = scope.iter().map(|s| s.len()).sum();
         let mut digits = [0u8; 20];
         let digits = decimal(scope_len as u64, &mut digits);
-        // The slot of the whole scoped value, `<scope length>:<scope>:<value>`, and a tag that
+        let digest = digest(value);
+        // The slot of the whole scoped name, `<scope length>:<scope>:<digest>`, and a tag that
         // hashes to it.
         let crc = scope
             .iter()
@@ -337,14 +364,15 @@ impl LockKey {
                 |crc, piece| crc.update(piece.as_bytes()),
             )
             .update(b":")
-            .update(value);
+            .update(&digest);
         let slot = crc.slot();
         let mut tag = [0u8; 20];
         let tag = decimal(u64::from(slot::tag(slot)), &mut tag);
-        // `prefix{<tag>}<scope length>:<scope>:<value>`, put together on the stack when it fits
-        // (most keys), then copied once into the key's one allocation.
-        let len = prefix.len() + tag.len() + 2 + digits.len() + 1 + scope_len + 1 + value.len();
-        let mut buf = Concat::<256>::with_capacity(len);
+        // `prefix{<tag>}<scope length>:<scope>:<digest>`, then the value itself (kept for the
+        // process, never sent), put together on the stack when it fits (most keys), then copied
+        // once into the key's one allocation.
+        let name_len = prefix.len() + tag.len() + 2 + digits.len() + 1 + scope_len + 1 + DIGEST_LEN;
+        let mut buf = Concat::<256>::with_capacity(name_len + value.len());
         let tag_start = buf.push(prefix.as_bytes());
         buf.push(b"{");
         buf.push(tag);
@@ -355,23 +383,26 @@ impl LockKey {
         for piece in scope {
             scope_end = buf.push(piece.as_bytes());
         }
-        let value_start = buf.push(b":");
+        buf.push(b":");
+        let name_end = buf.push(&digest);
+        debug_assert_eq!(name_end, name_len);
         let value_end = buf.push(value);
-        debug_assert_eq!(value_end, len);
         Self {
             full: Arc::from(buf.as_bytes()),
+            name: name_len,
             tag: tag_start..tag_end,
             scope: scope_start..scope_end,
-            value: value_start..value_end,
+            value: name_end..value_end,
             slot,
             other_method: 0,
             share: None,
         }
     }
 
-    /// The whole key, as the store writes it.
+    /// The whole key, as the store writes it: `<prefix>{<tag>}<scope length>:<scope>:<digest>`
+    /// (see the [module docs](self#scoping)). It holds no byte of the value.
     pub fn as_bytes(&self) -> &[u8] {
-        &self.full
+        &self.full[..self.name]
     }
 
     /// The prefix the key was built with (the bytes before its hash tag).
@@ -390,18 +421,14 @@ impl LockKey {
         self.slot
     }
 
-    /// The whole key, shared (no copy).
-    pub(crate) fn shared(&self) -> Arc<[u8]> {
-        Arc::clone(&self.full)
-    }
-
     /// The scope: the namespace, or the method and route template.
     pub fn scope(&self) -> &str {
         // The scope was copied in from a `&str`, so this cannot fail.
         std::str::from_utf8(&self.full[self.scope.clone()]).unwrap_or_default()
     }
 
-    /// The value the key source derived (a SKU, an idempotency key, ...).
+    /// The value the key source derived (a SKU, an idempotency key, ...). Kept in this process
+    /// only: the store sees its digest (see [`as_bytes`](Self::as_bytes)).
     pub fn value(&self) -> &[u8] {
         &self.full[self.value.clone()]
     }
@@ -451,9 +478,13 @@ impl LockKey {
 
 impl fmt::Debug for LockKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The name, never the value: a key in a logged error shows what a store shows.
         f.debug_struct("LockKey")
             .field("scope", &self.scope())
-            .field("value", &String::from_utf8_lossy(self.value()))
+            .field(
+                "digest",
+                &String::from_utf8_lossy(&self.as_bytes()[self.name - DIGEST_LEN..]),
+            )
             .finish()
     }
 }
@@ -468,15 +499,20 @@ mod tests {
         req.into_parts().0
     }
 
-    /// `<prefix>{<tag>}<scope length>:<scope>:<value>`, its parts, and its slot: that of the
-    /// whole scoped value.
-    fn assert_layout(key: &LockKey, prefix: &str, scoped: &[u8]) {
+    /// `<prefix>{<tag>}<scope length>:<scope>:<digest of value>`, its parts, and its slot: that
+    /// of the whole scoped name.
+    fn assert_layout(key: &LockKey, prefix: &str, scope: &str, value: &[u8]) {
+        let scoped = [
+            format!("{}:{scope}:", scope.len()).as_bytes(),
+            &digest(value)[..],
+        ]
+        .concat();
         // The slot of all of `scoped`'s bytes, braces or not.
-        let whole = slot::Crc16::default().update(scoped).slot();
+        let whole = slot::Crc16::default().update(&scoped).slot();
         let tag = format!("{{{}}}", slot::tag(whole));
         assert_eq!(
             key.as_bytes(),
-            [prefix.as_bytes(), tag.as_bytes(), scoped].concat(),
+            [prefix.as_bytes(), tag.as_bytes(), &scoped].concat(),
             "{key:?}"
         );
         assert_eq!(key.prefix(), prefix.as_bytes());
@@ -487,39 +523,54 @@ mod tests {
             whole,
             "Redis's rule gives another slot"
         );
+        assert_eq!((key.scope(), key.value()), (scope, value));
     }
 
     #[test]
     fn key_layout_is_length_prefixed() {
         let key = LockKey::new("p:", "POST /a", b"v:1}", 64).unwrap();
-        assert_layout(&key, "p:", b"7:POST /a:v:1}");
-        assert_eq!(key.scope(), "POST /a");
-        assert_eq!(key.value(), b"v:1}");
+        assert_layout(&key, "p:", "POST /a", b"v:1}");
 
         // Longer than the stack buffer the key is put together in; an empty and a two-digit
         // scope length; braces in the scope and value.
         let value = vec![b'v'; 300];
         let key = LockKey::from_parts("p:", &["POST ", "/items/{sku}"], &value, 512).unwrap();
-        assert_layout(
-            &key,
-            "p:",
-            &[&b"17:POST /items/{sku}:"[..], &value].concat(),
-        );
-        assert_eq!(key.scope(), "POST /items/{sku}");
-        assert_eq!(key.value(), value);
+        assert_layout(&key, "p:", "POST /items/{sku}", &value);
         let key = LockKey::new("", "", b"{v}", 64).unwrap();
-        assert_layout(&key, "", b"0::{v}");
-        assert_eq!((key.scope(), key.value()), ("", &b"{v}"[..]));
+        assert_layout(&key, "", "", b"{v}");
     }
 
     #[test]
     fn the_layout_does_not_change() {
-        // Instances that share locks must build the same keys: these bytes are the layout.
+        // Instances that share locks must build the same keys: these bytes are the layout. The
+        // value is its digest: SHA-256("sku-123") begins a07836af..., and no byte of it shows.
         let key = LockKey::new("tower-lock:", "POST /items/{sku}/purchase", b"sku-123", 64);
         assert_eq!(
-            key.unwrap().as_bytes(),
-            b"tower-lock:{8587}26:POST /items/{sku}/purchase:sku-123"
+            String::from_utf8_lossy(key.unwrap().as_bytes()),
+            "tower-lock:{9044}26:POST /items/{sku}/purchase:a07836af8f060bc5aaf0c07eaada638f"
         );
+    }
+
+    #[test]
+    fn names_show_no_byte_of_the_value() {
+        // A secret as the value: neither the name nor the key's Debug shows it.
+        let secret = b"sk_live_4eC39HqLyjWDarjtT1zdp7dc";
+        let key = LockKey::new("tower-lock:", "POST /payments", secret, 64).unwrap();
+        let name = String::from_utf8_lossy(key.as_bytes()).into_owned();
+        let debug = format!("{key:?}");
+        for shown in [&name, &debug] {
+            assert!(!shown.contains("sk_live"), "{shown}");
+            assert!(!shown.contains("4eC39"), "{shown}");
+        }
+        assert_eq!(key.value(), secret, "the process keeps the value");
+        // Values that differ in one byte share nothing but their scope.
+        let other = LockKey::new(
+            "tower-lock:",
+            "POST /payments",
+            b"sk_live_4eC39HqLyjWDarjtT1zdp7dd",
+            64,
+        );
+        assert_ne!(key, other.unwrap());
     }
 
     #[test]

@@ -68,6 +68,8 @@ struct Inner {
     /// Set when a fenced batch that writes is first sent under this lease: from then on a loss
     /// no longer aborts its holder (the fence decides whether each write lands; `crate::fence`).
     fenced: AtomicBool,
+    /// Whether a fenced batch under it was refused as stale.
+    refused: AtomicBool,
     /// The nested guards on this lease (re-entries of its holder's task) still alive: when the
     /// holder releases while one is, that guard's lease has ended under it, and is marked lost.
     nested: AtomicUsize,
@@ -133,6 +135,7 @@ impl Lease {
                 notify: Notify::new(),
                 on_release: AtomicWaker::new(),
                 fenced: AtomicBool::new(false),
+                refused: AtomicBool::new(false),
                 nested: AtomicUsize::new(0),
             }),
         }
@@ -259,6 +262,18 @@ impl Lease {
     /// Marks that a fenced write is about to be sent under this lease.
     pub(crate) fn mark_fenced(&self) {
         self.inner.fenced.store(true, Ordering::Release);
+    }
+
+    /// Marks that a fenced batch under this lease was refused as stale: a newer holder has
+    /// touched the resource, so what this holder answers is not the resource's answer (the
+    /// idempotency layer stores no record of it).
+    pub(crate) fn mark_refused(&self) {
+        self.inner.refused.store(true, Ordering::Release);
+    }
+
+    /// Whether a fenced batch under this lease was refused as stale.
+    pub(crate) fn was_refused(&self) -> bool {
+        self.inner.refused.load(Ordering::Acquire)
     }
 
     /// When the lease was acquired (the process's clock).

@@ -24,7 +24,7 @@ const RETRY_WAIT_MS: std::ops::Range<u64> = 10..50;
 /// [`ClusterConnection`], which routes each command to the master of its key's hash slot and
 /// follows `MOVED` and `ASK` redirections by itself (slot migrations, failovers). A lock key
 /// starts with a hash tag naming the slot of its whole scoped value
-/// (`tower-lock:{<tag>}<scope length>:<scope>:<value>`, see [`crate::key`]), so the keys of one
+/// (`tower-lock:{<tag>}<scope length>:<scope>:<digest>`, see [`crate::key`]), so the keys of one
 /// route spread over every slot and master, and the key, its hand-off queue and idempotency
 /// record (`tower-lock:{<tag>}queue:…`, `tower-lock:{<tag>}record:…`) and its slot's fencing
 /// counter (`tower-lock:fence:{<tag>}`, or `tower-lock:fence` in its own slot) share a slot:

@@ -2,7 +2,7 @@
 //! only if each resource's fence allows it. The public face is [`crate::fence`]; this is the
 //! part a store implements ([`FencedWrites`], a capability).
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
 
@@ -54,6 +54,8 @@ pub(crate) enum DataOp {
     Set {
         key: Bytes,
         value: Bytes,
+        /// The value's time to live; `None`: kept until written again.
+        ttl: Option<Duration>,
     },
     Del {
         key: Bytes,
@@ -94,12 +96,33 @@ impl DataOp {
 }
 
 /// A batch as a store applies it: each resource's fence key with the token that guards it,
-/// then the operations, in order.
+/// then the operations, in order, and the fences' horizon.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Plan {
     pub(crate) fences: Vec<(Bytes, u64)>,
     pub(crate) ops: Vec<DataOp>,
+    /// How long a fence is kept after the last batch that touched it (at least as long as the
+    /// data a batch sets with a time to live), and how old a token a resource without a fence
+    /// still admits (see [`crate::fence`], "Fences expire").
+    pub(crate) horizon: Duration,
 }
+
+impl Plan {
+    /// The longest time to live a `set` of the plan gives its value.
+    pub(crate) fn longest_ttl(&self) -> Option<Duration> {
+        self.ops
+            .iter()
+            .filter_map(|op| match op {
+                DataOp::Set { ttl, .. } => *ttl,
+                _ => None,
+            })
+            .max()
+    }
+}
+
+/// What a fence outlives the last batch that touched it by, beyond its horizon: room for the
+/// store's expiry to run late, and for tokens handed out a little ahead of the clock.
+pub(crate) const FENCE_SLACK: Duration = Duration::from_secs(1);
 
 /// What a store did with a plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,11 +141,13 @@ pub(crate) enum Applied {
 
 /// Applies fenced batches, each in one atomic step.
 pub(crate) trait FencedWrites: Send + Sync + 'static {
-    /// Applies `plan` in one atomic step: when every fence's stored value (0 if none) is at
-    /// most its token, checks that every operation can apply, then applies them all and raises
-    /// each fence to its token, if the plan writes, or the fence exists, or a read found
-    /// something (a batch that only reads what does not exist leaves nothing behind).
-    /// Otherwise changes nothing. A plan without fences (an unfenced batch) checks no token
-    /// and raises no fence.
+    /// Applies `plan` in one atomic step: when every fence's stored value is at most its token
+    /// (a resource without a fence: when its token is no older than the horizon, see
+    /// [`crate::fence`]), checks that every operation can apply, then applies them all and
+    /// raises each fence to its token, if the plan writes, or the fence exists, or a read found
+    /// something (a batch that only reads what does not exist leaves nothing behind); a fence
+    /// so written expires a horizon (and [`FENCE_SLACK`]) after this batch, or when the
+    /// longest-lived value it guards does, whichever is later. Otherwise changes nothing. A
+    /// plan without fences (an unfenced batch) checks no token and raises no fence.
     fn apply(self: Arc<Self>, plan: Plan) -> BoxFuture<Result<Applied, StoreError>>;
 }

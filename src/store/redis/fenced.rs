@@ -11,9 +11,14 @@ use crate::{
     slot,
     store::{
         BoxFuture, StoreError, StoreErrorKind,
-        fenced::{Applied, DataOp, FencedWrites, Plan, Reply},
+        fenced::{Applied, DataOp, FENCE_SLACK, FencedWrites, Plan, Reply},
     },
 };
+
+/// A duration in whole milliseconds, at least 1 (`PX 0` is an error).
+fn ms(duration: std::time::Duration) -> u64 {
+    (duration.as_millis().min(u128::from(u64::MAX)) as u64).max(1)
+}
 
 /// Built once: `redis::Script` hashes its source, and the store reloads it on `NOSCRIPT`.
 static FENCED: LazyLock<Script> = LazyLock::new(|| Script::new(lua("fenced")));
@@ -29,26 +34,38 @@ impl RedisStore {
             return Ok(Applied::Invalid { reason });
         }
         let tokens: Vec<String> = plan.fences.iter().map(|(_, t)| t.to_string()).collect();
-        let deltas: Vec<String> = plan
+        // An operation's number, if it has one: a counter's delta, a value's time to live.
+        let numbers: Vec<String> = plan
             .ops
             .iter()
             .map(|op| match op {
                 DataOp::IncrBy { delta, .. } => delta.to_string(),
+                DataOp::Set { ttl: Some(ttl), .. } => ms(*ttl).to_string(),
                 _ => String::new(),
             })
             .collect();
         let count = plan.fences.len().to_string();
-        let mut args: Vec<&[u8]> = Vec::with_capacity(1 + tokens.len() + plan.ops.len() * 3);
-        args.push(count.as_bytes());
+        // The fence is kept for the horizon and the slack, or as long as a value it guards.
+        let keep = ms(plan.horizon + FENCE_SLACK).to_string();
+        let horizon = (plan.horizon.as_micros().min(u128::from(u64::MAX)) as u64).to_string();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(3 + tokens.len() + plan.ops.len() * 3);
+        args.extend([count.as_bytes(), horizon.as_bytes(), keep.as_bytes()]);
         args.extend(tokens.iter().map(|t| t.as_bytes()));
-        for (op, delta) in plan.ops.iter().zip(&deltas) {
+        for (op, number) in plan.ops.iter().zip(&numbers) {
             match op {
                 DataOp::Get { .. } => args.push(b"g"),
                 DataOp::HGet { field, .. } => args.extend([&b"hg"[..], field]),
-                DataOp::Set { value, .. } => args.extend([&b"s"[..], value]),
+                DataOp::Set {
+                    value, ttl: None, ..
+                } => args.extend([&b"s"[..], value]),
+                DataOp::Set {
+                    value,
+                    ttl: Some(_),
+                    ..
+                } => args.extend([&b"sx"[..], value, number.as_bytes()]),
                 DataOp::Del { .. } => args.push(b"d"),
                 DataOp::HSet { field, value, .. } => args.extend([&b"hs"[..], field, value]),
-                DataOp::IncrBy { .. } => args.extend([&b"i"[..], delta.as_bytes()]),
+                DataOp::IncrBy { .. } => args.extend([&b"i"[..], number.as_bytes()]),
                 DataOp::RPush { value, .. } => args.extend([&b"p"[..], value]),
             }
         }

@@ -2,26 +2,33 @@
 -- step only if every resource's fence allows it (see `crate::fence`).
 --
 -- KEYS: the fence keys of the batch's resources (`n` of them), then the data key of each
--- operation, in order. ARGV[1]: `n`. ARGV[2 .. n + 1]: the fencing token that guards each
--- resource, in decimal. Then each operation: its kind, then its arguments.
+-- operation, in order. ARGV[1]: `n`. ARGV[2]: the horizon in µs: a resource without a fence
+-- refuses a token older than that (tokens follow the lock server's clock, in µs). ARGV[3]: how
+-- long a fence is kept after this batch, in ms (the horizon and some slack). ARGV[4 .. n + 3]:
+-- the fencing token that guards each resource, in decimal. Then each operation: its kind, then
+-- its arguments.
 --
 -- | kind | operation | arguments | reply |
 -- |---|---|---|---|
 -- | `g` | GET | | the value, or nil |
 -- | `hg` | HGET | field | the value, or nil |
 -- | `s` | SET | value | 'OK' |
+-- | `sx` | SET PX | value, ttl ms | 'OK' |
 -- | `d` | DEL | | keys removed |
 -- | `hs` | HSET | field, value | fields added |
 -- | `i` | INCRBY | delta | the counter after it |
 -- | `p` | RPUSH | value | the list's length after it |
 --
 -- Returns {1, reply, ...} when applied; {0, i, fence} when resource i's fence is above its
--- token; {-1, i, reason} when operation i cannot apply (a key of another type, a counter that is
+-- token, or it has none and its token is older than the horizon (`fence` is then the oldest
+-- token it admits); {-1, i, reason} when operation i cannot apply (a key of another type, a counter that is
 -- not a whole number or would overflow). Nothing is changed unless it answers 1: every check
 -- runs before the first write, since a script that fails half way keeps what it wrote.
 -- A resource's fence is raised to its token when the batch writes, when it has a fence
 -- already, or when a read found something; a batch that only reads what does not exist leaves
--- nothing behind.
+-- nothing behind. A fence so written expires ARGV[3] ms after this batch, or when it would
+-- have anyway, or when the longest-lived value the batch sets does, whichever is last: no
+-- fence goes before the data it guards.
 
 -- Whether `a` is below `b`, both decimal digits without leading zeros (exact for every u64,
 -- which Lua's numbers are not).
@@ -33,11 +40,27 @@ local function below(a, b)
 end
 
 local n = tonumber(ARGV[1])
+local keep = tonumber(ARGV[3])
+-- The oldest token a resource without a fence admits: now less the horizon, read once.
+local oldest
+local function horizon()
+  if not oldest then
+    local now = redis.call('TIME')
+    local floor = tonumber(now[1]) * 1000000 + tonumber(now[2]) - tonumber(ARGV[2])
+    oldest = string.format('%.0f', math.max(floor, 0))
+  end
+  return oldest
+end
 local fences = {}
 for i = 1, n do
+  local token = ARGV[3 + i]
   local fence = redis.call('GET', KEYS[i])
-  if fence and below(ARGV[1 + i], fence) then
-    return {0, i, fence}
+  if fence then
+    if below(token, fence) then
+      return {0, i, fence}
+    end
+  elseif below(token, horizon()) then
+    return {0, i, horizon()}
   end
   fences[i] = fence
 end
@@ -47,11 +70,11 @@ end
 local ops = {}
 local planned = {}
 local writes = false
-local a = n + 2
+local a = n + 4
 local k = n + 1
 while a <= #ARGV do
   local kind = ARGV[a]
-  local arity = ({g = 0, hg = 1, s = 1, d = 0, hs = 2, i = 1, p = 1})[kind]
+  local arity = ({g = 0, hg = 1, s = 1, sx = 2, d = 0, hs = 2, i = 1, p = 1})[kind]
   if arity == nil then
     return redis.error_reply('ERR tower-lock: unknown fenced operation ' .. tostring(kind))
   end
@@ -88,11 +111,14 @@ for i, op in ipairs(ops) do
       state.t = 'hash'
       writes = true
     end
-  elseif kind == 's' then
+  elseif kind == 's' or kind == 'sx' then
     state.t = 'string'
     state.v = op.args[1]
     state.known = true
     writes = true
+    if kind == 'sx' and tonumber(op.args[2]) > keep then
+      keep = tonumber(op.args[2])
+    end
   elseif kind == 'd' then
     state.t = 'none'
     state.v = nil
@@ -144,6 +170,9 @@ for _, op in ipairs(ops) do
   elseif kind == 's' then
     redis.call('SET', key, args[1])
     reply = 'OK'
+  elseif kind == 'sx' then
+    redis.call('SET', key, args[1], 'PX', args[2])
+    reply = 'OK'
   elseif kind == 'd' then
     reply = redis.call('DEL', key)
   elseif kind == 'hs' then
@@ -157,9 +186,15 @@ for _, op in ipairs(ops) do
 end
 
 for i = 1, n do
-  local token, fence = ARGV[1 + i], fences[i]
-  if (writes or found or fence) and (not fence or below(fence, token)) then
-    redis.call('SET', KEYS[i], token)
+  local token, fence = ARGV[3 + i], fences[i]
+  if writes or found or fence then
+    -- Kept for the horizon after this batch, and never less than it had left (a fence written
+    -- before fences expired has no expiry, -1: it gets one now).
+    local ttl = keep
+    if fence then
+      ttl = math.max(ttl, redis.call('PTTL', KEYS[i]))
+    end
+    redis.call('SET', KEYS[i], token, 'PX', string.format('%d', ttl))
   end
 end
 return out
