@@ -54,7 +54,7 @@ echo "using $(openssl version)" >&2
 echo "using $(python3 --version)" >&2
 
 # The gates a change must pass before its tests count (skipped when arguments pick tests):
-# formatting, clippy with and without features, rustdoc, the public API's listing, and the package as crates.io would
+# formatting, clippy with and without features, rustdoc, the public API's listing, the docs' references, and the package as crates.io would
 # receive it (built from the packaged files alone).
 if [ "$#" -eq 0 ]; then
   if command -v rustup >/dev/null 2>&1; then
@@ -66,6 +66,9 @@ if [ "$#" -eq 0 ]; then
   RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features --quiet
   # The public API as checked in (docs/public-api.txt): a change to the surface shows in review.
   python3 scripts/public_api.py
+  # Every file, heading and crate symbol the docs (and the protocol model's comments) cite
+  # exists, and none cites a line number or an issue.
+  python3 scripts/check_docs.py
   cargo package --allow-dirty --quiet
 fi
 

@@ -1,15 +1,17 @@
 //! The system the checker explores: one Redis (the model in `redis.rs`, running the crate's
 //! scripts), and 3 or 4 processes, each with one store (one pub/sub channel, one connection)
 //! and one contender for its key (or, for a set process, its two keys) at a time (a process's own requests for a key queue behind
-//! each other in `LocalQueues` and only the first contends in Redis, `src/locker.rs`
-//! `acquire_held`), which acquires the key up to `acquisitions` times in a row, each time with a
+//! each other in `LocalQueues` and only the first contends in Redis, `src/engine/local.rs`
+//! `LocalQueues::turns`), which acquires the key up to `acquisitions` times in a row, each time with a
 //! fresh token.
 //!
 //! Every step is atomic: a script run by Redis, a reply or a pub/sub message reaching a process,
 //! a client reacting to a signal or a timer, a failure, or one tick of time. The client's steps
-//! follow `src/locker.rs` (`acquire_held`, `handed_over`, `ReleaseGuard`), `src/renew.rs`
-//! (`Renewer::poll_lost`) and `src/store/handoff.rs` (`Registry::deliver`, `register`,
-//! `parse`); the line numbers cited are those of the commit this model was written at.
+//! follow `src/engine/acquire.rs` (`acquire`, `handed_over`, `MIN_HANDED_OVER`, `NEXT_SLACK`),
+//! `src/engine/release.rs` (`ReleaseOnDrop`, armed while an attempt is in flight or the waiter
+//! is queued), `src/engine/renew.rs` (`Renewer::poll_lost`) and `src/store/redis/handoff.rs`
+//! (`Registry::deliver`, `register`, `parse`), by symbol: `scripts/check_docs.py` checks that
+//! every file named here exists.
 //!
 //! Time is discrete and relative: every deadline in a state is a number of ticks from now, and
 //! a tick shifts them all by one (clock readings in the past, such as queue entries' stamps,
@@ -49,11 +51,12 @@ pub(crate) struct Timing {
     pub(crate) interval: i16,
     /// The hand-off claim window.
     pub(crate) claim: i16,
-    /// `MIN_HANDED_OVER` (`src/locker.rs` 424): a grant is run at once with this much left.
+    /// `MIN_HANDED_OVER` (`src/engine/acquire.rs`): a grant is run at once with this much left.
     pub(crate) min_handed_over: i16,
-    /// `NEXT_SLACK` (`src/locker.rs` 428).
+    /// `NEXT_SLACK` (`src/engine/acquire.rs`).
     pub(crate) next_slack: i16,
-    /// Subtracted from a grant's stamp + claim window (`src/store/handoff.rs` 266: 1 % + 2 ms).
+    /// Subtracted from a grant's stamp + claim window (`src/store/redis/handoff.rs` `parse`:
+    /// 1 % + 2 ms).
     /// The model's clocks all run at one rate, so 0 is the strictest choice.
     pub(crate) allowance: i16,
     /// The wait policy's retry delay, for an attempt answered "held" while not queued.
@@ -297,7 +300,8 @@ pub(crate) struct Answer {
     pub(crate) straddled: bool,
 }
 
-/// A hand-off message on its way to a process, parsed as `src/store/handoff.rs` `parse` does.
+/// A hand-off message on its way to a process, parsed as `src/store/redis/handoff.rs` `parse`
+/// does.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct Message {
     /// `Some(fence)` for a grant (`g`), `None` for "next" (`n`).
@@ -1402,7 +1406,8 @@ impl Model {
         panic!("unknown token {:?}", String::from_utf8_lossy(token))
     }
 
-    /// `src/store/handoff.rs` `parse`: `g<token><stamp><claim>:<fence>` or `n<token><stamp><claim>`.
+    /// `src/store/redis/handoff.rs` `parse`: `g<token><stamp><claim>:<fence>` or
+    /// `n<token><stamp><claim>`.
     fn parse(&self, to: u8, payload: Val) -> Message {
         let text = self.interner.borrow().get(payload).to_vec();
         let (&kind, rest) = text.split_first().expect("empty message");

@@ -10,7 +10,10 @@ use super::{
 };
 use crate::{
     key::LockKey,
-    store::{Acquire, Attempt, BoxFuture, Epoch, HandOff, LockStore, QueueWatch, StoreError},
+    store::{
+        Acquire, Attempt, BoxFuture, Epoch, HandOff, LockStore, QueueWatch, StoreError,
+        StoreErrorKind,
+    },
     token::Token,
 };
 
@@ -51,15 +54,32 @@ impl RedisStore {
         // PTTL is -1 for a key without expiry and -2 for a key that just vanished.
         let expires_in = u64::try_from(n).ok().map(Duration::from_millis);
         Ok(match answer {
-            1 => Answer::Attempt(Attempt::Acquired {
+            ACQUIRED => Answer::Attempt(Attempt::Acquired {
                 fencing_token: u64::try_from(n).unwrap_or(0),
             }),
-            2 => Answer::Attempt(Attempt::Queued { expires_in, since }),
-            3 => Answer::Unheard { expires_in },
-            _ => Answer::Attempt(Attempt::Contended { expires_in }),
+            QUEUED => Answer::Attempt(Attempt::Queued { expires_in, since }),
+            UNHEARD => Answer::Unheard { expires_in },
+            HELD => Answer::Attempt(Attempt::Contended { expires_in }),
+            code => {
+                return Err(StoreError::msg(
+                    StoreErrorKind::Backend,
+                    format!("the acquire script answered {code}, which no version of it does"),
+                ));
+            }
         })
     }
 }
+
+// What an acquire answers (`acquire` in `scripts/acquire.lua`, `counted_acquire` in
+// `scripts/counted.lua`), with a number: a fencing token, or the ms the holder has left.
+/// Held by another holder, the caller not queued.
+const HELD: i64 = 0;
+/// Acquired; the number is the fencing token.
+const ACQUIRED: i64 = 1;
+/// Held, and the caller is queued for the hand-off.
+const QUEUED: i64 = 2;
+/// Held, and the caller not queued: nobody listens on its channel on this server.
+const UNHEARD: i64 = 3;
 
 /// What an acquire script answered.
 pub(super) enum Answer {
