@@ -64,6 +64,8 @@ if [ "$#" -eq 0 ]; then
   cargo clippy --workspace --all-targets --quiet -- -D warnings
   cargo clippy --workspace --all-targets --all-features --quiet -- -D warnings
   RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features --quiet
+  # And with the default features, as most users build it (no links to `bb8`-only items).
+  RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p tower-lock --quiet
   # The public API as checked in (docs/public-api.txt): a change to the surface shows in review.
   python3 scripts/public_api.py
   # Every file, heading and crate symbol the docs (and the protocol model's comments) cite

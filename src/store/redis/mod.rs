@@ -66,7 +66,7 @@ const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_secs(1);
 /// | [`connect`](Self::connect) (default) | one [`ConnectionManager`]: multiplexed, reconnects by itself | 2 |
 /// | [`from_connection_manager`](Self::from_connection_manager) | your `ConnectionManager` | 2 |
 /// | [`from_multiplexed`](Self::from_multiplexed) | your `MultiplexedConnection` (does not reconnect) | 2 |
-/// | [`from_pool`](Self::from_pool) | a bb8-redis pool, one checkout per command | 2, plus a `PING` per checkout if the pool tests on checkout |
+/// | `from_pool` (feature `bb8`) | a bb8-redis pool, one checkout per command | 2, plus a `PING` per checkout if the pool tests on checkout |
 ///
 /// The default is one multiplexed connection because it is both the fastest and the cheapest:
 /// measured on a 2-core machine (axum, `wrk -c50`, one `SET NX PX` and one compare-and-delete per
@@ -74,7 +74,7 @@ const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_secs(1);
 /// `test_on_check_out(false)` 18.6k, and bb8-redis with its defaults 12.9k (it sends a `PING` on
 /// every checkout, so 4 round trips per request). Redis pipelines the commands of concurrent
 /// requests on the one connection. Use a pool when you already have one, and build it with
-/// [`pool_builder`](Self::pool_builder), which turns the checkout `PING` off and bounds the
+/// `pool_builder` (feature `bb8`), which turns the checkout `PING` off and bounds the
 /// connection timeout.
 ///
 /// # Keys and scripts
