@@ -88,6 +88,7 @@
 //! | `LOCK` | `on` | `off` serves the read, purchase and order routes without the lock |
 //! | `STOCK_URL` | the lock store's Redis (`REDIS_URL`, or the first of `REDIS_URLS`; the cluster with `LOCK_STORE=cluster`) | a Redis URL that holds the stock; the stock is written only through fenced writes, so it may live on another server than the locks |
 //! | `FENCING` | `on` | `off` writes the stock without the token check: it shows what fencing prevents (a negative control), never for production. A write, once started, then lands even if a lost lease stops its request meanwhile (as a statement already sent to a database would), and the client is told 503 |
+//! | `FENCE_HORIZON_S` | `86400` | how long a SKU's fence is kept after the last read or write of its stock ([`FencedData::horizon`]); a purchase paused for longer is refused all the same |
 //! | `WRITE_JOURNAL` | unset | a Redis key name: each stock write the data accepted also appends, in the same atomic step on the stock's Redis, one JSON entry to that list (below); needs the stock on one Redis server |
 //! | `INSTANCE` | the value of `PORT` | this instance's name in the journal and its logs |
 //! | `HEADER_READ_TIMEOUT_MS` | `5000` | how long a client may take to send a request's head before its connection is closed |
@@ -279,7 +280,9 @@ async fn run() -> Result<(), Box<dyn Error>> {
         memory_skus: data
             .is_none()
             .then(|| Arc::new((Mutex::default(), settings.max_skus))),
-        data: data.map_or_else(FencedData::in_memory, |d| d.fenced),
+        data: data
+            .map_or_else(FencedData::in_memory, |d| d.fenced)
+            .horizon(settings.fence_horizon),
         fencing: settings.fencing,
         journal: settings.journal.clone(),
         instance: settings.instance.clone(),
@@ -898,6 +901,8 @@ struct Settings {
     instance: Arc<str>,
     header_read_timeout: Duration,
     max_skus: usize,
+    /// How long a SKU's fence outlives its last write (`FencedData::horizon`).
+    fence_horizon: Duration,
 }
 
 /// `on` (or unset) or `off`.
@@ -931,6 +936,7 @@ impl Settings {
             instance: set("INSTANCE").unwrap_or_else(|| port.to_string()).into(),
             header_read_timeout: app::header_read_timeout()?,
             max_skus: app::env_or("MAX_SKUS", 10_000)?,
+            fence_horizon: Duration::from_secs(app::env_or("FENCE_HORIZON_S", 86_400)?),
         })
     }
 }

@@ -53,7 +53,8 @@
 //! | `PORT` | `3000` | port to bind |
 //! | `LOCK_TTL_MS` | `10000` | lease time to live (a crashed request's key frees itself after it) |
 //! | `LOCK_WAIT_MS` | `0` | how long a duplicate waits for the first request (then gets its replay) before answering 409; `0` answers 409 at once |
-//! | `RETENTION_S` | `86400` | how long a finished request's response is replayed |
+//! | `RETENTION_S` | `86400` | how long a finished request's response is replayed (and a payment is found by its key) |
+//! | `FENCE_HORIZON_S` | `86400` | how long a payment's fence is kept after its last read or write ([`FencedData::horizon`]); at least as long as the payment itself; a request paused for longer is refused all the same |
 //! | `IDEMPOTENCY` (or `LOCK`) | `on` | `off` serves `POST /payments` without the layer (and writes payments unfenced) |
 //! | `PROVIDER_CONCURRENCY` | `4` | the most charges of one account at once, across instances; `0` means no limit |
 //! | `PROVIDER_WAIT_MS` | `5000` | how long a charge waits for a permit before answering 429 |
@@ -202,7 +203,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
         Some(data) => {
             println!("{}", chosen.description);
             Payments {
-                data: data.fenced,
+                data: data.fenced.horizon(settings.fence_horizon),
                 log: Log::Redis(data.conn),
                 per_slot: data.per_slot,
                 provider,
@@ -215,7 +216,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
                  store and in-memory payments"
             );
             Payments {
-                data: FencedData::in_memory(),
+                data: FencedData::in_memory().horizon(settings.fence_horizon),
                 log: Log::Memory(Arc::default()),
                 per_slot: false,
                 provider,
@@ -483,8 +484,8 @@ enum Log {
 /// Every charge made, in order, as JSON records.
 const LOG_KEY: &str = "payments:log";
 
-/// A payment's key: in its lease's hash slot (the lease's key names the account and the
-/// idempotency key), or, served without the layer, by account and key.
+/// A payment's key: in its lease's hash slot (the lease's key holds a digest of the account and
+/// the idempotency key, never either), or, served without the layer, by account and key.
 fn payment_key(lease: Option<&Lease>, account: &str, key: &str) -> Vec<u8> {
     match lease {
         Some(lease) => data_key("payments:by-key:", lease.key()),
@@ -624,6 +625,8 @@ struct Settings {
     provider_concurrency: u32,
     provider_wait: Duration,
     header_read_timeout: Duration,
+    /// How long a payment's fence outlives its last read or write (`FencedData::horizon`).
+    fence_horizon: Duration,
 }
 
 impl Settings {
@@ -657,6 +660,7 @@ impl Settings {
             provider_concurrency: app::env_or("PROVIDER_CONCURRENCY", 4)?,
             provider_wait: Duration::from_millis(app::env_or("PROVIDER_WAIT_MS", 5000)?),
             header_read_timeout: app::header_read_timeout()?,
+            fence_horizon: Duration::from_secs(app::env_or("FENCE_HORIZON_S", 86_400)?),
         })
     }
 }

@@ -1,7 +1,10 @@
 //! The inventory example under the pause fencing exists for, on real processes: two instances
-//! on one Redis (`LOCK_TTL_MS=1000`); a purchase on A takes a SKU, reads its stock and works
-//! for 400 ms; A is paused (SIGSTOP) at that point, past its lease's TTL, while B sells the SKU
-//! three times; A resumes. Repeated a few rounds.
+//! on one Redis (`LOCK_TTL_MS=1000`, `FENCE_HORIZON_S=1`); a purchase on A takes a SKU, reads
+//! its stock and works for 400 ms; A is paused (SIGSTOP) at that point, past its lease's TTL,
+//! while B sells the SKU three times; A resumes. Repeated a few rounds, the last with A paused
+//! until the SKU's fence has expired (past its horizon): A is refused all the same. The
+//! payments example the same way: a payment paused past its lease while a retry of it pays,
+//! then resumed (the last round past the horizon), is never recorded twice.
 //!
 //! With fencing (the default), A's stale write is refused (409 `#stale-write`) and in every
 //! round the stock went down by exactly the number of 200s; the journal (`WRITE_JOURNAL`) holds
@@ -53,7 +56,36 @@ async fn until_locked(redis: &RedisServer, sku: &str) {
     }
 }
 
-async fn round(redis: &RedisServer, a: &Instance, b: &Instance, n: usize) -> Round {
+/// Until no fence of fenced data is left in `redis` (they expire a horizon, 1 s here, and a
+/// second after their last batch).
+async fn until_fences_expired(redis: &RedisServer) {
+    let mut conn = redis.client().await;
+    let started = Instant::now();
+    loop {
+        let fences: Vec<Vec<u8>> = redis::cmd("KEYS")
+            .arg("*}data-fence:*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if fences.is_empty() {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "fences still there after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A round; with `past_horizon`, A stays paused until the SKU's fence has expired.
+async fn round(
+    redis: &RedisServer,
+    a: &Instance,
+    b: &Instance,
+    n: usize,
+    past_horizon: bool,
+) -> Round {
     let sku = format!("sku-{n}");
     set_stock(b.port, &sku, STOCK).await;
     let purchase = format!("/items/{sku}/purchase?work_ms=400");
@@ -83,6 +115,9 @@ async fn round(redis: &RedisServer, a: &Instance, b: &Instance, n: usize) -> Rou
         assert_eq!(reply.status, 200, "B: {:?}", reply.json());
         ok += 1;
     }
+    if past_horizon {
+        until_fences_expired(redis).await;
+    }
     a.resume();
     let reply = a_call.await.unwrap();
     ok += u64::from(reply.status == 200);
@@ -99,6 +134,7 @@ fn instances(redis: &RedisServer, fencing: &str) -> (Instance, Instance) {
         [
             ("LOCK_TTL_MS", "1000"),
             ("LOCK_WAIT_MS", "5000"),
+            ("FENCE_HORIZON_S", "1"),
             ("FENCING", fencing),
             ("WRITE_JOURNAL", "journal"),
             ("INSTANCE", name),
@@ -131,7 +167,8 @@ async fn a_paused_holder_never_loses_an_update() {
     let redis = RedisServer::start();
     let (a, b) = instances(&redis, "on");
     for n in 0..ROUNDS {
-        let round = round(&redis, &a, &b, n).await;
+        // The last round: A comes back after the SKU's fence has expired.
+        let round = round(&redis, &a, &b, n, n == ROUNDS - 1).await;
         println!("fenced, round {n}: {round:?}");
         assert_eq!(round.decrease, round.ok, "round {n}: {round:?}");
         let (status, body) = &round.paused;
@@ -185,7 +222,7 @@ async fn without_fencing_a_paused_holder_loses_updates() {
     let (a, b) = instances(&redis, "off");
     let mut lost = 0;
     for n in 0..ROUNDS {
-        let round = round(&redis, &a, &b, n).await;
+        let round = round(&redis, &a, &b, n, false).await;
         println!("unfenced, round {n}: {round:?}");
         lost += usize::from(round.decrease != round.ok);
     }
@@ -193,4 +230,104 @@ async fn without_fencing_a_paused_holder_loses_updates() {
     // A's write landed: its entry is in the journal.
     let entries = journal(&redis).await;
     assert!(entries.iter().any(|e| e["instance"] == "a"), "{entries:#?}");
+}
+
+/// The payments example: A's payment is paused (SIGSTOP) in its charge, past its 1 s lease; a
+/// retry of it on B waits for the key, finds no payment, pays and records it (201); A resumes
+/// (in the last round, after the payment, its record and its fence have expired). A is refused
+/// at the data (409 `#stale-write`) or stopped by its lost lease (503 `#lease-lost`), never
+/// 201; a retry replays B's payment, and the key has exactly one charge recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_payment_is_never_recorded_twice() {
+    let redis = RedisServer::start();
+    let env = [
+        ("LOCK_TTL_MS", "1000"),
+        ("LOCK_WAIT_MS", "5000"),
+        ("FENCE_HORIZON_S", "1"),
+        // A payment is found by its key (and its fence kept) for 3 s: the last round waits
+        // that long for the fence to expire.
+        ("RETENTION_S", "3"),
+        ("PROVIDER_CONCURRENCY", "0"),
+    ];
+    let binary = instances::example_binary("payments");
+    let a = Instance::start_binary(binary.clone(), &redis.url(), &env);
+    let b = Instance::start_binary(binary, &redis.url(), &env);
+    let body = r#"{"amount": 1250, "currency": "EUR"}"#;
+    let mut conn = redis.client().await;
+    for n in 0..ROUNDS {
+        let key = format!("paused-payment-{n}-0123456789abcdef");
+        let headers = [
+            ("x-account", "acct_paused"),
+            ("idempotency-key", key.as_str()),
+        ];
+        let a_call = {
+            let (port, key) = (a.port, key.clone());
+            tokio::spawn(async move {
+                let headers = [
+                    ("x-account", "acct_paused"),
+                    ("idempotency-key", key.as_str()),
+                ];
+                Http::new(port)
+                    .request_with("POST", "/payments?work_ms=400", Some(body), &headers)
+                    .await
+                    .expect("A's payment")
+            })
+        };
+        // A holds the key (a lock key: a digit after the hash tag) and is in its charge.
+        let started = Instant::now();
+        loop {
+            let locks: Vec<Vec<u8>> = redis::cmd("KEYS")
+                .arg("tower-lock:{*}[0-9]*")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            if !locks.is_empty() {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "A never took the key"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        a.pause();
+        let mut http = Http::new(b.port);
+        let paid = http
+            .request_with("POST", "/payments", Some(body), &headers)
+            .await
+            .expect("B's payment");
+        assert_eq!(paid.status, 201, "round {n}, B: {:?}", paid.json());
+        let replay = http
+            .request_with("POST", "/payments", Some(body), &headers)
+            .await
+            .expect("a retry");
+        assert_eq!(replay.status, 201, "round {n}: {:?}", replay.json());
+        assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+        assert_eq!(replay.json()["id"], paid.json()["id"], "round {n}");
+        if n == ROUNDS - 1 {
+            // The payment, its record and its fence expire: A's token alone is left to judge.
+            until_fences_expired(&redis).await;
+        }
+        a.resume();
+        let stale = a_call.await.unwrap();
+        let kind = stale.json()["type"].as_str().unwrap_or_default().to_owned();
+        assert!(
+            (stale.status == 409 && kind.ends_with("#stale-write"))
+                || (stale.status == 503 && kind.ends_with("#lease-lost")),
+            "round {n}, A: {} {:?}",
+            stale.status,
+            stale.json()
+        );
+        let listed = http.request("GET", "/payments", None).await.unwrap().json();
+        let charges = listed["payments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["idempotency_key"] == key.as_str())
+            .count();
+        assert_eq!(charges, 1, "round {n}: {listed:#}");
+    }
+    a.assert_no_panic();
+    b.assert_no_panic();
 }
