@@ -368,7 +368,7 @@ fn an_explicit_release_does_not_wait_for_a_stalled_caller() {
     let store = store(&server, &main);
     let locker = Locker::with_config(store, config());
     for round in 0..6 {
-        let key = locker.key("stalled", &round.to_string()).unwrap();
+        let key = locker.key("stalled", round.to_string()).unwrap();
         let caller = current_thread();
         let guard = caller
             .block_on(locker.acquire(key.clone()).into_future())
