@@ -356,57 +356,6 @@ fn a_guard_dropped_at_the_end_of_a_runtime_is_released() {
     }
 }
 
-/// An explicit `release().await` on a runtime that stalls right after asking (a blocking call,
-/// a paused thread): the key is free long before the stall ends, and the holder is told it was
-/// released, not that the store failed. The release runs on the crate's runtime, as a release
-/// on drop does; driven by the caller's poll, it waited for the stall in some rounds.
-#[test]
-fn an_explicit_release_does_not_wait_for_a_stalled_caller() {
-    const STALL: Duration = Duration::from_millis(1_500);
-    let server = RedisServer::start();
-    let main = multi_thread(2);
-    let store = store(&server, &main);
-    let locker = Locker::with_config(store, config());
-    for round in 0..6 {
-        let key = locker.key("stalled", round.to_string()).unwrap();
-        let caller = current_thread();
-        let guard = caller
-            .block_on(locker.acquire(key.clone()).into_future())
-            .unwrap();
-        let (told_tx, told) = std::sync::mpsc::channel();
-        let stalled = std::thread::spawn(move || {
-            caller.block_on(async move {
-                let release = tokio::spawn(async move {
-                    let _ = told_tx.send(guard.release().await);
-                });
-                // The release is polled once, then this runtime stalls.
-                tokio::task::yield_now().await;
-                std::thread::sleep(STALL);
-                release.await.unwrap();
-            });
-        });
-        let start = Instant::now();
-        loop {
-            match main.block_on(locker.acquire(key.clone()).into_future()) {
-                Ok(guard) => {
-                    main.block_on(guard.release()).unwrap();
-                    break;
-                }
-                Err(_) if start.elapsed() < STALL / 2 => {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                Err(e) => panic!(
-                    "round {round}: still held {:?} into the stall: {e}",
-                    start.elapsed()
-                ),
-            }
-        }
-        stalled.join().unwrap();
-        let told = told.recv().unwrap();
-        assert!(told.is_ok(), "round {round}: the holder was told {told:?}");
-    }
-}
-
 /// A Sentinel store connected on a current-thread runtime then left idle: its calls from every
 /// other runtime are answered.
 #[cfg(feature = "sentinel")]

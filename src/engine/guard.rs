@@ -6,10 +6,8 @@ use tracing::Instrument;
 
 use super::{hold::Hold, state::Engine};
 use crate::{
-    background,
     error::{LockError, LostReason},
     lease::Lease,
-    store::{StoreError, StoreErrorKind},
     telemetry::Outcome,
 };
 
@@ -136,9 +134,6 @@ impl LeaseGuard {
     ///   again in the background while the lease is valid; failing that, the key frees itself
     ///   at its TTL.
     ///
-    /// The release runs on the crate's own runtime, as a release on drop does: once called, the
-    /// key is freed whether or not the caller's runtime goes on being driven.
-    ///
     /// A nested guard (a re-entry of a lease its task holds) releases nothing: the outer holder
     /// does. It answers `Ok(())` while the lease is held, [`LockError::LeaseLost`] once it is
     /// lost (a nested guard kept past its holder's release is lost then, as `NotHeld`).
@@ -158,23 +153,7 @@ impl LeaseGuard {
         hold.finish(Outcome::Released);
         let span = hold.span().clone();
         let lease = hold.lease().clone();
-        // Sent and answered on the crate's runtime, as a release on drop is: a caller whose
-        // runtime stalls right after asking (a blocking call, a paused thread) holds up neither
-        // the release nor its answer, which waits here until the caller looks.
-        let release = hold.release().instrument(span);
-        let (answer, answered) = tokio::sync::oneshot::channel();
-        background::spawn(async move {
-            let _ = answer.send(release.await);
-        });
-        let released = answered.await.unwrap_or_else(|_| {
-            // The task ended without answering (no runtime at all): the release's own fallback
-            // sent it again in the background.
-            Err(StoreError::msg(
-                StoreErrorKind::Backend,
-                "the release was not answered; it is sent again in the background",
-            ))
-        });
-        if released? {
+        if hold.release().instrument(span).await? {
             Ok(())
         } else {
             let reason = lease.lost_reason().unwrap_or(LostReason::NotHeld);
