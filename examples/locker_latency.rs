@@ -1,7 +1,7 @@
 //! Latency of one background lease (`Locker`): acquire and release one after the other, the
 //! same after the process sat idle, and a hand-off from one store (process) to another. The
-//! figures quoted in docs/DECISIONS.md ("The renewal task stops after the release is
-//! answered"). Starts no server itself; point it at a running Redis 6 or later:
+//! figures quoted in docs/DECISIONS.md ("A lease being released sends no renewal, and a late
+//! \"not held\" is not a loss"). Starts no server itself; point it at a running Redis 6 or later:
 //!
 //! ```sh
 //! redis-server --port 7001 --save '' --appendonly no --daemonize yes

@@ -64,7 +64,7 @@
 //! # Beyond HTTP
 //!
 //! [`Locker::acquire`] gives background work the same machinery: a [`LeaseGuard`] renewed by
-//! the locker's background task (one task per locker and runtime, however many leases),
+//! the locker's background task (one task per locker, however many leases),
 //! released on drop, reporting loss through [`Lease::lost`]. Each call may set its own wait, TTL and longest hold
 //! ([`Acquiring`](lease::Acquiring)); [`Locker::try_acquire`] does not wait; [`Locker::run`] runs a future under
 //! a lease and drops it if the lease is lost. See `examples/singleton.rs` for a job that runs on

@@ -181,7 +181,7 @@
 //! # Stores
 //!
 //! Records live in the lock's store, next to the lock key (in Redis
-//! `<prefix>{<tag>}record:<scope length>:<scope>:<value>`, the lock key's Redis Cluster slot,
+//! `<prefix>{<tag>}record:<scope length>:<scope>:<digest>`, the lock key's Redis Cluster slot,
 //! a key no lock key can be); see [`IdempotencyStore`]. It is implemented for
 //! [`MemoryStore`](crate::MemoryStore) (one process) and [`RedisStore`](crate::RedisStore).
 //! A fresh request costs three round trips (acquire, lookup, store-and-release); a replay two

@@ -93,9 +93,9 @@ const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_secs(1);
 /// one slot only. Tokens are `max(last + 1, server time in µs)`, so they keep increasing after
 /// the counter expires, as long as the Redis server's clock does not step back. With
 /// [`handoff`](Self::handoff) on (the default for [`connect`](Self::connect)), waiters queue in
-/// the lock key's queue, `<prefix>{<tag>}queue:<scope length>:<scope>:<value>`, and a release
+/// the lock key's queue, `<prefix>{<tag>}queue:<scope length>:<scope>:<digest>`, and a release
 /// hands the key to the first of them; an idempotency record is
-/// `<prefix>{<tag>}record:<scope length>:<scope>:<value>`. No lock key can be one of these (see
+/// `<prefix>{<tag>}record:<scope length>:<scope>:<digest>`. No lock key can be one of these (see
 /// `docs/DECISIONS.md`, "Companion keys: a role after the hash tag").
 ///
 /// # Runtimes

@@ -1,7 +1,8 @@
 -- Shared by the scripts that take or give up a lock: inserted at their `-- @handoff` line, after
 -- their fast path, so that the usual (uncontended) call does not define these functions.
 --
--- Hand-off queue: with hand-off on, next to each lock key lives `<lock key>:queue`, a list of
+-- Hand-off queue: with hand-off on, next to each lock key lives its queue,
+-- `<prefix>{<tag>}queue:<rest of the lock key>` (`src/store/redis/keys.rs`), a list of
 -- waiters, first come first served. An entry is the waiter's token, then a 16-hex-digit stamp
 -- (when the waiter registered, on its own clock: a lower bound on when it was queued), then the
 -- pub/sub channel of its process. A release gives the key straight to the head of the queue,
