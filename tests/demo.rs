@@ -1,7 +1,7 @@
 //! The README's demo ("The demo": `LOCK_WAIT_MS=0 cargo run --example inventory` and its curl
 //! commands), run against the real `inventory` example, compared with the README's transcript
-//! line for line, so that the two cannot drift apart. Only the `date` headers and the port
-//! differ from run to run.
+//! line for line, so that the two cannot drift apart. Only the `date` headers, the port and the
+//! fencing token (the clock when the lock was taken) differ from run to run.
 
 mod instances;
 
@@ -88,12 +88,21 @@ fn curl_output((head, body): &(String, String), include_head: bool) -> String {
     format!("{head}{body}\n")
 }
 
-/// Replaces every `date` header's value: the one part of the transcript that changes.
+/// Replaces every `date` header's value and every fencing token (the clock in µs when the lock
+/// was taken): the parts of the transcript that change.
 fn without_dates(text: &str) -> String {
+    let token = "\"fencing_token\":";
     text.lines()
         .map(|line| match line.strip_prefix("date: ") {
             Some(_) => "date: <date>".to_owned(),
-            None => line.to_owned(),
+            None => match line.find(token) {
+                Some(at) => {
+                    let start = at + token.len();
+                    let digits = line[start..].bytes().take_while(u8::is_ascii_digit).count();
+                    format!("{}<token>{}", &line[..start], &line[start + digits..])
+                }
+                None => line.to_owned(),
+            },
         })
         .map(|line| line + "\n")
         .collect()

@@ -366,3 +366,31 @@ async fn a_refused_stale_write_is_never_the_keys_stored_answer() {
     assert_eq!(&body[..], b"found the payment made before");
     assert_eq!(calls.load(SeqCst), 3);
 }
+
+/// Every store's tokens follow the clock, so that a fence's horizon judges them alike: leases of
+/// the in-memory store fence data kept in Redis (the inventory example with `STOCK_URL` and no
+/// `REDIS_URL`). A first write to a resource without a fence is applied, and a holder paused past
+/// the horizon is refused there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_memory_leases_fence_data_in_redis() {
+    let redis = RedisServer::start();
+    let data = FencedData::new(RedisStore::connect(redis.url()).await.unwrap())
+        .horizon(Duration::from_secs(1));
+    let memory = MemoryStore::new();
+    let locker = Locker::new(memory.clone());
+    let guard = locker
+        .acquire(locker.key("sku", "fig").unwrap())
+        .await
+        .unwrap();
+    let stock = data_key("stock:", guard.key());
+    data.batch(&guard).set(&stock, "5").apply().await.unwrap();
+    guard.release().await.unwrap();
+    let lockers = [Locker::new(memory.clone()), Locker::new(memory)];
+    let (write, stock) =
+        paused_past_the_horizon(data, lockers, Duration::from_millis(2_500), None).await;
+    assert!(
+        matches!(write, Err(FenceError::Stale { .. })),
+        "the stale write after the horizon: {write:?}"
+    );
+    assert_eq!(stock, b"4");
+}

@@ -66,7 +66,10 @@ pub enum Acquire {
     /// The key was free (or already held with the caller's token) and is now held with the
     /// caller's token.
     Acquired {
-        /// Strictly greater than every fencing token handed out before for the same key.
+        /// Strictly greater than every fencing token handed out before for the same key, and no
+        /// lower than the clock in µs since the Unix epoch when it was handed out (the crate's
+        /// stores give `max(last + 1, now)`): a fenced batch on a resource whose fence has
+        /// expired refuses a token older than its horizon (see `crate::fence`).
         fencing_token: u64,
     },
     /// Another holder has the key.

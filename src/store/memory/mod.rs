@@ -32,7 +32,8 @@ const SWEEP_EVERY: u64 = 1024;
 /// own behaviour; never for instances that must exclude each other.
 ///
 /// Clones share the same leases. Expiry follows [`tokio::time`], so paused-time tests work.
-/// Fencing tokens come from one counter per store, so they increase strictly for every key.
+/// Fencing tokens come from one counter per store, so they increase strictly for every key, and
+/// follow the system clock in µs as Redis's follow the server's (`max(last + 1, now)`).
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
@@ -82,9 +83,21 @@ impl MemoryStore {
         self.inner.counted.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The next fencing token, from the store's one counter.
+    /// The next fencing token, from the store's one counter: `max(last + 1, the system clock in
+    /// µs)`, as Redis hands them out, so that a token also says when it was issued (what a
+    /// fence's horizon relies on, `crate::fence`, with the data in Redis or in memory).
     fn next_fence(&self) -> u64 {
-        self.inner.fence.fetch_add(1, Ordering::Relaxed) + 1
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        let next = |last: u64| Some(last.saturating_add(1).max(now));
+        match self
+            .inner
+            .fence
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, next)
+        {
+            Ok(last) | Err(last) => last.saturating_add(1).max(now),
+        }
     }
 
     fn key(key: &LockKey) -> Bytes {
