@@ -65,6 +65,22 @@ async fn every_key(redis: &RedisServer) -> BTreeMap<Vec<u8>, i64> {
     }
 }
 
+/// Deletes the one key matching `pattern` (as an expiry or an eviction would).
+async fn delete_the_one_key(redis: &RedisServer, pattern: &str) {
+    let mut conn = redis.client().await;
+    let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg(pattern)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{pattern}: {keys:?}");
+    let _: () = redis::cmd("DEL")
+        .arg(&keys[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
 /// The example's own journal of charges (`GET /payments` reads it): data the example keeps on
 /// purpose, not a key of the crate's.
 const JOURNAL: &[u8] = b"payments:log";
@@ -173,20 +189,7 @@ async fn paused_past_the_horizon(
     data.batch(&newer).set(&stock, "4").apply().await.unwrap();
     newer.release().await.unwrap();
     match drop_fence {
-        Some(redis) => {
-            let mut conn = redis.client().await;
-            let fence: Vec<Vec<u8>> = redis::cmd("KEYS")
-                .arg("*}data-fence:*")
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            assert_eq!(fence.len(), 1, "{fence:?}");
-            let _: () = redis::cmd("DEL")
-                .arg(&fence[0])
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-        }
+        Some(redis) => delete_the_one_key(redis, "*}data-fence:*").await,
         None => tokio::time::sleep(wait_for_expiry).await,
     }
     // The stale holder resumes and writes what it computed from its read.
@@ -331,18 +334,7 @@ async fn a_refused_stale_write_is_never_the_keys_stored_answer() {
     let a = tokio::spawn(app.clone().oneshot(pay()));
     a_read.notified().await;
     // A's lease is lost, as in a pause past its TTL: its lock key goes (expired, say).
-    let mut conn = redis.client().await;
-    let locks: Vec<Vec<u8>> = redis::cmd("KEYS")
-        .arg("tower-lock:{*}[0-9]*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(locks.len(), 1, "A's lock key");
-    let _: () = redis::cmd("DEL")
-        .arg(&locks[0])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    delete_the_one_key(&redis, "tower-lock:{*}[0-9]*").await;
     let started = Instant::now();
     let b = loop {
         let b = other.clone().oneshot(pay()).await.unwrap();
