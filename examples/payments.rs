@@ -384,13 +384,8 @@ async fn create_payment(
         .create(lease, &account, &key, &payment, charge)
         .await?;
     let fencing_token = lease.map(Lease::fencing_token);
-    tracing::info!(
-        account,
-        key,
-        id = payment.id,
-        fencing_token,
-        "payment created"
-    );
+    // Never the account: it stands for a caller's credential (an API key) here.
+    tracing::info!(key, id = payment.id, fencing_token, "payment created");
     Ok((StatusCode::CREATED, Json(payment)))
 }
 
@@ -544,12 +539,7 @@ impl Payments {
             batch = batch.rpush(LOG_KEY, &logged);
         }
         if let Err(error) = batch.apply().await {
-            tracing::warn!(
-                account,
-                key,
-                error = &error as &dyn Error,
-                "payment not recorded"
-            );
+            tracing::warn!(key, error = &error as &dyn Error, "payment not recorded");
             return Err(error.into());
         }
         match &self.log {

@@ -88,7 +88,12 @@ const JOURNAL: &[u8] = b"payments:log";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payments_leave_only_expiring_keys_and_no_caller_id_in_names() {
     let redis = RedisServer::start();
-    let payments = Instance::start_binary(example_binary("payments"), &redis.url(), &[]);
+    // At `info`, the example logs each payment it creates.
+    let payments = Instance::start_binary(
+        example_binary("payments"),
+        &redis.url(),
+        &[("RUST_LOG", "info")],
+    );
     let mut http = Http::new(payments.port);
 
     // 200 payments with distinct keys, from 20 accounts whose ids are secrets (API keys), and a
@@ -159,6 +164,10 @@ async fn payments_leave_only_expiring_keys_and_no_caller_id_in_names() {
         keys.len(),
         "a refused key wrote"
     );
+    // Nor does the log show a caller's id.
+    let log = payments.output();
+    assert!(log.contains("payment created"), "{log}");
+    assert!(!log.contains("sk_live"), "the log shows a caller's id");
 }
 
 /// A holder paused past its lease and past its resource's fence's horizon: refused when it
