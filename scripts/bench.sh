@@ -5,7 +5,7 @@
 # starts its own redis-server on a free loopback port and stops it.
 # Settings go through the environment: BENCH_RUNS (default 3), BENCH_QUICK=1 (a short smoke run),
 # BENCH_FULL (default 1 here: the memory flatness run sends the 1M requests the flatness target asks of the
-# report; BENCH_FULL=0 for 100k), BENCH_ONLY=abcdefghij, BENCH_NOTE="...".
+# report; BENCH_FULL=0 for 100k), BENCH_ONLY=abcdefghijk, BENCH_NOTE="...".
 # The counts alone (deterministic, whatever the machine's load): BENCH_ONLY=h scripts/bench.sh
 # Leases with counts alone (about 2 minutes each at BENCH_RUNS=3): BENCH_ONLY=permits (a key with
 # N permits against a hand-written sorted-set semaphore), BENCH_ONLY=shared (90 % readers on

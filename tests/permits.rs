@@ -19,7 +19,7 @@ use axum::{
     http::{Request, StatusCode},
     routing::post,
 };
-use support::{LockKeys, body_json, handoff_subscriptions, processes, send};
+use support::{LockKeys, body_json, companion_key, handoff_subscriptions, processes, send};
 use tower_lock::{
     Key, LockConfig, LockError, LockLayer, Locker, RedisStore, Wait,
     key::{LockKey, Share},
@@ -339,6 +339,20 @@ async fn a_counted_key_holds_its_holders() {
         .await
         .unwrap();
     assert_eq!(holders, 3);
+    // The running sum of the holders' weights, beside the set and gone with it.
+    let sum = companion_key(key.as_bytes(), "weight");
+    let (used, sum_ttl, set_ttl): (i64, i64, i64) = redis::pipe()
+        .get(&sum)
+        .pttl(&sum)
+        .pttl(key.as_bytes())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(used, 3);
+    assert!(
+        sum_ttl > 0 && sum_ttl <= set_ttl,
+        "sum {sum_ttl} ms, set {set_ttl} ms"
+    );
     assert!(
         LockStore::renew(&store, &counted, &tokens[1], ttl)
             .await
@@ -348,5 +362,62 @@ async fn a_counted_key_holds_its_holders() {
         assert!(LockStore::release(&store, &counted, token).await.unwrap());
         assert!(!LockStore::release(&store, &counted, token).await.unwrap());
     }
+    assert!(server.lock_keys().await.is_empty(), "keys left behind");
+}
+
+/// An acquire reads a counted key's running sum, not its holders; a sum that went missing beside
+/// its holders (evicted alone, or a set written before the sum existed) is counted again from
+/// them, and a sum left without its set counts for nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_sum_is_counted_again_and_a_stale_one_counts_nothing() {
+    let server = RedisServer::start();
+    // Each acquire from a process of its own, so that each asks Redis (a process counts its own
+    // holders before it asks).
+    let lockers = processes(&server, 3).await;
+    let key = lockers[0].key("provider", "acct-1").unwrap();
+    let sum = companion_key(key.as_bytes(), "weight");
+    let mut conn = server.client().await;
+    let turn = AtomicUsize::new(0);
+    let try_one = || async {
+        lockers[turn.fetch_add(1, Ordering::SeqCst) % lockers.len()]
+            .acquire(key.clone())
+            .permits(2)
+            .try_acquire()
+            .await
+            .unwrap()
+    };
+    let first = try_one().await.expect("the first of 2 permits");
+    let second = try_one().await.expect("the second of 2 permits");
+    let _: () = redis::cmd("DEL")
+        .arg(&sum)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        try_one().await.is_none(),
+        "a third holder of 2 permits once the sum was lost"
+    );
+    let used: i64 = redis::cmd("GET")
+        .arg(&sum)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(used, 2, "the sum counted again from the holders");
+    first.release().await.unwrap();
+    second.release().await.unwrap();
+    assert!(server.lock_keys().await.is_empty(), "keys left behind");
+    // A sum whose set is gone (deleted by hand here) must not hold anyone out.
+    let _: () = redis::cmd("SET")
+        .arg(&sum)
+        .arg(2)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let one = try_one().await.expect("a permit beside a stale sum");
+    let two = try_one()
+        .await
+        .expect("the second permit beside a stale sum");
+    one.release().await.unwrap();
+    two.release().await.unwrap();
     assert!(server.lock_keys().await.is_empty(), "keys left behind");
 }

@@ -788,6 +788,29 @@ fn a_release_that_frees_its_weight_twice_exceeds_the_permits() {
     assert_eq!(property, Property::Capacity, "{trace}");
 }
 
+/// A hold that adds nothing to the key's running sum (the sum key beside the sorted set, which
+/// an acquire reads instead of every member): the sum stays below what the live holders take,
+/// and waiters are let in beyond the permits. (A sum that is missing, or that `INCRBY` finds
+/// missing, is counted again from the members, so the break adds nothing and never recounts.)
+#[test]
+fn a_sum_that_forgets_a_holder_exceeds_the_permits() {
+    let mut c = counted(
+        "broken: a hold adds nothing to the sum",
+        2,
+        &[1, 1, 1, 1],
+        faults(0),
+    );
+    c.start_together = true;
+    c.delays = false;
+    c.sources.counted = broken(
+        &c.sources.counted,
+        "if redis.call('INCRBY', sum_key, weight) == weight and",
+        "if redis.call('INCRBY', sum_key, 0) == -1 and",
+    );
+    let (property, trace) = fails(c);
+    assert_eq!(property, Property::Capacity, "{trace}");
+}
+
 /// A hand-off that does not count the waiters it serves: it lets in everyone queued whose own
 /// weight fits beside the holders that were there before.
 #[test]

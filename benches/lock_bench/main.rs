@@ -3,7 +3,7 @@
 //! `rslock` peer; orders of several keys against single purchases; counts per request that
 //! do not depend on the machine's load (instructions, allocations, system calls, Redis
 //! commands); and leases with counts: permits against a hand-written sorted-set semaphore,
-//! shared leases against the exclusive lease.
+//! shared leases against the exclusive lease, and what a reader costs beside thousands.
 //!
 //! `cargo bench -p tower-lock-suite --bench lock_bench` (or `scripts/bench.sh`, which installs `wrk` and
 //! `redis-server` first) starts its own `redis-server` on a free loopback port, runs every
@@ -24,6 +24,7 @@
 //! | `sets.rs` | g. orders of 1, 2 and 3 keys against single purchases (wrk) |
 //! | `permits.rs` | i. a key with N permits against a hand-written sorted-set semaphore |
 //! | `shared.rs` | j. shared leases with 90 % readers against the plain exclusive lease |
+//! | `readers.rs` | k. one more reader beside 3, 1,000 and 5,000 readers, and releasing them all with a writer queued |
 //! | `holders.rs` | what i and j share: instances of waiters on one key, the sorted-set semaphore, fairness and commands per acquisition |
 //! | `counts.rs`, `count_child.rs`, `callgrind.rs` | h. counts per request and per cycle: callgrind, the counting allocator, `strace -c`, `MONITOR` and `INFO commandstats`, over a program of its own on a current-thread runtime |
 //! | `protocol.rs` | the crate's scripts as the "same scripts" baseline sends them, and the drift check |
@@ -39,7 +40,7 @@
 //! | `BENCH_RUNS` | runs per scenario (default 3) |
 //! | `BENCH_QUICK=1` | shortened durations, for a smoke run |
 //! | `BENCH_FULL=1` | the memory flatness run sends 1M requests instead of 100k |
-//! | `BENCH_ONLY` | scenario letters to run, e.g. `ac` (default: all of `abcdefghij`), or scenario names, comma-separated: `permits` (i), `shared` (j), `counts` (h); the report keeps the sections of the others from the report it replaces |
+//! | `BENCH_ONLY` | scenario letters to run, e.g. `ac` (default: all of `abcdefghijk`), or scenario names, comma-separated: `permits` (i), `shared` (j), `readers` (k), `counts` (h); the report keeps the sections of the others from the report it replaces |
 //! | `BENCH_NOTE` | a note printed at the top of the report (e.g. "machine was busy") |
 //! | `BENCH_OUTPUT` | report path (default `docs/BENCHMARKS.md`) |
 //! | `BENCH_VARIANTS` | HTTP variants (scenario a) or counted cases (h: `hello`, `baseline`, `baseline-scripts`, `layer`, `locker`, `rslock`, `locker-16`, `rslock-16`) to run, e.g. `layer,baseline` (for profiling; the report needs all) |
@@ -63,6 +64,7 @@ mod machine;
 mod memory;
 mod permits;
 mod protocol;
+mod readers;
 mod renewal;
 mod report;
 mod sets;
@@ -152,7 +154,7 @@ impl Settings {
             quick,
             full,
             only: scenario_letters(
-                &std::env::var("BENCH_ONLY").unwrap_or_else(|_| "abcdefghij".to_owned()),
+                &std::env::var("BENCH_ONLY").unwrap_or_else(|_| "abcdefghijk".to_owned()),
             ),
             variants: std::env::var("BENCH_VARIANTS")
                 .ok()
@@ -205,6 +207,7 @@ fn scenario_letters(only: &str) -> String {
             "counts" => "h",
             "permits" => "i",
             "shared" => "j",
+            "readers" => "k",
             letters => letters,
         })
         .collect()
@@ -282,6 +285,9 @@ fn main() {
     }
     if s.wants('j') {
         results.shared = shared::run(&rt, &redis, &s);
+    }
+    if s.wants('k') {
+        results.readers = readers::run(&rt, &redis, &s);
     }
     rt.block_on(flushall(&url));
     rt.shutdown_timeout(Duration::from_secs(2));

@@ -39,6 +39,7 @@ pub(crate) struct Results {
     pub(crate) counts: Vec<Vec<(crate::counts::Case, crate::counts::CountSample)>>,
     pub(crate) permits: crate::permits::PermitRuns,
     pub(crate) shared: crate::shared::SharedRuns,
+    pub(crate) readers: crate::readers::ReadersRuns,
 }
 
 pub(crate) struct Meta {
@@ -125,6 +126,7 @@ fn render(s: &Settings, meta: &Meta, r: &Results) -> String {
     crate::counts::render(w, s, &r.counts);
     crate::permits::render(w, s, &r.permits);
     crate::shared::render(w, s, &r.shared);
+    crate::readers::render(w, s, &r.readers);
 
     let _ = writeln!(w, "## Not covered\n");
     let _ = writeln!(
@@ -641,7 +643,7 @@ pub(crate) fn write(s: &Settings, meta: &Meta, results: &Results) {
 }
 
 /// Every scenario's letter.
-const SCENARIOS: &str = "abcdefghij";
+const SCENARIOS: &str = "abcdefghijk";
 
 /// A report's `## ` sections, in order, each with its heading line; what comes before the first
 /// heading is a section with an empty heading.

@@ -498,6 +498,29 @@ fn command(call: &mut Call, interner: &mut Interner, args: &[Vec<u8>]) -> Result
             let n = args[1..].iter().filter(|k| db.del(interner.id(k))).count();
             Reply::Int(n as i64)
         }
+        "INCRBY" | "DECRBY" => {
+            arity(3)?;
+            let key = interner.id(&args[1]);
+            if db.list(key).is_some() || db.zset(key).is_some() {
+                return Err("WRONGTYPE".into());
+            }
+            let by = int(&args[2])?;
+            let (before, expires) = match db.string(key) {
+                Some((v, e)) => (
+                    int(interner.get(v)).map_err(|_| "ERR value is not an integer")?,
+                    e,
+                ),
+                None => (0, None),
+            };
+            let after = if name == "INCRBY" {
+                before + by
+            } else {
+                before - by
+            };
+            let value = interner.id(after.to_string().as_bytes());
+            db.set_string(key, value, expires);
+            Reply::Int(after)
+        }
         "PEXPIRE" => {
             arity(3)?;
             let (key, ms) = (interner.id(&args[1]), int(&args[2])?);
@@ -675,6 +698,29 @@ fn command(call: &mut Call, interner: &mut Interner, args: &[Vec<u8>]) -> Result
             });
             db.tidy();
             Reply::Int(removed as i64)
+        }
+        "ZCARD" => {
+            arity(2)?;
+            Reply::Int(zset_of(db, interner.id(&args[1]))?.len() as i64)
+        }
+        "ZRANGEBYSCORE" => {
+            if args.len() != 4 {
+                return Err("model Redis: only ZRANGEBYSCORE key min max is modelled".into());
+            }
+            let key = interner.id(&args[1]);
+            let bound = |arg: &[u8]| match arg {
+                b"-inf" => Ok(i64::MIN),
+                b"+inf" | b"inf" => Ok(i64::MAX),
+                other => int(other),
+            };
+            let (min, max) = (bound(&args[2])?, bound(&args[3])?);
+            let mut ordered: Vec<(i32, Vec<u8>)> = zset_of(db, key)?
+                .iter()
+                .filter(|(s, _)| (min..=max).contains(&i64::from(*s)))
+                .map(|(s, m)| (*s, interner.get(*m).to_vec()))
+                .collect();
+            ordered.sort();
+            Reply::Array(ordered.into_iter().map(|(_, m)| Reply::Bulk(m)).collect())
         }
         "ZRANGE" => {
             let with_scores = match args.len() {

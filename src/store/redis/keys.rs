@@ -14,6 +14,7 @@
 //! queue     <prefix>{<tag>}queue:<scope length>:<scope>:<digest>
 //! record    <prefix>{<tag>}record:<scope length>:<scope>:<digest>
 //! fence     <prefix>{<tag>}data-fence:<scope length>:<scope>:<digest>   (`crate::fence`)
+//! sum       <prefix>{<tag>}weight:<scope length>:<scope>:<digest>       (a key with a capacity)
 //! counters  <prefix>fence:{<tag>}   <prefix>fence
 //! ```
 //!
@@ -45,6 +46,19 @@ const QUEUE_ROLE: &[u8] = b"queue:";
 
 /// Role of the idempotency record's key, after the lock key's hash tag.
 const RECORD_ROLE: &[u8] = b"record:";
+
+/// Role of the running sum of a key with a capacity (its holders' weights): the `counted` scripts
+/// derive that key from the lock key themselves (`counted_sum_key` in `scripts/counted.lua`),
+/// `<prefix>{<tag>}weight:<rest of the lock key>`; `weight_key` spells it for the tests.
+#[cfg(test)]
+const WEIGHT_ROLE: &[u8] = b"weight:";
+
+/// The key of the running sum of `lock`'s holders' weights, as `counted.lua` derives it.
+#[cfg(test)]
+fn weight_key(lock: &LockKey) -> Vec<u8> {
+    let (head, rest) = split(lock);
+    [head, WEIGHT_ROLE, rest].concat()
+}
 
 /// The key of the idempotency record kept for `lock`: `<prefix>{<tag>}record:<rest of the lock
 /// key>`, in the lock key's hash slot (a script can touch both).
@@ -239,6 +253,7 @@ mod tests {
         Lock(Vec<u8>),
         Queue(Vec<u8>),
         Record(Vec<u8>),
+        Weight(Vec<u8>),
         SlotCounter { prefix: Vec<u8>, tag: Vec<u8> },
         SharedCounter { prefix: Vec<u8> },
     }
@@ -264,6 +279,7 @@ mod tests {
             Some(b'0'..=b'9') => Role::Lock(key.to_vec()),
             Some(_) if rest.starts_with(QUEUE_ROLE) => Role::Queue(lock(QUEUE_ROLE)),
             Some(_) if rest.starts_with(RECORD_ROLE) => Role::Record(lock(RECORD_ROLE)),
+            Some(_) if rest.starts_with(WEIGHT_ROLE) => Role::Weight(lock(WEIGHT_ROLE)),
             Some(_) => panic!("a key of no role: {key:?}"),
         }
     }
@@ -350,6 +366,7 @@ mod tests {
             let lock = key.as_bytes().to_vec();
             assert_eq!(decode(&lock), Role::Lock(lock.clone()));
             assert_eq!(decode(&record_key(&key)), Role::Record(lock.clone()));
+            assert_eq!(decode(&weight_key(&key)), Role::Weight(lock.clone()));
             for slot_bound in [false, true] {
                 let next = CompanionKeys::new(&key, slot_bound);
                 assert_eq!(decode(next.queue()), Role::Queue(lock.clone()));
@@ -378,6 +395,7 @@ mod tests {
             let plain = CompanionKeys::new(key, false);
             [
                 record_key(key),
+                weight_key(key),
                 bound.queue().to_vec(),
                 bound.fence().to_vec(),
                 plain.fence().to_vec(),
@@ -397,6 +415,7 @@ mod tests {
                 let (da, db) = (derived(&a), derived(&b));
                 assert_ne!(&da[0], &db[0]);
                 assert_ne!(&da[1], &db[1]);
+                assert_ne!(&da[2], &db[2]);
             }
         }
     }

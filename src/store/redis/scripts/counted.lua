@@ -2,11 +2,16 @@
 -- in the `counted` script, so that the plain lock's script defines none of this.
 --
 -- Such a lock key is a sorted set of its holders: each member is a holder's token, ':' and its
--- weight; its score, when that holder's lease ends (server time, ms). Dead holders are dropped
--- (ZREMRANGEBYSCORE) by every call that counts, so a holder that died frees its weight at its
--- TTL. The key itself lives as long as its longest lease. Holders are admitted while the live
--- weights, theirs included, sum to at most the capacity the caller names (every user of a key
--- names the same one). The hand-off queue is the plain lock's (`handoff.lua`), its entries
+-- weight; its score, when that holder's lease ends (server time, ms). Beside it, its sum key
+-- (`<prefix>{<tag>}weight:<rest of the lock key>`, same slot; `counted_sum_key`) holds the sum
+-- of the members' weights, kept with every member added or removed, so that no call reads every
+-- holder: an acquire among thousands of readers costs what one among three does (O(log n), plus
+-- the dead it drops). Dead holders are dropped (their weights taken off the sum) by every call
+-- that counts, so a holder that died frees its weight at its TTL. Both keys live as long as the
+-- longest lease. A sum key that is missing while the set is there (evicted, or a set written
+-- before it existed) is counted again from the members, once. Holders are admitted while the
+-- live weights, theirs included, sum to at most the capacity the caller names (every user of a
+-- key names the same one). The hand-off queue is the plain lock's (`handoff.lua`), its entries
 -- carrying the waiter's weight (8 hex digits) between its stamp and its channel; the head of
 -- the queue waits until its whole weight fits, and nobody behind it is served before it.
 local WEIGHT_LEN = 8
@@ -33,29 +38,109 @@ local function counted_wrong(kind)
   error({err = 'WRONGTYPE tower-lock: this key holds a ' .. kind .. ', not a lock'})
 end
 
--- The weight `lock`'s live holders take, once the dead are dropped; an error when the key
--- holds anything but a lease with a share (`counted_wrong`).
-local function counted_used(lock, now)
-  local kind = redis.call('TYPE', lock).ok
-  if kind == 'none' then
-    return 0
-  elseif kind ~= 'zset' then
-    counted_wrong(kind)
-  end
-  redis.call('ZREMRANGEBYSCORE', lock, '-inf', now)
+-- The counted keys this script run found with no holder (`counted_used`), by name, until
+-- `counted_hold` adds their first.
+local counted_fresh = {}
+
+-- The key holding the sum of `lock`'s members' weights: the role `weight:` after the lock key's
+-- hash tag (a lock key's prefix has no braces, so its first '}' ends the tag).
+local function counted_sum_key(lock)
+  local tag_end = string.find(lock, '}', 1, true)
+  return string.sub(lock, 1, tag_end) .. 'weight:' .. string.sub(lock, tag_end + 1)
+end
+
+-- The weight a member (`token:weight`) takes.
+local function counted_weight(member)
+  return tonumber(string.sub(member, string.find(member, ':', 1, true) + 1))
+end
+
+-- `lock`'s sum counted from its members (O(n)): for a sum key that is missing. Kept as long as
+-- the set.
+local function counted_recount(lock, sum_key)
   local used = 0
   for _, member in ipairs(redis.call('ZRANGE', lock, 0, -1)) do
-    used = used + tonumber(string.sub(member, string.find(member, ':', 1, true) + 1))
+    used = used + counted_weight(member)
+  end
+  if used > 0 then
+    redis.call('SET', sum_key, used, 'PX', math.max(redis.call('PTTL', lock), 1))
   end
   return used
 end
 
--- Holds `member` for `ms` from `now`; the key lives at least that long.
+-- The weight `lock`'s live holders take, once the dead are dropped (and their weights taken off
+-- the sum); an error when the key holds anything but a lease with a share (`counted_wrong`).
+local function counted_used(lock, now)
+  local kind = redis.call('TYPE', lock).ok
+  local sum_key = counted_sum_key(lock)
+  if kind == 'none' then
+    -- No holder: the first one `counted_hold` adds writes the sum afresh (over a sum left
+    -- without its set, deleted or evicted alone, which must not count).
+    counted_fresh[lock] = true
+    return 0
+  elseif kind ~= 'zset' then
+    counted_wrong(kind)
+  end
+  local dead = redis.call('ZRANGEBYSCORE', lock, '-inf', now)
+  if #dead > 0 then
+    redis.call('ZREMRANGEBYSCORE', lock, '-inf', now)
+  end
+  local used = tonumber(redis.call('GET', sum_key))
+  if not used then
+    return counted_recount(lock, sum_key)
+  end
+  if #dead > 0 then
+    local gone = 0
+    for _, member in ipairs(dead) do
+      gone = gone + counted_weight(member)
+    end
+    used = redis.call('DECRBY', sum_key, gone)
+    if used <= 0 then
+      redis.call('DEL', sum_key)
+      used = 0
+    end
+  end
+  return used
+end
+
+-- Holds `member` for `ms` from `now` (a new member's weight added to the sum); the key and its
+-- sum live at least that long. (A sum `INCRBY` creates, with no expiry, is recounted at once
+-- unless it is the sum of a set created here too, whose expiry both are given below; a
+-- recounted one takes the set's.)
 local function counted_hold(lock, member, now, ms)
-  redis.call('ZADD', lock, now + ms, member)
+  local sum_key = counted_sum_key(lock)
+  if counted_fresh[lock] then
+    -- The set's first member (`counted_used` found no key): set and sum start here.
+    counted_fresh[lock] = nil
+    redis.call('ZADD', lock, now + ms, member)
+    redis.call('PEXPIRE', lock, ms)
+    redis.call('SET', sum_key, counted_weight(member), 'PX', ms)
+    return
+  end
+  if redis.call('ZADD', lock, now + ms, member) == 1 then
+    local weight = counted_weight(member)
+    if redis.call('INCRBY', sum_key, weight) == weight and redis.call('ZCARD', lock) > 1 then
+      -- The sum key was missing beside other members: count them all.
+      redis.call('DEL', sum_key)
+      counted_recount(lock, sum_key)
+    end
+  end
   if redis.call('PTTL', lock) < ms then
     redis.call('PEXPIRE', lock, ms)
+    redis.call('PEXPIRE', sum_key, ms)
   end
+end
+
+-- Takes `member` off `lock` and its weight off the sum. Returns its score (false if absent).
+local function counted_drop(lock, member)
+  local score = redis.call('ZSCORE', lock, member)
+  if score then
+    redis.call('ZREM', lock, member)
+    local sum_key = counted_sum_key(lock)
+    if redis.call('DECRBY', sum_key, counted_weight(member)) <= 0 then
+      redis.call('DEL', sum_key)
+    end
+  end
+  return score
 end
 
 -- When a waiter should check again if told nothing: when the first live lease ends (ms).
@@ -169,15 +254,13 @@ end
 -- gives up leaves the queue. Returns 1 when a live lease was released, else 0.
 local function counted_release(lock, fence_key, queue, token, weight, cap, claim, retention)
   local now = counted_now()
-  local member = token .. ':' .. weight
-  local score = redis.call('ZSCORE', lock, member)
+  local score = counted_drop(lock, token .. ':' .. weight)
   if not score then
     if queue then
       leave(queue, token)
     end
     return 0
   end
-  redis.call('ZREM', lock, member)
   if queue and redis.call('LLEN', queue) > 0 then
     local used = counted_used(lock, now)
     counted_serve(lock, fence_key, queue, #token, tonumber(cap), used, now, claim, retention, nil)
