@@ -2,6 +2,9 @@
 
 use std::{borrow::Cow, fmt, time::Duration};
 
+use bytes::Bytes;
+use http::{Response, StatusCode};
+
 use crate::{key::KeyRejection, store::StoreError};
 
 /// Why a lease was lost while its holder ran.
@@ -77,6 +80,42 @@ pub enum LockError {
     Config(#[source] ConfigError),
 }
 
+impl LockError {
+    /// The status a layer with the default statuses answers this error with: 409
+    /// ([`Contended`](Self::Contended)), 429 (contended for a key's permits, see
+    /// [`is_permits_exhausted`](Self::is_permits_exhausted)), 503 (store failed, lease lost),
+    /// 400 or 413 (a client's key or body), 500 (a misconfiguration). A layer configured with
+    /// other statuses answers those.
+    pub fn status(&self) -> StatusCode {
+        crate::response::status_for(
+            self,
+            StatusCode::CONFLICT,
+            StatusCode::SERVICE_UNAVAILABLE,
+            StatusCode::TOO_MANY_REQUESTS,
+        )
+    }
+
+    /// The `application/problem+json` response for this error, with [`status`](Self::status)
+    /// and `Retry-After` where it helps (the problem types are listed in
+    /// [`crate::response`]). It names no key value, token or store internals.
+    pub fn problem(&self) -> Response<Bytes> {
+        crate::response::lock_problem(self, self.status())
+    }
+
+    /// Whether every permit of the key was taken until the wait gave up (429,
+    /// `#permits-exhausted`): [`Contended`](Self::Contended) for a lease that asked for some of a
+    /// key's permits.
+    pub fn is_permits_exhausted(&self) -> bool {
+        matches!(
+            self,
+            Self::Contended {
+                permits: Some(_),
+                ..
+            }
+        )
+    }
+}
+
 impl From<ConfigError> for LockError {
     fn from(e: ConfigError) -> Self {
         Self::Config(e)
@@ -113,6 +152,17 @@ impl ConfigError {
     /// The setting at fault, e.g. `"ttl"` or `"wait.factor"`.
     pub fn field(&self) -> &'static str {
         self.field
+    }
+
+    /// 500: a setting is the server's mistake, never the request's.
+    pub fn status(&self) -> StatusCode {
+        StatusCode::INTERNAL_SERVER_ERROR
+    }
+
+    /// The `application/problem+json` response for this error (type `#lock-misconfigured`), for
+    /// a handler that builds a lease with `?`.
+    pub fn problem(&self) -> Response<Bytes> {
+        crate::response::lock_problem(&LockError::Config(self.clone()), self.status())
     }
 }
 

@@ -40,6 +40,20 @@
 //! the default config), so a handler that takes a lease with [`Locker`](crate::Locker) can use
 //! `?`.
 //!
+//! # One contract for every error
+//!
+//! Every error and rejection the crate returns has `status()` (the status a layer with the
+//! default statuses answers), `problem()` (its `application/problem+json` response, the types
+//! below), `Display` and [`std::error::Error`], and with the `axum` feature answers that problem
+//! as an `IntoResponse`: [`LockError`], [`ConfigError`](crate::ConfigError),
+//! [`StoreError`](crate::store::StoreError), [`KeyRejection`](crate::key::KeyRejection),
+//! [`FenceError`](crate::fence::FenceError),
+//! [`IdempotencyError`](crate::idempotency::IdempotencyError),
+//! [`PrincipalRejection`](crate::idempotency::PrincipalRejection), and the extractors'
+//! rejections `MissingLease`, `MissingIdempotencyKey` and `ProblemRejection` (which is not an
+//! `Error`: it converts from every rejection that is one, which would include itself). A key's
+//! permits all taken is [`LockError::is_permits_exhausted`].
+//!
 //! # Extractor rejections
 //!
 //! axum's own extractors answer a body that does not parse with `text/plain`. Name
@@ -131,6 +145,12 @@
 //! the route expects (a malformed JSON body, a missing `Content-Type`, a field of the wrong
 //! type). The `detail` says what; fix the request. Emitted by [`ProblemRejection`], for the
 //! extractors of the routes that use it.
+//!
+//! ## layer-missing
+//!
+//! A handler extracts what a layer adds (a [`Lease`](crate::Lease), an
+//! [`IdempotencyKey`](crate::idempotency::IdempotencyKey)) on a route the layer does not wrap:
+//! a server error, for its operators (500; the `detail` says which layer to add).
 //!
 //! ## stale-write
 //!
@@ -270,6 +290,17 @@ pub(crate) fn problem(
     response
 }
 
+/// The problem of an extractor whose layer is not on the route (`#layer-missing`, 500).
+#[cfg(feature = "axum")]
+pub(crate) fn layer_missing(detail: &str) -> Response<Bytes> {
+    problem(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "layer-missing",
+        "Layer missing",
+        detail,
+    )
+}
+
 /// Whole seconds, rounded up, at least 1.
 fn retry_secs(d: Duration) -> u64 {
     (d.as_millis().div_ceil(1000) as u64).max(1)
@@ -359,15 +390,30 @@ fn describe(error: &LockError) -> (&'static str, &'static str, String, Option<u6
 #[cfg(feature = "axum")]
 impl axum::response::IntoResponse for LockError {
     fn into_response(self) -> axum::response::Response {
-        let status = status_for(
-            &self,
-            StatusCode::CONFLICT,
-            StatusCode::SERVICE_UNAVAILABLE,
-            StatusCode::TOO_MANY_REQUESTS,
-        );
-        lock_problem(&self, status).map(axum::body::Body::from)
+        self.problem().map(axum::body::Body::from)
     }
 }
+
+/// Implements axum's `IntoResponse` for error types with a `problem()`: their problem, as is.
+#[cfg(feature = "axum")]
+macro_rules! problem_into_response {
+    ($($ty:ty),+ $(,)?) => {$(
+        impl axum::response::IntoResponse for $ty {
+            fn into_response(self) -> axum::response::Response {
+                self.problem().map(axum::body::Body::from)
+            }
+        }
+    )+};
+}
+#[cfg(feature = "axum")]
+pub(crate) use problem_into_response;
+
+#[cfg(feature = "axum")]
+problem_into_response!(
+    crate::error::ConfigError,
+    crate::store::StoreError,
+    crate::key::KeyRejection,
+);
 
 /// The status the config assigns to `error`.
 pub(crate) fn status_for(
@@ -383,9 +429,7 @@ pub(crate) fn status_for(
         LockError::Contended { .. } => contended,
         LockError::Config(_) => StatusCode::INTERNAL_SERVER_ERROR,
         LockError::Store(_) | LockError::LeaseLost(_) => unavailable,
-        LockError::Key(rejection) if rejection.is_body_too_large() => StatusCode::PAYLOAD_TOO_LARGE,
-        LockError::Key(rejection) if rejection.is_client_error() => StatusCode::BAD_REQUEST,
-        LockError::Key(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        LockError::Key(rejection) => rejection.status(),
     }
 }
 
@@ -617,5 +661,96 @@ mod tests {
                 .ends_with("#permits-exhausted")
         );
         assert!(body["detail"].as_str().unwrap().contains("all 4 permits"));
+    }
+
+    /// Every error and rejection the crate returns keeps one contract: `status()`, `problem()`
+    /// as `application/problem+json` with that status, `Display`, `Error`, and (axum) the same
+    /// problem as its response.
+    #[cfg(feature = "axum")]
+    #[tokio::test]
+    async fn every_error_answers_its_status_as_a_problem() {
+        use axum::{
+            extract::{
+                FromRequestParts,
+                rejection::{JsonRejection, MissingJsonContentType},
+            },
+            response::IntoResponse,
+        };
+
+        use crate::{
+            Lease,
+            error::ConfigError,
+            fence::FenceError,
+            idempotency::{IdempotencyError, IdempotencyKey, PrincipalRejection},
+        };
+
+        macro_rules! check {
+            ($error:expr, $status:expr) => {{
+                let error = $error;
+                let _: &dyn std::error::Error = &error;
+                check!(@ error, $status)
+            }};
+            (@ $error:expr, $status:expr) => {{
+                let error = $error;
+                let status: u16 = $status;
+                assert!(!error.to_string().is_empty());
+                assert_eq!(error.status(), status, "{error}");
+                let problem = error.problem();
+                assert_eq!(problem.status(), status, "{error}");
+                assert_eq!(
+                    problem.headers()[header::CONTENT_TYPE],
+                    "application/problem+json"
+                );
+                assert_eq!(json(&problem)["status"], status, "{error}");
+                let response = error.into_response();
+                assert_eq!(response.status(), status);
+                assert_eq!(
+                    response.headers()[header::CONTENT_TYPE],
+                    "application/problem+json"
+                );
+            }};
+        }
+
+        let contended = |permits| LockError::Contended {
+            expires_in: None,
+            waited: Duration::ZERO,
+            attempts: 1,
+            permits,
+        };
+        assert!(contended(Some(4)).is_permits_exhausted());
+        assert!(!contended(None).is_permits_exhausted());
+        check!(contended(None), 409);
+        check!(contended(Some(4)), 429);
+        let store = StoreError::msg(StoreErrorKind::Timeout, "no answer from 10.0.0.7:6379");
+        check!(LockError::Store(store.clone()), 503);
+        check!(LockError::LeaseLost(LostReason::Expired), 503);
+        check!(store.clone(), 503);
+        assert!(!String::from_utf8_lossy(store.problem().body()).contains("10.0.0.7"));
+        check!(ConfigError::new("permits", "at least 1"), 500);
+        check!(KeyRejection::invalid("empty"), 400);
+        check!(KeyRejection::body_too_large(16), 413);
+        check!(KeyRejection::misconfigured("no such parameter"), 500);
+        check!(FenceError::Store(store), 503);
+        check!(IdempotencyError::MissingKey, 400);
+        check!(IdempotencyError::KeyReused, 422);
+        check!(IdempotencyError::Lock(contended(None)), 409);
+        check!(
+            PrincipalRejection::unauthorized(HeaderValue::from_static("Bearer")),
+            401
+        );
+        check!(PrincipalRejection::missing(), 500);
+        let (mut parts, ()) = http::Request::new(()).into_parts();
+        let lease = Lease::from_request_parts(&mut parts, &())
+            .await
+            .unwrap_err();
+        check!(lease, 500);
+        let key = IdempotencyKey::from_request_parts(&mut parts, &())
+            .await
+            .unwrap_err();
+        check!(key, 500);
+        check!(@
+            super::ProblemRejection::from(JsonRejection::from(MissingJsonContentType::default())),
+            415
+        );
     }
 }

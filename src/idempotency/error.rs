@@ -53,8 +53,25 @@ impl IdempotencyError {
         Self::InvalidKey(detail.into())
     }
 
+    /// The status a layer with the default statuses answers with: 400 (a missing or invalid
+    /// key, an unreadable body), 422 (a key reused), 413 (a body too large), the principal
+    /// rejection's own, or the lock error's ([`LockError::status`]). A layer configured with
+    /// other lock statuses answers those for [`Lock`](Self::Lock).
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::Lock(error) => error.status(),
+            other => other.status_with(&LockConfig::default()),
+        }
+    }
+
+    /// The `application/problem+json` response for this error, with [`status`](Self::status)
+    /// (the problem types are listed in [`crate::response`]).
+    pub fn problem(&self) -> http::Response<bytes::Bytes> {
+        super::response::idempotency_problem(self, self.status())
+    }
+
     /// The status the layer answers with, given the lock's config (for 409 and 503).
-    pub(crate) fn status(&self, lock: &LockConfig) -> StatusCode {
+    pub(crate) fn status_with(&self, lock: &LockConfig) -> StatusCode {
         match self {
             Self::MissingKey | Self::InvalidKey(_) | Self::BodyUnreadable(_) => {
                 StatusCode::BAD_REQUEST
@@ -71,6 +88,9 @@ impl IdempotencyError {
         }
     }
 }
+
+#[cfg(feature = "axum")]
+crate::response::problem_into_response!(IdempotencyError, super::PrincipalRejection);
 
 impl From<super::PrincipalRejection> for IdempotencyError {
     fn from(rejection: super::PrincipalRejection) -> Self {

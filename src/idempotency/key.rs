@@ -270,14 +270,33 @@ impl MissingIdempotencyKey {
 }
 
 #[cfg(feature = "axum")]
+impl MissingIdempotencyKey {
+    /// 500: a route that extracts the key without the layer is the server's mistake.
+    pub fn status(&self) -> http::StatusCode {
+        http::StatusCode::INTERNAL_SERVER_ERROR
+    }
+
+    /// The `application/problem+json` response (type
+    /// [`#layer-missing`](crate::response#layer-missing)); the detail names the fix.
+    pub fn problem(&self) -> http::Response<bytes::Bytes> {
+        crate::response::layer_missing(Self::MESSAGE)
+    }
+}
+
+#[cfg(feature = "axum")]
 impl axum::response::IntoResponse for MissingIdempotencyKey {
     fn into_response(self) -> axum::response::Response {
         tracing::error!("{}", Self::MESSAGE);
-        (
-            http::StatusCode::INTERNAL_SERVER_ERROR,
-            [(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-            Self::MESSAGE,
-        )
-            .into_response()
+        self.problem().map(axum::body::Body::from)
     }
 }
+
+#[cfg(feature = "axum")]
+impl std::fmt::Display for MissingIdempotencyKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(Self::MESSAGE)
+    }
+}
+
+#[cfg(feature = "axum")]
+impl std::error::Error for MissingIdempotencyKey {}

@@ -189,6 +189,16 @@ impl PrincipalRejection {
         }
     }
 
+    /// The `application/problem+json` response the layer answers with (with the
+    /// `WWW-Authenticate` challenge of a 401), for a handler or middleware that identifies
+    /// callers itself.
+    pub fn problem(&self) -> http::Response<Bytes> {
+        super::response::idempotency_problem(
+            &super::IdempotencyError::PrincipalRejected(self.clone()),
+            self.status(),
+        )
+    }
+
     /// Whether it is the client's mistake (401, 400) rather than the server's.
     pub fn is_client_error(&self) -> bool {
         !matches!(self.kind, Kind::Missing)

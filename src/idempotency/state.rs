@@ -76,7 +76,7 @@ impl IdempotencyState {
 
     /// The response for a request the layer answers itself, with the error in its extensions.
     pub(crate) fn reject(&self, error: IdempotencyError) -> Response<Bytes> {
-        let status = error.status(&self.config.lock);
+        let status = error.status_with(&self.config.lock);
         if status.is_server_error() {
             tracing::warn!(error = &error as &dyn std::error::Error, %status, "idempotency layer answered");
         } else {

@@ -237,6 +237,22 @@ impl KeyRejection {
     pub fn is_body_too_large(&self) -> bool {
         self.kind == RejectionKind::TooLarge
     }
+
+    /// 400 (the client's key), 413 (a body too large to read the keys from) or 500 (a
+    /// misconfigured source).
+    pub fn status(&self) -> http::StatusCode {
+        match self.kind {
+            RejectionKind::Invalid => http::StatusCode::BAD_REQUEST,
+            RejectionKind::TooLarge => http::StatusCode::PAYLOAD_TOO_LARGE,
+            RejectionKind::Misconfigured => http::StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The `application/problem+json` response the layer answers this rejection with (types
+    /// `#invalid-lock-key`, `#request-body-too-large` or `#lock-key-misconfigured`).
+    pub fn problem(&self) -> http::Response<bytes::Bytes> {
+        crate::response::lock_problem(&crate::LockError::Key(self.clone()), self.status())
+    }
 }
 
 impl fmt::Display for KeyRejection {

@@ -4,7 +4,7 @@ use axum::{
     extract::{FromRequestParts, OptionalFromRequestParts},
     response::{IntoResponse, Response},
 };
-use http::{StatusCode, header, request::Parts};
+use http::{StatusCode, request::Parts};
 
 use crate::lease::Lease;
 
@@ -46,15 +46,23 @@ impl MissingLease {
         `.route_layer(LockLayer::new(..))` to the route, or extract `Option<Lease>`.";
 }
 
+impl MissingLease {
+    /// 500: a route that extracts a lease without the layer is the server's mistake.
+    pub fn status(&self) -> StatusCode {
+        StatusCode::INTERNAL_SERVER_ERROR
+    }
+
+    /// The `application/problem+json` response (type
+    /// [`#layer-missing`](crate::response#layer-missing)); the detail names the fix.
+    pub fn problem(&self) -> http::Response<bytes::Bytes> {
+        crate::response::layer_missing(Self::MESSAGE)
+    }
+}
+
 impl IntoResponse for MissingLease {
     fn into_response(self) -> Response {
         tracing::error!("{}", Self::MESSAGE);
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-            Self::MESSAGE,
-        )
-            .into_response()
+        self.problem().map(axum::body::Body::from)
     }
 }
 

@@ -75,6 +75,27 @@ impl ProblemRejection {
     }
 }
 
+impl ProblemRejection {
+    /// The `application/problem+json` response (type
+    /// [`#request-rejected`](super#request-rejected)) with the rejection's status and message.
+    pub fn problem(&self) -> http::Response<bytes::Bytes> {
+        problem(
+            self.status,
+            "request-rejected",
+            "Request rejected",
+            &self.detail,
+        )
+    }
+}
+
+/// (Not `std::error::Error`: it converts from every type that is a rejection and an `Error`,
+/// which would then include itself.)
+impl std::fmt::Display for ProblemRejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
 /// Any axum rejection: its message, and the status of the response it would have been.
 impl<R> From<R> for ProblemRejection
 where
@@ -89,13 +110,7 @@ where
 
 impl IntoResponse for ProblemRejection {
     fn into_response(self) -> Response {
-        problem(
-            self.status,
-            "request-rejected",
-            "Request rejected",
-            &self.detail,
-        )
-        .map(axum::body::Body::from)
+        self.problem().map(axum::body::Body::from)
     }
 }
 

@@ -87,6 +87,17 @@ impl StoreError {
         self.kind
     }
 
+    /// 503: the store failed or did not answer; the request may be retried.
+    pub fn status(&self) -> http::StatusCode {
+        http::StatusCode::SERVICE_UNAVAILABLE
+    }
+
+    /// The `application/problem+json` response for this error (type `#lock-store-unavailable`,
+    /// `Retry-After: 1`). It says nothing of the store's message, which may name its address.
+    pub fn problem(&self) -> http::Response<bytes::Bytes> {
+        crate::response::lock_problem(&crate::LockError::Store(self.clone()), self.status())
+    }
+
     /// This error, as the reason connecting to `target` ("the Redis server at host:port")
     /// failed: its kind, and a message that says both.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))] // constructed by the Redis stores
