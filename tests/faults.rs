@@ -126,14 +126,15 @@ async fn serve(app: Router) -> u16 {
     port
 }
 
-/// Lock keys (not fencing counters, nor the stock's fences) in `redis`, over one connection.
+/// Lock keys (not their companions, fencing counters, nor the stock's fences) in `redis`, over
+/// one connection.
 async fn held(conn: &mut redis::aio::MultiplexedConnection) -> usize {
     let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
         .arg("tower-lock:*")
         .query_async(conn)
         .await
         .unwrap();
-    keys.iter().filter(|k| support::is_lease_state(k)).count()
+    keys.iter().filter(|k| support::is_lock_key(k)).count()
 }
 
 async fn wait_for(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> bool) -> Duration {

@@ -294,7 +294,7 @@ async fn held_key(server: &RedisServer) -> Vec<u8> {
     let started = Instant::now();
     loop {
         let mut keys = server.lock_keys().await;
-        keys.retain(|k| !support::is_queue_key(k) && !support::is_record_key(k));
+        keys.retain(|k| support::is_lock_key(k));
         if let Some(key) = keys.pop() {
             return key;
         }

@@ -90,6 +90,16 @@ pub fn is_lease_state(key: &[u8]) -> bool {
     !is_fence_counter(key) && !data_fence
 }
 
+/// Whether `key` is a lock key itself (`<prefix>{<tag>}` and then a digit, its scope's length),
+/// not a companion (its queue, record, or a counted key's running sum, `weight:`).
+pub fn is_lock_key(key: &[u8]) -> bool {
+    is_lease_state(key)
+        && key
+            .iter()
+            .position(|&b| b == b'}')
+            .is_some_and(|end| key.get(end + 1).is_some_and(u8::is_ascii_digit))
+}
+
 /// Whether `key` is one of the fencing counters (`tower-lock:fence` on a server that does not
 /// hash keys to slots, else one per hash slot, `tower-lock:fence:{<n>}`), the only keys a
 /// released lock leaves behind.
