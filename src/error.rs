@@ -14,7 +14,9 @@ pub enum LostReason {
     /// A renewal found the key no longer holds our token: it expired during a stall, or was
     /// deleted (for example by a Redis restart without persistence).
     NotHeld,
-    /// Renewals kept failing until the lease's time to live ran out.
+    /// The lease's time to live ran out before a renewal succeeded: renewals kept failing (the
+    /// store did not answer), or none could be sent in time (the process or its runtime was
+    /// paused or starved past the TTL).
     Expired,
     /// The request held the lease for longer than [`LockConfig::max_hold`](crate::LockConfig::max_hold).
     MaxHold,
@@ -36,7 +38,8 @@ impl fmt::Display for LostReason {
         f.write_str(match self {
             Self::NotHeld => "the lock store no longer holds the lease",
             Self::Expired => {
-                "the lease expired while the lock store could not be reached to renew it"
+                "the lease ran out before it could be renewed (the lock store did not answer, \
+                 or this process was paused past its time to live)"
             }
             Self::MaxHold => "the request held the lease longer than the configured maximum",
         })

@@ -830,7 +830,7 @@ where
 }
 
 /// A principal can say the request is the client's mistake: 401 with its challenge, or 400,
-/// as problem+json, before the handler runs.
+/// as problem+json, before the handler runs, and before the idempotency key is looked at.
 async fn a_principal_answers_a_clients_mistake_as_one<B: Backend>(backend: B)
 where
     B::Store: IdempotencyStore,
@@ -859,6 +859,17 @@ where
         "idempotency-principal-unauthorized",
     )
     .await;
+    // Who asks is checked before which key: neither credentials nor a key (or a bad key) is a
+    // 401 too, not a 400 for the key.
+    for key in [None, Some("short")] {
+        let nobody = send(&app, post_to("/payments", key, None, "{}")).await;
+        assert_problem(
+            nobody,
+            StatusCode::UNAUTHORIZED,
+            "idempotency-principal-unauthorized",
+        )
+        .await;
+    }
     let malformed = send(&app, post_to("/payments", Some(KEY), Some("t 1"), "{}")).await;
     assert_problem(
         malformed,

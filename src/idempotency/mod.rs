@@ -77,7 +77,9 @@
 //!    and one key space for every client is a choice made explicitly, with [`SharedKeySpace`]
 //!    (the only principal whose requests share one: an empty id from any other is no caller,
 //!    500). A principal may refuse the caller as the client's mistake
-//!    ([`PrincipalRejection`]: 401 or 400).
+//!    ([`PrincipalRejection`]: 401 or 400). It is asked before the key is judged: a request
+//!    with neither credentials nor a valid key is refused for who it is (401), not for its key;
+//!    only a request passed through without a key (`required(false)`) is not asked.
 //! 3. **Body.** The request body is buffered, up to
 //!    [`max_request_body`](IdempotencyConfig::max_request_body) (1 MiB; larger is a 413, checked
 //!    against `Content-Length` first), and the [`Fingerprint`] (method, path, media type and

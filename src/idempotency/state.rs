@@ -35,25 +35,23 @@ pub(crate) struct IdempotencyState {
 }
 
 impl IdempotencyState {
-    /// The request's lock key and idempotency key: `Ok(None)` to pass it through.
+    /// The request's lock key and idempotency key: `Ok(None)` to pass it through. Who asks is
+    /// checked before the key is (a request with neither credentials nor a key is a 401, not
+    /// a 400), except for a request passed through without a key, which needs neither.
     pub(crate) fn begin(
         &self,
         parts: &Parts,
     ) -> Result<Option<(LockKey, IdempotencyKey)>, IdempotencyError> {
         let config = &self.config;
-        let Some(key) = key::read(
+        let read = key::read(
             &parts.headers,
             &config.header,
             config.min_key_len,
             config.max_key_len,
-        )?
-        else {
-            return if config.required {
-                Err(IdempotencyError::MissingKey)
-            } else {
-                Ok(None)
-            };
-        };
+        );
+        if matches!(read, Ok(None)) && !config.required {
+            return Ok(None);
+        }
         let principal = if self.shared_key_space {
             Bytes::new()
         } else {
@@ -62,6 +60,7 @@ impl IdempotencyState {
                 id => id,
             }
         };
+        let key = read?.ok_or(IdempotencyError::MissingKey)?;
         let key = IdempotencyKey::new(key, principal);
         let value = key.scoped_value();
         let lock = LockKey::new(

@@ -196,6 +196,31 @@ impl Lease {
         self.inner.fences.as_slice().get(i).copied()
     }
 
+    /// The key this lease holds for `value` (the value it was derived from, as
+    /// [`LockKey::value`] gives it), if any: for a lease on several keys, to find one
+    /// resource's key and fencing token without searching [`keys`](Self::keys).
+    ///
+    /// ```
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_lock::{Locker, MemoryStore};
+    ///
+    /// let locker = Locker::new(MemoryStore::new());
+    /// let guard = locker
+    ///     .acquire([locker.key("accounts", "alice")?, locker.key("accounts", "bob")?])
+    ///     .await?;
+    /// let bob = guard.key_for("bob").expect("the lease holds bob");
+    /// let token = guard.fencing_token_of(bob);
+    /// # assert!(token.is_some());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Values of different scopes in one lease can be equal: this gives the first in lock
+    /// order.
+    pub fn key_for(&self, value: impl AsRef<[u8]>) -> Option<&LockKey> {
+        let value = value.as_ref();
+        self.inner.keys.iter().find(|key| key.value() == value)
+    }
+
     /// When the lease was acquired (wall clock).
     pub fn acquired_at(&self) -> SystemTime {
         self.inner.acquired_at_system
