@@ -19,6 +19,7 @@ use tokio::task::futures::TaskLocalFuture;
 use crate::{
     key::{KeySet, LockKey},
     lease::Lease,
+    store::StoreId,
 };
 
 tokio::task_local! {
@@ -33,13 +34,13 @@ pub(crate) struct Held(Arc<Node>);
 struct Node {
     lease: Lease,
     /// The store it was taken on ([`Backend::identity`](crate::store::Backend::identity)).
-    store: usize,
+    store: StoreId,
     outer: Option<Held>,
 }
 
 impl Held {
     /// `lease`, taken on `store`, held by the current task within whatever it holds already.
-    pub(crate) fn within_current(lease: Lease, store: usize) -> Self {
+    pub(crate) fn within_current(lease: Lease, store: StoreId) -> Self {
         let outer = HELD.try_with(Clone::clone).ok();
         Self(Arc::new(Node {
             lease,
@@ -74,7 +75,7 @@ pub(crate) enum Reentry {
 /// The lease the current task holds on `store` that covers every key of `keys` as asked (a
 /// held plain or exclusive key covers anything; a held share, a request for no more weight),
 /// if any and not lost; else whether one it holds would block the request.
-pub(crate) fn reentry(keys: &KeySet, store: usize) -> Reentry {
+pub(crate) fn reentry(keys: &KeySet, store: StoreId) -> Reentry {
     HELD.try_with(|held| {
         let mut blocked = false;
         for (lease, _) in held.leases().filter(|(l, s)| *s == store && !l.is_lost()) {

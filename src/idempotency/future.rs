@@ -651,7 +651,7 @@ fn decode(raw: Option<Bytes>) -> Result<Option<Record>, StoreError> {
 fn start<S, ReqBody, ResBody>(
     pending: Pending<S, ReqBody>,
     hold: Hold,
-    store: usize,
+    store: crate::store::StoreId,
 ) -> State<S, ReqBody, S::Future, ResBody, S::Error>
 where
     S: Service<Request<ReqBody>>,

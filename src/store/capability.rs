@@ -48,10 +48,10 @@ pub struct Capabilities {
     /// Fenced writes to data kept in the store (`crate::fence`): for `FencedData`, not the
     /// engine.
     pub(crate) fenced: Option<Arc<dyn FencedWrites>>,
-    /// What the store's clones share (an address), so that lockers over clones of one store
-    /// know they hold the same locks (re-entry, `crate::engine::reentry`); `None`: each locker
-    /// over the store is a store of its own.
-    pub(crate) identity: Option<usize>,
+    /// What the store's clones share, so that lockers over clones of one store know they hold
+    /// the same locks (re-entry, `crate::engine::reentry`); `None`: each locker over the store
+    /// is a store of its own.
+    pub(crate) identity: Option<StoreId>,
 }
 
 impl Capabilities {
@@ -571,6 +571,20 @@ impl<R: Route> FencedWrites for Routed<R> {
     }
 }
 
+/// Which store a lease was taken on: the address of what the store's clones share (its
+/// connection's committer, its nodes), compared, never dereferenced. Lockers over clones of one
+/// store compare equal, so that a task re-enters a lease another locker over the same store
+/// took (`crate::engine::reentry`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct StoreId(usize);
+
+impl StoreId {
+    /// The identity of whatever `shared` points to.
+    pub(crate) fn of<T: ?Sized>(shared: &Arc<T>) -> Self {
+        Self(Arc::as_ptr(shared).cast::<()>() as usize)
+    }
+}
+
 /// The view of a store the engine holds: its four operations, object-safe, and its
 /// capabilities, resolved once when the locker is built.
 pub(crate) struct Backend {
@@ -582,15 +596,12 @@ impl Backend {
     pub(crate) fn new(store: impl LockStore) -> Self {
         let mut caps = store.capabilities();
         let store: Arc<dyn super::DynStore> = Arc::new(store);
-        caps.identity = Some(
-            caps.identity
-                .unwrap_or(Arc::as_ptr(&store).cast::<()>() as usize),
-        );
+        caps.identity = Some(caps.identity.unwrap_or(StoreId::of(&store)));
         Self { store, caps }
     }
 
     /// Which store this is: the same for lockers over clones of one of the crate's stores.
-    pub(crate) fn identity(&self) -> usize {
+    pub(crate) fn identity(&self) -> StoreId {
         self.caps.identity.unwrap_or_default()
     }
 

@@ -37,7 +37,7 @@ pub use self::capability::Capabilities;
 pub(crate) use self::capability::Route;
 pub(crate) use self::capability::{
     AcquireSet, Attempt, Backend, Completed, Epoch, Records, ReleaseNotice, ReleaseNotices,
-    SetAttempt, Signal,
+    SetAttempt, Signal, StoreId,
 };
 #[cfg(any(feature = "redis", test))]
 pub(crate) use self::capability::{HandOff, QueueSignals, QueueWatch};

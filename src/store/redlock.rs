@@ -11,7 +11,7 @@ use tokio::time::{Instant, timeout};
 use super::{
     Acquire, Capabilities, LockStore, RedisStore, StoreError, StoreErrorKind, redis::redis_error,
 };
-use crate::{error::ConfigError, key::LockKey, token::Token};
+use crate::{error::ConfigError, key::LockKey, store::StoreId, token::Token};
 
 /// Leases held on a majority of N independent Redis masters: the
 /// [Redlock](https://redis.io/docs/latest/develop/clients/patterns/distributed-locks/)
@@ -427,7 +427,7 @@ impl LockStore for RedlockStore {
         Capabilities {
             group_commit: true,
             key_sets: Some(this),
-            identity: Some(Arc::as_ptr(&self.nodes).cast::<()>() as usize),
+            identity: Some(StoreId::of(&self.nodes)),
             ..Capabilities::none()
         }
     }

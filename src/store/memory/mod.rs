@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use self::{notices::ReleaseAnnouncer, records::MemoryRecords};
 use super::{Acquire, Capabilities, LockStore, StoreError};
-use crate::{key::LockKey, token::Token};
+use crate::{key::LockKey, store::StoreId, token::Token};
 
 /// Sweep expired entries once this many acquisitions have gone by.
 const SWEEP_EVERY: u64 = 1024;
@@ -224,7 +224,7 @@ impl LockStore for MemoryStore {
             release_notices: Some(this.clone()),
             records: Some(this.clone()),
             key_sets: Some(this),
-            identity: Some(Arc::as_ptr(&self.inner) as usize),
+            identity: Some(StoreId::of(&self.inner)),
             ..Capabilities::none()
         }
     }

@@ -56,6 +56,7 @@ use tokio::runtime::{self, Handle};
 use super::{
     RedisStore,
     keys::{CompanionKeys, ms, record_key},
+    lock_order::{self, Inner},
     shared::{Answers, SharedCall, WeakCall},
 };
 use crate::{
@@ -138,6 +139,8 @@ pub(super) struct Committer {
     /// connections answer independently, so that one stalled checkout or connection does not
     /// hold up the others.
     window: usize,
+    /// Every lane. The lock order (`lock_order`): this first; under it at most one of
+    /// `unsettled` and a queued caller's `Ticket::state`; neither ever held while this is taken.
     lanes: Mutex<Vec<Lane>>,
     /// The calls in flight with acquires, by token (with the call's lane and number): a release
     /// of one of those tokens waits for its call to end, since the acquire may be on its way to
@@ -219,8 +222,8 @@ struct TicketState {
 }
 
 impl Ticket {
-    fn state(&self) -> MutexGuard<'_, TicketState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn state(&self) -> Inner<'_, TicketState> {
+        lock_order::inner(self.state.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     fn leave(&self) {
@@ -259,14 +262,19 @@ impl Committer {
         self.window
     }
 
+    /// The lanes: taken first, never under the unsettled map or a ticket (`lock_order`).
     fn lanes(&self) -> MutexGuard<'_, Vec<Lane>> {
+        lock_order::outer();
         self.lanes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn unsettled(&self) -> MutexGuard<'_, Unsettled> {
-        self.unsettled
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    /// The unsettled map: under the lanes or alone, never with a ticket (`lock_order`).
+    fn unsettled(&self) -> Inner<'_, Unsettled> {
+        lock_order::inner(
+            self.unsettled
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
     }
 
     /// The call in flight that carries the acquire of `token`, if any.

@@ -13,6 +13,7 @@ mod connection;
 mod fenced;
 mod handoff;
 mod keys;
+mod lock_order;
 mod native;
 mod records;
 mod replicas;
@@ -49,7 +50,7 @@ use super::{
     Acquire, Capabilities, LockStore, StoreError,
     eviction::{Eviction, ServerEviction},
 };
-use crate::{background::OnRuntime, key::LockKey, token::Token};
+use crate::{background::OnRuntime, key::LockKey, store::StoreId, token::Token};
 
 /// How long connecting waits for the server's eviction policy before it goes on without it.
 const EVICTION_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
@@ -686,7 +687,7 @@ impl LockStore for RedisStore {
             records: Some(this.clone()),
             fenced: Some(this.clone()),
             key_sets: Some(this),
-            identity: Some(Arc::as_ptr(&self.committer) as usize),
+            identity: Some(StoreId::of(&self.committer)),
             ..Capabilities::none()
         }
     }

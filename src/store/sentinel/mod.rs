@@ -29,7 +29,7 @@ use super::{
     Acquire, Capabilities, Eviction, LockStore, StoreError,
     redis::{Handoff, TLS_MARK, connect_error, redis_error, refuse_insecure},
 };
-use crate::{key::LockKey, token::Token};
+use crate::{key::LockKey, store::StoreId, token::Token};
 
 mod follow;
 mod master;
@@ -464,7 +464,7 @@ impl LockStore for SentinelStore {
     /// master, as with [`RedisStore`]).
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            identity: Some(Arc::as_ptr(&self.inner) as usize),
+            identity: Some(StoreId::of(&self.inner)),
             ..Capabilities::routed(Arc::new(self.clone()))
         }
     }
