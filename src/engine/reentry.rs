@@ -55,7 +55,7 @@ impl Held {
     }
 
     /// Every lease held, innermost first, with its store.
-    fn leases(&self) -> impl Iterator<Item = (&Lease, usize)> {
+    fn leases(&self) -> impl Iterator<Item = (&Lease, StoreId)> {
         std::iter::successors(Some(&*self.0), |node| node.outer.as_ref().map(|h| &*h.0))
             .map(|node| (&node.lease, node.store))
     }
