@@ -18,10 +18,10 @@ use std::{
 };
 
 use axum::{Router, http::StatusCode, routing::post};
-use support::{Backend, Cluster, purchase, send};
+use support::{Backend, Cluster, companion_key, purchase, send};
 use tower_lock::{
     Key, LockConfig, LockError, LockLayer, Locker, Wait,
-    key::LockKey,
+    key::{LockKey, Share},
     store::{Acquire, ClusterStore, LockStore, Token},
 };
 use tower_lock_testkit::{Proxy, RedisCluster, RedisServer, calls_of, errors_of, key_slot};
@@ -172,6 +172,84 @@ async fn slot_migrates_under_a_held_lease() {
         "fencing went back after the move: {first} then {second}"
     );
     assert!(contender.release(&k, &other).await.unwrap());
+}
+
+/// A key with a capacity whose slot is resharded key by key, its running sum (`weight:`, a key
+/// the scripts derive rather than declare) moved before its set: a release sent then is refused
+/// whole (Redis refuses the undeclared key, and the script has written nothing yet), and sent
+/// again once the slot has moved, releases; the sum still matches the holders, so the freed
+/// permit is granted. (Before the scripts read the sum first, the release took the holder out of
+/// the set and left the sum at 2: the key admitted one holder of 2 for as long as it was held.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counted_key_resharded_sum_first_is_released_whole() {
+    let cluster = RedisCluster::start(3, 0);
+    let backend = Cluster(cluster);
+    let store = backend.store().await;
+    let ttl = Duration::from_secs(30);
+    let k = key("resharded-permits").with_share(Share::permit(2).unwrap());
+    let (first, second) = (Token::generate().unwrap(), Token::generate().unwrap());
+    acquired(store.acquire(&k, &first, ttl).await.unwrap());
+    acquired(store.acquire(&k, &second, ttl).await.unwrap());
+
+    let cluster = &backend.0;
+    let slot = cluster.slot(k.as_bytes());
+    let source = cluster.master_of(slot);
+    let target = cluster
+        .nodes
+        .iter()
+        .find(|n| n.port() != source.port() && n.cli(&["ROLE"]).starts_with("master"))
+        .unwrap();
+    let id = |n: &RedisServer| n.cli(&["CLUSTER", "MYID"]).trim().to_owned();
+    let (source_id, target_id) = (id(source), id(target));
+    let slot_arg = slot.to_string();
+    target.cli(&["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &source_id]);
+    source.cli(&["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &target_id]);
+    let lock_key = String::from_utf8(k.as_bytes().to_vec()).unwrap();
+    let sum_key = String::from_utf8(companion_key(k.as_bytes(), "weight")).unwrap();
+    let fence = fence_key(source, slot);
+    let target_port = target.port().to_string();
+    let migrate = |keys: &[&str]| {
+        let mut args = vec![
+            "MIGRATE",
+            "127.0.0.1",
+            &target_port,
+            "",
+            "0",
+            "5000",
+            "KEYS",
+        ];
+        args.extend_from_slice(keys);
+        let migrated = source.cli(&args);
+        assert!(migrated.contains("OK"), "{migrated}");
+    };
+    migrate(&[&sum_key]);
+
+    // The sum has moved, the set has not: refused, and nothing written.
+    assert!(store.release(&k, &first).await.is_err());
+    let holders = source.cli(&["ZCARD", &lock_key]);
+    assert_eq!(
+        holders.trim(),
+        "2",
+        "the set was written by a refused release"
+    );
+
+    migrate(&[&lock_key, &fence]);
+    for node in &cluster.nodes {
+        if node.cli(&["ROLE"]).starts_with("master") {
+            node.cli(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", &target_id]);
+        }
+    }
+    assert!(
+        store.release(&k, &first).await.unwrap(),
+        "released once moved"
+    );
+    assert_eq!(target.cli(&["GET", &sum_key]).trim(), "1");
+    let third = Token::generate().unwrap();
+    acquired(store.acquire(&k, &third, ttl).await.unwrap());
+    assert_eq!(target.cli(&["GET", &sum_key]).trim(), "2");
+    assert!(store.release(&k, &second).await.unwrap());
+    assert!(store.release(&k, &third).await.unwrap());
+    assert_eq!(target.cli(&["EXISTS", &lock_key, &sum_key]).trim(), "0");
 }
 
 /// Three masters with a replica each; the master holding a (replicated) lease is killed and its

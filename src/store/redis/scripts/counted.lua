@@ -80,11 +80,14 @@ local function counted_used(lock, now)
   elseif kind ~= 'zset' then
     counted_wrong(kind)
   end
+  -- Both keys are read before anything is written: the sum key is derived here, not declared,
+  -- so on a cluster slot being resharded it may have moved without the set, and Redis refuses
+  -- the access then; refused before any write, the call leaves both keys as they were.
+  local used = tonumber(redis.call('GET', sum_key))
   local dead = redis.call('ZRANGEBYSCORE', lock, '-inf', now)
   if #dead > 0 then
     redis.call('ZREMRANGEBYSCORE', lock, '-inf', now)
   end
-  local used = tonumber(redis.call('GET', sum_key))
   if not used then
     return counted_recount(lock, sum_key)
   end
@@ -131,14 +134,16 @@ local function counted_hold(lock, member, now, ms)
 end
 
 -- Takes `member` off `lock` and its weight off the sum. Returns its score (false if absent).
+-- The sum first: a sum key Redis refuses (moved without its set, see `counted_used`) stops the
+-- call before the set is written.
 local function counted_drop(lock, member)
   local score = redis.call('ZSCORE', lock, member)
   if score then
-    redis.call('ZREM', lock, member)
     local sum_key = counted_sum_key(lock)
     if redis.call('DECRBY', sum_key, counted_weight(member)) <= 0 then
       redis.call('DEL', sum_key)
     end
+    redis.call('ZREM', lock, member)
   end
   return score
 end
