@@ -24,6 +24,8 @@ pub(crate) mod redis;
 #[cfg(feature = "redis")]
 mod redlock;
 #[cfg(feature = "sentinel")]
+mod routed;
+#[cfg(feature = "sentinel")]
 mod sentinel;
 #[cfg(test)]
 mod tests;
@@ -33,8 +35,6 @@ mod tls;
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 pub use self::capability::Capabilities;
-#[cfg(feature = "sentinel")]
-pub(crate) use self::capability::Route;
 pub(crate) use self::capability::{
     AcquireSet, Attempt, Backend, Completed, Epoch, Records, ReleaseNotice, ReleaseNotices,
     SetAttempt, Signal, StoreId,
@@ -50,6 +50,8 @@ pub use self::eviction::Eviction;
 pub(crate) use self::redis::RedisStore;
 #[cfg(feature = "redis")]
 pub use self::redlock::RedlockStore;
+#[cfg(feature = "sentinel")]
+pub(crate) use self::routed::Route;
 #[cfg(feature = "sentinel")]
 pub use self::sentinel::SentinelStore;
 #[cfg(feature = "tls")]

@@ -1,7 +1,7 @@
 //! The system the checker explores: one Redis (the model in `redis.rs`, running the crate's
 //! scripts), and 3 or 4 processes, each with one store (one pub/sub channel, one connection)
 //! and one contender for its key (or, for a set process, its two keys) at a time (a process's own requests for a key queue behind
-//! each other in `LocalQueues` and only the first contends in Redis, `src/engine/local.rs`
+//! each other in `LocalQueues` and only the first contends in Redis, `src/engine/local/mod.rs`
 //! `LocalQueues::turns`), which acquires the key up to `acquisitions` times in a row, each time with a
 //! fresh token.
 //!
@@ -9,7 +9,7 @@
 //! a client reacting to a signal or a timer, a failure, or one tick of time. The client's steps
 //! follow `src/engine/acquire.rs` (`acquire`, `handed_over`, `MIN_HANDED_OVER`, `NEXT_SLACK`),
 //! `src/engine/release.rs` (`ReleaseOnDrop`, armed while an attempt is in flight or the waiter
-//! is queued), `src/engine/renew.rs` (`Renewer::poll_lost`) and `src/store/redis/handoff.rs`
+//! is queued), `src/engine/renew.rs` (`Renewer::poll_lost`) and `src/store/redis/handoff/mod.rs`
 //! (`Registry::deliver`, `register`, `parse`), by symbol: `scripts/check_docs.py` checks that
 //! every file named here exists.
 //!
@@ -30,7 +30,7 @@
 //! at least every renewal interval, which keeps the keys the queue kept for it.
 //!
 //! With `counts`, key X has a capacity and each process takes its weight of it: the requests
-//! go through the `counted` batch script (`A`, `R` and `N` operations, `commit.rs`
+//! go through the `counted` batch script (`A`, `R` and `N` operations, `wire.rs`
 //! `counted_args`), the key is a sorted set of its holders' members (`token:weight`, scored by
 //! when each lease ends), and the queue entries carry the waiter's weight. The clients are the
 //! same: the engine waits for and claims a counted lease as a plain one.
@@ -55,7 +55,7 @@ pub(crate) struct Timing {
     pub(crate) min_handed_over: i16,
     /// `NEXT_SLACK` (`src/engine/acquire.rs`).
     pub(crate) next_slack: i16,
-    /// Subtracted from a grant's stamp + claim window (`src/store/redis/handoff.rs` `parse`:
+    /// Subtracted from a grant's stamp + claim window (`src/store/redis/handoff/mod.rs` `parse`:
     /// 1 % + 2 ms).
     /// The model's clocks all run at one rate, so 0 is the strictest choice.
     pub(crate) allowance: i16,
@@ -91,7 +91,7 @@ pub(crate) struct Faults {
     pub(crate) lose: bool,
     /// A process's subscription breaks (its messages in flight are lost, and Redis sees nobody
     /// on its channel) and comes back at any later time; each tells the waiters registered then
-    /// to check again (`src/store/redis/handoff.rs` `retry_all`).
+    /// to check again (`src/store/redis/handoff/mod.rs` `retry_all`).
     pub(crate) resubscribe: bool,
 }
 
@@ -300,7 +300,7 @@ pub(crate) struct Answer {
     pub(crate) straddled: bool,
 }
 
-/// A hand-off message on its way to a process, parsed as `src/store/redis/handoff.rs` `parse`
+/// A hand-off message on its way to a process, parsed as `src/store/redis/handoff/mod.rs` `parse`
 /// does.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct Message {
@@ -1197,7 +1197,7 @@ impl Model {
         let counted = self.config.counts.is_some();
         let weight = k.weights[usize::from(p)];
         let (script, keys) = match req.op {
-            // `commit.rs` `counted_args`: the same operations with a share, in the `counted`
+            // `wire.rs` `counted_args`: the same operations with a share, in the `counted`
             // script.
             Op::Acquire {
                 stamp,
@@ -1384,7 +1384,7 @@ impl Model {
     }
 
     /// An attempt's place in the queue, as arguments: stamp, channel, rescan; without one (its
-    /// subscription down), `'' '' 0`, as `commit.rs` sends it.
+    /// subscription down), `'' '' 0`, as `wire.rs` sends it.
     fn place(&self, stamp: i16, rescan: bool, listen: bool, channel: Val) -> (Val, Val, Val) {
         let k = &self.keys;
         if listen {
@@ -1406,7 +1406,7 @@ impl Model {
         panic!("unknown token {:?}", String::from_utf8_lossy(token))
     }
 
-    /// `src/store/redis/handoff.rs` `parse`: `g<token><stamp><claim>:<fence>` or
+    /// `src/store/redis/handoff/mod.rs` `parse`: `g<token><stamp><claim>:<fence>` or
     /// `n<token><stamp><claim>`.
     fn parse(&self, to: u8, payload: Val) -> Message {
         let text = self.interner.borrow().get(payload).to_vec();

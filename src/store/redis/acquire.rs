@@ -4,9 +4,8 @@
 use std::{sync::Arc, time::Duration};
 
 use super::{
-    RedisStore,
-    commit::{self, Op, Place},
-    handoff,
+    RedisStore, handoff,
+    wire::{self, Op, Place},
 };
 use crate::{
     key::LockKey,
@@ -34,7 +33,7 @@ impl RedisStore {
             ttl,
             place: place.filter(|_| self.handoff.is_some()),
         };
-        let commit::Answer {
+        let wire::Answer {
             code: answer,
             n,
             acks,

@@ -40,93 +40,31 @@
 use std::{
     borrow::Cow,
     collections::HashMap,
-    hash::{BuildHasherDefault, Hasher},
+    hash::BuildHasherDefault,
     sync::{
         Arc, Mutex, MutexGuard, OnceLock, PoisonError,
         atomic::{AtomicBool, Ordering},
     },
     task::{Context, Poll, Waker},
-    time::Duration,
 };
 
-use bytes::Bytes;
-use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use redis::{Script, Value};
 use tokio::runtime::{self, Handle};
 
 use super::{
     RedisStore,
-    keys::{CompanionKeys, ms, record_key},
     lock_order::{self, Inner},
     shared::{Answers, SharedCall, WeakCall},
+    token_hasher::TokenHasher,
+    wire::{Answer, Op, UNREADABLE, answer_of, is_cross_slot},
 };
 use crate::{
-    key::LockKey,
     store::{StoreError, StoreErrorKind},
     token::Token,
 };
 
 /// The most operations in one script call: a bound on how long one call keeps Redis busy.
 const MAX_BATCH: usize = 256;
-
-/// One lock operation.
-pub(super) enum Op {
-    Acquire {
-        key: LockKey,
-        token: Token,
-        ttl: Duration,
-        /// With hand-off: where the caller joins the queue, `None` to not queue.
-        place: Option<Place>,
-    },
-    Release {
-        key: LockKey,
-        token: Token,
-    },
-    Renew {
-        key: LockKey,
-        token: Token,
-        ttl: Duration,
-    },
-    Complete {
-        key: LockKey,
-        token: Token,
-        record: Bytes,
-        keep: Duration,
-    },
-}
-
-/// Where a waiter joins a hand-off queue: its entry is its token, `stamp` and `channel`.
-pub(super) struct Place {
-    pub(super) stamp: [u8; 16],
-    pub(super) channel: Arc<str>,
-    /// A later attempt, which may find the waiter queued already.
-    pub(super) rescan: bool,
-}
-
-impl Op {
-    fn key(&self) -> &LockKey {
-        match self {
-            Self::Acquire { key, .. }
-            | Self::Release { key, .. }
-            | Self::Renew { key, .. }
-            | Self::Complete { key, .. } => key,
-        }
-    }
-
-    /// Whether replicas must acknowledge it (`WAIT`).
-    fn replicates(&self) -> bool {
-        matches!(self, Self::Acquire { .. } | Self::Renew { .. })
-    }
-}
-
-/// What the script answered for one operation: for an acquire, its code and number (see
-/// `scripts/acquire.lua`); for the others, 1 or 0. `acks`: the replicas that acknowledged
-/// the batch, when `WAIT` was sent.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Answer {
-    pub(super) code: i64,
-    pub(super) n: i64,
-    pub(super) acks: Option<i64>,
-}
 
 /// A call in flight: driven by whichever of its callers, or of the callers queued behind it, is
 /// polled.
@@ -151,31 +89,6 @@ pub(super) struct Committer {
 
 /// [`Committer::unsettled`]: by token, hashed with [`TokenHasher`].
 type Unsettled = HashMap<Token, Carrier, BuildHasherDefault<TokenHasher>>;
-
-/// A hasher for the map of tokens: tokens are random (128 bits from the OS's CSPRNG, drawn by
-/// this process, never from input), so nobody can pick keys that collide, and a
-/// multiply-and-rotate fold of their bytes spreads them as well as SipHash would, at a few
-/// dozen instructions rather than about 500 per lookup.
-#[derive(Default)]
-struct TokenHasher(u64);
-
-impl Hasher for TokenHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        // The fractional part of the golden ratio, odd: a multiply spreads each word's bits
-        // upwards (as rustc's own FxHasher does).
-        const K: u64 = 0x9e37_79b9_7f4a_7c15;
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(K);
-        }
-    }
-
-    fn finish(&self) -> u64 {
-        // The well-spread high bits down to the low ones, which pick the bucket.
-        self.0.rotate_left(26)
-    }
-}
 
 /// The call that carries an acquire: its lane, its number there, and the call.
 type Carrier = (Option<runtime::Id>, u64, WeakCall);
@@ -701,14 +614,14 @@ impl RedisStore {
             return every(Err(left()));
         }
         let replicate = sent.iter().any(|&i| ops[i].op.replicates());
-        let eval = self.batch_cmd(ops, &sent);
+        let script = self.script_for(ops);
+        let eval = self.batch_cmd(script, sent.iter().map(|&i| &ops[i].op));
         let again = |_| {
             sent = live(ops);
-            (!sent.is_empty()).then(|| self.batch_cmd(ops, &sent))
+            (!sent.is_empty()).then(|| self.batch_cmd(script, sent.iter().map(|&i| &ops[i].op)))
         };
-        let answer: Result<Option<(Vec<Value>, _)>, StoreError> = self
-            .invoke_cmd_again(self.script_for(ops), eval, again, replicate)
-            .await;
+        let answer: Result<Option<(Vec<Value>, _)>, StoreError> =
+            self.invoke_cmd_again(script, eval, again, replicate).await;
         match answer {
             Ok(Some((values, acks))) if values.len() == 2 * sent.len() => {
                 // In order: the sent operations' answers, and the others' (left) in between.
@@ -735,92 +648,6 @@ impl RedisStore {
             false => &self.scripts.ops,
         }
     }
-
-    /// The `EVALSHA` of the batch script for the operations `all[i]`, `i` in `sent`, written
-    /// straight into the command: one pass counts the keys (their count goes first), another
-    /// writes them, each operation's companions made on the stack as it is reached.
-    fn batch_cmd(&self, all: &[Queued], sent: &[usize]) -> Cmd {
-        let ops = || sent.iter().map(|&i| &all[i].op);
-        let handoff = self.handoff.is_some();
-        // One fencing counter for the whole server unless it hashes keys to slots: a batch of
-        // acquires then reads and writes one counter (per prefix), not one per slot.
-        let slot_bound = self.slot_bound.load(Ordering::Relaxed);
-        // An operation's keys: its lock key; a completion's record; an acquire's fencing
-        // counter, and with hand-off, a release's or completion's too; and with hand-off, the
-        // key's queue after its counter.
-        let companions = |op: &Op| match op {
-            Op::Acquire { .. } => true,
-            Op::Release { .. } | Op::Complete { .. } => handoff,
-            Op::Renew { .. } => false,
-        };
-        let (mut keys, mut size) = (0, 96);
-        for op in ops() {
-            let mut n = 1;
-            if let Op::Complete { record, .. } = op {
-                n += 1;
-                size += record.len();
-            }
-            if companions(op) {
-                n += 1 + usize::from(handoff);
-            }
-            keys += n;
-            size += n * (op.key().as_bytes().len() + 16) + 96;
-        }
-        let mut eval = Cmd::with_capacity(6 + keys + sent.len() * 6, size);
-        eval.arg("EVALSHA")
-            .arg(self.script_for(all).get_hash())
-            .arg(keys);
-        for op in ops() {
-            eval.arg(op.key().as_bytes());
-            if let Op::Complete { key, .. } = op {
-                eval.arg(&record_key(key)[..]);
-            }
-            if companions(op) {
-                let companions = CompanionKeys::new(op.key(), slot_bound);
-                eval.arg(companions.fence());
-                if handoff {
-                    eval.arg(companions.queue());
-                }
-            }
-        }
-        eval.arg(if handoff { "1" } else { "0" })
-            .arg(&*ms(self.claim_window))
-            .arg(&*ms(self.fence_retention));
-        for op in ops() {
-            if let Some(share) = op.key().share()
-                && !matches!(op, Op::Complete { .. })
-            {
-                counted_args(&mut eval, op, share);
-                continue;
-            }
-            match op {
-                Op::Acquire {
-                    token, ttl, place, ..
-                } => {
-                    eval.arg("a").arg(token.as_bytes()).arg(&*ms(*ttl));
-                    place_args(&mut eval, place.as_ref());
-                }
-                Op::Release { token, .. } => {
-                    eval.arg("r").arg(token.as_bytes());
-                }
-                Op::Renew { token, ttl, .. } => {
-                    eval.arg("n").arg(token.as_bytes()).arg(&*ms(*ttl));
-                }
-                Op::Complete {
-                    token,
-                    record,
-                    keep,
-                    ..
-                } => {
-                    eval.arg("c")
-                        .arg(token.as_bytes())
-                        .arg(&record[..])
-                        .arg(&*ms(*keep));
-                }
-            }
-        }
-        eval
-    }
 }
 
 /// The answer of an operation not sent because its caller left (read by nobody): one message
@@ -831,104 +658,10 @@ fn left() -> StoreError {
     StoreError::msg(StoreErrorKind::Backend, Arc::clone(message))
 }
 
-/// An acquire's place in the hand-off queue: stamp, channel, rescan (empty: not queued).
-fn place_args(eval: &mut Cmd, place: Option<&Place>) {
-    match place {
-        Some(place) => eval
-            .arg(&place.stamp[..])
-            .arg(place.channel.as_bytes())
-            .arg(if place.rescan { "1" } else { "0" }),
-        None => eval.arg("").arg("").arg("0"),
-    };
-}
-
-/// The arguments of an operation on a key with a capacity (`scripts/ops.lua`'s `A`, `R`, `N`).
-fn counted_args(eval: &mut Cmd, op: &Op, share: crate::key::Share) {
-    let (weight, capacity) = (share.weight().to_string(), share.capacity().to_string());
-    match op {
-        Op::Acquire {
-            token, ttl, place, ..
-        } => {
-            eval.arg("A")
-                .arg(token.as_bytes())
-                .arg(&weight)
-                .arg(&capacity)
-                .arg(&*ms(*ttl));
-            place_args(eval, place.as_ref());
-        }
-        Op::Release { token, .. } => {
-            eval.arg("R")
-                .arg(token.as_bytes())
-                .arg(&weight)
-                .arg(&capacity);
-        }
-        Op::Renew { token, ttl, .. } => {
-            eval.arg("N")
-                .arg(token.as_bytes())
-                .arg(&weight)
-                .arg(&*ms(*ttl));
-        }
-        // Idempotency records are for plain keys only (the caller sends none).
-        Op::Complete { .. } => {}
-    }
-}
-
-/// One operation's answer in the batch script's reply: its code and number, or (code -1)
-/// Redis's refusal of that operation alone.
-fn answer_of(code: &Value, n: &Value, acks: Option<i64>) -> Result<Answer, StoreError> {
-    let code = match code {
-        Value::Int(code) => *code,
-        _ => return Err(StoreError::msg(StoreErrorKind::Backend, UNREADABLE)),
-    };
-    match n {
-        Value::Int(n) if code >= 0 => Ok(Answer { code, n: *n, acks }),
-        Value::BulkString(message) if code == -1 => {
-            let message = String::from_utf8_lossy(message);
-            // A plain script on a key that leases with a share hold (a sorted set), or on a
-            // value that is no lock: say which mistake it may be.
-            let hint = if message.starts_with("WRONGTYPE Operation") {
-                " (the key holds no plain lease: a lease with a share (permits, shared or \
-                 exclusive), which every user of the key must then take, or a value that is no \
-                 lock)"
-            } else {
-                ""
-            };
-            Err(StoreError::msg(
-                StoreErrorKind::Backend,
-                format!("Redis refused the lock operation: {message}{hint}"),
-            ))
-        }
-        _ => Err(StoreError::msg(StoreErrorKind::Backend, UNREADABLE)),
-    }
-}
-
-const UNREADABLE: &str = "the lock script's answer could not be read";
-
-/// Whether `error` is Redis refusing a script over keys of several hash slots.
-pub(super) fn is_cross_slot(error: &StoreError) -> bool {
-    std::error::Error::source(error)
-        .and_then(|source| source.downcast_ref::<RedisError>())
-        .is_some_and(|e| e.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot))
-}
-
 #[cfg(test)]
 mod tests {
-    use std::hash::BuildHasher;
-
     use super::*;
-
-    /// Tokens spread over a table's buckets (the low bits) and its control bytes (the top 7).
-    #[test]
-    fn the_token_hasher_spreads_tokens() {
-        let hasher = BuildHasherDefault::<TokenHasher>::default();
-        let hashes: Vec<u64> = (0..8192)
-            .map(|_| hasher.hash_one(Token::generate().expect("entropy")))
-            .collect();
-        let low: std::collections::HashSet<u64> = hashes.iter().map(|h| h & 0xff).collect();
-        let top: std::collections::HashSet<u64> = hashes.iter().map(|h| h >> 57).collect();
-        assert_eq!(low.len(), 256, "every bucket of 256 is used by 8192 tokens");
-        assert_eq!(top.len(), 128, "every control byte is used by 8192 tokens");
-    }
+    use crate::key::LockKey;
 
     /// A lane that goes idle stays for its runtime's next call; the other idle lanes (their
     /// runtimes may be gone) go then, and a busy one stays.

@@ -215,7 +215,7 @@ fn classify(e: &RedisError) -> (StoreErrorKind, Option<Cow<'static, str>>) {
         return (StoreErrorKind::Authentication, Some(cause.into()));
     }
     // A key set's script refusing a key taken the other way (`counted_wrong` in the scripts):
-    // worded as the batched operations' refusal is (`commit.rs`), without the script's name.
+    // worded as the batched operations' refusal is (`wire.rs` `answer_of`), without the script's name.
     if e.code() == Some("WRONGTYPE")
         && let Some(detail) = e.detail().filter(|d| d.starts_with("tower-lock:"))
     {

@@ -6,7 +6,7 @@ use std::sync::{Arc, LazyLock};
 use bytes::Bytes;
 use redis::{Script, Value};
 
-use super::{RedisStore, commit::is_cross_slot, scripts::lua};
+use super::{RedisStore, scripts::lua, wire::is_cross_slot};
 use crate::{
     slot,
     store::{

@@ -15,11 +15,14 @@ mod handoff;
 mod keys;
 mod lock_order;
 mod native;
+mod probe;
 mod records;
 mod replicas;
 mod scripts;
 mod set;
 mod shared;
+mod token_hasher;
+mod wire;
 
 use std::{
     fmt,
@@ -30,29 +33,28 @@ use std::{
 #[cfg(feature = "bb8")]
 use bb8_redis::{RedisConnectionManager, bb8};
 use redis::{
-    Client, ErrorKind, IntoConnectionInfo, Value,
+    Client, IntoConnectionInfo,
     aio::{ConnectionManager, MultiplexedConnection},
 };
 use tokio::sync::OnceCell;
 
 use self::{
-    commit::{Committer, Op},
+    commit::Committer,
     connection::{Request, Transport, manager_config},
     native::{NativeState, info_text},
     replicas::ReplicaAcks,
     scripts::{LUA, Scripts},
+    wire::Op,
 };
 pub(crate) use self::{
     connection::{TLS_MARK, connect_error, redis_error},
     handoff::Handoff,
 };
-use super::{
-    Acquire, Capabilities, LockStore, StoreError,
-    eviction::{Eviction, ServerEviction},
-};
+use super::{Acquire, Capabilities, LockStore, StoreError};
 use crate::{background::OnRuntime, key::LockKey, store::StoreId, token::Token};
 
-/// How long connecting waits for the server's eviction policy before it goes on without it.
+/// How long connecting waits for the server's eviction policy (and the other probes) before it
+/// goes on without it.
 const EVICTION_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long a key handed to a waiter stays reserved for it unless it confirms (default).
@@ -424,116 +426,6 @@ impl RedisStore {
     pub fn claim_window(mut self, window: Duration) -> Self {
         self.claim_window = window.max(Duration::from_millis(10));
         self.own_queue()
-    }
-
-    /// Asks the server now for its eviction policy (`maxmemory-policy`, from `INFO memory`):
-    /// whether Redis may delete held leases and idempotency records before they expire when it
-    /// runs short of memory. Anything but [`Eviction::Never`] risks two holders at once (an
-    /// evicted lease) and handlers run twice (an evicted record); see [`Eviction`].
-    ///
-    /// [`connect`](Self::connect) asks once and logs a warning; stores built from your own
-    /// connection, manager or pool are not asked unless you call this. A server that refuses
-    /// `INFO` answers [`Eviction::Unknown`]; the error is for a server that cannot be reached.
-    ///
-    /// ```no_run
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tower_lock::{RedisStore, store::Eviction};
-    ///
-    /// let store = RedisStore::connect("redis://127.0.0.1/").await?;
-    /// if let Eviction::Possible { policy, .. } = store.eviction().await? {
-    ///     return Err(format!("Redis may evict held locks (maxmemory-policy {policy})").into());
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn eviction(&self) -> Result<Eviction, StoreError> {
-        let servers = self.evictions().await?;
-        Ok(Eviction::riskiest(servers.into_iter().map(|s| s.eviction)))
-    }
-
-    /// `INFO memory`, read: one answer for the server of a plain connection, one per master
-    /// (with its address) on a cluster.
-    pub(crate) async fn evictions(&self) -> Result<Vec<ServerEviction>, StoreError> {
-        let mut info = redis::cmd("INFO");
-        info.arg("memory");
-        Ok(match self.query(Request::Cmd(&info)).await? {
-            // A cluster: each master's answer (or refusal) under its address.
-            Ok(Value::Map(servers)) => servers
-                .into_iter()
-                .map(|(addr, answer)| {
-                    let addr = redis::from_redis_value::<String>(addr).ok();
-                    match answer {
-                        Value::ServerError(_) => ServerEviction {
-                            addr,
-                            eviction: Eviction::Unknown,
-                            maxmemory: None,
-                        },
-                        answer => ServerEviction::from_info(addr, &info_text(answer)),
-                    }
-                })
-                .collect(),
-            Ok(answer) => vec![ServerEviction::from_info(None, &info_text(answer))],
-            // Refused for want of credentials: the store cannot work at all.
-            Err(e) if redis_error(e.clone()).kind() == super::StoreErrorKind::Authentication => {
-                return Err(redis_error(e));
-            }
-            // Refused (an ACL without `+info`, a proxy that filters it): unknown.
-            Err(e) if e.kind() != ErrorKind::Io && !e.is_timeout() => vec![ServerEviction {
-                addr: None,
-                eviction: Eviction::Unknown,
-                maxmemory: None,
-            }],
-            Err(e) => return Err(redis_error(e)),
-        })
-    }
-
-    /// Reads the eviction policy of the server(s) and logs a warning for each that may evict;
-    /// gives up after a second (a server that does not answer is logged at debug), so that
-    /// connecting takes at most that much longer. Fails only when the server refuses for want
-    /// of credentials (`NOAUTH`: a connection made without a password succeeds, and nothing
-    /// is sent before the first command), which would fail every request.
-    pub(crate) async fn check_eviction(&self) -> Result<(), StoreError> {
-        let addr = self
-            .client
-            .as_ref()
-            .map(|c| c.get_connection_info().addr().to_string());
-        let asked = tokio::time::timeout(EVICTION_CHECK_TIMEOUT, self.evictions())
-            .await
-            .unwrap_or_else(|_| Err(StoreError::timeout(EVICTION_CHECK_TIMEOUT)));
-        match asked {
-            Ok(servers) => {
-                for server in servers {
-                    server.log(addr.as_deref());
-                }
-            }
-            Err(error) if error.kind() == super::StoreErrorKind::Authentication => {
-                return Err(error);
-            }
-            Err(error) => tracing::debug!(
-                server = addr.as_deref().unwrap_or("?"),
-                error = &error as &dyn std::error::Error,
-                "could not ask the Redis server for its maxmemory-policy"
-            ),
-        }
-        Ok(())
-    }
-
-    /// Asks the server whether it hashes keys to slots (`cluster_enabled:1` in `INFO cluster`: a
-    /// cluster-mode server behind a plain connection), so that the first batch is sent one
-    /// script per slot with each slot's fencing counter rather than refused as `CROSSSLOT`. A
-    /// server that does not answer within a second is found out by its first refusal instead.
-    pub(crate) async fn check_slots(&self) {
-        let mut info = redis::cmd("INFO");
-        info.arg("cluster");
-        let asked =
-            tokio::time::timeout(EVICTION_CHECK_TIMEOUT, self.query(Request::Cmd(&info))).await;
-        if let Ok(Ok(Ok(answer))) = asked
-            && info_text(answer)
-                .lines()
-                .any(|line| line.trim() == "cluster_enabled:1")
-        {
-            self.slot_bound
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-        }
     }
 
     /// `SET key token PX ttl`: puts a lease that a Redlock quorum has just renewed back on a

@@ -13,7 +13,7 @@ use std::{
 use bytes::Bytes;
 use redis::Script;
 
-use super::{RedisStore, commit::Op, keys::record_key, scripts::lua};
+use super::{RedisStore, keys::record_key, scripts::lua, wire::Op};
 use crate::{
     key::LockKey,
     store::{BoxFuture, Completed, Records, StoreError, StoreErrorKind},

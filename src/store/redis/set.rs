@@ -14,10 +14,9 @@ use std::{
 use futures_util::future::join_all;
 
 use super::{
-    RedisStore,
-    commit::{Place, is_cross_slot},
-    handoff,
+    RedisStore, handoff,
     keys::{CompanionKeys, ms},
+    wire::{Place, is_cross_slot},
 };
 use crate::{
     key::{KeySet, LockKey},

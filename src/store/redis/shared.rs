@@ -21,7 +21,7 @@ use std::{
     task::{Context, Poll, Wake, Waker},
 };
 
-use super::commit::Answer;
+use super::wire::Answer;
 use crate::store::StoreError;
 
 /// The answers of one call, one per operation, in order.

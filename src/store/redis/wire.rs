@@ -1,0 +1,249 @@
+//! The batch script's wire format: the operations a call carries ([`Op`]), the `EVALSHA` that
+//! sends them (`RedisStore::batch_cmd`: keys, then per operation its kind and arguments, as
+//! `scripts/ops.lua`'s table gives them), and the reply read back ([`answer_of`]: a code and a
+//! number per operation, or Redis's refusal of that operation alone).
+
+use std::{sync::Arc, sync::atomic::Ordering, time::Duration};
+
+use bytes::Bytes;
+use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
+
+use super::{
+    RedisStore,
+    keys::{CompanionKeys, ms, record_key},
+};
+use crate::{
+    key::LockKey,
+    store::{StoreError, StoreErrorKind},
+    token::Token,
+};
+
+/// One lock operation.
+pub(super) enum Op {
+    Acquire {
+        key: LockKey,
+        token: Token,
+        ttl: Duration,
+        /// With hand-off: where the caller joins the queue, `None` to not queue.
+        place: Option<Place>,
+    },
+    Release {
+        key: LockKey,
+        token: Token,
+    },
+    Renew {
+        key: LockKey,
+        token: Token,
+        ttl: Duration,
+    },
+    Complete {
+        key: LockKey,
+        token: Token,
+        record: Bytes,
+        keep: Duration,
+    },
+}
+
+/// Where a waiter joins a hand-off queue: its entry is its token, `stamp` and `channel`.
+pub(super) struct Place {
+    pub(super) stamp: [u8; 16],
+    pub(super) channel: Arc<str>,
+    /// A later attempt, which may find the waiter queued already.
+    pub(super) rescan: bool,
+}
+
+impl Op {
+    pub(super) fn key(&self) -> &LockKey {
+        match self {
+            Self::Acquire { key, .. }
+            | Self::Release { key, .. }
+            | Self::Renew { key, .. }
+            | Self::Complete { key, .. } => key,
+        }
+    }
+
+    /// Whether replicas must acknowledge it (`WAIT`).
+    pub(super) fn replicates(&self) -> bool {
+        matches!(self, Self::Acquire { .. } | Self::Renew { .. })
+    }
+}
+
+/// What the script answered for one operation: for an acquire, its code and number (see
+/// `scripts/acquire.lua`); for the others, 1 or 0. `acks`: the replicas that acknowledged
+/// the batch, when `WAIT` was sent.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Answer {
+    pub(super) code: i64,
+    pub(super) n: i64,
+    pub(super) acks: Option<i64>,
+}
+
+impl RedisStore {
+    /// The `EVALSHA` of `script` (the batch script) for the operations `sent`, written
+    /// straight into the command: one pass counts the keys (their count goes first), another
+    /// writes them, each operation's companions made on the stack as it is reached.
+    pub(super) fn batch_cmd<'a>(
+        &self,
+        script: &Script,
+        sent: impl Iterator<Item = &'a Op> + Clone,
+    ) -> Cmd {
+        let ops = || sent.clone();
+        let handoff = self.handoff.is_some();
+        // One fencing counter for the whole server unless it hashes keys to slots: a batch of
+        // acquires then reads and writes one counter (per prefix), not one per slot.
+        let slot_bound = self.slot_bound.load(Ordering::Relaxed);
+        // An operation's keys: its lock key; a completion's record; an acquire's fencing
+        // counter, and with hand-off, a release's or completion's too; and with hand-off, the
+        // key's queue after its counter.
+        let companions = |op: &Op| match op {
+            Op::Acquire { .. } => true,
+            Op::Release { .. } | Op::Complete { .. } => handoff,
+            Op::Renew { .. } => false,
+        };
+        let (mut keys, mut size) = (0, 96);
+        for op in ops() {
+            let mut n = 1;
+            if let Op::Complete { record, .. } = op {
+                n += 1;
+                size += record.len();
+            }
+            if companions(op) {
+                n += 1 + usize::from(handoff);
+            }
+            keys += n;
+            size += n * (op.key().as_bytes().len() + 16) + 96;
+        }
+        let mut eval = Cmd::with_capacity(6 + keys + ops().count() * 6, size);
+        eval.arg("EVALSHA").arg(script.get_hash()).arg(keys);
+        for op in ops() {
+            eval.arg(op.key().as_bytes());
+            if let Op::Complete { key, .. } = op {
+                eval.arg(&record_key(key)[..]);
+            }
+            if companions(op) {
+                let companions = CompanionKeys::new(op.key(), slot_bound);
+                eval.arg(companions.fence());
+                if handoff {
+                    eval.arg(companions.queue());
+                }
+            }
+        }
+        eval.arg(if handoff { "1" } else { "0" })
+            .arg(&*ms(self.claim_window))
+            .arg(&*ms(self.fence_retention));
+        for op in ops() {
+            if let Some(share) = op.key().share()
+                && !matches!(op, Op::Complete { .. })
+            {
+                counted_args(&mut eval, op, share);
+                continue;
+            }
+            match op {
+                Op::Acquire {
+                    token, ttl, place, ..
+                } => {
+                    eval.arg("a").arg(token.as_bytes()).arg(&*ms(*ttl));
+                    place_args(&mut eval, place.as_ref());
+                }
+                Op::Release { token, .. } => {
+                    eval.arg("r").arg(token.as_bytes());
+                }
+                Op::Renew { token, ttl, .. } => {
+                    eval.arg("n").arg(token.as_bytes()).arg(&*ms(*ttl));
+                }
+                Op::Complete {
+                    token,
+                    record,
+                    keep,
+                    ..
+                } => {
+                    eval.arg("c")
+                        .arg(token.as_bytes())
+                        .arg(&record[..])
+                        .arg(&*ms(*keep));
+                }
+            }
+        }
+        eval
+    }
+}
+
+/// An acquire's place in the hand-off queue: stamp, channel, rescan (empty: not queued).
+fn place_args(eval: &mut Cmd, place: Option<&Place>) {
+    match place {
+        Some(place) => eval
+            .arg(&place.stamp[..])
+            .arg(place.channel.as_bytes())
+            .arg(if place.rescan { "1" } else { "0" }),
+        None => eval.arg("").arg("").arg("0"),
+    };
+}
+
+/// The arguments of an operation on a key with a capacity (`scripts/ops.lua`'s `A`, `R`, `N`).
+fn counted_args(eval: &mut Cmd, op: &Op, share: crate::key::Share) {
+    let (weight, capacity) = (share.weight().to_string(), share.capacity().to_string());
+    match op {
+        Op::Acquire {
+            token, ttl, place, ..
+        } => {
+            eval.arg("A")
+                .arg(token.as_bytes())
+                .arg(&weight)
+                .arg(&capacity)
+                .arg(&*ms(*ttl));
+            place_args(eval, place.as_ref());
+        }
+        Op::Release { token, .. } => {
+            eval.arg("R")
+                .arg(token.as_bytes())
+                .arg(&weight)
+                .arg(&capacity);
+        }
+        Op::Renew { token, ttl, .. } => {
+            eval.arg("N")
+                .arg(token.as_bytes())
+                .arg(&weight)
+                .arg(&*ms(*ttl));
+        }
+        // Idempotency records are for plain keys only (the caller sends none).
+        Op::Complete { .. } => {}
+    }
+}
+
+/// One operation's answer in the batch script's reply: its code and number, or (code -1)
+/// Redis's refusal of that operation alone.
+pub(super) fn answer_of(code: &Value, n: &Value, acks: Option<i64>) -> Result<Answer, StoreError> {
+    let code = match code {
+        Value::Int(code) => *code,
+        _ => return Err(StoreError::msg(StoreErrorKind::Backend, UNREADABLE)),
+    };
+    match n {
+        Value::Int(n) if code >= 0 => Ok(Answer { code, n: *n, acks }),
+        Value::BulkString(message) if code == -1 => {
+            let message = String::from_utf8_lossy(message);
+            // A plain script on a key that leases with a share hold (a sorted set), or on a
+            // value that is no lock: say which mistake it may be.
+            let hint = if message.starts_with("WRONGTYPE Operation") {
+                " (the key holds no plain lease: a lease with a share (permits, shared or \
+                 exclusive), which every user of the key must then take, or a value that is no \
+                 lock)"
+            } else {
+                ""
+            };
+            Err(StoreError::msg(
+                StoreErrorKind::Backend,
+                format!("Redis refused the lock operation: {message}{hint}"),
+            ))
+        }
+        _ => Err(StoreError::msg(StoreErrorKind::Backend, UNREADABLE)),
+    }
+}
+
+pub(super) const UNREADABLE: &str = "the lock script's answer could not be read";
+
+/// Whether `error` is Redis refusing a script over keys of several hash slots.
+pub(super) fn is_cross_slot(error: &StoreError) -> bool {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<RedisError>())
+        .is_some_and(|e| e.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot))
+}
