@@ -330,7 +330,10 @@ where
         }
     });
     wait_until(|| runs.started.load(Ordering::SeqCst) == 1).await;
-    let dup = send(&app, pay("{}")).await;
+    // A duplicate and a retry send what the first sent, its query string included (which the
+    // fingerprint counts).
+    let same = || post_to("/payments?wait_ms=800", Some(KEY), Some("t1"), "{}");
+    let dup = send(&app, same()).await;
     assert_eq!(dup.status(), StatusCode::CONFLICT);
     let retry_after: u64 = dup.headers()[header::RETRY_AFTER]
         .to_str()
@@ -341,8 +344,16 @@ where
     assert_problem(dup, StatusCode::CONFLICT, "lock-contended").await;
     let (status, first_body) = first.await.unwrap();
     assert_eq!(status, StatusCode::CREATED);
-    let retry = send(&app, pay("{}")).await;
+    let retry = send(&app, same()).await;
     assert!(replayed(&retry));
+    // The same key on another query is another request: refused, not replayed.
+    let other = send(&app, pay("{}")).await;
+    assert_problem(
+        other,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency-key-reused",
+    )
+    .await;
     assert_eq!(bytes(retry).await, first_body);
     assert_eq!(runs.started.load(Ordering::SeqCst), 1);
 
@@ -371,7 +382,11 @@ where
         }
     });
     wait_until(|| runs.started.load(Ordering::SeqCst) == 1).await;
-    let dup = send(&app, pay("{}")).await;
+    let dup = send(
+        &app,
+        post_to("/payments?wait_ms=300", Some(KEY), Some("t1"), "{}"),
+    )
+    .await;
     assert!(replayed(&dup));
     assert_eq!(bytes(dup).await, first.await.unwrap());
     assert_eq!(runs.started.load(Ordering::SeqCst), 1);
