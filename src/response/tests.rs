@@ -64,6 +64,7 @@ fn every_problem_type_has_its_section() {
         "stale-write",
         "data-store-unavailable",
         "fenced-write-invalid",
+        "layer-missing",
     ];
     for kind in kinds {
         assert!(
