@@ -475,6 +475,31 @@ fn parse(payload: &[u8], received: Instant) -> Option<([u8; TOKEN_LEN], Signal)>
 /// The subscriber task: subscribes on the target's server, again when the connection breaks
 /// (after [`RESUBSCRIBE_AFTER`]) and at once when the target changes; ends when the `Handoff`
 /// is dropped (with the last clone of its store).
+/// What the subscription's connection does with each push, right in its reader task: a
+/// hand-off message delivered to its waiter, a disconnection notified to `closed`.
+fn on_push(
+    waiters: Waiters,
+    closed: Arc<Notify>,
+) -> impl Fn(PushInfo) -> Result<(), std::convert::Infallible> + Send + Sync + 'static {
+    move |push: PushInfo| {
+        match (push.kind, push.data.get(1)) {
+            (PushKind::Message, Some(Value::BulkString(payload))) => {
+                let now = Instant::now();
+                match parse(payload, now) {
+                    Some((id, signal)) => waiters
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .deliver(id, signal, now),
+                    None => tracing::debug!("ignoring a malformed hand-off message"),
+                }
+            }
+            (PushKind::Disconnection, _) => closed.notify_one(),
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
 async fn subscribe(
     mut target: watch::Receiver<Target>,
     settled: watch::Sender<u64>,
@@ -511,26 +536,7 @@ async fn subscribe(
                 .set_protocol(ProtocolVersion::RESP3);
             let resp3 = Client::open(info.set_redis_settings(settings))?;
             let closed = Arc::new(Notify::new());
-            let on_push = {
-                let (waiters, closed) = (Arc::clone(&waiters), Arc::clone(&closed));
-                move |push: PushInfo| -> Result<(), std::convert::Infallible> {
-                    match (push.kind, push.data.get(1)) {
-                        (PushKind::Message, Some(Value::BulkString(payload))) => {
-                            let now = Instant::now();
-                            match parse(payload, now) {
-                                Some((id, signal)) => waiters
-                                    .lock()
-                                    .unwrap_or_else(|p| p.into_inner())
-                                    .deliver(id, signal, now),
-                                None => tracing::debug!("ignoring a malformed hand-off message"),
-                            }
-                        }
-                        (PushKind::Disconnection, _) => closed.notify_one(),
-                        _ => {}
-                    }
-                    Ok(())
-                }
-            };
+            let on_push = on_push(Arc::clone(&waiters), Arc::clone(&closed));
             let config = AsyncConnectionConfig::new().set_push_sender(on_push);
             let mut conn = resp3
                 .get_multiplexed_async_connection_with_config(&config)
