@@ -377,6 +377,23 @@ fn holds_counted(config: Config) -> Report {
     report
 }
 
+/// A counted configuration (`counted`), its processes started together without delays, its
+/// `counted` script broken by replacing `from` with `to`: the property the checker finds broken,
+/// and the trace.
+fn counted_broken(
+    name: &str,
+    capacity: u32,
+    weights: &[u32],
+    from: &str,
+    to: &str,
+) -> (Property, String) {
+    let mut c = counted(name, capacity, weights, faults(0));
+    c.start_together = true;
+    c.delays = false;
+    c.sources.counted = broken(&c.sources.counted, from, to);
+    fails(c)
+}
+
 /// Three processes taking one of two permits, arriving at any time, with network delays: at
 /// most two hold at once, first come first served, everyone served.
 #[test]
@@ -744,20 +761,13 @@ fn a_hand_over_that_skips_dead_waiters_without_asking_still_holds() {
 /// holding its permit.
 #[test]
 fn a_release_that_frees_its_weight_twice_lets_too_many_in() {
-    let mut c = counted(
+    let (property, trace) = counted_broken(
         "broken: a release frees its weight twice",
         2,
         &[1, 1, 2],
-        faults(0),
-    );
-    c.start_together = true;
-    c.delays = false;
-    c.sources.counted = broken(
-        &c.sources.counted,
         "    local used = counted_used(lock, now)\n",
         "    local used = counted_used(lock, now) - tonumber(weight)\n",
     );
-    let (property, trace) = fails(c);
     assert!(
         matches!(
             property,
@@ -771,20 +781,13 @@ fn a_release_that_frees_its_weight_twice_lets_too_many_in() {
 /// two in for the one it gives back.
 #[test]
 fn a_release_that_frees_its_weight_twice_exceeds_the_permits() {
-    let mut c = counted(
+    let (property, trace) = counted_broken(
         "broken: a release frees its weight twice, permits",
         2,
         &[1, 1, 1, 1],
-        faults(0),
-    );
-    c.start_together = true;
-    c.delays = false;
-    c.sources.counted = broken(
-        &c.sources.counted,
         "    local used = counted_used(lock, now)\n",
         "    local used = counted_used(lock, now) - tonumber(weight)\n",
     );
-    let (property, trace) = fails(c);
     assert_eq!(property, Property::Capacity, "{trace}");
 }
 
@@ -794,20 +797,13 @@ fn a_release_that_frees_its_weight_twice_exceeds_the_permits() {
 /// missing, is counted again from the members, so the break adds nothing and never recounts.)
 #[test]
 fn a_sum_that_forgets_a_holder_exceeds_the_permits() {
-    let mut c = counted(
+    let (property, trace) = counted_broken(
         "broken: a hold adds nothing to the sum",
         2,
         &[1, 1, 1, 1],
-        faults(0),
-    );
-    c.start_together = true;
-    c.delays = false;
-    c.sources.counted = broken(
-        &c.sources.counted,
         "if redis.call('INCRBY', sum_key, weight) == weight and",
         "if redis.call('INCRBY', sum_key, 0) == -1 and",
     );
-    let (property, trace) = fails(c);
     assert_eq!(property, Property::Capacity, "{trace}");
 }
 
@@ -815,11 +811,13 @@ fn a_sum_that_forgets_a_holder_exceeds_the_permits() {
 /// weight fits beside the holders that were there before.
 #[test]
 fn a_hand_off_that_does_not_count_whom_it_serves_exceeds_the_permits() {
-    let mut c = counted("broken: serve does not count", 2, &[1, 1, 1, 1], faults(0));
-    c.start_together = true;
-    c.delays = false;
-    c.sources.counted = broken(&c.sources.counted, "      used = used + weight\n", "");
-    let (property, trace) = fails(c);
+    let (property, trace) = counted_broken(
+        "broken: serve does not count",
+        2,
+        &[1, 1, 1, 1],
+        "      used = used + weight\n",
+        "",
+    );
     assert_eq!(property, Property::Capacity, "{trace}");
 }
 
@@ -827,20 +825,13 @@ fn a_hand_off_that_does_not_count_whom_it_serves_exceeds_the_permits() {
 /// writer waits behind another reader barges past the writer.
 #[test]
 fn a_reader_that_ignores_the_queue_barges_past_a_queued_writer() {
-    let mut c = counted(
+    let (property, trace) = counted_broken(
         "broken: a reader barges",
         READERS,
         &[1, 1, READERS],
-        faults(0),
-    );
-    c.start_together = true;
-    c.delays = false;
-    c.sources.counted = broken(
-        &c.sources.counted,
         "if (not queue or redis.call('LLEN', queue) == 0) and used + weight <= cap then",
         "if used + weight <= cap then",
     );
-    let (property, trace) = fails(c);
     assert_eq!(property, Property::Fifo, "{trace}");
     assert!(trace.contains("RPUSH tl:{k}:queue P3#1"), "{trace}");
 }

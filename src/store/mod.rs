@@ -36,11 +36,11 @@ use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 pub use self::capability::Capabilities;
 pub(crate) use self::capability::{
-    AcquireSet, Attempt, Backend, Completed, Epoch, Records, ReleaseNotice, ReleaseNotices,
-    SetAttempt, Signal, StoreId,
+    AcquireSet, Attempt, Backend, Completed, Epoch, QueueWatch, Records, ReleaseNotice,
+    ReleaseNotices, SetAttempt, Signal, StoreId,
 };
 #[cfg(any(feature = "redis", test))]
-pub(crate) use self::capability::{HandOff, QueueSignals, QueueWatch};
+pub(crate) use self::capability::{HandOff, QueueSignals};
 #[cfg(feature = "cluster")]
 pub use self::cluster::ClusterStore;
 pub use self::error::{StoreError, StoreErrorKind};
