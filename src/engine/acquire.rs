@@ -178,7 +178,6 @@ pub(crate) async fn acquire(
 /// One acquire between its attempts: what it holds (the release guard, its place in the
 /// store's queue) and what it has heard.
 struct Waiter {
-    guard: ReleaseOnDrop,
     terms: Terms,
     wait: Wait,
     /// When the acquire began; its deadline (`None`: waits forever); when a finite schedule of
@@ -199,6 +198,10 @@ struct Waiter {
     /// The wait policy's delays, from the first wait on.
     delays: Option<Box<dyn Iterator<Item = Duration> + Send>>,
     attempts: u32,
+    /// Releases what an attempt may have taken if the acquire ends without a lease. Last, so
+    /// that it drops after `queue` (fields drop in order): the waiter leaves the store's
+    /// signals before its release runs.
+    guard: ReleaseOnDrop,
 }
 
 /// An attempt's outcome.
