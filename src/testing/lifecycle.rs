@@ -201,37 +201,12 @@ async fn run(case: &Case, which: Which) -> Vec<String> {
     let service = tower_http::catch_panic::CatchPanicLayer::new()
         .layer(service)
         .map_response(|r| r.map(Body::new));
-    // The other holder, on the same key (the layers' keys differ).
-    let key = match which {
-        Which::Lock => crate::key::LockKey::new("tower-lock:", "POST", b"/pay", 512).unwrap(),
-        Which::Idempotency => {
-            let value = b"0:0123456789abcdef";
-            crate::key::LockKey::new("tower-lock:", "idempotency", value, value.len()).unwrap()
-        }
-    };
     let other = crate::Locker::with_config(store.clone(), lock);
     let _held = match case.fault {
-        Fault::Held => Some(other.acquire(key).await.unwrap()),
+        Fault::Held => Some(other.acquire(held_key(which)).await.unwrap()),
         _ => None,
     };
-    let faults = {
-        let store = store.clone();
-        let fault = case.fault;
-        tokio::spawn(async move {
-            match fault {
-                Fault::LeaseDeleted(after) => {
-                    sleep(after).await;
-                    store.set_forget(true);
-                }
-                Fault::StoreDown(after) => {
-                    sleep(after).await;
-                    store.set_down(true);
-                }
-                Fault::SlowRelease(d) => store.set_release_delay(d),
-                Fault::None | Fault::Held => {}
-            }
-        })
-    };
+    let faults = tokio::spawn(inject(case.fault, store.clone()));
     let request = Request::post("/pay")
         .header("idempotency-key", "0123456789abcdef")
         .body(Body::from("{}"))
@@ -274,9 +249,42 @@ async fn run(case: &Case, which: Which) -> Vec<String> {
     failures
 }
 
+/// The other holder's key: the one the layer under test locks (the layers' keys differ).
+fn held_key(which: Which) -> crate::key::LockKey {
+    match which {
+        Which::Lock => crate::key::LockKey::new("tower-lock:", "POST", b"/pay", 512).unwrap(),
+        Which::Idempotency => {
+            let value = b"0:0123456789abcdef";
+            crate::key::LockKey::new("tower-lock:", "idempotency", value, value.len()).unwrap()
+        }
+    }
+}
+
+/// Brings `fault` about on `store` while the request runs.
+async fn inject(fault: Fault, store: Scripted) {
+    match fault {
+        Fault::LeaseDeleted(after) => {
+            sleep(after).await;
+            store.set_forget(true);
+        }
+        Fault::StoreDown(after) => {
+            sleep(after).await;
+            store.set_down(true);
+        }
+        Fault::SlowRelease(d) => store.set_release_delay(d),
+        Fault::None | Fault::Held => {}
+    }
+}
+
 fn cases() -> Vec<Case> {
-    use Outcome::{PerLayer, Same};
-    let case = |name| Case {
+    let mut cases = completions();
+    cases.extend(faults());
+    cases
+}
+
+/// A case that completes at once; the others change what differs from it.
+fn case(name: &'static str) -> Case {
+    Case {
         name,
         handler: Handler::Works(Duration::ZERO),
         fault: Fault::None,
@@ -285,8 +293,13 @@ fn cases() -> Vec<Case> {
         drop_after: None,
         status: Some(200),
         within: (Duration::ZERO, 5 * MS),
-        outcome: PerLayer("completed", "stored"),
-    };
+        outcome: Outcome::PerLayer("completed", "stored"),
+    }
+}
+
+/// Handlers that complete, fail, panic or run long, and requests dropped.
+fn completions() -> Vec<Case> {
+    use Outcome::{PerLayer, Same};
     vec![
         case("completes at once"),
         Case {
@@ -333,6 +346,13 @@ fn cases() -> Vec<Case> {
             within: (2000 * MS, 2010 * MS),
             ..case("a handler with a fenced write")
         },
+    ]
+}
+
+/// The store losing the lease, failing, or slow to release, and a key held elsewhere.
+fn faults() -> Vec<Case> {
+    use Outcome::{PerLayer, Same};
+    vec![
         Case {
             handler: Handler::Works(10_000 * MS),
             fault: Fault::StoreDown(500 * MS),

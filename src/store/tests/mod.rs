@@ -287,6 +287,26 @@ pub(super) async fn complete_is_one_step_for_the_holder(store: impl LockStore) {
     );
     let next = acquire(&key, &other, ttl).await;
     assert!(next > fence, "the lock was not released");
+    complete_after_the_lease_was_lost(&store).await;
+}
+
+/// The second half of [`complete_is_one_step_for_the_holder`]: a completion whose lease expired
+/// is stored when nobody came after it, and never while, or over what, a newer holder writes.
+async fn complete_after_the_lease_was_lost(store: &impl LockStore) {
+    let (ttl, retention) = (Duration::from_secs(10), Duration::from_secs(60));
+    let (mine, other) = (Token::generate().unwrap(), Token::generate().unwrap());
+    let refused = Completed {
+        stored: false,
+        released: false,
+    };
+    let acquire = async |key: &LockKey, token: &Token, ttl: Duration| match store
+        .acquire(key, token, ttl)
+        .await
+        .unwrap()
+    {
+        Acquire::Acquired { fencing_token } => fencing_token,
+        other => panic!("not acquired: {other:?}"),
+    };
 
     // A lease lost (expired) with nobody after it: its record is stored all the same, so that a
     // retry replays it.
@@ -330,7 +350,13 @@ pub(super) async fn complete_is_one_step_for_the_holder(store: impl LockStore) {
         Bytes::from_static(b"newer"),
         retention,
     );
-    assert_eq!(answer.await.unwrap(), stored_and_released);
+    assert_eq!(
+        answer.await.unwrap(),
+        Completed {
+            stored: true,
+            released: true
+        }
+    );
     let answer = store.complete(
         &taken,
         &mine,
