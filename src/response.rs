@@ -77,8 +77,9 @@
 //!
 //! ## lease-lost
 //!
-//! The request's lease was lost while its handler ran (its key was deleted, or it expired while
-//! the store was unreachable), and the request was stopped. Retry.
+//! The request's lease was lost while its handler ran (its key was deleted, or it ran out before
+//! it could be renewed: the store did not answer, or the process was paused), and the request
+//! was stopped. Retry.
 //!
 //! ## invalid-lock-key
 //!
@@ -118,8 +119,8 @@
 //!
 //! ## idempotency-key-reused
 //!
-//! The key was already used for a different request (another method, path, content type or
-//! body, as the server's fingerprint counts them). Use a new key for a new request.
+//! The key was already used for a different request (another method, path, query, content type
+//! or body, as the server's fingerprint counts them). Use a new key for a new request.
 //!
 //! ## request-body-unreadable
 //!

@@ -25,7 +25,7 @@ use crate::{config::LockConfig, error::ConfigError, wait::Wait};
 /// | [`store_when`](Self::store_when) | [`NotRejected`](super::NotRejected) | which of the handler's responses are stored and replayed; a retry after any other runs the handler again |
 /// | [`replay_headers`](Self::replay_headers) | `content-type`, `content-language`, `content-location`, `location`, `etag`, `last-modified`, `link` | response headers stored and replayed; all others are dropped from the record |
 /// | [`namespace`](Self::namespace) | `idempotency` | key space; layers with the same namespace and principal share keys |
-/// | [`fingerprint`](Self::fingerprint) | method, path, media type, body | what a retry must repeat to be replayed (else 422) |
+/// | [`fingerprint`](Self::fingerprint) | method, path, query, media type, body | what a retry must repeat to be replayed (else 422) |
 /// | [`lock`](Self::lock) | [`LockConfig`] with [`Wait::none`] | the lock taken while the first request runs |
 ///
 /// The lock fails fast by default, so a concurrent duplicate gets 409 at once (as the draft

@@ -79,11 +79,14 @@
 //!    500). A principal may refuse the caller as the client's mistake
 //!    ([`PrincipalRejection`]: 401 or 400). It is asked before the key is judged: a request
 //!    with neither credentials nor a valid key is refused for who it is (401), not for its key;
-//!    only a request passed through without a key (`required(false)`) is not asked.
+//!    only a request passed through without a key (`required(false)`) is not asked. So every
+//!    request to a route that requires a key asks the principal: one that answers `None` for an
+//!    anonymous client makes that a 500 (the server's mistake); answer
+//!    [`PrincipalRejection::unauthorized`] for it instead.
 //! 3. **Body.** The request body is buffered, up to
 //!    [`max_request_body`](IdempotencyConfig::max_request_body) (1 MiB; larger is a 413, checked
-//!    against `Content-Length` first), and the [`Fingerprint`] (method, path, media type and
-//!    body by default) is computed. The handler gets the buffered body.
+//!    against `Content-Length` first), and the [`Fingerprint`] (method, path, query, media type
+//!    and body by default) is computed. The handler gets the buffered body.
 //! 4. **Lock.** The layer takes the key's lock through its own [`Locker`](crate::Locker), as
 //!    [`LockLayer`](crate::LockLayer) would (no need to stack one). Default wait:
 //!    [`Wait::none`](crate::Wait::none).

@@ -62,7 +62,7 @@ pub(crate) fn idempotency_problem(error: &IdempotencyError, status: StatusCode) 
             "idempotency-key-reused",
             "Idempotency key reused",
             "this idempotency key was already used for a different request (another \
-                 method, path, content type or body); use a new key for a new request"
+                 method, path, query, content type or body); use a new key for a new request"
                 .to_owned(),
         ),
         IdempotencyError::BodyTooLarge { limit } => (

@@ -211,14 +211,21 @@ impl Lease {
     /// let bob = guard.key_for("bob").expect("the lease holds bob");
     /// let token = guard.fencing_token_of(bob);
     /// # assert!(token.is_some());
+    /// # let both = locker
+    /// #     .acquire([locker.key("accounts", "carol")?, locker.key("cards", "carol")?])
+    /// #     .await?;
+    /// # assert!(both.key_for("carol").is_none(), "two scopes hold carol");
     /// # Ok(()) }
     /// ```
     ///
-    /// Values of different scopes in one lease can be equal: this gives the first in lock
-    /// order.
+    /// `None` as well when the lease holds that value in more than one scope (keys of
+    /// different namespaces with equal values): which resource was meant is not the lease's to
+    /// guess; look through [`keys`](Self::keys) for the key of the scope you want.
     pub fn key_for(&self, value: impl AsRef<[u8]>) -> Option<&LockKey> {
         let value = value.as_ref();
-        self.inner.keys.iter().find(|key| key.value() == value)
+        let mut matching = self.inner.keys.iter().filter(|key| key.value() == value);
+        let key = matching.next()?;
+        matching.next().is_none().then_some(key)
     }
 
     /// When the lease was acquired (wall clock).
