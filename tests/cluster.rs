@@ -91,6 +91,68 @@ fn fence_key(node: &RedisServer, slot: u16) -> String {
     fences[0].to_owned()
 }
 
+/// A slot being moved by hand, as `redis-cli --cluster reshard` moves it: `key`'s slot set
+/// importing on another master and migrating on its own, its keys moved by `migrate`, the slot
+/// given to the target by `hand_over`.
+struct Reshard<'a> {
+    cluster: &'a RedisCluster,
+    slot: u16,
+    source: &'a RedisServer,
+    target: &'a RedisServer,
+}
+
+impl<'a> Reshard<'a> {
+    fn start(cluster: &'a RedisCluster, key: &LockKey) -> Self {
+        let slot = cluster.slot(key.as_bytes());
+        let source = cluster.master_of(slot);
+        let target = cluster
+            .nodes
+            .iter()
+            .find(|n| n.port() != source.port() && n.cli(&["ROLE"]).starts_with("master"))
+            .unwrap();
+        let reshard = Self {
+            cluster,
+            slot,
+            source,
+            target,
+        };
+        let slot_arg = slot.to_string();
+        let source_id = Self::id(source);
+        target.cli(&["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &source_id]);
+        source.cli(&[
+            "CLUSTER",
+            "SETSLOT",
+            &slot_arg,
+            "MIGRATING",
+            &Self::id(target),
+        ]);
+        reshard
+    }
+
+    fn id(node: &RedisServer) -> String {
+        node.cli(&["CLUSTER", "MYID"]).trim().to_owned()
+    }
+
+    /// Moves `keys` from the source to the target (`MIGRATE`).
+    fn migrate(&self, keys: &[&str]) {
+        let port = self.target.port().to_string();
+        let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+        args.extend_from_slice(keys);
+        let migrated = self.source.cli(&args);
+        assert!(migrated.contains("OK"), "{migrated}");
+    }
+
+    /// Gives the slot to the target on every master.
+    fn hand_over(&self) {
+        let (slot, target) = (self.slot.to_string(), Self::id(self.target));
+        for node in &self.cluster.nodes {
+            if node.cli(&["ROLE"]).starts_with("master") {
+                node.cli(&["CLUSTER", "SETSLOT", &slot, "NODE", &target]);
+            }
+        }
+    }
+}
+
 fn acquired(answer: Acquire) -> u64 {
     match answer {
         Acquire::Acquired { fencing_token } => fencing_token,
@@ -113,33 +175,11 @@ async fn slot_migrates_under_a_held_lease() {
     let first = acquired(holder.acquire(&k, &token, ttl).await.unwrap());
 
     let cluster = &backend.0;
-    let slot = cluster.slot(k.as_bytes());
-    let source = cluster.master_of(slot);
-    let target = cluster
-        .nodes
-        .iter()
-        .find(|n| n.port() != source.port() && n.cli(&["ROLE"]).starts_with("master"))
-        .unwrap();
-    let id = |n: &RedisServer| n.cli(&["CLUSTER", "MYID"]).trim().to_owned();
-    let (source_id, target_id) = (id(source), id(target));
-    let slot_arg = slot.to_string();
-    target.cli(&["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &source_id]);
-    source.cli(&["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &target_id]);
+    let reshard = Reshard::start(cluster, &k);
+    let (slot, source, target) = (reshard.slot, reshard.source, reshard.target);
     let lock_key = std::str::from_utf8(k.as_bytes()).unwrap().to_owned();
     let fence = fence_key(source, slot);
-    let target_port = target.port().to_string();
-    let migrated = source.cli(&[
-        "MIGRATE",
-        "127.0.0.1",
-        &target_port,
-        "",
-        "0",
-        "5000",
-        "KEYS",
-        &lock_key,
-        &fence,
-    ]);
-    assert!(migrated.contains("OK"), "{migrated}");
+    reshard.migrate(&[&lock_key, &fence]);
 
     // Mid-migration: the source answers ASK for the keys it no longer has.
     let other = Token::generate().unwrap();
@@ -151,11 +191,7 @@ async fn slot_migrates_under_a_held_lease() {
     );
 
     // Hand the slot over: the client is redirected with MOVED from now on.
-    for node in &cluster.nodes {
-        if node.cli(&["ROLE"]).starts_with("master") {
-            node.cli(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", &target_id]);
-        }
-    }
+    reshard.hand_over();
     assert_eq!(cluster.master_of(slot).port(), target.port());
     let held = contender.acquire(&k, &other, ttl).await.unwrap();
     assert!(matches!(held, Acquire::Contended { .. }), "{held:?}");
@@ -192,37 +228,12 @@ async fn a_counted_key_resharded_sum_first_is_released_whole() {
     acquired(store.acquire(&k, &second, ttl).await.unwrap());
 
     let cluster = &backend.0;
-    let slot = cluster.slot(k.as_bytes());
-    let source = cluster.master_of(slot);
-    let target = cluster
-        .nodes
-        .iter()
-        .find(|n| n.port() != source.port() && n.cli(&["ROLE"]).starts_with("master"))
-        .unwrap();
-    let id = |n: &RedisServer| n.cli(&["CLUSTER", "MYID"]).trim().to_owned();
-    let (source_id, target_id) = (id(source), id(target));
-    let slot_arg = slot.to_string();
-    target.cli(&["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &source_id]);
-    source.cli(&["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &target_id]);
+    let reshard = Reshard::start(cluster, &k);
+    let (slot, source, target) = (reshard.slot, reshard.source, reshard.target);
     let lock_key = String::from_utf8(k.as_bytes().to_vec()).unwrap();
     let sum_key = String::from_utf8(companion_key(k.as_bytes(), "weight")).unwrap();
     let fence = fence_key(source, slot);
-    let target_port = target.port().to_string();
-    let migrate = |keys: &[&str]| {
-        let mut args = vec![
-            "MIGRATE",
-            "127.0.0.1",
-            &target_port,
-            "",
-            "0",
-            "5000",
-            "KEYS",
-        ];
-        args.extend_from_slice(keys);
-        let migrated = source.cli(&args);
-        assert!(migrated.contains("OK"), "{migrated}");
-    };
-    migrate(&[&sum_key]);
+    reshard.migrate(&[&sum_key]);
 
     // The sum has moved, the set has not: refused, and nothing written.
     assert!(store.release(&k, &first).await.is_err());
@@ -233,12 +244,8 @@ async fn a_counted_key_resharded_sum_first_is_released_whole() {
         "the set was written by a refused release"
     );
 
-    migrate(&[&lock_key, &fence]);
-    for node in &cluster.nodes {
-        if node.cli(&["ROLE"]).starts_with("master") {
-            node.cli(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", &target_id]);
-        }
-    }
+    reshard.migrate(&[&lock_key, &fence]);
+    reshard.hand_over();
     assert!(
         store.release(&k, &first).await.unwrap(),
         "released once moved"

@@ -243,15 +243,9 @@ pub(super) async fn complete_is_one_step_for_the_holder(store: impl LockStore) {
             released: false,
         },
     );
-    let acquire = async |key: &LockKey, token: &Token, ttl: Duration| match store
-        .acquire(key, token, ttl)
-        .await
-        .unwrap()
-    {
-        Acquire::Acquired { fencing_token } => fencing_token,
-        other => panic!("not acquired: {other:?}"),
+    let acquire = async |key: &LockKey, token: &Token, ttl: Duration| {
+        acquired(store.acquire(key, token, ttl).await.unwrap())
     };
-
     let key = LockKey::new("tower-lock:", "idempotency", b"k", 64).unwrap();
     let fence = acquire(&key, &mine, ttl).await;
     let record = Bytes::from_static(b"record");
@@ -299,16 +293,9 @@ async fn complete_after_the_lease_was_lost(store: &impl LockStore) {
         stored: false,
         released: false,
     };
-    let acquire = async |key: &LockKey, token: &Token, ttl: Duration| match store
-        .acquire(key, token, ttl)
-        .await
-        .unwrap()
-    {
-        Acquire::Acquired { fencing_token } => fencing_token,
-        other => panic!("not acquired: {other:?}"),
-    };
-
-    // A lease lost (expired) with nobody after it: its record is stored all the same, so that a
+    let acquire = async |key: &LockKey, token: &Token, ttl: Duration| {
+        acquired(store.acquire(key, token, ttl).await.unwrap())
+    }; // A lease lost (expired) with nobody after it: its record is stored all the same, so that a
     // retry replays it.
     let short = Duration::from_millis(100);
     let lost = LockKey::new("tower-lock:", "idempotency", b"lost", 64).unwrap();
