@@ -106,7 +106,6 @@ pub(super) trait Ops: LockStore {
 impl<S: LockStore> Ops for S {}
 
 /// The fencing token of an answer that acquired; panics on any other.
-#[cfg(any(feature = "cluster", feature = "sentinel"))]
 pub(super) fn acquired(answer: impl Into<Attempt>) -> u64 {
     match answer.into() {
         Attempt::Acquired { fencing_token } => fencing_token,
