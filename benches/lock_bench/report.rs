@@ -1,8 +1,8 @@
 //! The report, `docs/BENCHMARKS.md`: how it was run, the machine and versions, the summary
 //! against the targets (`targets`), how commands are counted, one section per scenario, and
 //! what is not covered. The sections of the report it replaces that are written by hand
-//! (`## Topologies`, `## Counts across commits`) are kept; a run of some scenarios only
-//! (`BENCH_ONLY`) replaces their sections in it and keeps the rest.
+//! (`## Topologies`, `## Counts across commits`, `## Designs compared`) are kept; a run of some
+//! scenarios only (`BENCH_ONLY`) replaces their sections in it and keeps the rest.
 
 use std::{fmt::Write as _, time::Duration};
 
@@ -621,7 +621,8 @@ fn render_memory(w: &mut String, s: &Settings, r: &Results) {
 }
 
 /// Renders the report, keeps the sections of the report it replaces that are written by hand
-/// (`## Topologies`, `## Counts across commits`), writes it to `s.output` and prints it.
+/// (`## Topologies`, `## Counts across commits`, `## Designs compared`), writes it to
+/// `s.output` and prints it.
 pub(crate) fn write(s: &Settings, meta: &Meta, results: &Results) {
     let existing = std::fs::read_to_string(&s.output).unwrap_or_default();
     let partial = SCENARIOS.chars().any(|c| !s.wants(c));
@@ -709,7 +710,11 @@ fn splice(existing: &str, fresh: &str, s: &Settings, meta: &Meta) -> String {
 
 /// The sections of a report written by hand, which a full run keeps from the report it
 /// replaces, after its own.
-const HAND_WRITTEN: [&str; 2] = ["## Topologies", "## Counts across commits"];
+const HAND_WRITTEN: [&str; 3] = [
+    "## Topologies",
+    "## Counts across commits",
+    "## Designs compared",
+];
 
 /// The hand-written sections ([`HAND_WRITTEN`]) of an existing report, verbatim, each up to
 /// the next `## ` heading.

@@ -54,9 +54,9 @@ use tokio::runtime::{self, Handle};
 use super::{
     RedisStore,
     lock_order::{self, Inner},
-    shared::{Answers, SharedCall, WeakCall},
+    shared::{SharedCall, WeakCall},
     token_hasher::TokenHasher,
-    wire::{Answer, Op, UNREADABLE, answer_of, is_cross_slot},
+    wire::{Answer, Answers, Op, UNREADABLE, answer_of, is_cross_slot},
 };
 use crate::{
     store::{StoreError, StoreErrorKind},
@@ -68,7 +68,7 @@ const MAX_BATCH: usize = 256;
 
 /// A call in flight: driven by whichever of its callers, or of the callers queued behind it, is
 /// polled.
-type Batch = SharedCall;
+type Batch = SharedCall<Answers>;
 
 /// The queue of one store (shared by its clones): a lane per Tokio runtime.
 pub(super) struct Committer {
@@ -91,14 +91,14 @@ pub(super) struct Committer {
 type Unsettled = HashMap<Token, Carrier, BuildHasherDefault<TokenHasher>>;
 
 /// The call that carries an acquire: its lane, its number there, and the call.
-type Carrier = (Option<runtime::Id>, u64, WeakCall);
+type Carrier = (Option<runtime::Id>, u64, WeakCall<Answers>);
 
 /// The calls in flight and the queue of the callers on one runtime (`None`: outside any).
 struct Lane {
     runtime: Option<runtime::Id>,
     /// Its calls in flight, by number, for its queued callers to drive (weak: a call whose
     /// callers all left is abandoned).
-    flights: Vec<(u64, WeakCall)>,
+    flights: Vec<(u64, WeakCall<Answers>)>,
     /// The number of its next call.
     next: u64,
     queue: Vec<Queued>,

@@ -21,6 +21,15 @@ mod replicas;
 mod scripts;
 mod set;
 mod shared;
+#[cfg(test)]
+mod shared_tests;
+/// The locks and atomics `shared` is written against (loom's in its model check).
+mod sync {
+    pub(super) use std::sync::{
+        Mutex, MutexGuard,
+        atomic::{AtomicBool, fence},
+    };
+}
 mod token_hasher;
 mod wire;
 

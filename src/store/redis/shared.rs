@@ -1,5 +1,6 @@
 //! [`SharedCall`]: one call to Redis in flight, driven by whichever of the callers that wait for
-//! it is polled, and its [`Answers`], one per operation, read by each of them.
+//! it is polled, and what it ends with (for group commit, the call's answers, one per
+//! operation), read by each of them.
 //!
 //! What `futures::future::Shared` does for group commit, in three allocations per call rather
 //! than five: the answers are kept in the call's cell (a lone operation's inline, no list), and
@@ -9,88 +10,47 @@
 //! that other polled it went only to the callers waiting then; so the one polling wakes the
 //! callers passed over meanwhile once its poll ends, and no caller depends on another's being
 //! polled again (see [`SharedCall::poll_end`]). And a call that panics while polled wakes its
-//! other callers, which are answered with an error.
+//! other callers, which read `T::default()` (no answers: an error for each operation).
+//!
+//! This is the one piece of hand-written synchronisation on the request path: loom checks it
+//! (`tests/shared_call_model.rs` compiles this file against loom's locks and atomics, and
+//! explores every interleaving of callers, the poller and the call's wake-up), beside the
+//! stress tests (`shared_tests.rs`). The file depends on nothing of the crate for that reason.
 
 use std::{
     future::Future,
     pin::Pin,
-    sync::{
-        Arc, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError, Weak,
-        atomic::{AtomicBool, Ordering, fence},
-    },
+    sync::{Arc, OnceLock, PoisonError, TryLockError, Weak, atomic::Ordering},
     task::{Context, Poll, Wake, Waker},
 };
 
-use super::wire::Answer;
-use crate::store::StoreError;
+// std's locks and atomics here; loom's where the model check (`tests/shared_call_model.rs`)
+// compiles this file.
+use super::sync::{AtomicBool, Mutex, MutexGuard, fence};
 
-/// The answers of one call, one per operation, in order.
-pub(super) enum Answers {
-    /// A lone operation's (the common case: no list to allocate).
-    One(Result<Answer, StoreError>),
-    Many(Vec<Result<Answer, StoreError>>),
-}
+/// The model check's negative control: a poller that does not wake the callers passed over
+/// (the model must then find a caller stranded).
+#[cfg(test)]
+pub(super) static SKIP_PASSED_WAKE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
-impl Answers {
-    /// `n` answers, the `i`th made by `answer(i)`.
-    pub(super) fn from_fn(
-        n: usize,
-        mut answer: impl FnMut(usize) -> Result<Answer, StoreError>,
-    ) -> Self {
-        match n {
-            1 => Self::One(answer(0)),
-            _ => Self::Many((0..n).map(answer).collect()),
-        }
-    }
-
-    /// `n` times the same answer.
-    pub(super) fn every(n: usize, answer: Result<Answer, StoreError>) -> Self {
-        Self::from_fn(n, |_| answer.clone())
-    }
-
-    /// The `i`th operation's answer (an error if there is none: a bug, never a panic).
-    pub(super) fn get(&self, i: usize) -> &Result<Answer, StoreError> {
-        static MISSING: OnceLock<Result<Answer, StoreError>> = OnceLock::new();
-        let found = match self {
-            Self::One(answer) => (i == 0).then_some(answer),
-            Self::Many(answers) => answers.get(i),
-        };
-        found.unwrap_or_else(|| {
-            MISSING.get_or_init(|| {
-                Err(StoreError::msg(
-                    crate::store::StoreErrorKind::Backend,
-                    "the lock call ended without an answer for this operation",
-                ))
-            })
-        })
-    }
-
-    pub(super) fn iter(&self) -> impl Iterator<Item = &Result<Answer, StoreError>> {
-        let (one, many) = match self {
-            Self::One(answer) => (Some(answer), &[][..]),
-            Self::Many(answers) => (None, &answers[..]),
-        };
-        one.into_iter().chain(many)
-    }
-}
-
-type Call = Pin<Box<dyn Future<Output = Answers> + Send>>;
+type Call<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// A call in flight, shared: every clone drives it when polled, and completes with it.
-pub(super) struct SharedCall {
-    cell: Arc<Cell>,
+pub(super) struct SharedCall<T> {
+    cell: Arc<Cell<T>>,
     /// This clone's waker slot, once it has waited.
     slot: Option<usize>,
 }
 
 /// A [`SharedCall`] that does not keep it alive: a call whose callers all left is dropped.
-#[derive(Clone)]
-pub(super) struct WeakCall(Weak<Cell>);
+pub(super) struct WeakCall<T>(Weak<Cell<T>>);
 
-struct Cell {
+struct Cell<T> {
     /// The call, until it is answered; locked by whoever polls it.
-    call: Mutex<Option<Call>>,
-    answers: OnceLock<Answers>,
+    call: Mutex<Option<Call<T>>>,
+    /// What it ended with; `T::default()` if it panicked.
+    answers: OnceLock<T>,
     /// Apart from the cell: the call keeps this waker, which must not keep the call alive.
     notifier: Arc<Notifier>,
 }
@@ -185,8 +145,8 @@ impl Wake for Notifier {
     }
 }
 
-impl SharedCall {
-    pub(super) fn new(call: impl Future<Output = Answers> + Send + 'static) -> Self {
+impl<T: Default> SharedCall<T> {
+    pub(super) fn new(call: impl Future<Output = T> + Send + 'static) -> Self {
         Self {
             cell: Arc::new(Cell {
                 call: Mutex::new(Some(Box::pin(call))),
@@ -200,12 +160,18 @@ impl SharedCall {
         }
     }
 
-    pub(super) fn downgrade(&self) -> WeakCall {
+    pub(super) fn downgrade(&self) -> WeakCall<T> {
         WeakCall(Arc::downgrade(&self.cell))
     }
 
+    /// How many waker slots it has made (a test's check that they are reused).
+    #[cfg(test)]
+    pub(super) fn waker_slots(&self) -> usize {
+        self.cell.notifier.wakers().used
+    }
+
     /// Its answers, once it has ended.
-    pub(super) fn answers(&self) -> Option<&Answers> {
+    pub(super) fn answers(&self) -> Option<&T> {
         self.cell.answers.get()
     }
 
@@ -277,6 +243,10 @@ impl SharedCall {
             Poll::Pending => {
                 drop(call);
                 fence(Ordering::SeqCst);
+                #[cfg(test)]
+                if SKIP_PASSED_WAKE.load(Ordering::Relaxed) {
+                    return Poll::Pending;
+                }
                 if notifier.passed_over.swap(false, Ordering::SeqCst) {
                     // A wake-up during this poll may have missed the callers passed over then.
                     notifier.wakers().wake_passed(slot);
@@ -288,9 +258,9 @@ impl SharedCall {
 
     /// The call panicked in a poll (its poller's task had the panic): polling it again would
     /// panic too. Its callers are answered with an error ("ended without an answer").
-    fn answer_panicked(&self, mut call: MutexGuard<'_, Option<Call>>, slot: usize) -> Poll<()> {
+    fn answer_panicked(&self, mut call: MutexGuard<'_, Option<Call<T>>>, slot: usize) -> Poll<()> {
         *call = None;
-        let _ = self.cell.answers.set(Answers::Many(Vec::new()));
+        let _ = self.cell.answers.set(T::default());
         drop(call);
         self.cell.notifier.wakers().wake(Some(slot));
         Poll::Ready(())
@@ -312,7 +282,7 @@ impl Drop for WakeOthers<'_> {
     }
 }
 
-impl Clone for SharedCall {
+impl<T> Clone for SharedCall<T> {
     fn clone(&self) -> Self {
         Self {
             cell: Arc::clone(&self.cell),
@@ -321,7 +291,7 @@ impl Clone for SharedCall {
     }
 }
 
-impl Drop for SharedCall {
+impl<T> Drop for SharedCall<T> {
     fn drop(&mut self) {
         // Once the call has ended nobody waits any more: nothing to give back.
         if let Some(slot) = self.slot
@@ -333,7 +303,7 @@ impl Drop for SharedCall {
 }
 
 /// Completes when the call has ended (a release waiting for the call that carries its acquire).
-impl Future for SharedCall {
+impl<T: Default> Future for SharedCall<T> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
@@ -341,279 +311,14 @@ impl Future for SharedCall {
     }
 }
 
-impl WeakCall {
-    pub(super) fn upgrade(&self) -> Option<SharedCall> {
-        self.0.upgrade().map(|cell| SharedCall { cell, slot: None })
+impl<T> Clone for WeakCall<T> {
+    fn clone(&self) -> Self {
+        Self(Weak::clone(&self.0))
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::AtomicUsize;
-
-    async fn poll_once(call: &mut SharedCall) -> Poll<()> {
-        std::future::poll_fn(|cx| Poll::Ready(call.poll_end(cx))).await
-    }
-
-    fn answer(code: i64) -> Result<Answer, StoreError> {
-        Ok(Answer {
-            code,
-            n: 0,
-            acks: None,
-        })
-    }
-
-    #[tokio::test]
-    async fn every_clone_gets_the_answers_of_one_run() {
-        let runs = Arc::new(AtomicUsize::new(0));
-        let counted = Arc::clone(&runs);
-        let call = SharedCall::new(async move {
-            counted.fetch_add(1, Ordering::SeqCst);
-            tokio::task::yield_now().await;
-            Answers::from_fn(3, |i| answer(i as i64))
-        });
-        let (mut a, mut b) = (call.clone(), call.clone());
-        drop(call);
-        let (_, _) = tokio::join!(&mut a, &mut b);
-        assert_eq!(runs.load(Ordering::SeqCst), 1);
-        for call in [&a, &b] {
-            let codes: Vec<i64> = (0..3)
-                .map(|i| call.answers().unwrap().get(i).as_ref().unwrap().code)
-                .collect();
-            assert_eq!(codes, [0, 1, 2]);
-        }
-        assert!(a.answers().unwrap().get(3).is_err(), "no fourth answer");
-    }
-
-    #[tokio::test]
-    async fn dropped_by_every_caller_it_is_abandoned() {
-        struct Dropped(Arc<AtomicBool>);
-        impl Drop for Dropped {
-            fn drop(&mut self) {
-                self.0.store(true, Ordering::SeqCst);
-            }
-        }
-        let dropped = Arc::new(AtomicBool::new(false));
-        let guard = Dropped(Arc::clone(&dropped));
-        let mut call = SharedCall::new(async move {
-            let _guard = guard;
-            std::future::pending::<()>().await;
-            Answers::every(1, answer(0))
-        });
-        let weak = call.downgrade();
-        assert!(poll_once(&mut call).await.is_pending());
-        let other = weak.upgrade().expect("alive while a caller has it");
-        drop(call);
-        assert!(!dropped.load(Ordering::SeqCst));
-        drop(other);
-        assert!(dropped.load(Ordering::SeqCst), "the call was dropped");
-        assert!(weak.upgrade().is_none());
-    }
-
-    /// A caller that is never polled again does not hold up another: the call's wake-ups reach
-    /// every caller waiting, and the one polled drives it to its end.
-    #[tokio::test]
-    async fn a_caller_left_unpolled_holds_up_nobody() {
-        let (send, receive) = tokio::sync::oneshot::channel::<()>();
-        let mut first = SharedCall::new(async move {
-            let _ = receive.await;
-            Answers::every(1, answer(7))
-        });
-        let mut second = first.clone();
-        assert!(poll_once(&mut first).await.is_pending());
-        assert!(poll_once(&mut second).await.is_pending());
-        send.send(()).unwrap();
-        // `first` is never polled again.
-        tokio::time::timeout(std::time::Duration::from_secs(5), &mut second)
-            .await
-            .expect("driven by the caller polled");
-        assert_eq!(second.answers().unwrap().get(0).as_ref().unwrap().code, 7);
-        drop(first);
-    }
-
-    /// Callers that wait through a fresh clone at every poll (as queued callers do) reuse the
-    /// slots of the clones they dropped: the list stays as long as the callers waiting at once.
-    #[tokio::test]
-    async fn waker_slots_are_reused() {
-        let (send, receive) = tokio::sync::oneshot::channel::<()>();
-        let call = SharedCall::new(async move {
-            let _ = receive.await;
-            Answers::every(1, answer(0))
-        });
-        for _ in 0..1000 {
-            let mut clones: Vec<SharedCall> = (0..5).map(|_| call.clone()).collect();
-            for clone in &mut clones {
-                assert!(poll_once(clone).await.is_pending());
-            }
-        }
-        {
-            let wakers = call.cell.notifier.wakers();
-            assert!(
-                wakers.used <= 5,
-                "{} slots for 5 callers at once",
-                wakers.used
-            );
-        }
-        send.send(()).unwrap();
-        let mut call = call;
-        (&mut call).await;
-        assert!(call.answers().is_some());
-    }
-
-    /// Two threads polling the same call at once, many times over: each ends with the answers
-    /// (a caller passed over while the other polls is woken when that poll ends).
-    #[test]
-    fn callers_on_two_threads_all_end() {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            for _ in 0..2000 {
-                let call = SharedCall::new(async {
-                    for _ in 0..3 {
-                        tokio::task::yield_now().await;
-                    }
-                    Answers::every(2, answer(1))
-                });
-                let tasks: Vec<_> = (0..4)
-                    .map(|_| {
-                        let mut call = call.clone();
-                        tokio::spawn(async move {
-                            (&mut call).await;
-                            call.answers().unwrap().get(1).as_ref().unwrap().code
-                        })
-                    })
-                    .collect();
-                drop(call);
-                for task in tasks {
-                    let code = tokio::time::timeout(std::time::Duration::from_secs(5), task)
-                        .await
-                        .expect("every caller ends")
-                        .unwrap();
-                    assert_eq!(code, 1);
-                }
-            }
-        });
-    }
-
-    fn xorshift(state: &mut u64) -> u64 {
-        *state ^= *state << 13;
-        *state ^= *state >> 7;
-        *state ^= *state << 17;
-        *state
-    }
-
-    struct Flag(AtomicBool);
-
-    impl Wake for Flag {
-        fn wake(self: Arc<Self>) {
-            self.0.store(true, Ordering::SeqCst);
-        }
-    }
-
-    /// The race of a caller passed over with the poller's end: caller A polls a call that is
-    /// woken during that poll (a reply arriving then) and is never polled again; caller B
-    /// polls at a random moment around it, on another thread. Whenever B ends `Pending` with
-    /// the call due for a poll, B must have been woken. (Before the second try and the fences,
-    /// B was stranded in about 1 iteration in 10,000.)
-    #[test]
-    fn a_caller_passed_over_is_never_stranded() {
-        const ITERATIONS: usize = 40_000;
-        let barrier = Arc::new(std::sync::Barrier::new(2));
-        let shared: Arc<Mutex<Option<SharedCall>>> = Arc::new(Mutex::new(None));
-        let a_thread = {
-            let (barrier, shared) = (Arc::clone(&barrier), Arc::clone(&shared));
-            std::thread::spawn(move || {
-                let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-                for _ in 0..ITERATIONS {
-                    barrier.wait();
-                    let mut a = shared.lock().unwrap().take().unwrap();
-                    for _ in 0..(xorshift(&mut rng) % 64) {
-                        std::hint::spin_loop();
-                    }
-                    let _ = a.poll_end(&mut Context::from_waker(Waker::noop()));
-                    barrier.wait();
-                    // Kept, never polled again, until B's check is done.
-                    barrier.wait();
-                    drop(a);
-                }
-            })
-        };
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
-        let mut stranded = 0;
-        for _ in 0..ITERATIONS {
-            // 0: not polled; 1: polled once and woken (a poll is due); 2: done.
-            let state = Arc::new(AtomicUsize::new(0));
-            let spin = xorshift(&mut rng) % 256;
-            let inner = Arc::clone(&state);
-            let call = SharedCall::new(std::future::poll_fn(move |cx| {
-                if inner.load(Ordering::SeqCst) == 0 {
-                    inner.store(1, Ordering::SeqCst);
-                    cx.waker().wake_by_ref();
-                    for _ in 0..spin {
-                        std::hint::spin_loop();
-                    }
-                    Poll::Pending
-                } else {
-                    inner.store(2, Ordering::SeqCst);
-                    Poll::Ready(Answers::every(1, answer(1)))
-                }
-            }));
-            *shared.lock().unwrap() = Some(call.clone());
-            let mut b = call;
-            barrier.wait();
-            for _ in 0..(xorshift(&mut rng) % 96) {
-                std::hint::spin_loop();
-            }
-            let flag = Arc::new(Flag(AtomicBool::new(false)));
-            let waker = Waker::from(Arc::clone(&flag));
-            let polled = b.poll_end(&mut Context::from_waker(&waker));
-            barrier.wait();
-            if polled.is_pending()
-                && state.load(Ordering::SeqCst) == 1
-                && !flag.0.load(Ordering::SeqCst)
-            {
-                stranded += 1;
-            }
-            barrier.wait();
-            drop(b);
-        }
-        a_thread.join().unwrap();
-        assert_eq!(stranded, 0, "callers left unwoken with the call due");
-    }
-
-    /// A call that panics while one caller polls it: that caller's task has the panic, and the
-    /// other callers are woken and answered with an error (not left waiting, not panicking).
-    #[tokio::test]
-    async fn a_call_that_panics_answers_its_other_callers() {
-        let polls = Arc::new(AtomicUsize::new(0));
-        let counted = Arc::clone(&polls);
-        let call = SharedCall::new(std::future::poll_fn(move |_| {
-            if counted.fetch_add(1, Ordering::SeqCst) == 0 {
-                Poll::Pending
-            } else {
-                panic!("the call panics")
-            }
-        }));
-        let mut b = call.clone();
-        let mut a = call;
-        let b_task = tokio::spawn(async move {
-            (&mut b).await;
-            b.answers().map(|answers| answers.get(0).is_err())
-        });
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        let panicked = tokio::spawn(async move {
-            let _ = poll_once(&mut a).await;
-        })
-        .await;
-        assert!(panicked.is_err(), "the poller's task has the panic");
-        let answered = tokio::time::timeout(std::time::Duration::from_secs(5), b_task)
-            .await
-            .expect("the other caller is woken")
-            .expect("and does not panic");
-        assert_eq!(answered, Some(true), "answered with an error");
+impl<T> WeakCall<T> {
+    pub(super) fn upgrade(&self) -> Option<SharedCall<T>> {
+        self.0.upgrade().map(|cell| SharedCall { cell, slot: None })
     }
 }

@@ -3,7 +3,10 @@
 //! `scripts/ops.lua`'s table gives them), and the reply read back ([`answer_of`]: a code and a
 //! number per operation, or Redis's refusal of that operation alone).
 
-use std::{sync::Arc, sync::atomic::Ordering, time::Duration};
+use std::{
+    sync::{Arc, OnceLock, atomic::Ordering},
+    time::Duration,
+};
 
 use bytes::Bytes;
 use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
@@ -246,4 +249,61 @@ pub(super) fn is_cross_slot(error: &StoreError) -> bool {
     std::error::Error::source(error)
         .and_then(|source| source.downcast_ref::<RedisError>())
         .is_some_and(|e| e.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot))
+}
+
+/// The answers of one call, one per operation, in order.
+pub(super) enum Answers {
+    /// A lone operation's (the common case: no list to allocate).
+    One(Result<Answer, StoreError>),
+    Many(Vec<Result<Answer, StoreError>>),
+}
+
+impl Answers {
+    /// `n` answers, the `i`th made by `answer(i)`.
+    pub(super) fn from_fn(
+        n: usize,
+        mut answer: impl FnMut(usize) -> Result<Answer, StoreError>,
+    ) -> Self {
+        match n {
+            1 => Self::One(answer(0)),
+            _ => Self::Many((0..n).map(answer).collect()),
+        }
+    }
+
+    /// `n` times the same answer.
+    pub(super) fn every(n: usize, answer: Result<Answer, StoreError>) -> Self {
+        Self::from_fn(n, |_| answer.clone())
+    }
+
+    /// The `i`th operation's answer (an error if there is none: a bug, never a panic).
+    pub(super) fn get(&self, i: usize) -> &Result<Answer, StoreError> {
+        static MISSING: OnceLock<Result<Answer, StoreError>> = OnceLock::new();
+        let found = match self {
+            Self::One(answer) => (i == 0).then_some(answer),
+            Self::Many(answers) => answers.get(i),
+        };
+        found.unwrap_or_else(|| {
+            MISSING.get_or_init(|| {
+                Err(StoreError::msg(
+                    crate::store::StoreErrorKind::Backend,
+                    "the lock call ended without an answer for this operation",
+                ))
+            })
+        })
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Result<Answer, StoreError>> {
+        let (one, many) = match self {
+            Self::One(answer) => (Some(answer), &[][..]),
+            Self::Many(answers) => (None, &answers[..]),
+        };
+        one.into_iter().chain(many)
+    }
+}
+
+/// A call that ended without answers (it panicked): an error for each operation.
+impl Default for Answers {
+    fn default() -> Self {
+        Self::Many(Vec::new())
+    }
 }
