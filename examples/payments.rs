@@ -99,6 +99,7 @@ use problem::{Problem, Refusal};
 use std::{
     env,
     error::Error,
+    num::NonZeroU32,
     process::ExitCode,
     sync::{Arc, Mutex, PoisonError},
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -169,8 +170,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
         .ttl(settings.ttl)
         .wait(Wait::constant(Duration::from_millis(50)).deadline(settings.provider_wait))
         .build()?;
-    let provider = match chosen.store.clone() {
-        _ if settings.provider_concurrency == 0 => None,
+    let locker = match chosen.store.clone() {
         store::Store::Memory => Some(Locker::with_config(MemoryStore::new(), provider_config)),
         store::Store::Redis(store) => Some(Locker::with_config(store, provider_config)),
         #[cfg(feature = "cluster")]
@@ -178,11 +178,10 @@ async fn run() -> Result<(), Box<dyn Error>> {
         #[cfg(feature = "sentinel")]
         store::Store::Sentinel(store) => Some(Locker::with_config(store, provider_config)),
         store::Store::Redlock(_) => None,
-    }
-    .map(|locker| Provider {
-        locker,
-        permits: settings.provider_concurrency,
-    });
+    };
+    let provider = locker
+        .zip(settings.provider_concurrency)
+        .map(|(locker, permits)| Provider { locker, permits });
     let layer = match chosen.store.clone() {
         store::Store::Memory => {
             IdempotencyLayer::with_config(MemoryStore::new(), by_account, config)
@@ -439,7 +438,7 @@ fn unix_ms() -> u64 {
 #[derive(Clone)]
 struct Provider {
     locker: Locker,
-    permits: u32,
+    permits: NonZeroU32,
 }
 
 impl Provider {
@@ -612,7 +611,8 @@ struct Settings {
     wait: Wait,
     retention: Duration,
     idempotency: bool,
-    provider_concurrency: u32,
+    /// `PROVIDER_CONCURRENCY`, 0 for no limit.
+    provider_concurrency: Option<NonZeroU32>,
     provider_wait: Duration,
     header_read_timeout: Duration,
     /// How long a payment's fence outlives its last read or write (`FencedData::horizon`).
@@ -647,7 +647,7 @@ impl Settings {
             },
             retention: Duration::from_secs(app::env_or("RETENTION_S", 86_400)?),
             idempotency,
-            provider_concurrency: app::env_or("PROVIDER_CONCURRENCY", 4)?,
+            provider_concurrency: NonZeroU32::new(app::env_or("PROVIDER_CONCURRENCY", 4)?),
             provider_wait: Duration::from_millis(app::env_or("PROVIDER_WAIT_MS", 5000)?),
             header_read_timeout: app::header_read_timeout()?,
             fence_horizon: Duration::from_secs(app::env_or("FENCE_HORIZON_S", 86_400)?),

@@ -4,6 +4,7 @@
 use std::{
     fmt,
     future::{Future, IntoFuture},
+    num::NonZeroU32,
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
@@ -158,30 +159,33 @@ impl Acquiring {
     /// of a key must name the same number. When none frees within the wait, the error is
     /// [`LockError::Contended`] with `permits` set (the layer's 429).
     ///
-    /// 0 permits is an error when awaited ([`LockError::Config`]), and so is a store that
-    /// cannot count holders ([`RedlockStore`](crate::store::RedlockStore), a store outside this crate).
+    /// A store that cannot count holders ([`RedlockStore`](crate::store::RedlockStore), a
+    /// store outside this crate) answers [`LockError::Config`] when awaited; 0 permits does
+    /// not compile.
     ///
     /// ```
+    /// use std::num::NonZeroU32;
     /// use tower_lock::{Locker, MemoryStore};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let locker = Locker::new(MemoryStore::new());
+    /// let two = NonZeroU32::new(2).unwrap();
     /// let key = locker.key("provider", "acct-1")?;
-    /// let first = locker.acquire(key.clone()).permits(2).await?;
-    /// let second = locker.acquire(key.clone()).permits(2).await?;
-    /// assert!(locker.acquire(key).permits(2).try_acquire().await?.is_none());
+    /// let first = locker.acquire(key.clone()).permits(two).await?;
+    /// let second = locker.acquire(key.clone()).permits(two).await?;
+    /// assert!(locker.acquire(key).permits(two).try_acquire().await?.is_none());
     /// # drop((first, second)); Ok(()) }
     /// ```
-    pub fn permits(mut self, permits: u32) -> Self {
-        self.counts.permits = Some(permits);
+    pub fn permits(mut self, permits: NonZeroU32) -> Self {
+        self.counts.permits = Some(permits.get());
         self
     }
 
     /// Takes this many of the keys' [`permits`](Self::permits) (default 1). More than the
-    /// permits, 0, or a weight without permits is an error when awaited ([`LockError::Config`]).
-    pub fn weight(mut self, weight: u32) -> Self {
-        self.counts.weight = Some(weight);
+    /// permits, or a weight without permits, is an error when awaited ([`LockError::Config`]).
+    pub fn weight(mut self, weight: NonZeroU32) -> Self {
+        self.counts.weight = Some(weight.get());
         self
     }
 

@@ -1,4 +1,4 @@
-use std::{fmt, marker::PhantomData, sync::Arc};
+use std::{fmt, marker::PhantomData, num::NonZeroU32, sync::Arc};
 
 use bytes::Bytes;
 use http::Response;
@@ -11,7 +11,7 @@ use super::{
 use crate::{
     config::LockConfig,
     engine::Locker,
-    key::{BodyKeys, IntoKeys, JsonKeys, Share},
+    key::{BodyKeys, IntoKeys, JsonKeys},
     response::Rejection,
     store::LockStore,
 };
@@ -105,9 +105,18 @@ impl<K> LockLayer<K> {
     /// (`#permits-exhausted`).
     ///
     /// ```
+    /// use std::num::NonZeroU32;
     /// use tower_lock::{Key, LockLayer, MemoryStore};
     ///
-    /// let layer = LockLayer::new(MemoryStore::new(), Key::header("x-merchant-id")).permits(5);
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::header("x-merchant-id"))
+    ///     .permits(NonZeroU32::new(5).unwrap());
+    /// ```
+    ///
+    /// A number of permits is never 0 (no request could ever run): that does not compile.
+    ///
+    /// ```compile_fail,E0308
+    /// # use tower_lock::{Key, LockLayer, MemoryStore};
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::header("x-merchant-id")).permits(0);
     /// ```
     ///
     /// With [`shared_when`](Self::shared_when), a shared request takes one permit and any
@@ -116,15 +125,12 @@ impl<K> LockLayer<K> {
     ///
     /// # Panics
     ///
-    /// At start-up, when `permits` is 0 (no request could ever run), or when the store cannot
-    /// count a key's holders ([`RedlockStore`](crate::store::RedlockStore), a store written outside
-    /// this crate; see [`Capabilities::counts`](crate::store::Capabilities::counts)).
-    pub fn permits(mut self, permits: u32) -> Self {
-        if let Err(error) = Share::permit(permits) {
-            panic!("LockLayer::permits: {error}");
-        }
+    /// At start-up, when the store cannot count a key's holders
+    /// ([`RedlockStore`](crate::store::RedlockStore), a store written outside this crate; see
+    /// [`Capabilities::counts`](crate::store::Capabilities::counts)).
+    pub fn permits(mut self, permits: NonZeroU32) -> Self {
         self.assert_counts("permits");
-        Arc::make_mut(&mut self.state).permits = Some(permits);
+        Arc::make_mut(&mut self.state).permits = Some(permits.get());
         self
     }
 
