@@ -13,7 +13,7 @@ use super::{
     state::IdempotencyState,
     store::IdempotencyStore,
 };
-use crate::engine::Locker;
+use crate::{engine::Locker, error::ConfigError, store::Records};
 
 /// Applies `Idempotency-Key` semantics to the wrapped service: one run per key, and the
 /// first response replayed to every retry.
@@ -72,7 +72,10 @@ impl IdempotencyLayer {
         config: IdempotencyConfig,
     ) -> Self {
         let locker = Locker::with_config(store, config.lock.clone());
-        Self::build(locker, principal, config)
+        let records = locker.engine().store.capabilities().records.clone();
+        // An `IdempotencyStore` keeps records: sealed, implemented by such stores only.
+        let records = records.expect("an IdempotencyStore keeps idempotency records");
+        Self::build(locker, principal, config, records)
     }
 
     /// A layer that takes its locks with `locker`, its keys scoped by `principal`: one store,
@@ -91,29 +94,40 @@ impl IdempotencyLayer {
     ///     MemoryStore::new(),
     ///     LockConfig::builder().wait(Wait::none()).build()?,
     /// );
-    /// let layer = IdempotencyLayer::from_locker(locker.clone(), SharedKeySpace);
+    /// let layer = IdempotencyLayer::from_locker(locker.clone(), SharedKeySpace)?;
     /// assert_eq!(layer.config().lock().wait(), &Wait::none());
     /// # Ok::<(), tower_lock::ConfigError>(())
     /// ```
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// At start-up, when the locker's store keeps no idempotency records
+    /// A [`ConfigError`] (field `store`) when the locker's store keeps no idempotency records
     /// ([`RedlockStore`](crate::store::RedlockStore), a store outside this crate; see
     /// [`Capabilities::idempotency_records`](crate::store::Capabilities::idempotency_records)):
     /// [`new`](Self::new) and [`with_config`](Self::with_config) refuse such a store at compile
-    /// time, through [`IdempotencyStore`].
-    pub fn from_locker(locker: Locker, principal: impl Principal) -> Self {
+    /// time, through [`IdempotencyStore`]; a `Locker` does not carry its store's type.
+    pub fn from_locker(locker: Locker, principal: impl Principal) -> Result<Self, ConfigError> {
         let mut config = IdempotencyConfig::default();
         config.lock = locker.config().clone();
-        Self::build(locker, principal, config)
+        let records = locker.engine().store.capabilities().records.clone();
+        let records = records.ok_or_else(|| {
+            ConfigError::new(
+                "store",
+                "the locker's store keeps no idempotency records (a RedlockStore, or a store \
+                 written outside tower-lock): use a RedisStore, ClusterStore, SentinelStore or \
+                 MemoryStore",
+            )
+        })?;
+        Ok(Self::build(locker, principal, config, records))
     }
 
-    fn build<P: Principal>(locker: Locker, principal: P, config: IdempotencyConfig) -> Self {
+    fn build<P: Principal>(
+        locker: Locker,
+        principal: P,
+        config: IdempotencyConfig,
+        records: Arc<dyn Records>,
+    ) -> Self {
         let shared_key_space = TypeId::of::<P>() == TypeId::of::<SharedKeySpace>();
-        let records = locker.engine().store.capabilities().records.clone().expect(
-            "IdempotencyLayer::from_locker: the locker's store keeps no idempotency records",
-        );
         Self {
             state: Arc::new(IdempotencyState {
                 locker,
