@@ -109,9 +109,8 @@ impl Instance {
                 let acquiring = locker.acquire(key);
                 let acquiring = match ask {
                     Ask::Plain => acquiring,
-                    Ask::Permits(n) => acquiring.permits(
-                        std::num::NonZeroU32::new(n).expect("a scenario has permits"),
-                    ),
+                    Ask::Permits(n) => acquiring
+                        .permits(std::num::NonZeroU32::new(n).expect("a scenario has permits")),
                     Ask::Shared => acquiring.shared(),
                     Ask::Exclusive => acquiring.exclusive(),
                     Ask::Zset(_) => return Err("a Locker cannot take the zset's permits".into()),

@@ -56,7 +56,7 @@ use super::{
     lock_order::{self, Inner},
     shared::{SharedCall, WeakCall},
     token_hasher::TokenHasher,
-    wire::{Answer, Answers, Op, UNREADABLE, answer_of, is_cross_slot},
+    wire::{Answer, Answers, DONE, NOT_HELD, Op, UNREADABLE, answer_of, is_cross_slot},
 };
 use crate::{
     store::{StoreError, StoreErrorKind},
@@ -589,7 +589,7 @@ impl RedisStore {
             _ => Ok(None),
         };
         match native {
-            Ok(Some(done)) => answer(i64::from(done)),
+            Ok(Some(done)) => answer(if done { DONE } else { NOT_HELD }),
             Ok(None) => self.call(std::slice::from_ref(queued)).await,
             Err(error) => Answers::One(Err(error)),
         }

@@ -11,6 +11,12 @@
 //! threads can each hold what the other waits for. [`outer`] is called before the lanes are
 //! locked and [`inner`] wraps an inner lock's guard; in debug builds each asserts the order
 //! on the calling thread (the suite runs in debug), in release builds both are free.
+//!
+//! Outside this order, in `shared.rs`: a call's own lock (`SharedCall`'s `call`), held while
+//! the call is polled, may be held above all of these (a call that ends drops its flight,
+//! which takes the lanes), and is only ever taken with `try_lock`, so never waited for; its
+//! wakers' lock is a leaf (nothing is taken under it; the wakers it wakes only schedule). Its
+//! interleavings are model-checked by `tests/shared_call_model.rs`.
 
 use std::{
     ops::{Deref, DerefMut},

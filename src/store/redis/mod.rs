@@ -562,10 +562,11 @@ impl LockStore for RedisStore {
             ttl,
         };
         let answer = self.submit(op).await?;
-        if answer.code == 1 {
+        let renewed = answer.done("renewal")?;
+        if renewed {
             self.check_acks(answer.acks)?;
         }
-        Ok(answer.code == 1)
+        Ok(renewed)
     }
 
     async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, StoreError> {
@@ -573,7 +574,7 @@ impl LockStore for RedisStore {
             key: key.clone(),
             token: token.clone(),
         };
-        Ok(self.submit(op).await?.code == 1)
+        self.submit(op).await?.done("release")
     }
 
     /// Group commit; hand-off (stores made by [`connect`](Self::connect), unless turned off);

@@ -71,14 +71,37 @@ impl Op {
     }
 }
 
-/// What the script answered for one operation: for an acquire, its code and number (see
-/// `scripts/acquire.lua`); for the others, 1 or 0. `acks`: the replicas that acknowledged
-/// the batch, when `WAIT` was sent.
+/// What the script answered for one operation: its code and number. An acquire's codes are
+/// named in `acquire.rs`, a completion's in `records.rs`; a renewal's and a release's are
+/// [`DONE`] and [`NOT_HELD`] ([`Answer::done`]). `acks`: the replicas that acknowledged the
+/// batch, when `WAIT` was sent.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Answer {
     pub(super) code: i64,
     pub(super) n: i64,
     pub(super) acks: Option<i64>,
+}
+
+/// A renewal or release done: the key was held with the token (`renew` in
+/// `scripts/renew.lua`, `release` in `scripts/release.lua`, and their counted forms in
+/// `scripts/counted.lua`; the native compare commands' 1).
+pub(super) const DONE: i64 = 1;
+/// A renewal or release not done: the key was not held with the token.
+pub(super) const NOT_HELD: i64 = 0;
+
+impl Answer {
+    /// A renewal's or a release's answer: whether it was done. A code no version of the
+    /// `what` script answers is an error, never read as either.
+    pub(super) fn done(&self, what: &str) -> Result<bool, StoreError> {
+        match self.code {
+            DONE => Ok(true),
+            NOT_HELD => Ok(false),
+            code => Err(StoreError::msg(
+                StoreErrorKind::Backend,
+                format!("the {what} script answered {code}, which no version of it does"),
+            )),
+        }
+    }
 }
 
 impl RedisStore {

@@ -1,5 +1,5 @@
--- Shared by the scripts that take or give up a lock: inserted at their `-- @handoff` line, after
--- their fast path, so that the usual (uncontended) call does not define these functions.
+-- Shared by the scripts that take or give up a lock: put before their own functions when the
+-- scripts are assembled (`OPS_PARTS` and `set_script` in `src/store/redis/scripts.rs`).
 --
 -- Hand-off queue: with hand-off on, next to each lock key lives its queue,
 -- `<prefix>{<tag>}queue:<rest of the lock key>` (`src/store/redis/keys.rs`), a list of
