@@ -216,6 +216,17 @@ impl Acquiring {
         }
     }
 
+    /// Runs `work` under the lease if the keys are all free now, without waiting (whatever the
+    /// wait policy): `Ok(None)`, `work` never started, when one is held; else what
+    /// [`run`](Self::run) answers, in `Some`. See [`Locker::try_run`].
+    pub async fn try_run<F: Future>(self, work: F) -> Result<Option<F::Output>, LockError> {
+        match self.wait(Wait::none()).run(work).await {
+            Ok(output) => Ok(Some(output)),
+            Err(LockError::Contended { .. }) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
     /// Runs `work` under the lease; see [`Locker::run`].
     pub async fn run<F: Future>(self, work: F) -> Result<F::Output, LockError> {
         let (locker, keys, terms) = self.asked()?;
@@ -361,4 +372,40 @@ fn waits_for_itself() -> ConfigError {
          over shared), which it could only wait for; take every key in the outer acquire, or \
          take this one outside it",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    };
+
+    use crate::{Locker, MemoryStore};
+
+    /// `try_run` starts the work only where it gets the lease, at once, and releases it after.
+    #[tokio::test]
+    async fn try_run_runs_the_work_only_where_it_gets_the_lease() {
+        let locker = Locker::new(MemoryStore::new());
+        let key = locker.key("jobs", "nightly").unwrap();
+        let held = locker.acquire(key.clone()).await.unwrap();
+        let started = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&started);
+        let elsewhere = locker
+            .try_run(
+                key.clone(),
+                async move { flag.store(true, Ordering::SeqCst) },
+            )
+            .await
+            .unwrap();
+        assert!(elsewhere.is_none(), "the key is held: not run");
+        assert!(!started.load(Ordering::SeqCst), "the work never started");
+        held.release().await.unwrap();
+        let ran = locker.try_run(key.clone(), async { 7 }).await.unwrap();
+        assert_eq!(ran, Some(7));
+        assert!(
+            locker.try_acquire(key).await.unwrap().is_some(),
+            "released after the work"
+        );
+    }
 }

@@ -170,6 +170,34 @@ impl Locker {
         self.acquire(keys).run(work).await
     }
 
+    /// Runs `work` under a lease on `keys` if they are all free now, without waiting: `Ok(None)`,
+    /// `work` never started, when one is held (another instance is doing it); else what
+    /// [`run`](Self::run) answers, in `Some`. The one call for work that one instance at a time
+    /// should do, such as a scheduled job that every instance starts:
+    ///
+    /// ```
+    /// use tower_lock::{Locker, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let locker = Locker::new(MemoryStore::new());
+    /// let nightly = locker.key("jobs", "nightly")?;
+    /// match locker.try_run(nightly, async { "report sent" }).await? {
+    ///     Some(outcome) => println!("{outcome}"),
+    ///     None => println!("another instance runs the job"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// See [`Acquiring::try_run`] to set a TTL or longest hold for the call.
+    pub async fn try_run<F: Future>(
+        &self,
+        keys: impl Into<KeySet>,
+        work: F,
+    ) -> Result<Option<F::Output>, LockError> {
+        self.acquire(keys).try_run(work).await
+    }
+
     /// Acquires `keys` on `terms` for a holder in `span`: the one way every holder (request,
     /// body, background work) gets its [`Hold`]. A holder that does not get it records the
     /// outcome itself (the idempotency layer decides it only after a record lookup).
