@@ -330,3 +330,158 @@ impl Default for Answers {
         Self::Many(Vec::new())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The one table of the batch's operations, `scripts/ops.lua`'s header, against the
+    //! script that reads the batch (its `k = k + …` and `a = a + …` for each kind) and against
+    //! what [`RedisStore::batch_cmd`] writes for each kind, with hand-off on and off.
+
+    use std::{collections::BTreeMap, time::Duration};
+
+    use bytes::Bytes;
+    use tower_lock_testkit::RedisServer;
+
+    use super::{Op, Place};
+    use crate::{
+        RedisStore,
+        key::{LockKey, Share},
+        token::Token,
+    };
+
+    const OPS_LUA: &str = include_str!("scripts/ops.lua");
+
+    /// Keys without hand-off, keys with it, and arguments after the kind, per kind.
+    type Table = BTreeMap<char, (usize, usize, usize)>;
+
+    fn items(text: &str) -> usize {
+        text.split(',')
+            .filter(|item| !item.trim().is_empty())
+            .count()
+    }
+
+    /// The header's table: `| `a` acquire | lock, fencing counter (, queue) | token, … |`.
+    fn header() -> Table {
+        let mut table = Table::new();
+        for line in OPS_LUA.lines().filter_map(|l| l.strip_prefix("-- | `")) {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let kind = cells[0].chars().next().unwrap();
+            let (plain, handoff) = match cells[1].split_once('(') {
+                Some((plain, more)) => (
+                    items(plain),
+                    items(plain) + items(more.trim_end_matches(')')),
+                ),
+                None => (items(cells[1]), items(cells[1])),
+            };
+            table.insert(kind, (plain, handoff, items(cells[2])));
+        }
+        table
+    }
+
+    /// The reader's steps: in each `kind == 'x'` branch, how far it moves `k` (with hand-off
+    /// first where it moves it two ways) and `a` (the kind and its arguments).
+    fn reader() -> Table {
+        let mut table = Table::new();
+        let body = &OPS_LUA[OPS_LUA.find("while a <= #ARGV do").unwrap()..];
+        for branch in body.split("kind == '").skip(1) {
+            let kind = branch.chars().next().unwrap();
+            let step = |var: &str| -> Vec<usize> {
+                let prefix = format!("{var} = {var} + ");
+                branch
+                    .lines()
+                    .filter_map(|l| l.trim().strip_prefix(prefix.as_str()))
+                    .map(|n| n.parse().unwrap())
+                    .collect()
+            };
+            let (k, a) = (step("k"), step("a"));
+            let (handoff, plain) = (k[0], *k.last().unwrap());
+            table.insert(kind, (plain, handoff, a[0] - 1));
+        }
+        table
+    }
+
+    #[test]
+    fn the_header_is_the_table_the_reader_reads() {
+        let header = header();
+        assert_eq!(header.len(), 7, "{header:?}");
+        assert_eq!(header, reader());
+    }
+
+    /// What `batch_cmd` writes for `op` alone: its keys, its kind and its arguments.
+    fn written(store: &RedisStore, op: &Op) -> (char, usize, usize) {
+        let script = match op.key().share() {
+            Some(_) => &store.scripts.counted,
+            None => &store.scripts.ops,
+        };
+        let args: Vec<Vec<u8>> = store
+            .batch_cmd(script, std::iter::once(op))
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => bytes.to_vec(),
+                _ => Vec::new(),
+            })
+            .collect();
+        // EVALSHA, the hash, the number of keys, the keys, hand-off, claim, retention, the op.
+        let keys: usize = std::str::from_utf8(&args[2]).unwrap().parse().unwrap();
+        let op = &args[3 + keys + 3..];
+        (char::from(op[0][0]), keys, op.len() - 1)
+    }
+
+    #[tokio::test]
+    async fn the_client_writes_the_table() {
+        let server = RedisServer::start();
+        let with = RedisStore::connect(server.url()).await.unwrap();
+        let without = with.clone().handoff(false);
+        let plain = LockKey::new("tower-lock:", "s", b"k", 64).unwrap();
+        let counted = plain.clone().with_share(Share::permit(2).unwrap());
+        let token = || Token::generate().unwrap();
+        let ttl = Duration::from_secs(1);
+        let place = || Place {
+            stamp: [b'0'; 16],
+            channel: "channel".into(),
+            rescan: false,
+        };
+        let table = header();
+        let mut seen = Vec::new();
+        for key in [plain, counted] {
+            let ops = [
+                Op::Acquire {
+                    key: key.clone(),
+                    token: token(),
+                    ttl,
+                    place: Some(place()),
+                },
+                Op::Release {
+                    key: key.clone(),
+                    token: token(),
+                },
+                Op::Renew {
+                    key: key.clone(),
+                    token: token(),
+                    ttl,
+                },
+                Op::Complete {
+                    key: key.clone(),
+                    token: token(),
+                    record: Bytes::from_static(b"r"),
+                    keep: ttl,
+                },
+            ];
+            for op in &ops {
+                let (kind, keys, args) = written(&without, op);
+                let (_, handoff_keys, handoff_args) = written(&with, op);
+                let expected = table[&kind];
+                assert_eq!((keys, handoff_keys, args), expected, "kind {kind}");
+                assert_eq!(args, handoff_args, "kind {kind}: arguments with hand-off");
+                seen.push(kind);
+            }
+        }
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(
+            seen,
+            table.keys().copied().collect::<Vec<_>>(),
+            "every kind written"
+        );
+    }
+}
