@@ -8,7 +8,7 @@
 
 mod support;
 
-use std::time::Duration;
+use std::{num::NonZeroU32, time::Duration};
 
 use axum::{
     Router,
@@ -22,6 +22,9 @@ use tower_lock::{
     store::Eviction,
 };
 use tower_lock_testkit::RedisServer;
+
+/// Two permits (a count is a `NonZeroU32`: 0 does not compile).
+const TWO: NonZeroU32 = NonZeroU32::new(2).unwrap();
 
 /// The rule, as docs/TOPOLOGY.md gives it ("A least-privilege user"), after `ACL SETUSER <name>`.
 const RULE: &str = "on >s3cret resetkeys ~tower-lock:* resetchannels &tower-lock:handoff:* \
@@ -254,11 +257,11 @@ async fn take_turns_with_counts(a: &RedisStore, b: &RedisStore) -> Result<(), Lo
     let first = locker(a.clone(), Duration::from_secs(10), wait.clone());
     let second = locker(b.clone(), Duration::from_secs(10), wait.clone());
     let key = |locker: &Locker| locker.key("acl", "counted").unwrap();
-    let one = first.acquire(key(&first)).permits(2).await?;
-    let two = second.acquire(key(&second)).permits(2).await?;
+    let one = first.acquire(key(&first)).permits(TWO).await?;
+    let two = second.acquire(key(&second)).permits(TWO).await?;
     let waiter = locker(b.clone(), Duration::from_millis(600), wait.clone());
     let next = tokio::spawn(async move {
-        let guard = waiter.acquire(key(&waiter)).permits(2).await?;
+        let guard = waiter.acquire(key(&waiter)).permits(TWO).await?;
         tokio::time::sleep(Duration::from_millis(700)).await;
         let renewals = guard.lease().renewals();
         guard.release().await?;

@@ -6,6 +6,7 @@
 
 use std::{
     collections::HashMap,
+    num::NonZeroU32,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -21,6 +22,9 @@ use tower_lock::{
     store::{Capabilities, ClusterStore, LockStore, RedlockStore, SentinelStore},
 };
 use tower_lock_testkit::{RedisCluster, RedisServer, SentinelSetup, calls_of, key_slot};
+
+/// Two permits (a count is a `NonZeroU32`: 0 does not compile).
+const TWO: NonZeroU32 = NonZeroU32::new(2).unwrap();
 
 /// The matrix's columns, in order.
 const COLUMNS: [&str; 6] = [
@@ -321,18 +325,23 @@ async fn records(store: impl IdempotencyStore) {
 async fn two_permits(store: impl LockStore) {
     let locker = Locker::with_config(store, short_leases());
     let key = locker.key("caps", "permits").unwrap();
-    let first = locker.acquire(key.clone()).permits(2).await.unwrap();
-    let second = locker.acquire(key.clone()).permits(2).await.unwrap();
+    let first = locker.acquire(key.clone()).permits(TWO).await.unwrap();
+    let second = locker.acquire(key.clone()).permits(TWO).await.unwrap();
     assert!(second.fencing_token() > first.fencing_token());
     let third = locker
         .acquire(key.clone())
-        .permits(2)
+        .permits(TWO)
         .try_acquire()
         .await
         .unwrap();
     assert!(third.is_none(), "a third holder of two permits");
     first.release().await.unwrap();
-    let third = locker.acquire(key).permits(2).try_acquire().await.unwrap();
+    let third = locker
+        .acquire(key)
+        .permits(TWO)
+        .try_acquire()
+        .await
+        .unwrap();
     assert!(third.is_some(), "a released permit was not free");
     drop((second, third));
 }
@@ -403,7 +412,7 @@ async fn redlock_store() {
     let locker = Locker::new(store.clone());
     let refused = locker
         .acquire(locker.key("caps", "p").unwrap())
-        .permits(2)
+        .permits(TWO)
         .await;
     assert!(matches!(refused, Err(LockError::Config(_))), "{refused:?}");
     let nodes: Vec<&RedisServer> = nodes.iter().collect();

@@ -6,6 +6,7 @@
 mod support;
 
 use std::{
+    num::NonZeroU32,
     sync::{
         Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
@@ -27,6 +28,9 @@ use tower_lock::{
 };
 use tower_lock_testkit::RedisServer;
 
+/// Two permits (a count is a `NonZeroU32`: 0 does not compile).
+const TWO: NonZeroU32 = NonZeroU32::new(2).unwrap();
+
 /// How many holders run at once, at most.
 #[derive(Default)]
 struct Inside {
@@ -44,7 +48,7 @@ impl Inside {
 }
 
 /// 24 requests from three processes, each holding 40 ms: `permits` (or, `None`, no lock).
-async fn most_at_once(lockers: &[Locker], permits: Option<u32>) -> usize {
+async fn most_at_once(lockers: &[Locker], permits: Option<NonZeroU32>) -> usize {
     let inside = Arc::new(Inside::default());
     let mut tasks = Vec::new();
     for i in 0..24 {
@@ -73,7 +77,7 @@ async fn most_at_once(lockers: &[Locker], permits: Option<u32>) -> usize {
 async fn at_most_n_holders_at_once_across_processes() {
     let server = RedisServer::start();
     let lockers = processes(&server, 3).await;
-    let most = most_at_once(&lockers, Some(3)).await;
+    let most = most_at_once(&lockers, NonZeroU32::new(3)).await;
     assert!(most <= 3, "{most} holders of 3 permits at once");
     assert_eq!(most, 3, "the permits were never all used: {most}");
     assert!(server.lock_keys().await.is_empty(), "keys left behind");
@@ -107,7 +111,7 @@ async fn a_dead_holders_permit_frees_at_its_ttl() {
     assert!(
         locker
             .acquire(key.clone())
-            .permits(2)
+            .permits(TWO)
             .try_acquire()
             .await
             .unwrap()
@@ -115,7 +119,7 @@ async fn a_dead_holders_permit_frees_at_its_ttl() {
         "a third holder of 2 permits"
     );
     let started = Instant::now();
-    let guard = locker.acquire(key).permits(2).await.unwrap();
+    let guard = locker.acquire(key).permits(TWO).await.unwrap();
     let waited = started.elapsed();
     assert!(
         waited >= Duration::from_millis(250),
@@ -133,7 +137,7 @@ async fn renewals_keep_a_long_holder() {
     let ttl = Duration::from_millis(150);
     let long = lockers[0]
         .acquire(key.clone())
-        .permits(1)
+        .permits(NonZeroU32::MIN)
         .ttl(ttl)
         .await
         .unwrap();
@@ -141,7 +145,7 @@ async fn renewals_keep_a_long_holder() {
     assert!(!long.lease().is_lost());
     let other = lockers[1]
         .acquire(key.clone())
-        .permits(1)
+        .permits(NonZeroU32::MIN)
         .try_acquire()
         .await
         .unwrap();
@@ -149,7 +153,7 @@ async fn renewals_keep_a_long_holder() {
     long.release().await.unwrap();
     let other = lockers[1]
         .acquire(key)
-        .permits(1)
+        .permits(NonZeroU32::MIN)
         .try_acquire()
         .await
         .unwrap();
@@ -164,12 +168,12 @@ async fn a_heavy_request_is_not_overtaken_by_lighter_ones() {
     let server = RedisServer::start();
     let lockers = processes(&server, 3).await;
     let key = lockers[0].key("provider", "acct-1").unwrap();
-    let holder = lockers[0].acquire(key.clone()).permits(2).await.unwrap();
+    let holder = lockers[0].acquire(key.clone()).permits(TWO).await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     let heavy = tokio::spawn({
         let (locker, key, order) = (lockers[1].clone(), key.clone(), Arc::clone(&order));
         async move {
-            let guard = locker.acquire(key).permits(2).weight(2).await.unwrap();
+            let guard = locker.acquire(key).permits(TWO).weight(TWO).await.unwrap();
             order.lock().unwrap().push("heavy");
             tokio::time::sleep(Duration::from_millis(50)).await;
             guard.release().await.unwrap();
@@ -181,7 +185,7 @@ async fn a_heavy_request_is_not_overtaken_by_lighter_ones() {
     for i in 0..3 {
         let (locker, key, order) = (lockers[2 - i % 2].clone(), key.clone(), Arc::clone(&order));
         light.push(tokio::spawn(async move {
-            let guard = locker.acquire(key).permits(2).await.unwrap();
+            let guard = locker.acquire(key).permits(TWO).await.unwrap();
             order.lock().unwrap().push("light");
             guard.release().await.unwrap();
         }));
@@ -213,7 +217,7 @@ async fn the_layer_answers_429_when_no_permit_frees() {
         .wait(Wait::constant(Duration::from_millis(50)).deadline(Duration::from_millis(300)))
         .build()
         .unwrap();
-    let layer = LockLayer::with_config(store, Key::header("x-merchant-id"), config).permits(2);
+    let layer = LockLayer::with_config(store, Key::header("x-merchant-id"), config).permits(TWO);
     let app = Router::new()
         .route(
             "/charge",
@@ -271,12 +275,10 @@ async fn bad_settings_are_clear_errors() {
         LockError::Config(error) => error.field(),
         other => panic!("not a config error: {other:?}"),
     };
-    let zero = locker.acquire(key.clone()).permits(0).await.unwrap_err();
-    assert_eq!(field(zero), "permits");
     let over = locker
         .acquire(key.clone())
-        .permits(2)
-        .weight(3)
+        .permits(TWO)
+        .weight(NonZeroU32::new(3).unwrap())
         .await
         .unwrap_err();
     // The detail is the source, not repeated in the summary.
@@ -288,7 +290,7 @@ async fn bad_settings_are_clear_errors() {
         "{over}: {detail:?}"
     );
     assert_eq!(field(over), "weight");
-    let alone = locker.acquire(key.clone()).weight(2).await.unwrap_err();
+    let alone = locker.acquire(key.clone()).weight(TWO).await.unwrap_err();
     assert_eq!(field(alone), "weight");
     // Redlock cannot count holders (a quorum of nodes each admitting N would admit more).
     let redlock =
@@ -296,19 +298,13 @@ async fn bad_settings_are_clear_errors() {
     assert!(!redlock.capabilities().counts());
     let locker = Locker::new(redlock);
     let key = locker.key("provider", "acct-1").unwrap();
-    let refused = locker.acquire(key).permits(2).await.unwrap_err();
+    let refused = locker.acquire(key).permits(TWO).await.unwrap_err();
     assert!(
         refused.to_string().contains("cannot be granted"),
         "{refused}"
     );
     assert_eq!(field(refused), "permits");
     assert!(!Capabilities::none().counts());
-}
-
-#[test]
-#[should_panic(expected = "LockLayer::permits")]
-fn a_layer_with_zero_permits_panics_at_start_up() {
-    let _ = LockLayer::new(tower_lock::MemoryStore::new(), Key::header("x-id")).permits(0);
 }
 
 /// The store-level view: a key with a share is a set of holders in Redis, beside the plain
@@ -381,7 +377,7 @@ async fn a_lost_sum_is_counted_again_and_a_stale_one_counts_nothing() {
     let try_one = || async {
         lockers[turn.fetch_add(1, Ordering::SeqCst) % lockers.len()]
             .acquire(key.clone())
-            .permits(2)
+            .permits(TWO)
             .try_acquire()
             .await
             .unwrap()

@@ -6,6 +6,7 @@
 mod support;
 
 use std::{
+    num::NonZeroU32,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -20,6 +21,9 @@ use axum::{
 use support::{LockKeys, body_json, handoff_subscriptions, send};
 use tower_lock::{Key, Lease, LockConfig, LockError, LockLayer, Locker, RedisStore, Wait};
 use tower_lock_testkit::RedisServer;
+
+/// Two permits (a count is a `NonZeroU32`: 0 does not compile).
+const TWO: NonZeroU32 = NonZeroU32::new(2).unwrap();
 
 async fn locker(server: &RedisServer) -> Locker {
     let store = RedisStore::connect(server.url()).await.unwrap();
@@ -290,13 +294,13 @@ async fn a_nested_acquire_of_more_than_is_held_fails_at_once() {
     let key = locker.key("provider", "acct-1").unwrap();
     let heavier = tokio::time::timeout(
         Duration::from_secs(5),
-        locker.acquire(key.clone()).permits(2).run({
+        locker.acquire(key.clone()).permits(TWO).run({
             let locker = locker.clone();
             async move {
                 locker
                     .acquire(key)
-                    .permits(2)
-                    .weight(2)
+                    .permits(TWO)
+                    .weight(TWO)
                     .wait(Wait::constant(Duration::from_millis(50)).forever())
                     .await
                     .map(drop)
@@ -453,10 +457,13 @@ async fn a_handler_behind_the_idempotency_layer_re_enters_its_lease() {
                 }
             }),
         )
-        .route_layer(tower_lock::IdempotencyLayer::from_locker(
-            locker,
-            tower_lock::idempotency::SharedKeySpace,
-        ));
+        .route_layer(
+            tower_lock::IdempotencyLayer::from_locker(
+                locker,
+                tower_lock::idempotency::SharedKeySpace,
+            )
+            .unwrap(),
+        );
     let request = Request::post("/payments")
         .header("idempotency-key", "\"reentry-test-key-0001\"")
         .body(Body::empty())
