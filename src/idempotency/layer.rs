@@ -13,7 +13,7 @@ use super::{
     state::IdempotencyState,
     store::IdempotencyStore,
 };
-use crate::{engine::Locker, error::ConfigError, store::Records};
+use crate::{engine::Locker, error::ConfigError, store::Records, wait::Wait};
 
 /// Applies `Idempotency-Key` semantics to the wrapped service: one run per key, and the
 /// first response replayed to every retry.
@@ -136,8 +136,27 @@ impl IdempotencyLayer {
                 principal: Arc::new(principal),
                 shared_key_space,
                 respond: None,
+                wait: None,
             }),
         }
+    }
+
+    /// How a request waits for a key another request holds: this layer's policy instead of its
+    /// locker's (the config's [`lock`](IdempotencyConfig::lock) settings, [`Wait::none`] by
+    /// default: a concurrent duplicate answers 409 at once). A waiting policy makes a duplicate
+    /// wait for the first request's record, then replays it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_lock::{IdempotencyLayer, MemoryStore, Wait};
+    /// use tower_lock::idempotency::SharedKeySpace;
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), SharedKeySpace)
+    ///     .wait(Wait::constant(Duration::from_millis(50)));
+    /// ```
+    pub fn wait(mut self, wait: Wait) -> Self {
+        Arc::make_mut(&mut self.state).wait = Some(wait);
+        self
     }
 
     /// Builds the responses of the requests the layer answers itself with `respond` instead of
@@ -176,6 +195,73 @@ impl fmt::Debug for IdempotencyLayer {
         f.debug_struct("IdempotencyLayer")
             .field("config", &self.state.config)
             .field("locker", &self.state.locker)
+            .field("wait", &self.state.wait)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{convert::Infallible, sync::Arc, time::Duration};
+
+    use bytes::Bytes;
+    use http::{Request, Response, StatusCode};
+    use http_body_util::Full;
+    use tokio::{sync::Notify, time::Instant};
+    use tower::{Layer, ServiceExt, service_fn};
+
+    use super::IdempotencyLayer;
+    use crate::{MemoryStore, Wait, idempotency::SharedKeySpace};
+
+    fn payment() -> Request<Full<Bytes>> {
+        Request::post("/payments")
+            .header("idempotency-key", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    }
+
+    /// A concurrent duplicate's status and how long it took to be answered, while the first
+    /// request with its key is still running.
+    async fn duplicate(layer: IdempotencyLayer) -> (StatusCode, Duration) {
+        let done = Arc::new(Notify::new());
+        let running = Arc::new(Notify::new());
+        let (first_done, first_running) = (Arc::clone(&done), Arc::clone(&running));
+        let service = layer.layer(service_fn(move |_: Request<Full<Bytes>>| {
+            let (done, running) = (Arc::clone(&first_done), Arc::clone(&first_running));
+            async move {
+                running.notify_one();
+                done.notified().await;
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+            }
+        }));
+        let mut first = tokio::spawn(service.clone().oneshot(payment()));
+        tokio::select! {
+            () = running.notified() => {}
+            answered = &mut first => panic!("the first request was answered: {:?}", answered.unwrap().map(|r| r.status())),
+        }
+        let start = Instant::now();
+        let status = service.oneshot(payment()).await.unwrap().status();
+        let waited = start.elapsed();
+        done.notify_one();
+        assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+        (status, waited)
+    }
+
+    /// The layer's wait policy replaces its locker's: by default (`Wait::none()`) a concurrent
+    /// duplicate answers 409 at once; with a waiting policy it waits that policy's deadline
+    /// out first (paused time).
+    #[tokio::test(start_paused = true)]
+    async fn a_layers_wait_replaces_its_lockers() {
+        let layer = || IdempotencyLayer::new(MemoryStore::new(), SharedKeySpace);
+        let (status, waited) = duplicate(layer()).await;
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert!(
+            waited < Duration::from_millis(100),
+            "the default fails fast: {waited:?}"
+        );
+        let waits = Wait::constant(Duration::from_millis(50)).deadline(Duration::from_secs(1));
+        let (status, waited) = duplicate(layer().wait(waits)).await;
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert!(waited >= Duration::from_secs(1), "waited: {waited:?}");
     }
 }

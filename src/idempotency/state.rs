@@ -18,6 +18,7 @@ use crate::{
     key::LockKey,
     response::{Rejection, Respond},
     store::Records,
+    wait::Wait,
 };
 
 /// What every clone of the service needs, behind one `Arc`.
@@ -32,6 +33,9 @@ pub(crate) struct IdempotencyState {
     pub(super) shared_key_space: bool,
     /// The rejection hook; `None`: the default problem+json.
     pub(super) respond: Option<Arc<Respond<IdempotencyError>>>,
+    /// The layer's wait policy ([`IdempotencyLayer::wait`](super::IdempotencyLayer::wait));
+    /// `None`: the locker's.
+    pub(super) wait: Option<Wait>,
 }
 
 impl IdempotencyState {

@@ -155,7 +155,10 @@ where
         Some(key) => telemetry::span(key, keys.len(), locker.config().key_display()),
         None => Span::none(),
     };
-    let terms = locker.terms(Some(locker.config().max_hold()));
+    let mut terms = locker.terms(Some(locker.config().max_hold()));
+    if let Some(wait) = &state.wait {
+        terms = terms.with_wait(wait.clone());
+    }
     let acquire = Box::pin(locker.hold(keys, span.clone(), terms));
     let state = State::Acquiring {
         state,

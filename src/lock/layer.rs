@@ -14,6 +14,7 @@ use crate::{
     key::{BodyKeys, IntoKeys, JsonKeys},
     response::Rejection,
     store::LockStore,
+    wait::Wait,
 };
 
 /// Applies a per-request distributed lock to the wrapped service.
@@ -65,6 +66,7 @@ impl<K: IntoKeys> LockLayer<K> {
                 max_body: DEFAULT_MAX_BODY,
                 permits: None,
                 shared_when: None,
+                wait: None,
             }),
             _keys: PhantomData,
         }
@@ -72,6 +74,20 @@ impl<K: IntoKeys> LockLayer<K> {
 }
 
 impl<K> LockLayer<K> {
+    /// How a request waits for a held key: this layer's policy instead of its locker's
+    /// ([`LockConfig::wait`], by default exponential for 2 s). [`Wait::none`] fails fast: a
+    /// held key answers 409 at once.
+    ///
+    /// ```
+    /// use tower_lock::{Key, LockLayer, MemoryStore, Wait};
+    ///
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::path_param("sku")).wait(Wait::none());
+    /// ```
+    pub fn wait(mut self, wait: Wait) -> Self {
+        Arc::make_mut(&mut self.state).wait = Some(wait);
+        self
+    }
+
     /// Scopes keys by this namespace instead of the request's method and route template.
     ///
     /// Layers (or routes) with the same namespace and key value exclude each other; use it when
@@ -228,6 +244,59 @@ impl<K> fmt::Debug for LockLayer<K> {
             .field("namespace", &self.state.namespace)
             .field("permits", &self.state.permits)
             .field("shared_when", &self.state.shared_when.is_some())
+            .field("wait", &self.state.wait)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{convert::Infallible, time::Duration};
+
+    use bytes::Bytes;
+    use http::{Request, Response, StatusCode};
+    use http_body_util::Full;
+    use tokio::time::Instant;
+    use tower::{Layer, ServiceExt, service_fn};
+
+    use super::LockLayer;
+    use crate::{Key, Locker, MemoryStore, Wait};
+
+    /// How long a request for a key `locker` holds took to be answered, and its status.
+    async fn refused_after(layer: LockLayer<crate::key::HeaderKey>) -> (StatusCode, Duration) {
+        let service = layer.layer(service_fn(|_: Request<Full<Bytes>>| async {
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+        }));
+        let request = Request::post("/items")
+            .header("x-sku", "sku-1")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let start = Instant::now();
+        let response = service.oneshot(request).await.unwrap();
+        (response.status(), start.elapsed())
+    }
+
+    /// A layer's wait policy replaces its locker's: with `Wait::none()` a held key answers 409
+    /// at once, where the locker's default policy waits its deadline out first (paused time).
+    #[tokio::test(start_paused = true)]
+    async fn a_layers_wait_replaces_its_lockers() {
+        let locker = Locker::new(MemoryStore::new());
+        let key = locker.key("items", "sku-1").unwrap();
+        let held = locker.acquire(key).await.unwrap();
+        let layer =
+            || LockLayer::from_locker(locker.clone(), Key::header("x-sku")).namespace("items");
+        let (status, waited) = refused_after(layer()).await;
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert!(
+            waited >= Duration::from_secs(1),
+            "the default waits: {waited:?}"
+        );
+        let (status, waited) = refused_after(layer().wait(Wait::none())).await;
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert!(
+            waited < Duration::from_millis(100),
+            "failed fast: {waited:?}"
+        );
+        held.release().await.unwrap();
     }
 }

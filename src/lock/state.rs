@@ -12,6 +12,7 @@ use crate::{
     key::{KeyRejection, KeySet, KeyValues, LockKey, Share, Source},
     response::{Rejection, Respond, lock_problem, status_for},
     telemetry::Chain,
+    wait::Wait,
 };
 
 /// How much of a request body a layer whose keys are in the body reads (default).
@@ -32,6 +33,9 @@ pub(crate) struct LockState {
     /// Which requests take their keys shared
     /// ([`LockLayer::shared_when`](super::LockLayer::shared_when)).
     pub(super) shared_when: Option<SharedWhen>,
+    /// The layer's wait policy ([`LockLayer::wait`](super::LockLayer::wait)); `None`: the
+    /// locker's.
+    pub(super) wait: Option<Wait>,
 }
 
 /// A layer's choice of the requests that take their keys shared.
