@@ -15,25 +15,8 @@ use tower_lock::{
 };
 use tower_lock_testkit::{RedisServer, one_node_cluster};
 
-suite::tests!(
-    Redis::new();
-    exclusion,
-    renewal_keeps_long_handlers_exclusive,
-    without_renewal_the_lease_expires,
-    release_on_completion,
-    release_on_drop,
-    release_on_panic,
-    contended_is_409_problem,
-    max_hold_bounds_a_request,
-    singleton_guard,
-    own_token_acquires_again,
-    sets_exclude_each_other_and_single_keys,
-    sets_in_opposite_orders_never_deadlock,
-    a_set_takes_all_its_keys_or_none,
-    a_set_makes_a_single_key_wait,
-    a_set_is_not_starved_by_single_keys,
-    a_set_is_released_on_drop_and_panic,
-);
+suite::single_key_tests!(Redis::new());
+suite::set_tests!(Redis::new());
 
 /// `RedisStore` without hand-off (its acquire script takes another path for a held key).
 struct NoHandoff(RedisServer);

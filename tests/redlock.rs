@@ -28,25 +28,14 @@ suite::tests!(
     contended_is_409_problem,
     singleton_guard,
     own_token_acquires_again,
-    sets_exclude_each_other_and_single_keys,
-    sets_in_opposite_orders_never_deadlock,
-    a_set_takes_all_its_keys_or_none,
-    a_set_makes_a_single_key_wait,
-    a_set_is_not_starved_by_single_keys,
-    a_set_is_released_on_drop_and_panic,
 );
+suite::set_tests!(Redlock::new(3));
 
-/// The negative control for the exclusion tests: the same load without the layer loses updates.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_the_lock_updates_are_lost() {
-    suite::without_the_lock_updates_are_lost().await;
-}
-
-/// The negative control for the set exclusion test.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_the_lock_sets_lose_updates() {
-    suite::without_the_lock_sets_lose_updates().await;
-}
+// The negative controls for the exclusion tests: the same loads without the layer lose updates.
+suite::controls!(
+    without_the_lock_updates_are_lost,
+    without_the_lock_sets_lose_updates
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusion_over_five_masters() {

@@ -51,11 +51,8 @@ async fn exclusion() {
     suite::exclusion(Replicated::new(1)).await;
 }
 
-/// The negative control for `exclusion`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_the_lock_updates_are_lost() {
-    suite::without_the_lock_updates_are_lost().await;
-}
+// The negative control for `exclusion`.
+suite::controls!(without_the_lock_updates_are_lost);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_keeps_long_handlers_exclusive() {

@@ -194,6 +194,16 @@ pub trait Backend: Send + Sync + 'static {
     const NAME: &'static str;
 }
 
+/// Several suite tests, one after the other, on one backend: every handle is the shared
+/// backend's.
+impl<B: Backend> Backend for Arc<B> {
+    type Store = B::Store;
+    const NAME: &'static str = B::NAME;
+    async fn store(&self) -> B::Store {
+        B::store(self).await
+    }
+}
+
 pub struct Memory(MemoryStore);
 
 impl Memory {
@@ -579,4 +589,16 @@ pub fn order(skus: &[&str], work_ms: u64) -> Request<Body> {
             serde_json::json!({ "items": items }).to_string(),
         ))
         .unwrap()
+}
+
+/// Polls `cond` until true, for at most 5 s.
+pub async fn wait_until(cond: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "condition not reached"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
