@@ -7,7 +7,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use support::{Backend, Counter, LockKeys, Redis, body_json, counter_app, purchase, send};
+use support::{
+    Backend, Captured, Counter, LockKeys, Redis, body_json, counter_app, purchase, send,
+};
 use tower_lock::{
     Key, LockConfig, LockLayer, RedisStore, Wait,
     config::OnLeaseLost,
@@ -104,10 +106,7 @@ async fn a_set_with_a_key_deleted_behind_it_is_lost_and_gives_back_the_rest() {
         "noticed late"
     );
     let body = body_json(response).await;
-    assert!(
-        body["type"].as_str().unwrap().ends_with("#lease-lost"),
-        "{body}"
-    );
+    support::assert_problem_type(&body, "#lease-lost");
     let finished: usize = shop
         .skus
         .values()
@@ -174,12 +173,7 @@ async fn redis_killed_then_restarted() {
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()["retry-after"], "1");
         let body = body_json(response).await;
-        assert!(
-            body["type"]
-                .as_str()
-                .unwrap()
-                .ends_with("#lock-store-unavailable")
-        );
+        support::assert_problem_type(&body, "#lock-store-unavailable");
         // The store timeout (1 s) is the floor of an attempt; never the 30 s of a pool default.
         assert!(
             took < deadline + Duration::from_millis(1500),
@@ -510,20 +504,6 @@ async fn redis_killed_under_a_holder_expires_the_lease() {
     .await;
 }
 
-/// A `MakeWriter` that keeps everything logged, to search it.
-#[derive(Clone, Default)]
-struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// The lock token never leaves the process: not in any response, header or log line, even at
 /// trace level and through contention and release.
 #[tokio::test(flavor = "current_thread")]
@@ -531,10 +511,7 @@ async fn token_never_in_responses_or_logs() {
     let logs = Captured::default();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)
-        .with_writer({
-            let logs = logs.clone();
-            move || logs.clone()
-        })
+        .with_writer(logs.clone())
         .finish();
     // The global default (the only one in this binary), so that callsites first hit by other
     // tests' threads still log here.

@@ -123,13 +123,7 @@ async fn kill_masters(n: usize) {
         let took = started.elapsed();
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         let body = body_json(response).await;
-        assert!(
-            body["type"]
-                .as_str()
-                .unwrap()
-                .ends_with("#lock-store-unavailable"),
-            "{body}"
-        );
+        support::assert_problem_type(&body, "#lock-store-unavailable");
         assert!(
             took < deadline + Duration::from_millis(1500),
             "503 after {took:?}"

@@ -143,13 +143,7 @@ async fn replica_down_answers_503() {
     let response = send(&app, purchase("k", 0)).await;
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     let body = body_json(response).await;
-    assert!(
-        body["type"]
-            .as_str()
-            .unwrap()
-            .ends_with("#lock-store-unavailable"),
-        "{body}"
-    );
+    support::assert_problem_type(&body, "#lock-store-unavailable");
     assert_eq!(
         counter.finished.load(std::sync::atomic::Ordering::SeqCst),
         1

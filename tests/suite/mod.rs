@@ -18,8 +18,8 @@ use tower_lock::{
 
 pub use crate::support::wait_until;
 use crate::support::{
-    Backend, Counter, SKU_NAMESPACE, Shop, Tally, body_json, counter_app, order, purchase, send,
-    shop_app,
+    Backend, Counter, SKU_NAMESPACE, Shop, Tally, assert_problem_type, body_json, counter_app,
+    order, purchase, send, shop_app,
 };
 
 /// One `#[tokio::test]` per named suite test, each on a fresh backend from `$backend`:
@@ -367,7 +367,7 @@ pub async fn contended_is_409_problem<B: Backend>(backend: B) {
     assert!((1..=5).contains(&retry), "Retry-After {retry}");
     let body = body_json(r).await;
     assert_eq!(body["status"], 409);
-    assert!(body["type"].as_str().unwrap().ends_with("#lock-contended"));
+    assert_problem_type(&body, "#lock-contended");
     assert!(body["detail"].as_str().unwrap().contains("retry"));
     assert_eq!(running.await.unwrap(), StatusCode::OK);
 }
@@ -405,10 +405,7 @@ where
                 "abort came late"
             );
             let body = body_json(response).await;
-            assert!(
-                body["type"].as_str().unwrap().ends_with("#lease-lost"),
-                "{body}"
-            );
+            assert_problem_type(&body, "#lease-lost");
             assert_eq!(
                 counter.finished.load(Ordering::SeqCst),
                 0,

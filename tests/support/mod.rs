@@ -325,6 +325,13 @@ pub async fn body_json(response: Response<Body>) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
 }
 
+/// Asserts that the problem+json `body` is of the problem type whose URI ends in `suffix`
+/// (`"#lock-store-unavailable"`, say); the message shows the body.
+pub fn assert_problem_type(body: &serde_json::Value, suffix: &str) {
+    let type_uri = body["type"].as_str().unwrap();
+    assert!(type_uri.ends_with(suffix), "not {suffix}: {body}");
+}
+
 /// Status counts of a batch of responses.
 #[derive(Debug, Default)]
 pub struct Tally {
@@ -600,5 +607,27 @@ pub async fn wait_until(cond: impl Fn() -> bool) {
             "condition not reached"
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// A `MakeWriter` that keeps everything logged, to search it: every writer it makes appends to
+/// the one buffer.
+#[derive(Clone, Default)]
+pub struct Captured(pub Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl tracing_subscriber::fmt::MakeWriter<'_> for Captured {
+    type Writer = Self;
+    fn make_writer(&self) -> Self {
+        self.clone()
     }
 }
