@@ -82,12 +82,7 @@ async fn scenario(server: &mut RedisServer) {
         tokio::task::yield_now().await;
     }
     let keys = server.lock_keys().await;
-    let mut conn = server.client().await;
-    let _: () = redis::cmd("DEL")
-        .arg(&keys[0])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    support::delete_key(server, &keys[0]).await;
     assert_eq!(c.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
     // C's release is spawned (its lease was lost); let it land before the outage, or it would
     // fail and count as a release error.

@@ -27,10 +27,7 @@ impl Backend for NoHandoff {
     type Store = RedisStore;
     const NAME: &'static str = "redis without hand-off";
     async fn store(&self) -> RedisStore {
-        RedisStore::connect(self.0.url())
-            .await
-            .expect("connect to the test redis-server")
-            .handoff(false)
+        support::connect(&self.0).await.handoff(false)
     }
 }
 
@@ -40,28 +37,13 @@ async fn own_token_acquires_again_without_handoff() {
 }
 
 async fn delete_lock_keys(backend: Redis) -> Redis {
-    let keys = backend.0.lock_keys().await;
-    assert_eq!(keys.len(), 1, "expected the one held key");
-    let mut conn = backend.0.client().await;
-    let _: () = redis::cmd("DEL")
-        .arg(&keys[0])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    support::delete_the_held_key(&backend.0).await;
     backend
 }
 
 async fn steal_lock_keys(backend: Redis) -> Redis {
     let keys = backend.0.lock_keys().await;
-    let mut conn = backend.0.client().await;
-    let _: () = redis::cmd("SET")
-        .arg(&keys[0])
-        .arg("someone-else")
-        .arg("PX")
-        .arg(10_000)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    support::give_key_to_someone_else(&backend.0, &keys[0]).await;
     backend
 }
 
@@ -92,12 +74,7 @@ async fn a_set_with_a_key_deleted_behind_it_is_lost_and_gives_back_the_rest() {
     .await;
     let keys = backend.0.lock_keys().await;
     assert_eq!(keys.len(), 3, "the order's three keys");
-    let mut conn = backend.0.client().await;
-    let _: () = redis::cmd("DEL")
-        .arg(&keys[1])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    support::delete_key(&backend.0, &keys[1]).await;
     let deleted = Instant::now();
     let response = running.await.unwrap();
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);

@@ -51,14 +51,7 @@ async fn lease_deleted_on_a_majority_aborts() {
         OnLeaseLost::Abort,
         |backend: Redlock| async move {
             for server in &backend.0[..2] {
-                let keys = server.lock_keys().await;
-                assert_eq!(keys.len(), 1, "expected the one held key");
-                let mut conn = server.client().await;
-                let _: () = redis::cmd("DEL")
-                    .arg(&keys[0])
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
+                support::delete_the_held_key(server).await;
             }
             backend
         },

@@ -23,50 +23,33 @@ fn valkey() -> RedisServer {
 /// `RedisStore::connect` on Valkey: hand-off on, so releases stay on the script.
 struct Valkey(RedisServer);
 
-impl Valkey {
-    fn new() -> Self {
-        Self(valkey())
-    }
-}
-
 impl Backend for Valkey {
     type Store = RedisStore;
     const NAME: &'static str = "valkey";
     async fn store(&self) -> RedisStore {
-        RedisStore::connect(self.0.url())
-            .await
-            .expect("connect to the test valkey-server")
+        support::connect(&self.0).await
     }
 }
 
 /// Without hand-off: releases are `DELIFEQ`, renewals `SET ... IFEQ`.
 struct ValkeyNative(RedisServer);
 
-impl ValkeyNative {
-    fn new() -> Self {
-        Self(valkey())
-    }
-}
-
 impl Backend for ValkeyNative {
     type Store = RedisStore;
     const NAME: &'static str = "valkey without hand-off";
     async fn store(&self) -> RedisStore {
-        RedisStore::connect(self.0.url())
-            .await
-            .expect("connect to the test valkey-server")
-            .handoff(false)
+        support::connect(&self.0).await.handoff(false)
     }
 }
 
-suite::single_key_tests!(Valkey::new());
-suite::set_tests!(Valkey::new());
+suite::single_key_tests!(Valkey(valkey()));
+suite::set_tests!(Valkey(valkey()));
 
 /// The suite's single-key tests again, on the native commands.
 mod native {
-    use super::{ValkeyNative, suite};
+    use super::{ValkeyNative, suite, valkey};
 
-    suite::single_key_tests!(ValkeyNative::new());
+    suite::single_key_tests!(ValkeyNative(valkey()));
 }
 
 /// A locker whose leases renew every 100 ms and fail fast.
@@ -175,15 +158,7 @@ async fn valkeys_compare_commands_touch_only_the_holders_key() {
         .await
         .unwrap();
     let key = server.lock_keys().await.pop().expect("the held key");
-    let mut conn = server.client().await;
-    let _: () = redis::cmd("SET")
-        .arg(&key)
-        .arg("someone-else")
-        .arg("PX")
-        .arg(10_000)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    support::give_key_to_someone_else(&server, &key).await;
     let started = std::time::Instant::now();
     while !guard.lease().is_lost() {
         assert!(
@@ -196,10 +171,8 @@ async fn valkeys_compare_commands_touch_only_the_holders_key() {
         matches!(guard.release().await, Err(LockError::LeaseLost(_))),
         "released another's key"
     );
-    let value: String = redis::cmd("GET")
-        .arg(&key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(value, "someone-else");
+    assert_eq!(
+        support::value_of(&server, &key).await.as_deref(),
+        Some(&b"someone-else"[..])
+    );
 }

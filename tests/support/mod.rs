@@ -121,6 +121,38 @@ pub async fn value_of(server: &RedisServer, key: &[u8]) -> Option<Vec<u8>> {
         .unwrap()
 }
 
+/// Deletes `key` on `server` behind its holder's back (as an expiry or an eviction would).
+pub async fn delete_key(server: &RedisServer, key: &[u8]) {
+    let mut conn = server.client().await;
+    let _: () = redis::cmd("DEL")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
+/// Deletes the one lock key `server` holds behind its holder's back; panics if there is not
+/// exactly one.
+pub async fn delete_the_held_key(server: &RedisServer) {
+    let keys = server.lock_keys().await;
+    assert_eq!(keys.len(), 1, "expected the one held key");
+    delete_key(server, &keys[0]).await;
+}
+
+/// Sets `key` on `server` to another holder's token for 10 s, as a holder that took it after
+/// an expiry would.
+pub async fn give_key_to_someone_else(server: &RedisServer, key: &[u8]) {
+    let mut conn = server.client().await;
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg("someone-else")
+        .arg("PX")
+        .arg(10_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
 /// Waits until `key`'s hand-off queue on `server` holds `n` waiters; panics after 5 s, naming
 /// `who` as the waiter that never queued.
 pub async fn wait_until_queued(server: &RedisServer, key: &[u8], n: usize, who: &str) {
@@ -220,6 +252,13 @@ impl Backend for Memory {
     }
 }
 
+/// A `RedisStore` on the test server `server`, configured as `RedisStore::connect` leaves it.
+pub async fn connect(server: &RedisServer) -> RedisStore {
+    RedisStore::connect(server.url())
+        .await
+        .unwrap_or_else(|e| panic!("connect to the test server at {}: {e}", server.url()))
+}
+
 pub struct Redis(pub RedisServer);
 
 impl Redis {
@@ -232,9 +271,7 @@ impl Backend for Redis {
     type Store = RedisStore;
     const NAME: &'static str = "redis";
     async fn store(&self) -> RedisStore {
-        RedisStore::connect(self.0.url())
-            .await
-            .expect("connect to the test redis-server")
+        connect(&self.0).await
     }
 }
 
