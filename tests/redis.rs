@@ -20,20 +20,9 @@ use tower_lock_testkit::{RedisServer, one_node_cluster};
 suite::single_key_tests!(Redis::new());
 suite::set_tests!(Redis::new());
 
-/// `RedisStore` without hand-off (its acquire script takes another path for a held key).
-struct NoHandoff(RedisServer);
-
-impl Backend for NoHandoff {
-    type Store = RedisStore;
-    const NAME: &'static str = "redis without hand-off";
-    async fn store(&self) -> RedisStore {
-        support::connect(&self.0).await.handoff(false)
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_token_acquires_again_without_handoff() {
-    suite::own_token_acquires_again(NoHandoff(RedisServer::start())).await;
+    suite::own_token_acquires_again(support::NoHandoff(RedisServer::start())).await;
 }
 
 async fn delete_lock_keys(backend: Redis) -> Redis {

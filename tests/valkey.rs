@@ -13,7 +13,7 @@ mod support;
 use std::time::Duration;
 
 use support::{Backend, LockKeys};
-use tower_lock::{LockConfig, LockError, Locker, RedisStore, Wait};
+use tower_lock::{LeaseGuard, LockConfig, LockError, Locker, RedisStore, Wait};
 use tower_lock_testkit::{Flavor, RedisServer, monitor::Monitor};
 
 fn valkey() -> RedisServer {
@@ -31,25 +31,16 @@ impl Backend for Valkey {
     }
 }
 
-/// Without hand-off: releases are `DELIFEQ`, renewals `SET ... IFEQ`.
-struct ValkeyNative(RedisServer);
-
-impl Backend for ValkeyNative {
-    type Store = RedisStore;
-    const NAME: &'static str = "valkey without hand-off";
-    async fn store(&self) -> RedisStore {
-        support::connect(&self.0).await.handoff(false)
-    }
-}
-
 suite::single_key_tests!(Valkey(valkey()));
 suite::set_tests!(Valkey(valkey()));
 
-/// The suite's single-key tests again, on the native commands.
+/// The suite's single-key tests again, on the native commands: without hand-off, releases are
+/// `DELIFEQ`, renewals `SET ... IFEQ`.
 mod native {
-    use super::{ValkeyNative, suite, valkey};
+    use super::{suite, valkey};
+    use crate::support::NoHandoff;
 
-    suite::single_key_tests!(ValkeyNative(valkey()));
+    suite::single_key_tests!(NoHandoff(valkey()));
 }
 
 /// A locker whose leases renew every 100 ms and fail fast.
@@ -60,6 +51,19 @@ fn locker(store: RedisStore) -> Locker {
         .build()
         .unwrap();
     Locker::with_config(store, config)
+}
+
+/// A lease on `valkey:a` through `locker(store)`, once it has renewed at least `renewals` times.
+async fn renewed_lease(store: RedisStore, renewals: u32) -> LeaseGuard {
+    let locker = locker(store);
+    let guard = locker
+        .acquire(locker.key("valkey", "a").unwrap())
+        .await
+        .unwrap();
+    while guard.lease().renewals() < renewals {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    guard
 }
 
 /// What clients sent while a lease was taken, renewed at least twice and released, on a store
@@ -73,14 +77,7 @@ async fn one_lease(server: &RedisServer) -> (tower_lock_testkit::monitor::Comman
         .handoff(false);
     let mut ctl = server.client().await;
     let monitor = Monitor::start(server.port()).await;
-    let locker = locker(store);
-    let guard = locker
-        .acquire(locker.key("valkey", "a").unwrap())
-        .await
-        .unwrap();
-    while guard.lease().renewals() < 2 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let guard = renewed_lease(store, 2).await;
     let renewals = guard.lease().renewals();
     guard.release().await.expect("the release found its key");
     (monitor.finish(&mut ctl).await, renewals)
@@ -128,14 +125,7 @@ async fn with_handoff_valkey_releases_with_the_script() {
     let store = RedisStore::connect(server.url()).await.unwrap();
     let mut ctl = server.client().await;
     let monitor = Monitor::start(server.port()).await;
-    let locker = locker(store);
-    let guard = locker
-        .acquire(locker.key("valkey", "a").unwrap())
-        .await
-        .unwrap();
-    while guard.lease().renewals() < 1 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let guard = renewed_lease(store, 1).await;
     guard.release().await.unwrap();
     let sent = monitor.finish(&mut ctl).await;
     assert_eq!(sent.get("DELIFEQ"), 0, "{sent:?}");
@@ -152,11 +142,7 @@ async fn valkeys_compare_commands_touch_only_the_holders_key() {
         .await
         .unwrap()
         .handoff(false);
-    let locker = locker(store);
-    let guard = locker
-        .acquire(locker.key("valkey", "a").unwrap())
-        .await
-        .unwrap();
+    let guard = renewed_lease(store, 0).await;
     let key = server.lock_keys().await.pop().expect("the held key");
     support::give_key_to_someone_else(&server, &key).await;
     let started = std::time::Instant::now();

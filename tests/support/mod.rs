@@ -275,6 +275,19 @@ impl Backend for Redis {
     }
 }
 
+/// `RedisStore` without hand-off on the test server (Redis or Valkey): its acquire script takes
+/// another path for a held key, and on Valkey it releases and renews with the native compare
+/// commands.
+pub struct NoHandoff(pub RedisServer);
+
+impl Backend for NoHandoff {
+    type Store = RedisStore;
+    const NAME: &'static str = "without hand-off";
+    async fn store(&self) -> RedisStore {
+        connect(&self.0).await.handoff(false)
+    }
+}
+
 /// Shared state of the test app: a counter updated by a non-atomic read-modify-write, a log of
 /// (fencing token, value written), and an overlap detector for the critical section.
 #[derive(Default)]
