@@ -312,17 +312,7 @@ async fn pool_transport() {
     let layer = LockLayer::with_config(RedisStore::from_pool(pool), Key::path_param("sku"), config);
     let counter = Counter::new();
     let app = counter_app(std::sync::Arc::clone(&counter), Some(layer));
-    let running = tokio::spawn({
-        let app = app.clone();
-        async move { send(&app, purchase("k", 500)).await.status() }
-    });
-    suite::wait_until(|| counter.inside.load(std::sync::atomic::Ordering::SeqCst) == 1).await;
-    assert_eq!(
-        send(&app, purchase("k", 0)).await.status(),
-        StatusCode::CONFLICT
-    );
-    assert_eq!(running.await.unwrap(), StatusCode::OK);
-    assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
+    support::assert_one_holder_at_a_time(&app, &counter).await;
 }
 
 /// Every key in the server, whatever its prefix.

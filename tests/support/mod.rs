@@ -382,6 +382,23 @@ pub fn assert_problem_type(body: &serde_json::Value, suffix: &str) {
     assert!(type_uri.ends_with(suffix), "not {suffix}: {body}");
 }
 
+/// Asserts that `app`, a [`counter_app`] over `counter` that does not wait, lets one request
+/// at a time hold the key `k`: while one purchase works 500 ms another gets 409, and once it
+/// is done the next gets 200.
+pub async fn assert_one_holder_at_a_time(app: &Router, counter: &Counter) {
+    let running = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, purchase("k", 500)).await.status() }
+    });
+    wait_until(|| counter.inside.load(Ordering::SeqCst) == 1).await;
+    assert_eq!(
+        send(app, purchase("k", 0)).await.status(),
+        StatusCode::CONFLICT
+    );
+    assert_eq!(running.await.unwrap(), StatusCode::OK);
+    assert_eq!(send(app, purchase("k", 0)).await.status(), StatusCode::OK);
+}
+
 /// Status counts of a batch of responses.
 #[derive(Debug, Default)]
 pub struct Tally {
