@@ -76,6 +76,17 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// The app's answer to `request`: its status, its content type and its body.
+fn answer(request: Request<Body>) -> (StatusCode, Option<HeaderValue>, Bytes) {
+    let response = runtime().block_on(app().oneshot(request)).unwrap();
+    let status = response.status();
+    let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
+    let body = runtime()
+        .block_on(axum::body::to_bytes(response.into_body(), 1 << 20))
+        .unwrap();
+    (status, content_type, body)
+}
+
 /// A 400 from the layer: problem+json, `#invalid-lock-key`, without the value in it.
 fn assert_rejected(
     status: StatusCode,
@@ -168,12 +179,7 @@ proptest! {
             }
         }
         let request = request.body(Body::empty()).unwrap();
-        let response = runtime().block_on(app().oneshot(request)).unwrap();
-        let status = response.status();
-        let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
-        let body = runtime()
-            .block_on(axum::body::to_bytes(response.into_body(), 1 << 20))
-            .unwrap();
+        let (status, content_type, body) = answer(request);
         match &sent[..] {
             [v] if !v.is_empty() && v.len() <= MAX_KEY_LEN => {
                 prop_assert_eq!(status, StatusCode::OK);
@@ -202,12 +208,7 @@ proptest! {
         let request = Request::post(format!("/items/{encoded}/purchase"))
             .body(Body::empty())
             .unwrap();
-        let response = runtime().block_on(app().oneshot(request)).unwrap();
-        let status = response.status();
-        let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
-        let body = runtime()
-            .block_on(axum::body::to_bytes(response.into_body(), 1 << 20))
-            .unwrap();
+        let (status, content_type, body) = answer(request);
         if std::str::from_utf8(&raw).is_ok() && raw.len() <= MAX_KEY_LEN {
             prop_assert_eq!(status, StatusCode::OK);
             let (scope, value) = decode(&body, PREFIX).expect("key layout");

@@ -31,43 +31,17 @@ async fn exclusion() {
     suite::exclusion(Cluster(RedisCluster::start(3, 0))).await;
 }
 
-/// The negative control for `exclusion`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_the_lock_updates_are_lost() {
-    suite::without_the_lock_updates_are_lost().await;
-}
-
-/// One cluster for several suite tests, one after the other.
-struct Shared(Arc<RedisCluster>);
-
-impl Backend for Shared {
-    type Store = ClusterStore;
-    const NAME: &'static str = "cluster";
-    async fn store(&self) -> ClusterStore {
-        ClusterStore::connect(self.0.urls())
-            .await
-            .expect("connect to the test cluster")
-    }
-}
+// The negative controls for `exclusion` and the set exclusion test.
+suite::controls!(
+    without_the_lock_updates_are_lost,
+    without_the_lock_sets_lose_updates
+);
 
 /// Leases on several keys, whose keys fall in different slots and on different masters: taken
 /// slot by slot, all or none, never in a cycle of waits, and not starved by single keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sets_of_keys() {
-    let cluster = Arc::new(RedisCluster::start(3, 0));
-    let backend = || Shared(Arc::clone(&cluster));
-    suite::sets_exclude_each_other_and_single_keys(backend()).await;
-    suite::sets_in_opposite_orders_never_deadlock(backend()).await;
-    suite::a_set_takes_all_its_keys_or_none(backend()).await;
-    suite::a_set_makes_a_single_key_wait(backend()).await;
-    suite::a_set_is_not_starved_by_single_keys(backend()).await;
-    suite::a_set_is_released_on_drop_and_panic(backend()).await;
-}
-
-/// The negative control for the set exclusion test.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_the_lock_sets_lose_updates() {
-    suite::without_the_lock_sets_lose_updates().await;
+    suite::set_tests_in_turn(Cluster(RedisCluster::start(3, 0))).await;
 }
 
 fn key(value: &str) -> LockKey {

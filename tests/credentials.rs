@@ -13,16 +13,11 @@
 mod instances;
 mod support;
 
-use std::{
-    path::Path,
-    process::Command,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{path::Path, process::Command, time::Duration};
 
 use axum::http::StatusCode;
 use instances::example_binary;
-use support::{Counter, counter_app, purchase, send};
+use support::{Captured, Counter, counter_app, purchase, send};
 use tower_lock::{
     Key, LockConfig, LockLayer, RedisStore, Wait,
     store::{LockStore, RedlockStore},
@@ -35,20 +30,6 @@ const PASSWORD: &str = "pw-SECRET-1";
 const ACL_USER: &str = "locker";
 const ACL_PASSWORD: &str = "acl-SECRET-2";
 const WRONG_PASSWORD: &str = "wrong-SECRET-3";
-
-/// A `MakeWriter` that keeps everything logged.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// What the test saw: log lines, `Debug` and `Display` outputs, metric labels.
 #[derive(Default)]
@@ -298,10 +279,7 @@ fn no_password_in_logs_debug_errors_or_metrics() {
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)
         .with_ansi(false)
-        .with_writer({
-            let logs = logs.clone();
-            move || logs.clone()
-        })
+        .with_writer(logs.clone())
         .finish();
     // The global default, and the `log` records (the redis crate's) as events.
     tracing_subscriber::util::SubscriberInitExt::try_init(subscriber).unwrap();

@@ -4,28 +4,14 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 
-use support::Redlock;
+use support::{Captured, Redlock};
 use tower_lock::{
     RedisStore,
     store::{Eviction, RedlockStore},
 };
 use tower_lock_testkit::RedisServer;
-
-/// A `MakeWriter` that keeps everything logged.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// Everything the crate logs at debug and above, in this binary: one global subscriber, set by
 /// the first test that asks (tests run on threads of their own).
@@ -36,10 +22,7 @@ fn logs() -> &'static Captured {
         let subscriber = tracing_subscriber::fmt()
             .with_env_filter("tower_lock=debug")
             .with_ansi(false)
-            .with_writer({
-                let logs = logs.clone();
-                move || logs.clone()
-            })
+            .with_writer(logs.clone())
             .finish();
         tracing::subscriber::set_global_default(subscriber).unwrap();
         logs

@@ -153,13 +153,7 @@ async fn assert_503_within(app: &Router, sku: &str, bound: Duration) -> Duration
     let took = started.elapsed();
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE, "{sku}");
     let body = body_json(response).await;
-    assert!(
-        body["type"]
-            .as_str()
-            .unwrap()
-            .ends_with("#lock-store-unavailable"),
-        "{body}"
-    );
+    support::assert_problem_type(&body, "#lock-store-unavailable");
     assert!(took < bound, "503 after {took:?}, bound {bound:?}");
     took
 }
@@ -619,14 +613,7 @@ async fn latency_beyond_the_lease_aborts_before_anyone_else_gets_in() {
     );
     assert_eq!(run.books.overlaps.load(Ordering::SeqCst), 0, "two holders");
     assert_eq!(run.holder_status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(
-        run.holder_body["type"]
-            .as_str()
-            .unwrap()
-            .ends_with("#lease-lost"),
-        "{}",
-        run.holder_body
-    );
+    support::assert_problem_type(&run.holder_body, "#lease-lost");
     assert_eq!(run.books.rejected.load(Ordering::SeqCst), 0);
     assert!(run.contender_ok > 0, "the key never passed on");
 }

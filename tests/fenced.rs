@@ -19,7 +19,7 @@ use std::{
 
 use tower_lock::{
     Locker, MemoryStore, RedisStore, Wait,
-    fence::{FenceError, FencedData, Reply, data_key},
+    fence::{FenceError, FencedData, FencedStore, Reply, data_key},
     store::{LockStore, RedlockStore},
 };
 use tower_lock_testkit::RedisServer;
@@ -46,6 +46,36 @@ where
 
 fn locker(store: impl LockStore) -> Locker {
     Locker::new(store)
+}
+
+/// The data side on the one Redis at `url`: each connection a `FencedData` over a new store.
+fn data_on(
+    url: String,
+) -> impl Fn() -> Pin<Box<dyn Future<Output = FencedData> + Send>> + Send + Sync + 'static {
+    move || {
+        let url = url.clone();
+        Box::pin(async move { FencedData::new(RedisStore::connect(url).await.unwrap()) })
+    }
+}
+
+/// Locks and data on one topology: each side's connection a new store from `store`.
+fn locks_and_data_on<S, F, Fut>(store: F) -> Connect
+where
+    S: FencedStore + 'static,
+    F: Fn() -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = S> + Send + 'static,
+{
+    let locks = store.clone();
+    connect(
+        move || {
+            let store = locks();
+            Box::pin(async move { locker(store.await) })
+        },
+        move || {
+            let store = store();
+            async move { FencedData::new(store.await) }
+        },
+    )
 }
 
 /// A read or a write, fenced by `lease` or not (the negative control).
@@ -183,10 +213,7 @@ async fn one_redis_with_the_data_on_another() {
             let url = locks.clone();
             Box::pin(async move { locker(RedisStore::connect(url).await.unwrap()) })
         },
-        move || {
-            let url = data.clone();
-            async move { FencedData::new(RedisStore::connect(url).await.unwrap()) }
-        },
+        data_on(data),
     );
     stale_holder_is_refused(connect).await;
 }
@@ -204,10 +231,7 @@ async fn redlock_locks_with_the_data_on_one_redis() {
             let urls = urls.clone();
             Box::pin(async move { locker(RedlockStore::connect(urls).await.unwrap()) })
         },
-        move || {
-            let url = data.clone();
-            async move { FencedData::new(RedisStore::connect(url).await.unwrap()) }
-        },
+        data_on(data),
     );
     stale_holder_is_refused(connect).await;
 }
@@ -231,17 +255,7 @@ async fn a_sentinel_master() {
             }
         }
     };
-    let locks = store.clone();
-    let connect = connect(
-        move || {
-            let store = locks();
-            Box::pin(async move { locker(store.await) })
-        },
-        move || {
-            let store = store();
-            async move { FencedData::new(store.await) }
-        },
-    );
+    let connect = locks_and_data_on(store);
     stale_holder_is_refused(connect).await;
 }
 
@@ -257,17 +271,7 @@ async fn a_cluster_slot() {
         let urls = urls.clone();
         async move { ClusterStore::connect(urls).await.unwrap() }
     };
-    let locks = store.clone();
-    let connect = connect(
-        move || {
-            let store = locks();
-            Box::pin(async move { locker(store.await) })
-        },
-        move || {
-            let store = store();
-            async move { FencedData::new(store.await) }
-        },
-    );
+    let connect = locks_and_data_on(store);
     stale_holder_is_refused(Arc::clone(&connect)).await;
 
     // A batch over resources of two slots cannot be one step on a cluster: refused before it is

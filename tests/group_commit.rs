@@ -34,6 +34,18 @@ fn waiting() -> LockConfig {
         .unwrap()
 }
 
+/// A locker on `server` (no waiting) that has taken and released one key, so that its script
+/// is loaded and its hand-off subscription is up.
+async fn warmed_up(server: &RedisServer) -> Locker {
+    let locker = Locker::with_config(RedisStore::connect(server.url()).await.unwrap(), no_wait());
+    let warm = locker
+        .acquire(locker.key("batch", "warm").unwrap())
+        .await
+        .unwrap();
+    warm.release().await.unwrap();
+    locker
+}
+
 /// Twenty acquires fired together, five of them on keys another holder has: the fifteen free
 /// keys are acquired and the five answer contended, each for itself, in fewer script calls than
 /// keys (they shared calls).
@@ -50,13 +62,7 @@ async fn each_operation_of_a_batch_gets_its_own_answer() {
                 .unwrap(),
         );
     }
-    let locker = Locker::with_config(RedisStore::connect(server.url()).await.unwrap(), no_wait());
-    // Once, so that the script is loaded and the hand-off subscription is up.
-    let warm = locker
-        .acquire(locker.key("batch", "warm").unwrap())
-        .await
-        .unwrap();
-    warm.release().await.unwrap();
+    let locker = warmed_up(&server).await;
     let before = calls_of(&server, "evalsha").await;
     let answers = join_all((0..20).map(|i| {
         locker
@@ -89,12 +95,7 @@ async fn each_operation_of_a_batch_gets_its_own_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operation_redis_refuses_fails_alone() {
     let server = RedisServer::start();
-    let locker = Locker::with_config(RedisStore::connect(server.url()).await.unwrap(), no_wait());
-    let warm = locker
-        .acquire(locker.key("batch", "warm").unwrap())
-        .await
-        .unwrap();
-    warm.release().await.unwrap();
+    let locker = warmed_up(&server).await;
     let bad = locker.key("batch", "bad").unwrap();
     let mut conn = server.client().await;
     let _: () = redis::cmd("RPUSH")

@@ -25,7 +25,7 @@ use axum::{
 };
 use bytes::Bytes;
 use serde::Deserialize;
-use support::{Backend, LockKeys, Memory, Redis, send};
+use support::{Backend, LockKeys, Memory, Redis, send, wait_until};
 use tower_lock::{
     IdempotencyLayer, Lease, LockConfig, Wait,
     idempotency::{
@@ -186,17 +186,6 @@ async fn assert_problem(response: Response<Body>, status: StatusCode, kind: &str
         "{body}"
     );
     assert!(!body.to_string().contains(KEY), "the key leaks: {body}");
-}
-
-async fn wait_until(cond: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "condition not reached"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

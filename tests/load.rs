@@ -42,15 +42,22 @@ fn start_three(redis: &RedisServer, lock: &str) -> Vec<Instance> {
         .collect()
 }
 
+/// Three instances with `LOCK=lock` on `redis`, their ports, and a plan (named `lock`) whose
+/// stock is seeded.
+async fn seeded_three(redis: &RedisServer, lock: &str) -> (Vec<Instance>, Vec<u16>, Plan) {
+    let apps = start_three(redis, lock);
+    let ports: Vec<u16> = apps.iter().map(|a| a.port).collect();
+    let plan = plan(lock);
+    plan.seed(ports[0]).await;
+    (apps, ports, plan)
+}
+
 /// Zero lost updates, no oversell, fencing tokens order every successful write, every status
 /// in {200, 409, 422, 503} and every request answered within the wait deadline plus a margin.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_no_lost_updates() {
     let redis = RedisServer::start();
-    let apps = start_three(&redis, "on");
-    let ports: Vec<u16> = apps.iter().map(|a| a.port).collect();
-    let plan = plan("on");
-    plan.seed(ports[0]).await;
+    let (apps, ports, plan) = seeded_three(&redis, "on").await;
 
     let started = Instant::now();
     let outcomes = run_load(&plan, &ports, None).await;
@@ -112,10 +119,7 @@ async fn three_instances_no_lost_updates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_lock_the_same_load_loses_updates() {
     let redis = RedisServer::start();
-    let apps = start_three(&redis, "off");
-    let ports: Vec<u16> = apps.iter().map(|a| a.port).collect();
-    let plan = plan("off");
-    plan.seed(ports[0]).await;
+    let (apps, ports, plan) = seeded_three(&redis, "off").await;
     let outcomes = run_load(&plan, &ports, None).await;
     let counts = Counts::of(&outcomes);
     let audit = audit(&plan, &outcomes, ports[0], false).await;

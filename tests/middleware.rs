@@ -328,12 +328,7 @@ async fn assert_400(app: &Router, req: Request, needle: &str) {
     );
     let body = body_json(r).await;
     assert_eq!(body["status"], 400);
-    assert!(
-        body["type"]
-            .as_str()
-            .unwrap()
-            .ends_with("#invalid-lock-key")
-    );
+    support::assert_problem_type(&body, "#invalid-lock-key");
     let detail = body["detail"].as_str().unwrap();
     assert!(detail.contains(needle), "{detail:?} lacks {needle:?}");
 }

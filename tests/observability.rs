@@ -15,7 +15,7 @@ use metrics_util::{
     CompositeKey, MetricKind,
     debugging::{DebugValue, DebuggingRecorder},
 };
-use support::{Counter, LockKeys, counter_app, purchase, send};
+use support::{Captured, Counter, LockKeys, counter_app, purchase, send};
 use tower_lock::{Key, LockConfig, LockLayer, RedisStore, Wait};
 use tower_lock_testkit::RedisServer;
 
@@ -82,12 +82,7 @@ async fn scenario(server: &mut RedisServer) {
         tokio::task::yield_now().await;
     }
     let keys = server.lock_keys().await;
-    let mut conn = server.client().await;
-    let _: () = redis::cmd("DEL")
-        .arg(&keys[0])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    support::delete_key(server, &keys[0]).await;
     assert_eq!(c.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
     // C's release is spawned (its lease was lost); let it land before the outage, or it would
     // fail and count as a release error.
@@ -358,20 +353,6 @@ fn extension_methods_share_one_label_and_keep_their_lock() {
     }
 }
 
-/// A `MakeWriter` that keeps everything logged.
-#[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[test]
 fn spans_carry_outcomes_and_hashed_keys_never_tokens() {
     let _alone = ALONE
@@ -382,10 +363,7 @@ fn spans_carry_outcomes_and_hashed_keys_never_tokens() {
         .with_max_level(tracing::Level::TRACE)
         .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
         .with_ansi(false)
-        .with_writer({
-            let logs = logs.clone();
-            move || logs.clone()
-        })
+        .with_writer(logs.clone())
         .finish();
     // The global default, not a scoped one: callsites first hit by another test's thread must
     // still see this subscriber.

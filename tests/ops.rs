@@ -323,12 +323,7 @@ async fn scrape_after_every_path() -> String {
     // A lease deleted behind its holder: the renewal finds it gone (not_held), 503.
     let worker = tokio::spawn(purchase(port, "apple", 2000));
     let key = held_key(&server).await;
-    let mut conn = server.client().await;
-    let _: () = redis::cmd("DEL")
-        .arg(&key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    support::delete_key(&server, &key).await;
     assert_eq!(worker.await.unwrap(), 503);
 
     // Redis killed under a holder: renewals fail until the lease runs out (expired, 503), its

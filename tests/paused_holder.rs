@@ -56,18 +56,25 @@ async fn until_locked(redis: &RedisServer, sku: &str) {
     }
 }
 
+/// The keys matching `pattern` on the server behind `conn`.
+async fn keys_matching(
+    conn: &mut redis::aio::MultiplexedConnection,
+    pattern: &str,
+) -> Vec<Vec<u8>> {
+    redis::cmd("KEYS")
+        .arg(pattern)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
 /// Until no fence of fenced data is left in `redis` (they expire a horizon, 1 s here, and a
 /// second after their last batch).
 async fn until_fences_expired(redis: &RedisServer) {
     let mut conn = redis.client().await;
     let started = Instant::now();
     loop {
-        let fences: Vec<Vec<u8>> = redis::cmd("KEYS")
-            .arg("*}data-fence:*")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if fences.is_empty() {
+        if keys_matching(&mut conn, "*}data-fence:*").await.is_empty() {
             return;
         }
         assert!(
@@ -276,12 +283,10 @@ async fn a_paused_payment_is_never_recorded_twice() {
         // A holds the key (a lock key: a digit after the hash tag) and is in its charge.
         let started = Instant::now();
         loop {
-            let locks: Vec<Vec<u8>> = redis::cmd("KEYS")
-                .arg("tower-lock:{*}[0-9]*")
-                .query_async(&mut conn)
+            if !keys_matching(&mut conn, "tower-lock:{*}[0-9]*")
                 .await
-                .unwrap();
-            if !locks.is_empty() {
+                .is_empty()
+            {
                 break;
             }
             assert!(

@@ -253,13 +253,7 @@ async fn the_layer_answers_429_when_no_permit_frees() {
         "application/problem+json"
     );
     let body = body_json(refused).await;
-    assert!(
-        body["type"]
-            .as_str()
-            .unwrap()
-            .ends_with("#permits-exhausted"),
-        "{body}"
-    );
+    support::assert_problem_type(&body, "#permits-exhausted");
     for task in running {
         assert_eq!(task.await.unwrap(), StatusCode::OK);
     }

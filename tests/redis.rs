@@ -7,7 +7,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use support::{Backend, Counter, LockKeys, Redis, body_json, counter_app, purchase, send};
+use support::{
+    Backend, Captured, Counter, LockKeys, Redis, body_json, counter_app, purchase, send,
+};
 use tower_lock::{
     Key, LockConfig, LockLayer, RedisStore, Wait,
     config::OnLeaseLost,
@@ -15,68 +17,22 @@ use tower_lock::{
 };
 use tower_lock_testkit::{RedisServer, one_node_cluster};
 
-suite::tests!(
-    Redis::new();
-    exclusion,
-    renewal_keeps_long_handlers_exclusive,
-    without_renewal_the_lease_expires,
-    release_on_completion,
-    release_on_drop,
-    release_on_panic,
-    contended_is_409_problem,
-    max_hold_bounds_a_request,
-    singleton_guard,
-    own_token_acquires_again,
-    sets_exclude_each_other_and_single_keys,
-    sets_in_opposite_orders_never_deadlock,
-    a_set_takes_all_its_keys_or_none,
-    a_set_makes_a_single_key_wait,
-    a_set_is_not_starved_by_single_keys,
-    a_set_is_released_on_drop_and_panic,
-);
-
-/// `RedisStore` without hand-off (its acquire script takes another path for a held key).
-struct NoHandoff(RedisServer);
-
-impl Backend for NoHandoff {
-    type Store = RedisStore;
-    const NAME: &'static str = "redis without hand-off";
-    async fn store(&self) -> RedisStore {
-        RedisStore::connect(self.0.url())
-            .await
-            .expect("connect to the test redis-server")
-            .handoff(false)
-    }
-}
+suite::single_key_tests!(Redis::new());
+suite::set_tests!(Redis::new());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_token_acquires_again_without_handoff() {
-    suite::own_token_acquires_again(NoHandoff(RedisServer::start())).await;
+    suite::own_token_acquires_again(support::NoHandoff(RedisServer::start())).await;
 }
 
 async fn delete_lock_keys(backend: Redis) -> Redis {
-    let keys = backend.0.lock_keys().await;
-    assert_eq!(keys.len(), 1, "expected the one held key");
-    let mut conn = backend.0.client().await;
-    let _: () = redis::cmd("DEL")
-        .arg(&keys[0])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    support::delete_the_held_key(&backend.0).await;
     backend
 }
 
 async fn steal_lock_keys(backend: Redis) -> Redis {
     let keys = backend.0.lock_keys().await;
-    let mut conn = backend.0.client().await;
-    let _: () = redis::cmd("SET")
-        .arg(&keys[0])
-        .arg("someone-else")
-        .arg("PX")
-        .arg(10_000)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    support::give_key_to_someone_else(&backend.0, &keys[0]).await;
     backend
 }
 
@@ -107,12 +63,7 @@ async fn a_set_with_a_key_deleted_behind_it_is_lost_and_gives_back_the_rest() {
     .await;
     let keys = backend.0.lock_keys().await;
     assert_eq!(keys.len(), 3, "the order's three keys");
-    let mut conn = backend.0.client().await;
-    let _: () = redis::cmd("DEL")
-        .arg(&keys[1])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    support::delete_key(&backend.0, &keys[1]).await;
     let deleted = Instant::now();
     let response = running.await.unwrap();
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -121,10 +72,7 @@ async fn a_set_with_a_key_deleted_behind_it_is_lost_and_gives_back_the_rest() {
         "noticed late"
     );
     let body = body_json(response).await;
-    assert!(
-        body["type"].as_str().unwrap().ends_with("#lease-lost"),
-        "{body}"
-    );
+    support::assert_problem_type(&body, "#lease-lost");
     let finished: usize = shop
         .skus
         .values()
@@ -191,12 +139,7 @@ async fn redis_killed_then_restarted() {
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()["retry-after"], "1");
         let body = body_json(response).await;
-        assert!(
-            body["type"]
-                .as_str()
-                .unwrap()
-                .ends_with("#lock-store-unavailable")
-        );
+        support::assert_problem_type(&body, "#lock-store-unavailable");
         // The store timeout (1 s) is the floor of an attempt; never the 30 s of a pool default.
         assert!(
             took < deadline + Duration::from_millis(1500),
@@ -369,17 +312,7 @@ async fn pool_transport() {
     let layer = LockLayer::with_config(RedisStore::from_pool(pool), Key::path_param("sku"), config);
     let counter = Counter::new();
     let app = counter_app(std::sync::Arc::clone(&counter), Some(layer));
-    let running = tokio::spawn({
-        let app = app.clone();
-        async move { send(&app, purchase("k", 500)).await.status() }
-    });
-    suite::wait_until(|| counter.inside.load(std::sync::atomic::Ordering::SeqCst) == 1).await;
-    assert_eq!(
-        send(&app, purchase("k", 0)).await.status(),
-        StatusCode::CONFLICT
-    );
-    assert_eq!(running.await.unwrap(), StatusCode::OK);
-    assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
+    support::assert_one_holder_at_a_time(&app, &counter).await;
 }
 
 /// Every key in the server, whatever its prefix.
@@ -527,20 +460,6 @@ async fn redis_killed_under_a_holder_expires_the_lease() {
     .await;
 }
 
-/// A `MakeWriter` that keeps everything logged, to search it.
-#[derive(Clone, Default)]
-struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// The lock token never leaves the process: not in any response, header or log line, even at
 /// trace level and through contention and release.
 #[tokio::test(flavor = "current_thread")]
@@ -548,10 +467,7 @@ async fn token_never_in_responses_or_logs() {
     let logs = Captured::default();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)
-        .with_writer({
-            let logs = logs.clone();
-            move || logs.clone()
-        })
+        .with_writer(logs.clone())
         .finish();
     // The global default (the only one in this binary), so that callsites first hit by other
     // tests' threads still log here.

@@ -28,25 +28,14 @@ suite::tests!(
     contended_is_409_problem,
     singleton_guard,
     own_token_acquires_again,
-    sets_exclude_each_other_and_single_keys,
-    sets_in_opposite_orders_never_deadlock,
-    a_set_takes_all_its_keys_or_none,
-    a_set_makes_a_single_key_wait,
-    a_set_is_not_starved_by_single_keys,
-    a_set_is_released_on_drop_and_panic,
 );
+suite::set_tests!(Redlock::new(3));
 
-/// The negative control for the exclusion tests: the same load without the layer loses updates.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_the_lock_updates_are_lost() {
-    suite::without_the_lock_updates_are_lost().await;
-}
-
-/// The negative control for the set exclusion test.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_the_lock_sets_lose_updates() {
-    suite::without_the_lock_sets_lose_updates().await;
-}
+// The negative controls for the exclusion tests: the same loads without the layer lose updates.
+suite::controls!(
+    without_the_lock_updates_are_lost,
+    without_the_lock_sets_lose_updates
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusion_over_five_masters() {
@@ -62,14 +51,7 @@ async fn lease_deleted_on_a_majority_aborts() {
         OnLeaseLost::Abort,
         |backend: Redlock| async move {
             for server in &backend.0[..2] {
-                let keys = server.lock_keys().await;
-                assert_eq!(keys.len(), 1, "expected the one held key");
-                let mut conn = server.client().await;
-                let _: () = redis::cmd("DEL")
-                    .arg(&keys[0])
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
+                support::delete_the_held_key(server).await;
             }
             backend
         },
@@ -102,17 +84,7 @@ async fn kill_masters(n: usize) {
         server.kill();
     }
     // Still granted, still exclusive.
-    let running = tokio::spawn({
-        let app = app.clone();
-        async move { send(&app, purchase("k", 500)).await.status() }
-    });
-    suite::wait_until(|| counter.inside.load(std::sync::atomic::Ordering::SeqCst) == 1).await;
-    assert_eq!(
-        send(&app, purchase("k", 0)).await.status(),
-        StatusCode::CONFLICT
-    );
-    assert_eq!(running.await.unwrap(), StatusCode::OK);
-    assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
+    support::assert_one_holder_at_a_time(&app, &counter).await;
 
     // One more down: no quorum.
     backend.0[minority].kill();
@@ -134,13 +106,7 @@ async fn kill_masters(n: usize) {
         let took = started.elapsed();
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         let body = body_json(response).await;
-        assert!(
-            body["type"]
-                .as_str()
-                .unwrap()
-                .ends_with("#lock-store-unavailable"),
-            "{body}"
-        );
+        support::assert_problem_type(&body, "#lock-store-unavailable");
         assert!(
             took < deadline + Duration::from_millis(1500),
             "503 after {took:?}"

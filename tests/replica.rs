@@ -51,11 +51,8 @@ async fn exclusion() {
     suite::exclusion(Replicated::new(1)).await;
 }
 
-/// The negative control for `exclusion`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_the_lock_updates_are_lost() {
-    suite::without_the_lock_updates_are_lost().await;
-}
+// The negative control for `exclusion`.
+suite::controls!(without_the_lock_updates_are_lost);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_keeps_long_handlers_exclusive() {
@@ -146,13 +143,7 @@ async fn replica_down_answers_503() {
     let response = send(&app, purchase("k", 0)).await;
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     let body = body_json(response).await;
-    assert!(
-        body["type"]
-            .as_str()
-            .unwrap()
-            .ends_with("#lock-store-unavailable"),
-        "{body}"
-    );
+    support::assert_problem_type(&body, "#lock-store-unavailable");
     assert_eq!(
         counter.finished.load(std::sync::atomic::Ordering::SeqCst),
         1

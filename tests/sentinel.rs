@@ -45,38 +45,14 @@ suite::tests!(
     own_token_acquires_again,
 );
 
-/// The negative control for `exclusion`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_the_lock_updates_are_lost() {
-    suite::without_the_lock_updates_are_lost().await;
-}
-
-/// One Sentinel setup for several suite tests, one after the other.
-struct Shared(std::sync::Arc<SentinelSetup>);
-
-impl Backend for Shared {
-    type Store = SentinelStore;
-    const NAME: &'static str = "sentinel";
-    async fn store(&self) -> SentinelStore {
-        SentinelStore::connect(self.0.sentinel_urls(), MASTER_NAME)
-            .await
-            .expect("connect through the test sentinels")
-    }
-}
+// The negative control for `exclusion`.
+suite::controls!(without_the_lock_updates_are_lost);
 
 /// Leases on several keys, with hand-off, through the master Sentinel names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sets_of_keys() {
-    let setup = std::sync::Arc::new(tokio::task::block_in_place(|| {
-        SentinelSetup::start(Duration::from_secs(5))
-    }));
-    let backend = || Shared(std::sync::Arc::clone(&setup));
-    suite::sets_exclude_each_other_and_single_keys(backend()).await;
-    suite::sets_in_opposite_orders_never_deadlock(backend()).await;
-    suite::a_set_takes_all_its_keys_or_none(backend()).await;
-    suite::a_set_makes_a_single_key_wait(backend()).await;
-    suite::a_set_is_not_starved_by_single_keys(backend()).await;
-    suite::a_set_is_released_on_drop_and_panic(backend()).await;
+    let setup = tokio::task::block_in_place(|| SentinelSetup::start(Duration::from_secs(5)));
+    suite::set_tests_in_turn(Sentinel(setup)).await;
 }
 
 fn key(value: &str) -> LockKey {

@@ -167,12 +167,9 @@ async fn redlock_excludes_over_mutual_tls() {
     suite::exclusion(Redlock { servers, tls }).await;
 }
 
-/// The negative control for every `exclusion` here: the same load without the layer loses
-/// updates.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_the_lock_updates_are_lost() {
-    suite::without_the_lock_updates_are_lost().await;
-}
+// The negative control for every `exclusion` here: the same load without the layer loses
+// updates.
+suite::controls!(without_the_lock_updates_are_lost);
 
 /// The negative control over TLS: the same load, through the layer and over mutual TLS, but
 /// with each instance locking in a TLS server of its own, loses updates. The exclusion the

@@ -13,7 +13,7 @@ mod support;
 use std::time::Duration;
 
 use support::{Backend, LockKeys};
-use tower_lock::{LockConfig, LockError, Locker, RedisStore, Wait};
+use tower_lock::{LeaseGuard, LockConfig, LockError, Locker, RedisStore, Wait};
 use tower_lock_testkit::{Flavor, RedisServer, monitor::Monitor};
 
 fn valkey() -> RedisServer {
@@ -23,79 +23,24 @@ fn valkey() -> RedisServer {
 /// `RedisStore::connect` on Valkey: hand-off on, so releases stay on the script.
 struct Valkey(RedisServer);
 
-impl Valkey {
-    fn new() -> Self {
-        Self(valkey())
-    }
-}
-
 impl Backend for Valkey {
     type Store = RedisStore;
     const NAME: &'static str = "valkey";
     async fn store(&self) -> RedisStore {
-        RedisStore::connect(self.0.url())
-            .await
-            .expect("connect to the test valkey-server")
+        support::connect(&self.0).await
     }
 }
 
-/// Without hand-off: releases are `DELIFEQ`, renewals `SET ... IFEQ`.
-struct ValkeyNative(RedisServer);
+suite::single_key_tests!(Valkey(valkey()));
+suite::set_tests!(Valkey(valkey()));
 
-impl ValkeyNative {
-    fn new() -> Self {
-        Self(valkey())
-    }
-}
-
-impl Backend for ValkeyNative {
-    type Store = RedisStore;
-    const NAME: &'static str = "valkey without hand-off";
-    async fn store(&self) -> RedisStore {
-        RedisStore::connect(self.0.url())
-            .await
-            .expect("connect to the test valkey-server")
-            .handoff(false)
-    }
-}
-
-suite::tests!(
-    Valkey::new();
-    exclusion,
-    renewal_keeps_long_handlers_exclusive,
-    without_renewal_the_lease_expires,
-    release_on_completion,
-    release_on_drop,
-    release_on_panic,
-    contended_is_409_problem,
-    max_hold_bounds_a_request,
-    singleton_guard,
-    own_token_acquires_again,
-    sets_exclude_each_other_and_single_keys,
-    sets_in_opposite_orders_never_deadlock,
-    a_set_takes_all_its_keys_or_none,
-    a_set_makes_a_single_key_wait,
-    a_set_is_not_starved_by_single_keys,
-    a_set_is_released_on_drop_and_panic,
-);
-
-/// The suite's single-key tests again, on the native commands.
+/// The suite's single-key tests again, on the native commands: without hand-off, releases are
+/// `DELIFEQ`, renewals `SET ... IFEQ`.
 mod native {
-    use super::{ValkeyNative, suite};
+    use super::{suite, valkey};
+    use crate::support::NoHandoff;
 
-    suite::tests!(
-        ValkeyNative::new();
-        exclusion,
-        renewal_keeps_long_handlers_exclusive,
-        without_renewal_the_lease_expires,
-        release_on_completion,
-        release_on_drop,
-        release_on_panic,
-        contended_is_409_problem,
-        max_hold_bounds_a_request,
-        singleton_guard,
-        own_token_acquires_again,
-    );
+    suite::single_key_tests!(NoHandoff(valkey()));
 }
 
 /// A locker whose leases renew every 100 ms and fail fast.
@@ -106,6 +51,19 @@ fn locker(store: RedisStore) -> Locker {
         .build()
         .unwrap();
     Locker::with_config(store, config)
+}
+
+/// A lease on `valkey:a` through `locker(store)`, once it has renewed at least `renewals` times.
+async fn renewed_lease(store: RedisStore, renewals: u32) -> LeaseGuard {
+    let locker = locker(store);
+    let guard = locker
+        .acquire(locker.key("valkey", "a").unwrap())
+        .await
+        .unwrap();
+    while guard.lease().renewals() < renewals {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    guard
 }
 
 /// What clients sent while a lease was taken, renewed at least twice and released, on a store
@@ -119,14 +77,7 @@ async fn one_lease(server: &RedisServer) -> (tower_lock_testkit::monitor::Comman
         .handoff(false);
     let mut ctl = server.client().await;
     let monitor = Monitor::start(server.port()).await;
-    let locker = locker(store);
-    let guard = locker
-        .acquire(locker.key("valkey", "a").unwrap())
-        .await
-        .unwrap();
-    while guard.lease().renewals() < 2 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let guard = renewed_lease(store, 2).await;
     let renewals = guard.lease().renewals();
     guard.release().await.expect("the release found its key");
     (monitor.finish(&mut ctl).await, renewals)
@@ -174,14 +125,7 @@ async fn with_handoff_valkey_releases_with_the_script() {
     let store = RedisStore::connect(server.url()).await.unwrap();
     let mut ctl = server.client().await;
     let monitor = Monitor::start(server.port()).await;
-    let locker = locker(store);
-    let guard = locker
-        .acquire(locker.key("valkey", "a").unwrap())
-        .await
-        .unwrap();
-    while guard.lease().renewals() < 1 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let guard = renewed_lease(store, 1).await;
     guard.release().await.unwrap();
     let sent = monitor.finish(&mut ctl).await;
     assert_eq!(sent.get("DELIFEQ"), 0, "{sent:?}");
@@ -198,21 +142,9 @@ async fn valkeys_compare_commands_touch_only_the_holders_key() {
         .await
         .unwrap()
         .handoff(false);
-    let locker = locker(store);
-    let guard = locker
-        .acquire(locker.key("valkey", "a").unwrap())
-        .await
-        .unwrap();
+    let guard = renewed_lease(store, 0).await;
     let key = server.lock_keys().await.pop().expect("the held key");
-    let mut conn = server.client().await;
-    let _: () = redis::cmd("SET")
-        .arg(&key)
-        .arg("someone-else")
-        .arg("PX")
-        .arg(10_000)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    support::give_key_to_someone_else(&server, &key).await;
     let started = std::time::Instant::now();
     while !guard.lease().is_lost() {
         assert!(
@@ -225,10 +157,8 @@ async fn valkeys_compare_commands_touch_only_the_holders_key() {
         matches!(guard.release().await, Err(LockError::LeaseLost(_))),
         "released another's key"
     );
-    let value: String = redis::cmd("GET")
-        .arg(&key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(value, "someone-else");
+    assert_eq!(
+        support::value_of(&server, &key).await.as_deref(),
+        Some(&b"someone-else"[..])
+    );
 }

@@ -16,9 +16,10 @@ use tower_lock::{
     key::PathParamKey,
 };
 
+pub use crate::support::wait_until;
 use crate::support::{
-    Backend, Counter, SKU_NAMESPACE, Shop, Tally, body_json, counter_app, order, purchase, send,
-    shop_app,
+    Backend, Counter, SKU_NAMESPACE, Shop, Tally, assert_problem_type, body_json, counter_app,
+    order, purchase, send, shop_app,
 };
 
 /// One `#[tokio::test]` per named suite test, each on a fresh backend from `$backend`:
@@ -34,6 +35,75 @@ macro_rules! tests {
 }
 #[allow(unused_imports)]
 pub(crate) use tests;
+
+/// The suite's single-key tests, each on a fresh backend from `$backend`:
+/// `suite::single_key_tests!(Memory::new());`
+#[allow(unused_macros)]
+macro_rules! single_key_tests {
+    ($backend:expr) => {
+        suite::tests!(
+            $backend;
+            exclusion,
+            renewal_keeps_long_handlers_exclusive,
+            without_renewal_the_lease_expires,
+            release_on_completion,
+            release_on_drop,
+            release_on_panic,
+            contended_is_409_problem,
+            max_hold_bounds_a_request,
+            singleton_guard,
+            own_token_acquires_again,
+        );
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use single_key_tests;
+
+/// The suite's key-set tests, each on a fresh backend from `$backend`:
+/// `suite::set_tests!(Memory::new());`
+#[allow(unused_macros)]
+macro_rules! set_tests {
+    ($backend:expr) => {
+        suite::tests!(
+            $backend;
+            sets_exclude_each_other_and_single_keys,
+            sets_in_opposite_orders_never_deadlock,
+            a_set_takes_all_its_keys_or_none,
+            a_set_makes_a_single_key_wait,
+            a_set_is_not_starved_by_single_keys,
+            a_set_is_released_on_drop_and_panic,
+        );
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use set_tests;
+
+/// One `#[tokio::test]` per named negative control (a suite function without a backend: the
+/// same load without the layer, which must lose updates):
+/// `suite::controls!(without_the_lock_updates_are_lost);`
+#[allow(unused_macros)]
+macro_rules! controls {
+    ($($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            suite::$name().await;
+        }
+    )*};
+}
+#[allow(unused_imports)]
+pub(crate) use controls;
+
+/// Every key-set test of the suite, one after the other on the one `backend`: for a topology
+/// too slow to start once per test (a cluster, a Sentinel setup).
+pub async fn set_tests_in_turn<B: Backend>(backend: B) {
+    let backend = Arc::new(backend);
+    sets_exclude_each_other_and_single_keys(Arc::clone(&backend)).await;
+    sets_in_opposite_orders_never_deadlock(Arc::clone(&backend)).await;
+    a_set_takes_all_its_keys_or_none(Arc::clone(&backend)).await;
+    a_set_makes_a_single_key_wait(Arc::clone(&backend)).await;
+    a_set_is_not_starved_by_single_keys(Arc::clone(&backend)).await;
+    a_set_is_released_on_drop_and_panic(backend).await;
+}
 
 /// How many concurrent requests the exclusion test sends.
 pub const EXCLUSION_REQUESTS: usize = 240;
@@ -297,7 +367,7 @@ pub async fn contended_is_409_problem<B: Backend>(backend: B) {
     assert!((1..=5).contains(&retry), "Retry-After {retry}");
     let body = body_json(r).await;
     assert_eq!(body["status"], 409);
-    assert!(body["type"].as_str().unwrap().ends_with("#lock-contended"));
+    assert_problem_type(&body, "#lock-contended");
     assert!(body["detail"].as_str().unwrap().contains("retry"));
     assert_eq!(running.await.unwrap(), StatusCode::OK);
 }
@@ -335,10 +405,7 @@ where
                 "abort came late"
             );
             let body = body_json(response).await;
-            assert!(
-                body["type"].as_str().unwrap().ends_with("#lease-lost"),
-                "{body}"
-            );
+            assert_problem_type(&body, "#lease-lost");
             assert_eq!(
                 counter.finished.load(Ordering::SeqCst),
                 0,
@@ -934,16 +1001,4 @@ pub async fn a_set_is_released_on_drop_and_panic<B: Backend>(backend: B) {
         "{}",
         B::NAME
     );
-}
-
-/// Polls `cond` until true, for at most 5 s.
-pub async fn wait_until(cond: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "condition not reached"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
 }

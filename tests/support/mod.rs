@@ -121,6 +121,38 @@ pub async fn value_of(server: &RedisServer, key: &[u8]) -> Option<Vec<u8>> {
         .unwrap()
 }
 
+/// Deletes `key` on `server` behind its holder's back (as an expiry or an eviction would).
+pub async fn delete_key(server: &RedisServer, key: &[u8]) {
+    let mut conn = server.client().await;
+    let _: () = redis::cmd("DEL")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
+/// Deletes the one lock key `server` holds behind its holder's back; panics if there is not
+/// exactly one.
+pub async fn delete_the_held_key(server: &RedisServer) {
+    let keys = server.lock_keys().await;
+    assert_eq!(keys.len(), 1, "expected the one held key");
+    delete_key(server, &keys[0]).await;
+}
+
+/// Sets `key` on `server` to another holder's token for 10 s, as a holder that took it after
+/// an expiry would.
+pub async fn give_key_to_someone_else(server: &RedisServer, key: &[u8]) {
+    let mut conn = server.client().await;
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg("someone-else")
+        .arg("PX")
+        .arg(10_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
 /// Waits until `key`'s hand-off queue on `server` holds `n` waiters; panics after 5 s, naming
 /// `who` as the waiter that never queued.
 pub async fn wait_until_queued(server: &RedisServer, key: &[u8], n: usize, who: &str) {
@@ -194,6 +226,16 @@ pub trait Backend: Send + Sync + 'static {
     const NAME: &'static str;
 }
 
+/// Several suite tests, one after the other, on one backend: every handle is the shared
+/// backend's.
+impl<B: Backend> Backend for Arc<B> {
+    type Store = B::Store;
+    const NAME: &'static str = B::NAME;
+    async fn store(&self) -> B::Store {
+        B::store(self).await
+    }
+}
+
 pub struct Memory(MemoryStore);
 
 impl Memory {
@@ -210,6 +252,13 @@ impl Backend for Memory {
     }
 }
 
+/// A `RedisStore` on the test server `server`, configured as `RedisStore::connect` leaves it.
+pub async fn connect(server: &RedisServer) -> RedisStore {
+    RedisStore::connect(server.url())
+        .await
+        .unwrap_or_else(|e| panic!("connect to the test server at {}: {e}", server.url()))
+}
+
 pub struct Redis(pub RedisServer);
 
 impl Redis {
@@ -222,9 +271,20 @@ impl Backend for Redis {
     type Store = RedisStore;
     const NAME: &'static str = "redis";
     async fn store(&self) -> RedisStore {
-        RedisStore::connect(self.0.url())
-            .await
-            .expect("connect to the test redis-server")
+        connect(&self.0).await
+    }
+}
+
+/// `RedisStore` without hand-off on the test server (Redis or Valkey): its acquire script takes
+/// another path for a held key, and on Valkey it releases and renews with the native compare
+/// commands.
+pub struct NoHandoff(pub RedisServer);
+
+impl Backend for NoHandoff {
+    type Store = RedisStore;
+    const NAME: &'static str = "without hand-off";
+    async fn store(&self) -> RedisStore {
+        connect(&self.0).await.handoff(false)
     }
 }
 
@@ -313,6 +373,30 @@ pub async fn body_json(response: Response<Body>) -> serde_json::Value {
         .unwrap();
     serde_json::from_slice(&bytes)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
+}
+
+/// Asserts that the problem+json `body` is of the problem type whose URI ends in `suffix`
+/// (`"#lock-store-unavailable"`, say); the message shows the body.
+pub fn assert_problem_type(body: &serde_json::Value, suffix: &str) {
+    let type_uri = body["type"].as_str().unwrap();
+    assert!(type_uri.ends_with(suffix), "not {suffix}: {body}");
+}
+
+/// Asserts that `app`, a [`counter_app`] over `counter` that does not wait, lets one request
+/// at a time hold the key `k`: while one purchase works 500 ms another gets 409, and once it
+/// is done the next gets 200.
+pub async fn assert_one_holder_at_a_time(app: &Router, counter: &Counter) {
+    let running = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, purchase("k", 500)).await.status() }
+    });
+    wait_until(|| counter.inside.load(Ordering::SeqCst) == 1).await;
+    assert_eq!(
+        send(app, purchase("k", 0)).await.status(),
+        StatusCode::CONFLICT
+    );
+    assert_eq!(running.await.unwrap(), StatusCode::OK);
+    assert_eq!(send(app, purchase("k", 0)).await.status(), StatusCode::OK);
 }
 
 /// Status counts of a batch of responses.
@@ -579,4 +663,38 @@ pub fn order(skus: &[&str], work_ms: u64) -> Request<Body> {
             serde_json::json!({ "items": items }).to_string(),
         ))
         .unwrap()
+}
+
+/// Polls `cond` until true, for at most 5 s.
+pub async fn wait_until(cond: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "condition not reached"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// A `MakeWriter` that keeps everything logged, to search it: every writer it makes appends to
+/// the one buffer.
+#[derive(Clone, Default)]
+pub struct Captured(pub Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl tracing_subscriber::fmt::MakeWriter<'_> for Captured {
+    type Writer = Self;
+    fn make_writer(&self) -> Self {
+        self.clone()
+    }
 }
