@@ -19,7 +19,7 @@ use std::{
 
 use tower_lock::{
     Locker, MemoryStore, RedisStore, Wait,
-    fence::{FenceError, FencedData, FencedStore, Reply, data_key},
+    fence::{FenceError, FencedData, Reply, data_key},
     store::{LockStore, RedlockStore},
 };
 use tower_lock_testkit::RedisServer;
@@ -59,9 +59,10 @@ fn data_on(
 }
 
 /// Locks and data on one topology: each side's connection a new store from `store`.
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
 fn locks_and_data_on<S, F, Fut>(store: F) -> Connect
 where
-    S: FencedStore + 'static,
+    S: tower_lock::fence::FencedStore + 'static,
     F: Fn() -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = S> + Send + 'static,
 {
