@@ -81,7 +81,7 @@ impl<K> LockLayer<K> {
     /// ```
     /// use tower_lock::{Key, LockLayer, MemoryStore, Wait};
     ///
-    /// let layer = LockLayer::new(MemoryStore::new(), Key::path_param("sku")).wait(Wait::none());
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::header("x-sku")).wait(Wait::none());
     /// ```
     pub fn wait(mut self, wait: Wait) -> Self {
         Arc::make_mut(&mut self.state).wait = Some(wait);
