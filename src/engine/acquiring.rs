@@ -22,7 +22,7 @@ use super::{
     terms::Terms,
 };
 use crate::{
-    error::{ConfigError, LockError},
+    error::{ConfigError, LockError, LostReason},
     key::{KeySet, Share},
     telemetry::{self, Outcome},
     wait::Wait,
@@ -259,13 +259,23 @@ impl Acquiring {
             .await;
         match guarded {
             Guarded::Done(output) => {
-                hold.finish(if hold.lease().is_lost() {
+                let lease = hold.lease().clone();
+                hold.finish(if lease.is_lost() {
                     Outcome::CompletedLeaseLost
                 } else {
                     Outcome::Completed
                 });
-                // A failed release is logged by the release; the TTL frees the keys.
-                let _ = hold.release().instrument(span).await;
+                // A failed release is logged by the release, and sent again; the TTL frees the
+                // keys.
+                let released = hold.release().instrument(span).await;
+                // Lost before the work ended, or found gone at its release (the work kept its
+                // task from renewing past the TTL): the work may have overlapped another
+                // holder's, so its output is not the answer, unless fences judged its writes.
+                let gone = lease.is_lost() || matches!(released, Ok(false));
+                if gone && !lease.has_fenced_writes() {
+                    let reason = lease.lost_reason().unwrap_or(LostReason::NotHeld);
+                    return Err(LockError::LeaseLost(reason));
+                }
                 Ok(output)
             }
             Guarded::Aborted(reason) => {
@@ -376,12 +386,15 @@ fn waits_for_itself() -> ConfigError {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
+    use std::{
+        sync::{
+            Arc,
+            atomic::{AtomicBool, Ordering},
+        },
+        time::Duration,
     };
 
-    use crate::{Locker, MemoryStore};
+    use crate::{LockError, Locker, MemoryStore, error::LostReason};
 
     /// `try_run` starts the work only where it gets the lease, at once, and releases it after.
     #[tokio::test]
@@ -407,5 +420,28 @@ mod tests {
             locker.try_acquire(key).await.unwrap().is_some(),
             "released after the work"
         );
+    }
+
+    /// Work that blocks its thread past the TTL is not renewed: its release finds the lease
+    /// gone, and the answer is `LeaseLost`, not the work's output (another holder may have run
+    /// meanwhile).
+    #[tokio::test(flavor = "current_thread")]
+    async fn work_that_outlived_its_lease_is_not_an_answer() {
+        let locker = Locker::new(MemoryStore::new());
+        let key = locker.key("jobs", "nightly").unwrap();
+        let ran = locker
+            .acquire(key.clone())
+            .ttl(Duration::from_millis(100))
+            .try_run(async {
+                std::thread::sleep(Duration::from_millis(400));
+                "report sent"
+            })
+            .await;
+        assert!(
+            matches!(ran, Err(LockError::LeaseLost(LostReason::NotHeld))),
+            "{ran:?}"
+        );
+        let ran = locker.try_run(key, async { "report sent" }).await.unwrap();
+        assert_eq!(ran, Some("report sent"), "renewed while polled: the answer");
     }
 }

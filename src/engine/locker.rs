@@ -160,8 +160,11 @@ impl Locker {
     /// [`OnLeaseLost`](crate::config::OnLeaseLost)) and the answer is [`LockError::LeaseLost`], unless
     /// `work` has sent a [fenced write](crate::fence): then it runs to its end, its later
     /// fenced writes refused if a newer holder was there, and its output is the answer. The
-    /// renewal runs in the awaiting task, as the work is polled. See [`Acquiring::run`] to set
-    /// a wait policy, TTL or longest hold for the call.
+    /// renewal runs in the awaiting task, as the work is polled: work that blocks its thread
+    /// (run it with [`spawn_blocking`](tokio::task::spawn_blocking) instead) is not renewed
+    /// meanwhile, and a lease that its release finds gone answers [`LockError::LeaseLost`] too,
+    /// though the work ended (it may have overlapped another holder's). See
+    /// [`Acquiring::run`] to set a wait policy, TTL or longest hold for the call.
     pub async fn run<F: Future>(
         &self,
         keys: impl Into<KeySet>,

@@ -142,9 +142,12 @@ impl IdempotencyLayer {
     }
 
     /// How a request waits for a key another request holds: this layer's policy instead of its
-    /// locker's (the config's [`lock`](IdempotencyConfig::lock) settings, [`Wait::none`] by
-    /// default: a concurrent duplicate answers 409 at once). A waiting policy makes a duplicate
-    /// wait for the first request's record, then replays it.
+    /// locker's (the config's [`lock`](IdempotencyConfig::lock) settings: [`Wait::none`] for a
+    /// layer from [`new`](Self::new) or [`with_config`](Self::with_config) with the default
+    /// config, so that a concurrent duplicate answers 409 at once; the locker's own policy for
+    /// one [`from_locker`](Self::from_locker)). A waiting policy makes a duplicate wait for the
+    /// first request's record, then replays it. [`config`](Self::config) still shows the
+    /// locker's policy.
     ///
     /// ```
     /// use std::time::Duration;

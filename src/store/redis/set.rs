@@ -118,7 +118,7 @@ impl RedisStore {
             )
         };
         match answer.as_slice() {
-            [1, fences @ ..] if fences.len() == keys.len() => {
+            [1, fences @ ..] if fences.len() == keys.len() && fences.iter().all(|&f| f > 0) => {
                 if let Err(error) = self.check_acks(acks) {
                     // Not replicated enough to survive a failover: give them back.
                     if let Err(release) = self.release_keys(keys, token).await {
@@ -130,10 +130,7 @@ impl RedisStore {
                     return Err(error);
                 }
                 Ok(Answer::Acquired(
-                    fences
-                        .iter()
-                        .map(|&f| u64::try_from(f).unwrap_or(0))
-                        .collect(),
+                    fences.iter().map(|&f| f.unsigned_abs()).collect(),
                 ))
             }
             &[code @ (0 | 2 | 3), n, i] if (1..=keys.len() as i64).contains(&i) => {
@@ -181,7 +178,7 @@ impl RedisStore {
         let (released, _): (i64, _) = self
             .invoke(&self.scripts.release_set, &script_keys, &args, false)
             .await?;
-        Ok(usize::try_from(released).unwrap_or(0))
+        released_count(released)
     }
 
     /// [`release_keys`](Self::release_keys) of a set with a key with a capacity: every key
@@ -215,7 +212,7 @@ impl RedisStore {
                 false,
             )
             .await?;
-        Ok(usize::try_from(released).unwrap_or(0))
+        released_count(released)
     }
 
     /// One attempt at `keys`; see [`AcquireSet::acquire_set`]. For `RedlockStore`'s nodes too
@@ -400,4 +397,15 @@ impl AcquireSet for RedisStore {
     ) -> BoxFuture<Result<bool, StoreError>> {
         Box::pin(async move { self.release_set_now(&keys, &token).await })
     }
+}
+
+/// A set release's answer: how many keys it released (a negative count, which no version of
+/// the script answers, is an error).
+fn released_count(released: i64) -> Result<usize, StoreError> {
+    usize::try_from(released).map_err(|_| {
+        StoreError::msg(
+            StoreErrorKind::Backend,
+            format!("the key set release script answered {released}, which no version of it does"),
+        )
+    })
 }

@@ -12,10 +12,12 @@
 //! polled again (see [`SharedCall::poll_end`]). And a call that panics while polled wakes its
 //! other callers, which read `T::default()` (no answers: an error for each operation).
 //!
-//! This is the one piece of hand-written synchronisation on the request path: loom checks it
-//! (`tests/shared_call_model.rs` compiles this file against loom's locks and atomics, and
-//! explores every interleaving of callers, the poller and the call's wake-up), beside the
-//! stress tests (`shared_tests.rs`). The file depends on nothing of the crate for that reason.
+//! Loom checks its interleavings (`tests/shared_call_model.rs` compiles this file against
+//! loom's locks and atomics, and explores every interleaving of callers, the poller and the
+//! call's wake-up), beside the stress tests (`shared_tests.rs`); the file depends on nothing of
+//! the crate for that reason. Loom does not model the memory order the two `SeqCst` fences of
+//! [`SharedCall::poll_end`] give (its mutexes are not weak-memory locations): that part rests on
+//! the argument written there, and the stress tests.
 
 use std::{
     future::Future,
