@@ -121,6 +121,16 @@ pub async fn value_of(server: &RedisServer, key: &[u8]) -> Option<Vec<u8>> {
         .unwrap()
 }
 
+/// The names of the keys on `server` that match `pattern` (Redis's `KEYS`).
+pub async fn keys_matching(server: &RedisServer, pattern: &str) -> Vec<String> {
+    let mut conn = server.client().await;
+    redis::cmd("KEYS")
+        .arg(pattern)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
 /// Deletes `key` on `server` behind its holder's back (as an expiry or an eviction would).
 pub async fn delete_key(server: &RedisServer, key: &[u8]) {
     let mut conn = server.client().await;
