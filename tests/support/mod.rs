@@ -131,6 +131,20 @@ pub async fn keys_matching(server: &RedisServer, pattern: &str) -> Vec<String> {
         .unwrap()
 }
 
+/// The default lock config but for its TTL.
+pub fn ttl_config(ttl: Duration) -> tower_lock::LockConfig {
+    tower_lock::LockConfig::builder().ttl(ttl).build().unwrap()
+}
+
+/// The `INFO section` text of the server behind `conn`.
+pub async fn info(conn: &mut redis::aio::MultiplexedConnection, section: &str) -> String {
+    redis::cmd("INFO")
+        .arg(section)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
 /// Deletes `key` on `server` behind its holder's back (as an expiry or an eviction would).
 pub async fn delete_key(server: &RedisServer, key: &[u8]) {
     let mut conn = server.client().await;
