@@ -689,6 +689,22 @@ pub fn order(skus: &[&str], work_ms: u64) -> Request<Body> {
         .unwrap()
 }
 
+/// Sends `purchase(sku, work_ms)` through `app` from a spawned task and returns once its handler
+/// runs (the request holds `sku`'s key); the task answers the request's status.
+pub async fn purchase_in_flight(
+    app: &Router,
+    counter: &Counter,
+    sku: &str,
+    work_ms: u64,
+) -> tokio::task::JoinHandle<StatusCode> {
+    let running = tokio::spawn({
+        let (app, request) = (app.clone(), purchase(sku, work_ms));
+        async move { send(&app, request).await.status() }
+    });
+    wait_until(|| counter.inside.load(Ordering::SeqCst) > 0).await;
+    running
+}
+
 /// Polls `cond` until true, for at most 5 s.
 pub async fn wait_until(cond: impl Fn() -> bool) {
     let start = std::time::Instant::now();
