@@ -16,10 +16,10 @@ use axum::{
     http::{Request, StatusCode},
     routing::post,
 };
-use support::{handoff_subscriptions, send};
+use support::{handoff_subscriptions, keys_matching, send};
 use tower_lock::{
-    IdempotencyLayer, LockConfig, LockError, Locker, RedisStore, Wait, key::LockKey,
-    store::Eviction,
+    IdempotencyLayer, LeaseGuard, LockConfig, LockError, Locker, RedisStore, Wait, key::LockKey,
+    lease::Acquiring, store::Eviction,
 };
 use tower_lock_testkit::RedisServer;
 
@@ -79,13 +79,22 @@ async fn refused(server: &RedisServer) -> Vec<String> {
         .collect()
 }
 
-/// Two stores (two processes, as far as Redis can tell) logged in as `USER`.
-async fn stores(server: &RedisServer) -> (RedisStore, RedisStore) {
+/// A Redis server on which `USER` has `rule`, and two stores (two processes, as far as Redis
+/// can tell) logged in as `USER`.
+async fn stores_under(rule: &str) -> (RedisServer, RedisStore, RedisStore) {
+    let server = RedisServer::start();
+    create_user(&server, rule).await;
     let url = format!("redis://{USER}:s3cret@127.0.0.1:{}/", server.port());
     let a = RedisStore::connect(url.as_str()).await.unwrap();
     let b = RedisStore::connect(url.as_str()).await.unwrap();
-    handoff_subscriptions(server, 2).await;
-    (a, b)
+    handoff_subscriptions(&server, 2).await;
+    (server, a, b)
+}
+
+/// Asserts that `turns` failed with a store error: Redis refused one of its commands.
+fn assert_refused(turns: Result<(), LockError>) {
+    let error = turns.expect_err("Redis should have refused a command");
+    assert!(matches!(error, LockError::Store(_)), "{error:?}");
 }
 
 fn locker(store: RedisStore, ttl: Duration, wait: Wait) -> Locker {
@@ -99,17 +108,35 @@ fn key(locker: &Locker) -> LockKey {
     locker.key("acl", "hot").unwrap()
 }
 
-/// Acquire, queue, hand over, renew, release; and a waiter that gives up (leaving the queue).
-/// Answers the first error.
-async fn take_turns(a: &RedisStore, b: &RedisStore) -> Result<(), LockError> {
-    let wait = Wait::constant(Duration::from_secs(5)).deadline(Duration::from_secs(10));
-    let holder = locker(a.clone(), Duration::from_secs(10), wait.clone());
-    let held = holder.acquire(key(&holder)).await?;
-    // Queued behind the holder, then handed the key by its release; a TTL short enough that it
-    // renews (with a claim window of 1 s, the first renewal is due within about 330 ms).
-    let waiter = locker(b.clone(), Duration::from_millis(600), wait);
+/// How long the lockers that queue wait: long enough for any hand-over here.
+fn patiently() -> Wait {
+    Wait::constant(Duration::from_secs(5)).deadline(Duration::from_secs(10))
+}
+
+/// Asserts that an acquire of `keys` on `store` (by a locker that waits at most 300 ms), queued
+/// behind a holder, gives up: `Contended`. `who` names it in the message.
+async fn assert_gives_up<K: Into<tower_lock::key::KeySet>>(
+    store: &RedisStore,
+    keys: impl FnOnce(&Locker) -> K,
+    who: &str,
+) {
+    let quitter = locker(
+        store.clone(),
+        Duration::from_secs(10),
+        Wait::constant(Duration::from_secs(5)).deadline(Duration::from_millis(300)),
+    );
+    match quitter.acquire(keys(&quitter)).await {
+        Err(LockError::Contended { .. }) => {}
+        other => panic!("expected {who} to give up, got {other:?}"),
+    }
+}
+
+/// Releases `held` once `queued` (an acquire of what it holds, by a locker whose TTL is short
+/// enough to renew within 700 ms) has had 200 ms to queue behind it; answers how many times the
+/// lease `queued` was handed renewed in the 700 ms it kept it.
+async fn hand_over(held: LeaseGuard, queued: Acquiring) -> Result<u32, LockError> {
     let next = tokio::spawn(async move {
-        let guard = waiter.acquire(key(&waiter)).await?;
+        let guard = queued.await?;
         tokio::time::sleep(Duration::from_millis(700)).await;
         let renewals = guard.lease().renewals();
         guard.release().await?;
@@ -117,20 +144,24 @@ async fn take_turns(a: &RedisStore, b: &RedisStore) -> Result<(), LockError> {
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     held.release().await?;
-    let renewals = next.await.unwrap()?;
+    next.await.unwrap()
+}
+
+/// Acquire, queue, hand over, renew, release; and a waiter that gives up (leaving the queue).
+/// Answers the first error.
+async fn take_turns(a: &RedisStore, b: &RedisStore) -> Result<(), LockError> {
+    let wait = patiently();
+    let holder = locker(a.clone(), Duration::from_secs(10), wait.clone());
+    let held = holder.acquire(key(&holder)).await?;
+    // Queued behind the holder, then handed the key by its release; a TTL short enough that it
+    // renews (with a claim window of 1 s, the first renewal is due within about 330 ms).
+    let waiter = locker(b.clone(), Duration::from_millis(600), wait);
+    let renewals = hand_over(held, waiter.acquire(key(&waiter))).await?;
     assert!(renewals >= 1, "the handed-over lease was never renewed");
     // A waiter that gives up while queued takes itself out of the queue.
     let holder = locker(a.clone(), Duration::from_secs(10), Wait::none());
     let held = holder.acquire(key(&holder)).await?;
-    let quitter = locker(
-        b.clone(),
-        Duration::from_secs(10),
-        Wait::constant(Duration::from_secs(5)).deadline(Duration::from_millis(300)),
-    );
-    match quitter.acquire(key(&quitter)).await {
-        Err(LockError::Contended { .. }) => {}
-        other => panic!("expected the waiter to give up, got {other:?}"),
-    }
+    assert_gives_up(b, key, "the waiter").await;
     held.release().await?;
     take_turns_with_sets(a, b).await
 }
@@ -139,7 +170,7 @@ async fn take_turns(a: &RedisStore, b: &RedisStore) -> Result<(), LockError> {
 /// handed it, renewed, released; and a set that gives up while queued (leaving the queue,
 /// giving back what it kept). Answers the first error.
 async fn take_turns_with_sets(a: &RedisStore, b: &RedisStore) -> Result<(), LockError> {
-    let wait = Wait::constant(Duration::from_secs(5)).deadline(Duration::from_secs(10));
+    let wait = patiently();
     let holder = locker(a.clone(), Duration::from_secs(10), wait.clone());
     let held = holder.acquire(key(&holder)).await?;
     let waiter = locker(b.clone(), Duration::from_millis(600), wait);
@@ -149,37 +180,17 @@ async fn take_turns_with_sets(a: &RedisStore, b: &RedisStore) -> Result<(), Lock
             .map(|v| locker.key("acl", v).unwrap())
             .collect()
     };
-    let keys = set(&waiter);
-    let next = tokio::spawn(async move {
-        let guard = waiter.acquire(keys).await?;
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        let renewals = guard.lease().renewals();
-        guard.release().await?;
-        Ok::<u32, LockError>(renewals)
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    held.release().await?;
-    let renewals = next.await.unwrap()?;
+    let renewals = hand_over(held, waiter.acquire(set(&waiter))).await?;
     assert!(renewals >= 1, "the set was never renewed");
     let held = holder.acquire(key(&holder)).await?;
-    let quitter = locker(
-        b.clone(),
-        Duration::from_secs(10),
-        Wait::constant(Duration::from_secs(5)).deadline(Duration::from_millis(300)),
-    );
-    match quitter.acquire(set(&quitter)).await {
-        Err(LockError::Contended { .. }) => {}
-        other => panic!("expected the set to give up, got {other:?}"),
-    }
+    assert_gives_up(b, set, "the set").await;
     held.release().await?;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_acl_rule_is_enough() {
-    let server = RedisServer::start();
-    create_user(&server, RULE).await;
-    let (a, b) = stores(&server).await;
+    let (server, a, b) = stores_under(RULE).await;
     assert_eq!(a.eviction().await.unwrap(), Eviction::Never);
     take_turns(&a, &b).await.unwrap();
     // Idempotency records: the first request runs, the retry is replayed from Redis.
@@ -197,12 +208,7 @@ async fn the_documented_acl_rule_is_enough() {
         assert_eq!(send(&app, request).await.status(), StatusCode::OK);
     }
     assert_eq!(refused(&server).await, Vec::<String>::new());
-    let mut admin = server.client().await;
-    let records: Vec<String> = redis::cmd("KEYS")
-        .arg("tower-lock:*")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    let records = keys_matching(&server, "tower-lock:*").await;
     assert!(
         records.iter().all(
             |k| support::is_record_key(k.as_bytes()) || support::is_fence_counter(k.as_bytes())
@@ -216,13 +222,9 @@ async fn the_documented_acl_rule_is_enough() {
 /// and the release that hands the key over are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_pubsub_numsub_hand_off_is_refused() {
-    let server = RedisServer::start();
-    create_user(&server, &RULE.replace(" +pubsub|numsub", "")).await;
-    let (a, b) = stores(&server).await;
-    let error = take_turns(&a, &b)
-        .await
-        .expect_err("queueing and handing over should have been refused");
-    assert!(matches!(error, LockError::Store(_)), "{error:?}");
+    let (server, a, b) = stores_under(&RULE.replace(" +pubsub|numsub", "")).await;
+    // Queueing and handing over are refused.
+    assert_refused(take_turns(&a, &b).await);
     let refused = refused(&server).await;
     assert!(
         refused.iter().any(|r| r.contains("pubsub|numsub")),
@@ -235,9 +237,7 @@ async fn without_pubsub_numsub_hand_off_is_refused() {
 /// else works; Redis refuses only the `INFO`s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_info_the_stores_connect_and_the_eviction_policy_is_unknown() {
-    let server = RedisServer::start();
-    create_user(&server, &RULE.replace(" +info", "")).await;
-    let (a, b) = stores(&server).await;
+    let (server, a, b) = stores_under(&RULE.replace(" +info", "")).await;
     assert_eq!(a.eviction().await.unwrap(), Eviction::Unknown);
     take_turns(&a, &b).await.unwrap();
     let refused = refused(&server).await;
@@ -253,23 +253,14 @@ async fn without_info_the_stores_connect_and_the_eviction_policy_is_unknown() {
 /// writer of one key taking turns, and two readers of a set of counted keys. Answers the first
 /// error.
 async fn take_turns_with_counts(a: &RedisStore, b: &RedisStore) -> Result<(), LockError> {
-    let wait = Wait::constant(Duration::from_secs(5)).deadline(Duration::from_secs(10));
+    let wait = patiently();
     let first = locker(a.clone(), Duration::from_secs(10), wait.clone());
     let second = locker(b.clone(), Duration::from_secs(10), wait.clone());
     let key = |locker: &Locker| locker.key("acl", "counted").unwrap();
     let one = first.acquire(key(&first)).permits(TWO).await?;
     let two = second.acquire(key(&second)).permits(TWO).await?;
     let waiter = locker(b.clone(), Duration::from_millis(600), wait.clone());
-    let next = tokio::spawn(async move {
-        let guard = waiter.acquire(key(&waiter)).permits(TWO).await?;
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        let renewals = guard.lease().renewals();
-        guard.release().await?;
-        Ok::<u32, LockError>(renewals)
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    one.release().await?;
-    let renewals = next.await.unwrap()?;
+    let renewals = hand_over(one, waiter.acquire(key(&waiter)).permits(TWO)).await?;
     assert!(renewals >= 1, "the handed-over permit was never renewed");
     two.release().await?;
     let reader = first.acquire(key(&first)).shared().await?;
@@ -298,9 +289,7 @@ async fn take_turns_with_counts(a: &RedisStore, b: &RedisStore) -> Result<(), Lo
 /// The rule with what counts add is enough for leases with counts: Redis refuses nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_acl_rule_is_enough_for_counts() {
-    let server = RedisServer::start();
-    create_user(&server, &format!("{RULE}{COUNTS}")).await;
-    let (a, b) = stores(&server).await;
+    let (server, a, b) = stores_under(&format!("{RULE}{COUNTS}")).await;
     take_turns_with_counts(&a, &b).await.unwrap();
     assert_eq!(refused(&server).await, Vec::<String>::new());
 }
@@ -309,12 +298,8 @@ async fn the_documented_acl_rule_is_enough_for_counts() {
 /// reported as a store error), while the plain lease works as above.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_sorted_set_commands_counts_are_refused() {
-    let server = RedisServer::start();
-    create_user(&server, RULE).await;
-    let (a, b) = stores(&server).await;
-    let error = take_turns_with_counts(&a, &b)
-        .await
-        .expect_err("counted leases should have been refused");
-    assert!(matches!(error, LockError::Store(_)), "{error:?}");
+    let (server, a, b) = stores_under(RULE).await;
+    // Counted leases are refused.
+    assert_refused(take_turns_with_counts(&a, &b).await);
     assert!(!refused(&server).await.is_empty(), "Redis refused nothing");
 }

@@ -9,29 +9,37 @@ use std::{
     time::{Duration, Instant},
 };
 
-use axum::{Router, body::Body, extract::Path, http::Request, routing::post};
+use axum::{
+    Router,
+    body::Body,
+    extract::Path,
+    http::Request,
+    routing::{MethodRouter, post},
+};
 use support::send;
 use tower_lock::{Key, LockConfig, LockLayer, MemoryStore, RedisStore, Wait, store::LockStore};
 use tower_lock_testkit::{RedisServer, calls_of};
+
+/// Runs `scenario` on a store of a Redis server of its own.
+async fn on_redis<F: Future>(scenario: impl FnOnce(RedisStore) -> F) -> F::Output {
+    let server = RedisServer::start();
+    scenario(RedisStore::connect(server.url()).await.unwrap()).await
+}
 
 /// A wait policy whose timer would make any timer-woken waiter take seconds.
 fn slow_timer() -> Wait {
     Wait::constant(Duration::from_secs(5)).deadline(Duration::from_secs(30))
 }
 
-fn app(store: impl LockStore, config: LockConfig, order: Arc<Mutex<Vec<String>>>) -> Router {
+/// `route` at `path`, behind a lock on the path's `{sku}` taken with `config`.
+fn sku_locked(
+    path: &str,
+    route: MethodRouter,
+    store: impl LockStore,
+    config: LockConfig,
+) -> Router {
     Router::new()
-        .route(
-            "/items/{sku}/{who}",
-            post(move |Path((_sku, who)): Path<(String, String)>| {
-                let order = Arc::clone(&order);
-                async move {
-                    order.lock().unwrap().push(who);
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    "ok"
-                }
-            }),
-        )
+        .route(path, route)
         .route_layer(LockLayer::with_config(
             store,
             Key::path_param("sku"),
@@ -39,10 +47,43 @@ fn app(store: impl LockStore, config: LockConfig, order: Arc<Mutex<Vec<String>>>
         ))
 }
 
+fn app(store: impl LockStore, config: LockConfig, order: Arc<Mutex<Vec<String>>>) -> Router {
+    sku_locked(
+        "/items/{sku}/{who}",
+        post(move |Path((_sku, who)): Path<(String, String)>| {
+            let order = Arc::clone(&order);
+            async move {
+                order.lock().unwrap().push(who);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                "ok"
+            }
+        }),
+        store,
+        config,
+    )
+}
+
 fn req(who: usize) -> Request<Body> {
     Request::post(format!("/items/hot/{who}"))
         .body(Body::empty())
         .unwrap()
+}
+
+/// Sends `req(who)` for each of `whos` through `app`, each from its own task, 5 ms apart so
+/// that each reaches the queue before the next arrives; the tasks answer the statuses.
+async fn arrive_in_turn(
+    app: &Router,
+    whos: std::ops::Range<usize>,
+) -> Vec<tokio::task::JoinHandle<axum::http::StatusCode>> {
+    let mut tasks = Vec::new();
+    for who in whos {
+        let app = app.clone();
+        tasks.push(tokio::spawn(
+            async move { send(&app, req(who)).await.status() },
+        ));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tasks
 }
 
 /// Waiters run in arrival order, each woken by the previous release.
@@ -54,15 +95,7 @@ async fn fifo_without_timers(store: impl LockStore) {
         Arc::clone(&order),
     );
     let started = Instant::now();
-    let mut tasks = Vec::new();
-    for who in 0..8 {
-        let app = app.clone();
-        tasks.push(tokio::spawn(
-            async move { send(&app, req(who)).await.status() },
-        ));
-        // Let each request reach the queue before the next arrives.
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let tasks = arrive_in_turn(&app, 0..8).await;
     for task in tasks {
         assert_eq!(task.await.unwrap(), 200);
     }
@@ -87,8 +120,7 @@ async fn memory_fifo_without_timers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_fifo_without_timers() {
-    let server = RedisServer::start();
-    fifo_without_timers(RedisStore::connect(server.url()).await.unwrap()).await;
+    on_redis(fifo_without_timers).await;
 }
 
 /// Two *separate* lockers (as two processes have) do not share a local queue; the loser waits
@@ -172,25 +204,12 @@ async fn departing_waiter_leaves_the_queue() {
         LockConfig::builder().wait(slow_timer()).build().unwrap(),
         Arc::clone(&order),
     );
-    let mut tasks = Vec::new();
-    for who in 0..3 {
-        let app = patient.clone();
-        tasks.push(tokio::spawn(
-            async move { send(&app, req(who)).await.status() },
-        ));
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let mut tasks = arrive_in_turn(&patient, 0..3).await;
     // A request dropped while queued (client gone) is a departing waiter too.
     let app = patient.clone();
     let departing = tokio::spawn(async move { send(&app, req(50)).await.status() });
     tokio::time::sleep(Duration::from_millis(5)).await;
-    for who in 3..5 {
-        let app = patient.clone();
-        tasks.push(tokio::spawn(
-            async move { send(&app, req(who)).await.status() },
-        ));
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    tasks.extend(arrive_in_turn(&patient, 3..5).await);
     departing.abort();
     let started = Instant::now();
     for task in tasks {
@@ -205,39 +224,36 @@ async fn departing_waiter_leaves_the_queue() {
     assert_eq!(store.held(), 0);
 }
 
+/// A request to `holding_app` that holds the lease for `ms`.
+fn hold(ms: u64) -> Request<Body> {
+    Request::post(format!("/items/hot/hold?ms={ms}"))
+        .body(Body::empty())
+        .unwrap()
+}
+
 /// A purchase route that holds its lease for `?ms=N` and says when it started.
 fn holding_app(
     store: impl LockStore,
     config: LockConfig,
     started: Arc<tokio::sync::Notify>,
 ) -> Router {
-    Router::new()
-        .route(
-            "/items/{sku}/hold",
-            post(
-                move |axum::extract::Query(q): axum::extract::Query<
-                    std::collections::HashMap<String, u64>,
-                >| {
-                    let started = Arc::clone(&started);
-                    async move {
-                        started.notify_one();
-                        tokio::time::sleep(Duration::from_millis(q["ms"])).await;
-                        "held"
-                    }
-                },
-            ),
-        )
-        .route_layer(LockLayer::with_config(
-            store,
-            Key::path_param("sku"),
-            config,
-        ))
-}
-
-fn hold(ms: u64) -> Request<Body> {
-    Request::post(format!("/items/hot/hold?ms={ms}"))
-        .body(Body::empty())
-        .unwrap()
+    sku_locked(
+        "/items/{sku}/hold",
+        post(
+            move |axum::extract::Query(q): axum::extract::Query<
+                std::collections::HashMap<String, u64>,
+            >| {
+                let started = Arc::clone(&started);
+                async move {
+                    started.notify_one();
+                    tokio::time::sleep(Duration::from_millis(q["ms"])).await;
+                    "held"
+                }
+            },
+        ),
+        store,
+        config,
+    )
 }
 
 /// A 409's `Retry-After`, in seconds.
@@ -295,9 +311,7 @@ async fn memory_gave_up_locally_answers_the_holders_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_gave_up_locally_answers_the_holders_lease() {
-    let server = RedisServer::start();
-    gave_up_locally_answers_the_holders_lease(RedisStore::connect(server.url()).await.unwrap())
-        .await;
+    on_redis(gave_up_locally_answers_the_holders_lease).await;
 }
 
 /// The head of the local queue has not heard from the store yet (its acquire is in flight): a

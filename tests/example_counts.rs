@@ -8,10 +8,27 @@ mod instances;
 use std::time::Duration;
 
 use instances::{Instance, example_binary};
-use tower_lock_testkit::{RedisServer, http::Http};
+use tower_lock_testkit::{
+    RedisServer,
+    http::{Http, Reply},
+};
 
 fn payments(server: &RedisServer, env: &[(&str, &str)]) -> Instance {
     Instance::start_binary(example_binary("payments"), &server.url(), env)
+}
+
+/// `POST {path}` to the instance on `port`: a charge of 100 EUR to `account`, under
+/// `idempotency_key` (a JSON string, quotes included).
+async fn charge(port: u16, path: &str, idempotency_key: &str, account: &str) -> Reply {
+    Http::new(port)
+        .request_with(
+            "POST",
+            path,
+            Some(r#"{"amount": 100, "currency": "EUR"}"#),
+            &[("idempotency-key", idempotency_key), ("x-account", account)],
+        )
+        .await
+        .unwrap()
 }
 
 /// 12 charges of one account, 250 ms each, sent at once to two instances; the most charges
@@ -22,15 +39,8 @@ async fn charges_at_once(ports: [u16; 2]) -> (usize, Vec<u16>) {
         let port = ports[i % 2];
         tasks.push(tokio::spawn(async move {
             let key = format!("\"charge-{i:04}-{:016x}\"", fastrand::u64(..));
-            Http::new(port)
-                .request_with(
-                    "POST",
-                    "/payments?work_ms=250",
-                    Some(r#"{"amount": 100, "currency": "EUR"}"#),
-                    &[("idempotency-key", &key), ("x-account", "acct-1")],
-                )
+            charge(port, "/payments?work_ms=250", &key, "acct-1")
                 .await
-                .unwrap()
                 .status
         }));
     }
@@ -96,33 +106,17 @@ async fn payments_answer_429_when_no_permit_frees_in_time() {
     let instance = payments(&server, &env);
     let port = instance.port;
     let long = tokio::spawn(async move {
-        Http::new(port)
-            .request_with(
-                "POST",
-                "/payments?work_ms=1500",
-                Some(r#"{"amount": 100, "currency": "EUR"}"#),
-                &[
-                    ("idempotency-key", "\"long-charge-0000001\""),
-                    ("x-account", "acct-1"),
-                ],
-            )
-            .await
-            .unwrap()
-            .status
-    });
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let refused = Http::new(port)
-        .request_with(
-            "POST",
-            "/payments",
-            Some(r#"{"amount": 100, "currency": "EUR"}"#),
-            &[
-                ("idempotency-key", "\"second-charge-00001\""),
-                ("x-account", "acct-1"),
-            ],
+        charge(
+            port,
+            "/payments?work_ms=1500",
+            "\"long-charge-0000001\"",
+            "acct-1",
         )
         .await
-        .unwrap();
+        .status
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let refused = charge(port, "/payments", "\"second-charge-00001\"", "acct-1").await;
     assert_eq!(
         refused.status,
         429,
@@ -142,18 +136,7 @@ async fn payments_answer_429_when_no_permit_frees_in_time() {
             .ends_with("#permits-exhausted")
     );
     // Another account is not limited by acct-1's charges.
-    let other = Http::new(port)
-        .request_with(
-            "POST",
-            "/payments",
-            Some(r#"{"amount": 100, "currency": "EUR"}"#),
-            &[
-                ("idempotency-key", "\"other-charge-000001\""),
-                ("x-account", "acct-2"),
-            ],
-        )
-        .await
-        .unwrap();
+    let other = charge(port, "/payments", "\"other-charge-000001\"", "acct-2").await;
     assert_eq!(other.status, 201);
     assert_eq!(long.await.unwrap(), 201);
     instance.assert_no_panic();

@@ -11,7 +11,7 @@ use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
 };
-use tower_lock_testkit::http::Http;
+use tower_lock_testkit::http::{Http, Reply};
 
 /// The header-read timeout the instances run with.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_millis(300);
@@ -33,6 +33,14 @@ async fn half_a_head(port: u16) -> Option<Duration> {
     })
     .await;
     closed.ok().map(|()| started.elapsed())
+}
+
+/// `PUT /items/{sku}` with `stock` units: stocks (or restocks) the inventory's SKU.
+async fn put_stock(http: &mut Http, sku: &str, stock: u32) -> Reply {
+    let body = format!(r#"{{"stock": {stock}}}"#);
+    http.request("PUT", &format!("/items/{sku}"), Some(&body))
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -67,10 +75,7 @@ async fn a_sku_the_lock_cannot_take_is_refused() {
     let instance = Instance::start_env(&[]);
     let mut http = Http::new(instance.port);
     let long = "x".repeat(513);
-    let reply = http
-        .request("PUT", &format!("/items/{long}"), Some(r#"{"stock": 5}"#))
-        .await
-        .unwrap();
+    let reply = put_stock(&mut http, &long, 5).await;
     assert_eq!(reply.status, 400, "{:?}", reply.json());
     assert_eq!(
         reply.header("content-type"),
@@ -88,10 +93,7 @@ async fn a_sku_the_lock_cannot_take_is_refused() {
     assert_eq!(reply.status, 400);
     // The longest SKU the lock takes is stocked and sold.
     let longest = "x".repeat(512);
-    let reply = http
-        .request("PUT", &format!("/items/{longest}"), Some(r#"{"stock": 5}"#))
-        .await
-        .unwrap();
+    let reply = put_stock(&mut http, &longest, 5).await;
     assert_eq!(reply.status, 200);
     let reply = http
         .request("POST", &format!("/items/{longest}/purchase"), None)
@@ -106,25 +108,16 @@ async fn the_in_memory_stock_is_bounded() {
     let instance = Instance::start_env(&[("MAX_SKUS", "3")]);
     let mut http = Http::new(instance.port);
     for sku in ["a", "b", "c", "a"] {
-        let reply = http
-            .request("PUT", &format!("/items/{sku}"), Some(r#"{"stock": 1}"#))
-            .await
-            .unwrap();
+        let reply = put_stock(&mut http, sku, 1).await;
         assert_eq!(reply.status, 200, "{sku}");
     }
-    let reply = http
-        .request("PUT", "/items/d", Some(r#"{"stock": 1}"#))
-        .await
-        .unwrap();
+    let reply = put_stock(&mut http, "d", 1).await;
     assert_eq!(reply.status, 507, "{:?}", reply.json());
     // Restocking a known SKU still works, and nothing was stored for the refused one.
-    let reply = http
-        .request("PUT", "/items/c", Some(r#"{"stock": 9}"#))
-        .await
-        .unwrap();
+    let reply = put_stock(&mut http, "c", 9).await;
     assert_eq!(reply.status, 200);
-    let reply = http.request("GET", "/items/d", None).await.unwrap();
-    assert_eq!(reply.status, 404);
+    let refused = http.request("GET", "/items/d", None).await.unwrap();
+    assert_eq!(refused.status, 404, "the refused SKU was stored");
     instance.assert_no_panic();
 }
 

@@ -1068,12 +1068,7 @@ async fn redis_restarted_empty_under_many_holders_is_noticed() {
         );
     }
     println!("restart noticed within {:?}", restarted.elapsed());
-    let mut conn = redis.client().await;
-    let stock: Vec<String> = redis::cmd("KEYS")
-        .arg("inventory:stock:*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let stock = support::keys_matching(&redis, "inventory:stock:*").await;
     assert!(
         stock.is_empty(),
         "an aborted holder wrote after losing its lease: {stock:?}"

@@ -48,6 +48,23 @@ fn locker(store: impl LockStore) -> Locker {
     Locker::new(store)
 }
 
+/// The lock side on one topology: each connection a `Locker` over a new store, `connect(at)`.
+fn locks_on<A, C, S, Fut>(
+    at: A,
+    connect: C,
+) -> impl Fn() -> Pin<Box<dyn Future<Output = Locker> + Send>> + Send + Sync + 'static
+where
+    A: Clone + Send + Sync + 'static,
+    C: Fn(A) -> Fut + Send + Sync + 'static,
+    S: LockStore,
+    Fut: Future<Output = Result<S, tower_lock::store::StoreError>> + Send + 'static,
+{
+    move || {
+        let store = connect(at.clone());
+        Box::pin(async move { locker(store.await.unwrap()) })
+    }
+}
+
 /// The data side on the one Redis at `url`: each connection a `FencedData` over a new store.
 fn data_on(
     url: String,
@@ -208,13 +225,9 @@ async fn stale_holder_is_refused(connect: Connect) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_redis_with_the_data_on_another() {
     let (locks, data) = (RedisServer::start(), RedisServer::start());
-    let (locks, data) = (locks.url(), data.url());
     let connect = connect(
-        move || {
-            let url = locks.clone();
-            Box::pin(async move { locker(RedisStore::connect(url).await.unwrap()) })
-        },
-        data_on(data),
+        locks_on(locks.url(), RedisStore::connect),
+        data_on(data.url()),
     );
     stale_holder_is_refused(connect).await;
 }
@@ -223,17 +236,8 @@ async fn one_redis_with_the_data_on_another() {
 async fn redlock_locks_with_the_data_on_one_redis() {
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let data = RedisServer::start();
-    let (urls, data) = (
-        nodes.iter().map(RedisServer::url).collect::<Vec<_>>(),
-        data.url(),
-    );
-    let connect = connect(
-        move || {
-            let urls = urls.clone();
-            Box::pin(async move { locker(RedlockStore::connect(urls).await.unwrap()) })
-        },
-        data_on(data),
-    );
+    let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let connect = connect(locks_on(urls, RedlockStore::connect), data_on(data.url()));
     stale_holder_is_refused(connect).await;
 }
 

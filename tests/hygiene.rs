@@ -29,12 +29,9 @@ fn rss() -> u64 {
 }
 
 async fn connected_clients(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("clients")
-        .query_async(conn)
+    support::info(conn, "clients")
         .await
-        .unwrap();
-    info.lines()
+        .lines()
         .find_map(|l| l.strip_prefix("connected_clients:"))
         .and_then(|v| v.trim().parse().ok())
         .expect("connected_clients in INFO clients")

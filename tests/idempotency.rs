@@ -530,12 +530,7 @@ where
 {
     let runs = Arc::new(Runs::default());
     let config = IdempotencyConfig::builder()
-        .lock(
-            LockConfig::builder()
-                .ttl(Duration::from_secs(30))
-                .build()
-                .unwrap(),
-        )
+        .lock(support::ttl_config(Duration::from_secs(30)))
         .build()
         .unwrap();
     let app = make_app(Arc::clone(&runs), Some(layer(&backend, config).await));

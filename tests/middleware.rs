@@ -491,13 +491,7 @@ async fn custom_rejections_and_statuses() {
             rejection.with_body(format!("custom {}", rejection.status()))
         });
     let app = counter_app(Arc::clone(&counter), Some(layer));
-    let running = tokio::spawn({
-        let app = app.clone();
-        async move { send(&app, purchase("k", 300)).await.status() }
-    });
-    while counter.inside.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let running = support::purchase_in_flight(&app, &counter, "k", 300).await;
     let r = send(&app, purchase("k", 0)).await;
     assert_eq!(r.status(), StatusCode::LOCKED);
     assert!(r.headers().contains_key(axum::http::header::RETRY_AFTER));
@@ -710,13 +704,7 @@ async fn dropped_waiter_leaves_nothing_behind() {
     let counter = Counter::new();
     let layer = LockLayer::with_config(store.clone(), Key::path_param("sku"), config);
     let app = counter_app(Arc::clone(&counter), Some(layer));
-    let holder = tokio::spawn({
-        let app = app.clone();
-        async move { send(&app, purchase("k", 200)).await.status() }
-    });
-    while counter.inside.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let holder = support::purchase_in_flight(&app, &counter, "k", 200).await;
     let waiter = tokio::spawn({
         let app = app.clone();
         async move { send(&app, purchase("k", 0)).await.status() }
@@ -834,10 +822,7 @@ async fn a_renewal_answered_during_the_release_is_not_a_loss() {
 #[tokio::test]
 async fn dropped_while_releasing_still_releases() {
     let memory = MemoryStore::new();
-    let config = LockConfig::builder()
-        .ttl(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let config = support::ttl_config(Duration::from_secs(30));
     let layer = LockLayer::with_config(
         support::Tweaked {
             inner: memory.clone(),

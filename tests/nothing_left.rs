@@ -170,6 +170,22 @@ async fn payments_leave_only_expiring_keys_and_no_caller_id_in_names() {
     assert!(!log.contains("sk_live"), "the log shows a caller's id");
 }
 
+/// [`paused_past_the_horizon`] with the fence left to expire (2.5 s): asserts that the stale
+/// holder's write is refused as stale and the newer holder's sale stands; `case` names the case.
+async fn assert_refused_after_the_fence_expired(
+    data: FencedData,
+    lockers: [Locker; 2],
+    case: &str,
+) {
+    let (write, stock) =
+        paused_past_the_horizon(data, lockers, Duration::from_millis(2_500), None).await;
+    assert!(
+        matches!(write, Err(FenceError::Stale { .. })),
+        "{case}: {write:?}"
+    );
+    assert_eq!(stock, b"4", "{case}: the newer holder's sale stands");
+}
+
 /// A holder paused past its lease and past its resource's fence's horizon: refused when it
 /// resumes, though the fence that a newer holder raised has expired. `horizon` is the handle's;
 /// `drop_fence` deletes the fence at once (as eviction or an operator might) instead of waiting
@@ -219,13 +235,8 @@ async fn a_holder_paused_past_the_horizon_is_refused_after_its_fence_expired() {
     // A 1 s horizon: the fence is kept 2 s (horizon and slack) after the newer holder's write.
     let data = FencedData::new(store.clone()).horizon(Duration::from_secs(1));
     let lockers = [Locker::new(store.clone()), locker.clone()];
-    let (write, stock) =
-        paused_past_the_horizon(data, lockers, Duration::from_millis(2_500), None).await;
-    assert!(
-        matches!(write, Err(FenceError::Stale { .. })),
-        "the stale write after the horizon: {write:?}"
-    );
-    assert_eq!(stock, b"4", "the newer holder's sale stands");
+    assert_refused_after_the_fence_expired(data, lockers, "the stale write after the horizon")
+        .await;
     assert!(
         every_key(&redis)
             .await
@@ -238,13 +249,7 @@ async fn a_holder_paused_past_the_horizon_is_refused_after_its_fence_expired() {
     let memory = MemoryStore::new();
     let lockers = [Locker::new(memory.clone()), Locker::new(memory)];
     let data = FencedData::in_memory().horizon(Duration::from_secs(1));
-    let (write, stock) =
-        paused_past_the_horizon(data, lockers, Duration::from_millis(2_500), None).await;
-    assert!(
-        matches!(write, Err(FenceError::Stale { .. })),
-        "in memory: {write:?}"
-    );
-    assert_eq!(stock, b"4");
+    assert_refused_after_the_fence_expired(data, lockers, "in memory").await;
 
     // A fresh holder after the fence expired writes: the horizon refuses only old tokens.
     let fresh = locker
@@ -387,11 +392,6 @@ async fn in_memory_leases_fence_data_in_redis() {
     data.batch(&guard).set(&stock, "5").apply().await.unwrap();
     guard.release().await.unwrap();
     let lockers = [Locker::new(memory.clone()), Locker::new(memory)];
-    let (write, stock) =
-        paused_past_the_horizon(data, lockers, Duration::from_millis(2_500), None).await;
-    assert!(
-        matches!(write, Err(FenceError::Stale { .. })),
-        "the stale write after the horizon: {write:?}"
-    );
-    assert_eq!(stock, b"4");
+    assert_refused_after_the_fence_expired(data, lockers, "the stale write after the horizon")
+        .await;
 }

@@ -4,11 +4,7 @@
 
 mod support;
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, atomic::Ordering},
-    time::Duration,
-};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use axum::http::StatusCode;
 use metrics_util::{
@@ -60,13 +56,7 @@ async fn scenario(server: &mut RedisServer) {
     let app = counter_app(Arc::clone(&counter), Some(layer));
 
     // Contention: A holds "a" for 100 ms, B finds it held.
-    let a = tokio::spawn({
-        let app = app.clone();
-        async move { send(&app, purchase("a", 100)).await.status() }
-    });
-    while counter.inside.load(Ordering::SeqCst) == 0 {
-        tokio::task::yield_now().await;
-    }
+    let a = support::purchase_in_flight(&app, &counter, "a", 100).await;
     assert_eq!(
         send(&app, purchase("a", 0)).await.status(),
         StatusCode::CONFLICT
@@ -74,13 +64,7 @@ async fn scenario(server: &mut RedisServer) {
     assert_eq!(a.await.unwrap(), StatusCode::OK);
 
     // A lost lease: C's key is deleted before its first renewal, which finds it gone.
-    let c = tokio::spawn({
-        let app = app.clone();
-        async move { send(&app, purchase("c", 2000)).await.status() }
-    });
-    while counter.inside.load(Ordering::SeqCst) == 0 {
-        tokio::task::yield_now().await;
-    }
+    let c = support::purchase_in_flight(&app, &counter, "c", 2000).await;
     let keys = server.lock_keys().await;
     support::delete_key(server, &keys[0]).await;
     assert_eq!(c.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
@@ -151,11 +135,16 @@ fn samples(metrics: &Metrics, name: &str, pairs: &[(&str, &str)]) -> usize {
 /// would reach too.
 static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Takes `ALONE` for the test's length (a test that panicked holding it leaves nothing to undo).
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ALONE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[test]
 fn metrics_count_every_outcome_exactly() {
-    let _alone = ALONE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = alone();
     // The global recorder: releases on drop run on the crate's own thread, which a recorder
     // local to this thread would not see. (The only test here that installs one; the others'
     // metrics carry other scopes.)
@@ -180,46 +169,20 @@ fn metrics_count_every_outcome_exactly() {
         "{m:#?}"
     );
     assert_eq!(counter(&m, "tower_lock_contended_total", &scope), 1);
-    assert_eq!(
-        counter(
-            &m,
-            "tower_lock_store_errors_total",
-            &[("scope", SCOPE), ("operation", "acquire")]
-        ),
-        1
-    );
-    assert_eq!(
-        counter(
-            &m,
-            "tower_lock_store_errors_total",
-            &[("scope", SCOPE), ("operation", "release")]
-        ),
-        1
-    );
-    assert_eq!(
-        counter(
-            &m,
-            "tower_lock_leases_lost_total",
-            &[("scope", SCOPE), ("reason", "not_held")]
-        ),
-        1
-    );
-    assert_eq!(
-        counter(
-            &m,
-            "tower_lock_renewals_total",
-            &[("scope", SCOPE), ("result", "ok")]
-        ),
-        0
-    );
-    assert_eq!(
-        counter(
-            &m,
-            "tower_lock_renewals_total",
-            &[("scope", SCOPE), ("result", "failed")]
-        ),
-        1
-    );
+    // The counters with a label besides the scope: name, label, value, count.
+    for (name, label, value, count) in [
+        ("tower_lock_store_errors_total", "operation", "acquire", 1),
+        ("tower_lock_store_errors_total", "operation", "release", 1),
+        ("tower_lock_leases_lost_total", "reason", "not_held", 1),
+        ("tower_lock_renewals_total", "result", "ok", 0),
+        ("tower_lock_renewals_total", "result", "failed", 1),
+    ] {
+        assert_eq!(
+            counter(&m, name, &[("scope", SCOPE), (label, value)]),
+            count,
+            "{name} {label}={value}"
+        );
+    }
     // A's release deleted its key; C's found it gone (not counted as released, nor an error).
     assert_eq!(counter(&m, "tower_lock_released_total", &scope), 1);
     assert_eq!(counter(&m, "tower_lock_release_errors_total", &scope), 0);
@@ -355,9 +318,7 @@ fn extension_methods_share_one_label_and_keep_their_lock() {
 
 #[test]
 fn spans_carry_outcomes_and_hashed_keys_never_tokens() {
-    let _alone = ALONE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = alone();
     let logs = Captured::default();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)
@@ -381,13 +342,7 @@ fn spans_carry_outcomes_and_hashed_keys_never_tokens() {
             let layer = LockLayer::new(store, Key::path_param("sku"));
             let counter = Counter::new();
             let app = counter_app(Arc::clone(&counter), Some(layer));
-            let held = tokio::spawn({
-                let app = app.clone();
-                async move { send(&app, purchase("secret-sku", 50)).await.status() }
-            });
-            while counter.inside.load(Ordering::SeqCst) == 0 {
-                tokio::task::yield_now().await;
-            }
+            let held = support::purchase_in_flight(&app, &counter, "secret-sku", 50).await;
             let keys = server.lock_keys().await;
             let mut conn = server.client().await;
             let token: Vec<u8> = redis::cmd("GET")

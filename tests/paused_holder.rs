@@ -38,21 +38,23 @@ async fn until_locked(redis: &RedisServer, sku: &str) {
     let mut conn = redis.client().await;
     // The example locks SKUs in the namespace `sku`; the key's name holds the SKU's digest.
     let key = tower_lock::key::LockKey::new("tower-lock:", "sku", sku.as_bytes(), 512).unwrap();
-    let started = Instant::now();
-    loop {
-        let exists: bool = redis::cmd("EXISTS")
+    let what = format!("A never took the lock on {sku}");
+    poll_for_10_s(&what, Duration::from_millis(5), async || {
+        redis::cmd("EXISTS")
             .arg(key.as_bytes())
             .query_async(&mut conn)
             .await
-            .unwrap();
-        if exists {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "A never took the lock on {sku}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
+            .unwrap()
+    })
+    .await;
+}
+
+/// Polls `cond` every `every` until it is true; panics with `what` after 10 s.
+async fn poll_for_10_s(what: &str, every: Duration, mut cond: impl AsyncFnMut() -> bool) {
+    let started = Instant::now();
+    while !cond().await {
+        assert!(started.elapsed() < Duration::from_secs(10), "{what}");
+        tokio::time::sleep(every).await;
     }
 }
 
@@ -72,17 +74,12 @@ async fn keys_matching(
 /// second after their last batch).
 async fn until_fences_expired(redis: &RedisServer) {
     let mut conn = redis.client().await;
-    let started = Instant::now();
-    loop {
-        if keys_matching(&mut conn, "*}data-fence:*").await.is_empty() {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "fences still there after 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    poll_for_10_s(
+        "fences still there after 10 s",
+        Duration::from_millis(50),
+        async || keys_matching(&mut conn, "*}data-fence:*").await.is_empty(),
+    )
+    .await;
 }
 
 /// A round; with `past_horizon`, A stays paused until the SKU's fence has expired.

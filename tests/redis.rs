@@ -191,8 +191,7 @@ async fn stalled_redis_answers_503_in_bounded_time() {
 async fn scripts_reload_after_flush() {
     let backend = Redis::new();
     let app = warm_app(&backend).await;
-    let mut conn = backend.0.client().await;
-    script_flush(&mut conn).await;
+    flush_scripts(&backend).await;
     assert_eq!(send(&app, purchase("k", 0)).await.status(), StatusCode::OK);
     assert!(backend.0.lock_keys().await.is_empty());
 }
@@ -203,15 +202,9 @@ async fn scripts_reload_after_flush() {
 async fn requests_in_flight_share_one_script_reload() {
     let backend = Redis::new();
     let app = warm_app(&backend).await;
+    flush_scripts(&backend).await;
     let mut conn = backend.0.client().await;
-    script_flush(&mut conn).await;
-    let loads = |calls: Vec<(String, u64)>| {
-        calls
-            .into_iter()
-            .find(|(name, _)| name == "script|load")
-            .map_or(0, |(_, n)| n)
-    };
-    let before = loads(command_calls(&mut conn).await);
+    let before = calls_of(&mut conn, "script|load").await;
     let n = 100;
     let requests: Vec<_> = (0..n)
         .map(|i| {
@@ -222,7 +215,7 @@ async fn requests_in_flight_share_one_script_reload() {
     for request in requests {
         assert_eq!(request.await.unwrap(), StatusCode::OK);
     }
-    let loaded = loads(command_calls(&mut conn).await) - before;
+    let loaded = calls_of(&mut conn, "script|load").await - before;
     // One script (acquires and releases go in batches of the same script), loaded once, or
     // twice if a request met NOSCRIPT after the first load's reply. Before: about one load
     // per request.
@@ -244,21 +237,29 @@ async fn warm_app(backend: &Redis) -> axum::Router {
     app
 }
 
-async fn script_flush(conn: &mut redis::aio::MultiplexedConnection) {
+/// Empties `backend`'s script cache (`SCRIPT FLUSH`, as a restart would).
+async fn flush_scripts(backend: &Redis) {
+    let mut conn = backend.0.client().await;
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
-        .query_async(conn)
+        .query_async(&mut conn)
         .await
         .unwrap();
 }
 
-async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64)> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
+/// How many times the server behind `conn` has run the command `name` (`INFO commandstats`).
+async fn calls_of(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> u64 {
+    command_calls(conn)
         .await
-        .unwrap();
-    info.lines()
+        .into_iter()
+        .find(|(command, _)| command == name)
+        .map_or(0, |(_, calls)| calls)
+}
+
+async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64)> {
+    support::info(conn, "commandstats")
+        .await
+        .lines()
         .filter_map(|line| {
             let rest = line.strip_prefix("cmdstat_")?;
             let (name, stats) = rest.split_once(':')?;
@@ -526,10 +527,7 @@ async fn token_never_in_responses_or_logs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewals_are_batched() {
     let backend = Redis::new();
-    let config = LockConfig::builder()
-        .ttl(Duration::from_millis(300))
-        .build()
-        .unwrap();
+    let config = support::ttl_config(Duration::from_millis(300));
     let locker = tower_lock::Locker::with_config(backend.store().await, config);
     let mut guards = Vec::new();
     for i in 0..300 {
@@ -537,20 +535,14 @@ async fn renewals_are_batched() {
         guards.push(locker.acquire(key).await.unwrap());
     }
     let mut conn = backend.0.client().await;
-    let evalsha = |calls: Vec<(String, u64)>| {
-        calls
-            .into_iter()
-            .find(|(name, _)| name == "evalsha")
-            .map_or(0, |(_, n)| n)
-    };
     let renewals = |guards: &[tower_lock::LeaseGuard]| -> u64 {
         guards.iter().map(|g| u64::from(g.renewals())).sum()
     };
     let (commands_before, renewals_before) =
-        (evalsha(command_calls(&mut conn).await), renewals(&guards));
+        (calls_of(&mut conn, "evalsha").await, renewals(&guards));
     tokio::time::sleep(Duration::from_millis(800)).await;
     let (commands_after, renewals_after) =
-        (evalsha(command_calls(&mut conn).await), renewals(&guards));
+        (calls_of(&mut conn, "evalsha").await, renewals(&guards));
     assert!(guards.iter().all(|g| !g.is_lost()), "a lease was lost");
     let (commands, renewed) = (
         commands_after - commands_before,
@@ -579,10 +571,7 @@ async fn batched_renewals_on_a_cluster_mode_server() {
 
     let server = one_node_cluster();
     // Leases of 300 ms, renewed every 100 ms in batches, for a second: none is lost.
-    let config = LockConfig::builder()
-        .ttl(Duration::from_millis(300))
-        .build()
-        .unwrap();
+    let config = support::ttl_config(Duration::from_millis(300));
     let store = RedisStore::connect(server.url()).await.unwrap();
     let locker = Locker::with_config(store, config);
     let guards = futures_util::future::join_all((0..40).map(|i| {

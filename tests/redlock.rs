@@ -316,11 +316,7 @@ async fn validity_and_quorum_max_fencing_token() {
     for server in &backend.0 {
         let mut conn = server.client().await;
         // The server's fencing counter (one per server that does not hash keys to slots).
-        let counters: Vec<String> = redis::cmd("KEYS")
-            .arg("tower-lock:fence*")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let counters = support::keys_matching(server, "tower-lock:fence*").await;
         assert_eq!(counters.len(), 1, "{counters:?}");
         let fence_key = &counters[0];
         let fence: u64 = redis::cmd("GET")
@@ -336,11 +332,7 @@ async fn validity_and_quorum_max_fencing_token() {
     // A node's tokens follow its clock, even from a counter far behind it: the masters' tokens
     // stay comparable.
     let mut conn = backend.0[0].client().await;
-    let counters: Vec<String> = redis::cmd("KEYS")
-        .arg("tower-lock:fence*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let counters = support::keys_matching(&backend.0[0], "tower-lock:fence*").await;
     let _: () = redis::cmd("SET")
         .arg(&counters[0])
         .arg(5)

@@ -15,11 +15,15 @@ use axum::{
     Router,
     body::Body,
     extract::Path,
-    http::{Method, Request, StatusCode},
-    routing::get,
+    http::{Method, Request, Response, StatusCode},
+    response::IntoResponse,
+    routing::{MethodRouter, get},
 };
 use support::{LockKeys, body_json, handoff_subscriptions, send};
-use tower_lock::{Key, Lease, LockConfig, LockError, LockLayer, Locker, RedisStore, Wait};
+use tower_lock::{
+    Key, Lease, LockConfig, LockError, LockLayer, Locker, RedisStore, Wait,
+    key::{LockKey, PathParamKey},
+};
 use tower_lock_testkit::RedisServer;
 
 /// Two permits (a count is a `NonZeroU32`: 0 does not compile).
@@ -35,6 +39,41 @@ fn half_a_second() -> Wait {
     Wait::constant(Duration::from_millis(50)).deadline(Duration::from_millis(500))
 }
 
+/// The layer before `/items/{sku}`: the SKU's key in the `items` namespace.
+fn items_layer(locker: Locker) -> LockLayer<PathParamKey> {
+    LockLayer::from_locker(locker, Key::path_param("sku")).namespace("items")
+}
+
+/// `/items/{sku}` answered by `route` behind `layer`.
+fn items_app(route: MethodRouter, layer: LockLayer<PathParamKey>) -> Router {
+    Router::new()
+        .route("/items/{sku}", route)
+        .route_layer(layer)
+}
+
+/// A GET handler that runs `work` with a clone of `locker` and the SKU's key in the `items`
+/// namespace: the key its request holds, taken again as the handler's own code would.
+fn get_with_item_key<F, Fut>(locker: &Locker, work: F) -> MethodRouter
+where
+    F: Fn(Locker, LockKey) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output: IntoResponse> + Send + 'static,
+{
+    let locker = locker.clone();
+    get(move |Path(sku): Path<String>| {
+        let key = locker.key("items", &sku).unwrap();
+        work(locker.clone(), key)
+    })
+}
+
+/// Sends `GET /items/sku-1` through `app`.
+async fn get_sku_1(app: &Router) -> Response<Body> {
+    send(
+        app,
+        Request::get("/items/sku-1").body(Body::empty()).unwrap(),
+    )
+    .await
+}
+
 /// What a nested acquire found: how long it took, its fencing token, or its error.
 type Nested = Result<(Duration, u64), String>;
 
@@ -47,41 +86,35 @@ async fn a_nested_acquire_in_the_handler_re_enters_the_requests_lease() {
     let locker = locker(&server).await;
     let other = Locker::new(RedisStore::connect(server.url()).await.unwrap());
     let seen: Arc<Mutex<Option<(Nested, bool)>>> = Arc::default();
-    let app = Router::new()
-        .route(
-            "/items/{sku}",
-            get({
-                let (locker, other, seen) = (locker.clone(), other.clone(), Arc::clone(&seen));
-                move |Path(sku): Path<String>, lease: Lease| async move {
-                    let started = Instant::now();
-                    let key = locker.key("items", &sku).unwrap();
-                    let nested = match locker.acquire(key.clone()).wait(half_a_second()).await {
-                        Ok(guard) => {
-                            let found = (started.elapsed(), guard.fencing_token());
-                            guard.release().await.unwrap();
-                            Ok(found)
-                        }
-                        Err(error) => Err(error.to_string()),
-                    };
-                    // Released, the nested lease leaves the request's lease held: another
-                    // process (here, another task: this one would re-enter) cannot take it.
-                    let taken = tokio::spawn(async move {
-                        other.acquire(key).try_acquire().await.unwrap().is_some()
-                    })
-                    .await
-                    .unwrap();
-                    *seen.lock().unwrap() = Some((nested, taken));
-                    assert!(!lease.is_lost());
-                    lease.fencing_token().to_string()
-                }
-            }),
-        )
-        .route_layer(LockLayer::from_locker(locker, Key::path_param("sku")).namespace("items"));
-    let response = send(
-        &app,
-        Request::get("/items/sku-1").body(Body::empty()).unwrap(),
-    )
-    .await;
+    let app = items_app(
+        get({
+            let (locker, other, seen) = (locker.clone(), other.clone(), Arc::clone(&seen));
+            move |Path(sku): Path<String>, lease: Lease| async move {
+                let started = Instant::now();
+                let key = locker.key("items", &sku).unwrap();
+                let nested = match locker.acquire(key.clone()).wait(half_a_second()).await {
+                    Ok(guard) => {
+                        let found = (started.elapsed(), guard.fencing_token());
+                        guard.release().await.unwrap();
+                        Ok(found)
+                    }
+                    Err(error) => Err(error.to_string()),
+                };
+                // Released, the nested lease leaves the request's lease held: another
+                // process (here, another task: this one would re-enter) cannot take it.
+                let taken = tokio::spawn(async move {
+                    other.acquire(key).try_acquire().await.unwrap().is_some()
+                })
+                .await
+                .unwrap();
+                *seen.lock().unwrap() = Some((nested, taken));
+                assert!(!lease.is_lost());
+                lease.fencing_token().to_string()
+            }
+        }),
+        items_layer(locker),
+    );
+    let response = get_sku_1(&app).await;
     assert_eq!(response.status(), StatusCode::OK);
     let outer: u64 = String::from_utf8(
         axum::body::to_bytes(response.into_body(), 1024)
@@ -108,31 +141,21 @@ async fn a_nested_acquire_in_the_handler_re_enters_the_requests_lease() {
 async fn a_spawned_task_does_not_re_enter() {
     let server = RedisServer::start();
     let locker = locker(&server).await;
-    let app = Router::new()
-        .route(
-            "/items/{sku}",
-            get({
+    let app = items_app(
+        get_with_item_key(&locker, |locker, key| async move {
+            let spawned = tokio::spawn({
                 let locker = locker.clone();
-                move |Path(sku): Path<String>| async move {
-                    let key = locker.key("items", &sku).unwrap();
-                    let spawned = tokio::spawn({
-                        let locker = locker.clone();
-                        async move { locker.acquire(key).wait(half_a_second()).await.map(drop) }
-                    });
-                    match spawned.await.unwrap() {
-                        Err(LockError::Contended { .. }) => "contended",
-                        Err(_) => "failed",
-                        Ok(()) => "acquired",
-                    }
-                }
-            }),
-        )
-        .route_layer(LockLayer::from_locker(locker, Key::path_param("sku")).namespace("items"));
-    let response = send(
-        &app,
-        Request::get("/items/sku-1").body(Body::empty()).unwrap(),
-    )
-    .await;
+                async move { locker.acquire(key).wait(half_a_second()).await.map(drop) }
+            });
+            match spawned.await.unwrap() {
+                Err(LockError::Contended { .. }) => "contended",
+                Err(_) => "failed",
+                Ok(()) => "acquired",
+            }
+        }),
+        items_layer(locker),
+    );
+    let response = get_sku_1(&app).await;
     let body = axum::body::to_bytes(response.into_body(), 1024)
         .await
         .unwrap();
@@ -147,42 +170,30 @@ async fn a_spawned_task_does_not_re_enter() {
 async fn a_shared_holder_re_enters_shared_only() {
     let server = RedisServer::start();
     let locker = locker(&server).await;
-    let app = Router::new()
-        .route(
-            "/items/{sku}",
-            get({
-                let locker = locker.clone();
-                move |Path(sku): Path<String>| async move {
-                    let key = locker.key("items", &sku).unwrap();
-                    let started = Instant::now();
-                    let shared = locker
-                        .acquire(key.clone())
-                        .shared()
-                        .wait(half_a_second())
-                        .await;
-                    let shared_took = started.elapsed();
-                    let started = Instant::now();
-                    let exclusive = locker.acquire(key).exclusive().wait(half_a_second()).await;
-                    serde_json::json!({
-                        "shared": shared.is_ok(),
-                        "shared_ms": shared_took.as_millis() as u64,
-                        "exclusive_refused": matches!(exclusive, Err(LockError::Config(_))),
-                        "exclusive_ms": started.elapsed().as_millis() as u64,
-                    })
-                    .to_string()
-                }
-            }),
-        )
-        .route_layer(
-            LockLayer::from_locker(locker.clone(), Key::path_param("sku"))
-                .namespace("items")
-                .shared_when(|parts| parts.method == Method::GET),
-        );
-    let response = send(
-        &app,
-        Request::get("/items/sku-1").body(Body::empty()).unwrap(),
-    )
-    .await;
+    let shared_on_get =
+        items_layer(locker.clone()).shared_when(|parts| parts.method == Method::GET);
+    let app = items_app(
+        get_with_item_key(&locker, |locker, key| async move {
+            let started = Instant::now();
+            let shared = locker
+                .acquire(key.clone())
+                .shared()
+                .wait(half_a_second())
+                .await;
+            let shared_took = started.elapsed();
+            let started = Instant::now();
+            let exclusive = locker.acquire(key).exclusive().wait(half_a_second()).await;
+            serde_json::json!({
+                "shared": shared.is_ok(),
+                "shared_ms": shared_took.as_millis() as u64,
+                "exclusive_refused": matches!(exclusive, Err(LockError::Config(_))),
+                "exclusive_ms": started.elapsed().as_millis() as u64,
+            })
+            .to_string()
+        }),
+        shared_on_get,
+    );
+    let response = get_sku_1(&app).await;
     assert_eq!(response.status(), StatusCode::OK);
     let body = body_json(response).await;
     assert_eq!(body["shared"], true, "{body}");
@@ -378,31 +389,23 @@ async fn a_nested_run_is_dropped_when_the_lease_is_lost() {
             .unwrap(),
     );
     let seen: Arc<Mutex<Option<Result<(), LockError>>>> = Arc::default();
-    let app = Router::new()
-        .route(
-            "/items/{sku}",
-            get({
-                let (locker, seen) = (locker.clone(), Arc::clone(&seen));
-                move |Path(sku): Path<String>| async move {
-                    let key = locker.key("items", &sku).unwrap();
-                    let ran = locker
-                        .run(key, tokio::time::sleep(Duration::from_secs(30)))
-                        .await;
-                    *seen.lock().unwrap() = Some(ran);
-                    "done"
-                }
-            }),
-        )
-        .route_layer(LockLayer::from_locker(locker, Key::path_param("sku")).namespace("items"));
+    let app = items_app(
+        get({
+            let (locker, seen) = (locker.clone(), Arc::clone(&seen));
+            move |Path(sku): Path<String>| async move {
+                let key = locker.key("items", &sku).unwrap();
+                let ran = locker
+                    .run(key, tokio::time::sleep(Duration::from_secs(30)))
+                    .await;
+                *seen.lock().unwrap() = Some(ran);
+                "done"
+            }
+        }),
+        items_layer(locker),
+    );
     let request = tokio::spawn({
         let app = app.clone();
-        async move {
-            send(
-                &app,
-                Request::get("/items/sku-1").body(Body::empty()).unwrap(),
-            )
-            .await
-        }
+        async move { get_sku_1(&app).await }
     });
     // Held: then lost, its key deleted (as a restart without persistence would).
     let mut conn = server.client().await;

@@ -38,9 +38,15 @@ impl Backend for Sentinel {
     }
 }
 
+/// Starts a master, its replica and the sentinels that watch them, which fail over once the
+/// master has been down `down_after` (blocking this runtime worker meanwhile).
+fn sentinels(down_after: Duration) -> SentinelSetup {
+    tokio::task::block_in_place(|| SentinelSetup::start(down_after))
+}
+
 // Down after 5 s: no failover from a slow answer on a loaded machine during the suite.
 suite::tests!(
-    Sentinel(tokio::task::block_in_place(|| SentinelSetup::start(Duration::from_secs(5))));
+    Sentinel(sentinels(Duration::from_secs(5)));
     exclusion,
     own_token_acquires_again,
 );
@@ -51,7 +57,7 @@ suite::controls!(without_the_lock_updates_are_lost);
 /// Leases on several keys, with hand-off, through the master Sentinel names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sets_of_keys() {
-    let setup = tokio::task::block_in_place(|| SentinelSetup::start(Duration::from_secs(5)));
+    let setup = sentinels(Duration::from_secs(5));
     suite::set_tests_in_turn(Sentinel(setup)).await;
 }
 
@@ -103,8 +109,7 @@ async fn acquire_until_answered(
 /// 10 s and are exclusive, and a lease acknowledged by the replica before the kill survives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn master_killed_replica_promoted() {
-    let mut setup =
-        tokio::task::block_in_place(|| SentinelSetup::start(Duration::from_millis(500)));
+    let mut setup = sentinels(Duration::from_millis(500));
     let urls = setup.sentinel_urls();
     let connect = || SentinelStore::connect(urls.clone(), MASTER_NAME);
     let holder = connect().await.unwrap();
@@ -207,7 +212,7 @@ async fn acquire_error(store: &SentinelStore, key: &LockKey) -> tower_lock::stor
 /// when the old master refuses writes (`READONLY`) or drops its clients, and moves on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manual_failover_demotes_the_master() {
-    let setup = tokio::task::block_in_place(|| SentinelSetup::start(Duration::from_secs(5)));
+    let setup = sentinels(Duration::from_secs(5));
     let store = SentinelStore::connect(setup.sentinel_urls(), MASTER_NAME)
         .await
         .unwrap();
@@ -250,33 +255,6 @@ async fn manual_failover_demotes_the_master() {
     assert!(store.release(&k, &token).await.unwrap());
 }
 
-async fn queue_entries(server: &RedisServer, key: &LockKey) -> Vec<Vec<u8>> {
-    let mut conn = server.client().await;
-    redis::cmd("LRANGE")
-        .arg(support::queue_key(key.as_bytes()))
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut conn)
-        .await
-        .unwrap()
-}
-
-/// Waits until `n` waiters are queued for `key` on `server`, for at most 5 s.
-async fn queued(server: &RedisServer, key: &LockKey, n: usize) {
-    let started = Instant::now();
-    loop {
-        let len = queue_entries(server, key).await.len();
-        if len == n {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "expected {n} queued waiters, found {len}"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
-
 /// Hand-off across a failover, between two processes (two stores, each with its own
 /// connections and hand-off subscription). They subscribed on the master; it is killed and the
 /// replica promoted; each store follows at its next call and moves its subscription to the new
@@ -284,8 +262,7 @@ async fn queued(server: &RedisServer, key: &LockKey, n: usize) {
 /// before its own, within the claim window (1 s), first come first served: no 5 s timer fires.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handoff_follows_a_killed_master() {
-    let mut setup =
-        tokio::task::block_in_place(|| SentinelSetup::start(Duration::from_millis(500)));
+    let mut setup = sentinels(Duration::from_millis(500));
     let urls = setup.sentinel_urls();
     let one = SentinelStore::connect(urls.clone(), MASTER_NAME)
         .await
@@ -327,7 +304,8 @@ async fn handoff_follows_a_killed_master() {
             turns.lock().unwrap().push((i, got, Instant::now()));
             guard.release().await.unwrap();
         }));
-        queued(&setup.replica, &k, i + 1).await;
+        let who = format!("waiter {i}");
+        support::wait_until_queued(&setup.replica, k.as_bytes(), i + 1, &who).await;
     }
     let mut released = Instant::now();
     held.release().await.unwrap();

@@ -55,6 +55,19 @@ impl Room {
         }
         self.writers.fetch_sub(1, Ordering::SeqCst);
     }
+
+    /// Asserts that no writer ever had company (another writer or a reader).
+    fn assert_writers_were_alone(&self) {
+        assert!(!self.broken.load(Ordering::SeqCst), "a writer had company");
+    }
+
+    /// Asserts that readers were ever inside together.
+    fn assert_readers_shared(&self) {
+        assert!(
+            self.most_readers.load(Ordering::SeqCst) > 1,
+            "readers never shared"
+        );
+    }
 }
 
 /// 30 requests from three processes, every fifth a writer; `locked: false` takes no lease.
@@ -94,11 +107,8 @@ async fn readers_share_and_a_writer_is_alone() {
     let server = RedisServer::start();
     let lockers = processes(&server, 3).await;
     let room = mixed_load(&lockers, true).await;
-    assert!(!room.broken.load(Ordering::SeqCst), "a writer had company");
-    assert!(
-        room.most_readers.load(Ordering::SeqCst) > 1,
-        "readers never shared"
-    );
+    room.assert_writers_were_alone();
+    room.assert_readers_shared();
     assert!(server.lock_keys().await.is_empty(), "keys left behind");
     // The negative control: the same load unlocked puts a writer with others.
     let room = mixed_load(&lockers, false).await;
@@ -148,7 +158,7 @@ async fn a_writer_is_not_starved_by_a_stream_of_readers() {
     for task in readers {
         task.await.unwrap();
     }
-    assert!(!room.broken.load(Ordering::SeqCst), "a writer had company");
+    room.assert_writers_were_alone();
     assert!(server.lock_keys().await.is_empty(), "keys left behind");
 }
 
@@ -239,7 +249,7 @@ async fn key_sets_mix_shared_and_exclusive_without_deadlock() {
             .unwrap();
     }
     for room in rooms.iter() {
-        assert!(!room.broken.load(Ordering::SeqCst), "a writer had company");
+        room.assert_writers_were_alone();
     }
     assert!(server.lock_keys().await.is_empty(), "keys left behind");
 }
@@ -297,11 +307,8 @@ async fn the_layer_takes_reads_shared_and_writes_exclusive() {
     for task in tasks {
         assert_eq!(task.await.unwrap(), StatusCode::OK);
     }
-    assert!(!room.broken.load(Ordering::SeqCst), "a write had company");
-    assert!(
-        room.most_readers.load(Ordering::SeqCst) > 1,
-        "reads never ran together"
-    );
+    room.assert_writers_were_alone();
+    room.assert_readers_shared();
 }
 
 /// Every user of a key takes it the same way: taken plain while a lease with a share holds it,

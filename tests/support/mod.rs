@@ -121,6 +121,30 @@ pub async fn value_of(server: &RedisServer, key: &[u8]) -> Option<Vec<u8>> {
         .unwrap()
 }
 
+/// The names of the keys on `server` that match `pattern` (Redis's `KEYS`).
+pub async fn keys_matching(server: &RedisServer, pattern: &str) -> Vec<String> {
+    let mut conn = server.client().await;
+    redis::cmd("KEYS")
+        .arg(pattern)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// The default lock config but for its TTL.
+pub fn ttl_config(ttl: Duration) -> tower_lock::LockConfig {
+    tower_lock::LockConfig::builder().ttl(ttl).build().unwrap()
+}
+
+/// The `INFO section` text of the server behind `conn`.
+pub async fn info(conn: &mut redis::aio::MultiplexedConnection, section: &str) -> String {
+    redis::cmd("INFO")
+        .arg(section)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
 /// Deletes `key` on `server` behind its holder's back (as an expiry or an eviction would).
 pub async fn delete_key(server: &RedisServer, key: &[u8]) {
     let mut conn = server.client().await;
@@ -663,6 +687,22 @@ pub fn order(skus: &[&str], work_ms: u64) -> Request<Body> {
             serde_json::json!({ "items": items }).to_string(),
         ))
         .unwrap()
+}
+
+/// Sends `purchase(sku, work_ms)` through `app` from a spawned task and returns once its handler
+/// runs (the request holds `sku`'s key); the task answers the request's status.
+pub async fn purchase_in_flight(
+    app: &Router,
+    counter: &Counter,
+    sku: &str,
+    work_ms: u64,
+) -> tokio::task::JoinHandle<StatusCode> {
+    let running = tokio::spawn({
+        let (app, request) = (app.clone(), purchase(sku, work_ms));
+        async move { send(&app, request).await.status() }
+    });
+    wait_until(|| counter.inside.load(Ordering::SeqCst) > 0).await;
+    running
 }
 
 /// Polls `cond` until true, for at most 5 s.
