@@ -260,7 +260,9 @@ impl Acquiring {
         match guarded {
             Guarded::Done(output) => {
                 let lease = hold.lease().clone();
-                hold.finish(if lease.is_lost() {
+                // Read before the release, which ends the lease (nested guards then read it lost).
+                let lost = lease.lost_reason();
+                hold.finish(if lost.is_some() {
                     Outcome::CompletedLeaseLost
                 } else {
                     Outcome::Completed
@@ -271,12 +273,11 @@ impl Acquiring {
                 // Lost before the work ended, or found gone at its release (the work kept its
                 // task from renewing past the TTL): the work may have overlapped another
                 // holder's, so its output is not the answer, unless fences judged its writes.
-                let gone = lease.is_lost() || matches!(released, Ok(false));
-                if gone && !lease.has_fenced_writes() {
-                    let reason = lease.lost_reason().unwrap_or(LostReason::NotHeld);
-                    return Err(LockError::LeaseLost(reason));
+                let lost = lost.or(matches!(released, Ok(false)).then_some(LostReason::NotHeld));
+                match lost {
+                    Some(reason) if !lease.has_fenced_writes() => Err(LockError::LeaseLost(reason)),
+                    _ => Ok(output),
                 }
-                Ok(output)
             }
             Guarded::Aborted(reason) => {
                 // Cancelled: nothing more runs without the lock.
