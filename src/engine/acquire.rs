@@ -506,42 +506,36 @@ impl Waiter {
     }
 
     /// The lease an attempt sent at `sent_at` acquired.
-    fn acquired(mut self, fences: Fences, sent_at: Instant) -> Acquired {
-        let guard = &mut self.guard;
+    fn acquired(self, fences: Fences, sent_at: Instant) -> Acquired {
         let waited = sent_at - self.start;
         tracing::debug!(attempts = self.attempts, ?waited, "lease acquired");
-        telemetry::acquired(&guard.key().scope_label(), waited);
-        let validity = guard.store().validity(self.terms.ttl);
-        let lease = Lease::new(guard.keys().clone(), fences, sent_at, validity);
-        guard.held(sent_at, &lease);
-        Acquired {
-            lease,
-            release: self.guard,
-            acquired_at: sent_at,
-            requested_at: self.start,
-            attempts: self.attempts,
-            renew_by: None,
-        }
+        let validity = self.guard.store().validity(self.terms.ttl);
+        let lease = Lease::new(self.guard.keys().clone(), fences, sent_at, validity);
+        self.into_acquired(lease, sent_at, None)
     }
 
     /// The lease a release handed to this waiter: held from now, reserved until `valid_until`,
     /// with the first renewal (the claim) due within a third of that.
-    fn handed_over(mut self, fencing_token: u64, valid_until: Instant) -> Acquired {
-        let guard = &mut self.guard;
+    fn handed_over(self, fencing_token: u64, valid_until: Instant) -> Acquired {
         let now = Instant::now();
         let left = valid_until.saturating_duration_since(now);
         let waited = now - self.start;
         tracing::debug!(attempts = self.attempts, ?waited, "lease handed over");
-        telemetry::acquired(&guard.key().scope_label(), waited);
-        let lease = Lease::new(guard.keys().clone(), fencing_token, now, left);
-        guard.held(now, &lease);
+        let lease = Lease::new(self.guard.keys().clone(), fencing_token, now, left);
+        self.into_acquired(lease, now, Some(now + left / 3))
+    }
+
+    /// `lease`, held from `at`: counted, its release guard told, and answered with the guard.
+    fn into_acquired(mut self, lease: Lease, at: Instant, renew_by: Option<Instant>) -> Acquired {
+        telemetry::acquired(&self.guard.key().scope_label(), at - self.start);
+        self.guard.held(at, &lease);
         Acquired {
             lease,
             release: self.guard,
-            acquired_at: now,
+            acquired_at: at,
             requested_at: self.start,
             attempts: self.attempts,
-            renew_by: Some(now + left / 3),
+            renew_by,
         }
     }
 }
