@@ -190,7 +190,7 @@ use axum::{
 };
 use serde::{Deserialize, Serialize};
 use tower_lock::{
-    Key, Lease, LockConfig, LockLayer, Locker, Wait,
+    ConfigError, Key, Lease, LockConfig, LockLayer, Locker, Wait,
     fence::{Batch, FenceError, FencedData, data_key},
     key::LockKey,
 };
@@ -244,13 +244,13 @@ async fn run() -> Result<(), Box<dyn Error>> {
     let purchase_lock = writers(
         LockLayer::from_locker(locker.clone(), Key::path_param("sku")).namespace(SKU_LOCKS),
         counts,
-    );
+    )?;
     let order_lock = writers(
         LockLayer::from_locker(locker.clone(), Key::json("/items/*/sku")?)
             .namespace(SKU_LOCKS)
             .max_request_body(MAX_ORDER_BODY),
         counts,
-    );
+    )?;
     let data = match (&settings.stock_url, chosen.data) {
         (Some(url), _) => {
             println!("stock in Redis at {} (STOCK_URL)", store::redacted(url));
@@ -337,10 +337,10 @@ async fn run() -> Result<(), Box<dyn Error>> {
 
 /// `layer`, taking its keys as writers of keys readers share (the whole of each SKU's
 /// capacity) where the store counts holders; the plain lock where it cannot.
-fn writers<K>(layer: LockLayer<K>, counts: bool) -> LockLayer<K> {
+fn writers<K>(layer: LockLayer<K>, counts: bool) -> Result<LockLayer<K>, ConfigError> {
     match counts {
         true => layer.shared_when(|_| false),
-        false => layer,
+        false => Ok(layer),
     }
 }
 

@@ -5,7 +5,7 @@
     python3 scripts/public_api.py --bless    # write docs/public-api.txt
 
 It builds the JSON with `cargo rustdoc --output-format json` (an unstable rustdoc option, enabled
-on the stable toolchain through RUSTC_BOOTSTRAP=1, for this one command only), walks the crate
+on the stable toolchain through RUSTC_BOOTSTRAP=1, for the crate's rustdoc only), walks the crate
 from its root through every public module and re-export, and prints each reachable item with its
 path as a user names it: structs, enums and their variants, public fields, traits and their
 items, functions and methods with their signatures, constants, type aliases, and the trait
@@ -25,17 +25,23 @@ CRATE = "tower_lock"
 
 
 def build_json():
+    """rustdoc's JSON of the crate, built in the suite's own target directory: only the crate's
+    rustdoc runs with RUSTC_BOOTSTRAP=1 (through a RUSTDOC wrapper), so the dependencies'
+    metadata that clippy and `cargo doc` built is reused rather than built again."""
     target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
-    env = dict(os.environ, RUSTC_BOOTSTRAP="1")
+    target.mkdir(parents=True, exist_ok=True)
+    wrapper = target / "rustdoc-bootstrap.sh"
+    rustdoc = os.environ.get("RUSTDOC", "rustdoc")
+    wrapper.write_text(f'#!/bin/sh\nRUSTC_BOOTSTRAP=1 exec "{rustdoc}" "$@"\n')
+    wrapper.chmod(0o755)
     subprocess.run(
         [
             "cargo", "rustdoc", "-q", "--lib", "-p", "tower-lock", "--all-features",
-            "--target-dir", str(target / "public-api"),
             "--", "-Z", "unstable-options", "--output-format", "json",
         ],
-        cwd=ROOT, env=env, check=True,
+        cwd=ROOT, env=dict(os.environ, RUSTDOC=str(wrapper)), check=True,
     )
-    return json.loads((target / "public-api" / "doc" / f"{CRATE}.json").read_text())
+    return json.loads((target / "doc" / f"{CRATE}.json").read_text())
 
 
 class Render:

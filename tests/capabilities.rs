@@ -17,7 +17,7 @@ use std::{
 use axum::{Router, body::Body, http::Request, routing::post};
 use tower::ServiceExt;
 use tower_lock::{
-    IdempotencyLayer, LockConfig, LockError, Locker, MemoryStore, RedisStore, Wait,
+    IdempotencyLayer, Key, LockConfig, LockError, LockLayer, Locker, MemoryStore, RedisStore, Wait,
     idempotency::{IdempotencyStore, SharedKeySpace},
     store::{Capabilities, ClusterStore, LockStore, RedlockStore, SentinelStore},
 };
@@ -415,6 +415,13 @@ async fn redlock_store() {
         .permits(TWO)
         .await;
     assert!(matches!(refused, Err(LockError::Config(_))), "{refused:?}");
+    // A layer that could only refuse is refused when built, not at request time.
+    let layer = || LockLayer::from_locker(locker.clone(), Key::header("x-merchant-id"));
+    let refused = layer().permits(TWO).unwrap_err();
+    assert_eq!(refused.field(), "permits", "{refused}");
+    assert!(refused.to_string().contains("cannot count"), "{refused}");
+    let refused = layer().shared_when(|_| true).unwrap_err();
+    assert_eq!(refused.field(), "shared_when", "{refused}");
     let nodes: Vec<&RedisServer> = nodes.iter().collect();
     group_commit(store.clone(), &nodes, twenty()).await;
     key_sets(store, &nodes, ["a", "b", "c"]).await;

@@ -217,7 +217,9 @@ async fn the_layer_answers_429_when_no_permit_frees() {
         .wait(Wait::constant(Duration::from_millis(50)).deadline(Duration::from_millis(300)))
         .build()
         .unwrap();
-    let layer = LockLayer::with_config(store, Key::header("x-merchant-id"), config).permits(TWO);
+    let layer = LockLayer::with_config(store, Key::header("x-merchant-id"), config)
+        .permits(TWO)
+        .unwrap();
     let app = Router::new()
         .route(
             "/charge",

@@ -170,8 +170,9 @@ async fn a_spawned_task_does_not_re_enter() {
 async fn a_shared_holder_re_enters_shared_only() {
     let server = RedisServer::start();
     let locker = locker(&server).await;
-    let shared_on_get =
-        items_layer(locker.clone()).shared_when(|parts| parts.method == Method::GET);
+    let shared_on_get = items_layer(locker.clone())
+        .shared_when(|parts| parts.method == Method::GET)
+        .unwrap();
     let app = items_app(
         get_with_item_key(&locker, |locker, key| async move {
             let started = Instant::now();

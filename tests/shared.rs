@@ -263,7 +263,8 @@ async fn the_layer_takes_reads_shared_and_writes_exclusive() {
     handoff_subscriptions(&server, 1).await;
     let room = Arc::new(Room::default());
     let layer = LockLayer::new(store, Key::path_param("sku"))
-        .shared_when(|parts| parts.method == Method::GET);
+        .shared_when(|parts| parts.method == Method::GET)
+        .unwrap();
     let handler = |room: Arc<Room>, writer: bool| async move {
         match writer {
             true => room.write(Duration::from_millis(80)).await,

@@ -11,6 +11,7 @@ use super::{
 use crate::{
     config::LockConfig,
     engine::Locker,
+    error::ConfigError,
     key::{BodyKeys, IntoKeys, JsonKeys},
     response::Rejection,
     store::LockStore,
@@ -124,8 +125,10 @@ impl<K> LockLayer<K> {
     /// use std::num::NonZeroU32;
     /// use tower_lock::{Key, LockLayer, MemoryStore};
     ///
-    /// let layer = LockLayer::new(MemoryStore::new(), Key::header("x-merchant-id"))
-    ///     .permits(NonZeroU32::new(5).unwrap());
+    /// # fn main() -> Result<(), tower_lock::ConfigError> {
+    /// let four = NonZeroU32::new(4).unwrap();
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::header("x-merchant-id")).permits(four)?;
+    /// # Ok(()) }
     /// ```
     ///
     /// A number of permits is never 0 (no request could ever run): that does not compile.
@@ -139,15 +142,16 @@ impl<K> LockLayer<K> {
     /// other all of them. Every layer (and [`Locker`] call) on one key must name the same
     /// number.
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// At start-up, when the store cannot count a key's holders
-    /// ([`RedlockStore`](crate::store::RedlockStore), a store written outside this crate; see
-    /// [`Capabilities::counts`](crate::store::Capabilities::counts)).
-    pub fn permits(mut self, permits: NonZeroU32) -> Self {
-        self.assert_counts("permits");
+    /// A [`ConfigError`] (setting `permits`), at start-up, when the store cannot count a key's
+    /// holders ([`RedlockStore`](crate::store::RedlockStore), a store written outside this
+    /// crate; see [`Capabilities::counts`](crate::store::Capabilities::counts)): such a layer
+    /// could only refuse every request.
+    pub fn permits(mut self, permits: NonZeroU32) -> Result<Self, ConfigError> {
+        self.check_counts("permits")?;
         Arc::make_mut(&mut self.state).permits = Some(permits.get());
-        self
+        Ok(self)
     }
 
     /// Takes a request's keys shared when `shared` says so (a reader), exclusive otherwise (a
@@ -165,30 +169,35 @@ impl<K> LockLayer<K> {
     /// use http::Method;
     /// use tower_lock::{Key, LockLayer, MemoryStore};
     ///
+    /// # fn main() -> Result<(), tower_lock::ConfigError> {
     /// let layer = LockLayer::new(MemoryStore::new(), Key::header("x-sku"))
-    ///     .shared_when(|parts| parts.method == Method::GET);
+    ///     .shared_when(|parts| parts.method == Method::GET)?;
+    /// # Ok(()) }
     /// ```
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// At start-up, when the store cannot count a key's holders (as
-    /// [`permits`](Self::permits)).
+    /// A [`ConfigError`] (setting `shared_when`), at start-up, when the store cannot count a
+    /// key's holders (as [`permits`](Self::permits)).
     pub fn shared_when(
         mut self,
         shared: impl Fn(&http::request::Parts) -> bool + Send + Sync + 'static,
-    ) -> Self {
-        self.assert_counts("shared_when");
+    ) -> Result<Self, ConfigError> {
+        self.check_counts("shared_when")?;
         Arc::make_mut(&mut self.state).shared_when = Some(Arc::new(shared));
-        self
+        Ok(self)
     }
 
-    fn assert_counts(&self, setting: &str) {
-        assert!(
-            self.state.locker.engine().store.counts(),
-            "LockLayer::{setting}: this store cannot count a key's holders (a RedlockStore, or \
-             a store written outside tower-lock); use a RedisStore, ClusterStore, SentinelStore \
-             or MemoryStore"
-        );
+    fn check_counts(&self, setting: &'static str) -> Result<(), ConfigError> {
+        match self.state.locker.engine().store.counts() {
+            true => Ok(()),
+            false => Err(ConfigError::new(
+                setting,
+                "this store cannot count a key's holders (a RedlockStore, or a store written \
+                 outside tower-lock): use a RedisStore, ClusterStore, SentinelStore or \
+                 MemoryStore, or plain leases",
+            )),
+        }
     }
 
     /// The locker this layer acquires with.
