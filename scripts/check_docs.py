@@ -2,7 +2,7 @@
 """Checks that the docs cite what exists: run by `scripts/test.sh` (a gate) and by hand.
 
 For every Markdown file of the project (README, CHANGELOG, docs/, faults/) and the comments of
-the protocol model (tests/model/, tests/protocol_model.rs):
+the protocol model (model/src/, tests/protocol_model.rs):
 
 - a relative link `[text](path#anchor)` names a file that exists, and a heading of it with that
   anchor (GitHub's rule: lower case, punctuation dropped, spaces to `-`);
@@ -77,7 +77,7 @@ def documents():
 
 
 def model_sources():
-    sources = sorted((ROOT / "tests" / "model").glob("*.rs"))
+    sources = sorted((ROOT / "model" / "src").glob("*.rs"))
     sources.append(ROOT / "tests" / "protocol_model.rs")
     return [s for s in sources if s.exists()]
 

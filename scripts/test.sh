@@ -82,21 +82,16 @@ cargo clippy -p tower-lock --lib --no-default-features --features tls --quiet --
 cargo test -p tower-lock --doc --no-default-features --quiet
 # The whole suite: the crate's unit and doc tests, the integration tests (`suite/`) and the test
 # kit's own (its MONITOR and wrk parsers), in one build so that the dependencies they share are
-# compiled once.
-cargo test --workspace --all-features "$@"
-# Hand-off, group commit, idempotency records and the crate-private store capabilities (key sets,
-# records, the hand-off queue) again on Valkey 9 (the behaviour suite and the native commands run
-# on it in tests/valkey.rs, the protocol model's check against a real server in
-# tests/protocol_model.rs). About 40 s more.
+# compiled once; the test binaries run two at a time (scripts/run_tests.py: most of their time
+# is waiting on leases, servers and handshakes), some of them again on Valkey 9, the doc tests
+# after them.
 if [ "$#" -eq 0 ]; then
-  TOWER_LOCK_TEST_SERVER=valkey cargo test --workspace --all-features \
-    --test handoff --test group_commit --test idempotency
-  TOWER_LOCK_TEST_SERVER=valkey cargo test --workspace --all-features --lib -- \
-    store::tests::redis store::tests::cluster
+  python3 scripts/run_tests.py --workspace --all-features
+else
+  cargo test --workspace --all-features "$@"
 fi
-
 # The fault-injection run (faults/README.md): the history checker's own tests, then the short
-# schedule (at most 3 minutes; `--profile dev` runs the example the tests already built),
+# schedule (about 1.5 minutes; `--profile dev` runs the example the tests already built),
 # whose main run the checker must pass and whose two negative controls it must fail.
 if [ "$#" -eq 0 ]; then
   python3 -m unittest discover -s faults -p 'test_*.py'

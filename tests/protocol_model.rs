@@ -1,9 +1,9 @@
 //! The Redis hand-off protocol under a model checker.
 //!
-//! The model (`tests/model/`) runs the crate's own Lua scripts, exactly as `RedisStore` loads
+//! The model (`model/`, the package `tower-lock-model`) runs the crate's own Lua scripts, exactly as `RedisStore` loads
 //! them (`tower_lock::RedisStore::lua_scripts`), in an embedded Lua 5.1 against a model Redis,
 //! each script call one atomic step; the clients around them follow `src/engine/acquire.rs`,
-//! `src/engine/renew.rs` and `src/store/redis/handoff/mod.rs` (by symbol: see `tests/model/system.rs`). The checker explores every reachable state of 3
+//! `src/engine/renew.rs` and `src/store/redis/handoff/mod.rs` (by symbol: see `model/src/system.rs`). The checker explores every reachable state of 3
 //! or 4 processes contending for one key, with network delays, processes that crash, hang, give
 //! up or lose a message, subscriptions that break and come back, a pool on which a release
 //! overtakes its attempt, and leases that run out, and checks:
@@ -41,9 +41,10 @@
 //! `docs/RELIABILITY.md`, "The hand-off protocol under a model checker", for what is modelled,
 //! what is left out, and the figures.
 
-mod model;
-
-use model::{Config, Counts, Faults, Model, Property, Report, Sources, Timing, check, check_model};
+use tower_lock_model::{
+    self as model, Config, Counts, Faults, Model, Property, Report, Sources, Timing, check,
+    check_model,
+};
 use tower_lock_testkit::{Flavor, RedisServer};
 
 fn faults(budget: u8) -> Faults {

@@ -81,8 +81,8 @@ def interleave(counts: dict[str, int]) -> list[str]:
 SHORT = Schedule(
     name="short",
     phases=[
-        Phase("redis", interleave({"pause": 4, **{k: 2 for k in REDIS_FAULTS[1:]}})),
-        Phase("sentinel", ["sentinel-failover"] * 2),
+        Phase("redis", interleave({"pause": 2, **{k: 1 for k in REDIS_FAULTS[1:]}})),
+        Phase("sentinel", ["sentinel-failover"]),
     ],
 )
 

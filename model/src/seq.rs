@@ -5,7 +5,7 @@
 use std::fmt;
 
 #[derive(Clone, Copy)]
-pub(crate) struct Seq<T: Copy + Default, const N: usize> {
+pub struct Seq<T: Copy + Default, const N: usize> {
     len: u8,
     /// Slots past `len` hold `T::default()`.
     items: [T; N],
@@ -53,36 +53,36 @@ impl<T: Copy + Default + fmt::Debug, const N: usize> fmt::Debug for Seq<T, N> {
 }
 
 impl<T: Copy + Default, const N: usize> Seq<T, N> {
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         usize::from(self.len)
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
-    pub(crate) fn as_slice(&self) -> &[T] {
+    pub fn as_slice(&self) -> &[T] {
         &self.items[..self.len()]
     }
 
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [T] {
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
         let len = self.len();
         &mut self.items[..len]
     }
 
-    pub(crate) fn iter(&self) -> std::slice::Iter<'_, T> {
+    pub fn iter(&self) -> std::slice::Iter<'_, T> {
         self.as_slice().iter()
     }
 
-    pub(crate) fn iter_mut(&mut self) -> std::slice::IterMut<'_, T> {
+    pub fn iter_mut(&mut self) -> std::slice::IterMut<'_, T> {
         self.as_mut_slice().iter_mut()
     }
 
-    pub(crate) fn push(&mut self, item: T) {
+    pub fn push(&mut self, item: T) {
         self.insert(self.len(), item);
     }
 
-    pub(crate) fn insert(&mut self, at: usize, item: T) {
+    pub fn insert(&mut self, at: usize, item: T) {
         let len = self.len();
         assert!(len < N, "a model sequence outgrew its {N} slots");
         self.items.copy_within(at..len, at + 1);
@@ -90,7 +90,7 @@ impl<T: Copy + Default, const N: usize> Seq<T, N> {
         self.len += 1;
     }
 
-    pub(crate) fn remove(&mut self, at: usize) -> T {
+    pub fn remove(&mut self, at: usize) -> T {
         let len = self.len();
         let item = self.items[at];
         self.items.copy_within(at + 1..len, at);
@@ -99,11 +99,11 @@ impl<T: Copy + Default, const N: usize> Seq<T, N> {
         item
     }
 
-    pub(crate) fn clear(&mut self) {
+    pub fn clear(&mut self) {
         *self = Self::default();
     }
 
-    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+    pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
         let mut kept = Self::default();
         for item in self.iter() {
             if keep(item) {
@@ -115,7 +115,7 @@ impl<T: Copy + Default, const N: usize> Seq<T, N> {
 }
 
 impl<T: Copy + Default + PartialEq, const N: usize> Seq<T, N> {
-    pub(crate) fn contains(&self, item: &T) -> bool {
+    pub fn contains(&self, item: &T) -> bool {
         self.as_slice().contains(item)
     }
 }
@@ -154,7 +154,7 @@ impl<T: Copy + Default, const N: usize, I: SeqIndex> std::ops::IndexMut<I> for S
 }
 
 /// Positions: processes are numbered with `u8`.
-pub(crate) trait SeqIndex {
+pub trait SeqIndex {
     fn at(self) -> usize;
 }
 

@@ -49,7 +49,7 @@ struct Subscriber {
 
 /// Replays up to `limit` of `model`'s script runs (evenly spread over them) on the server at
 /// `url`; returns how many it compared. Panics at the first difference.
-pub(crate) async fn replay(model: &Model, url: &str, limit: usize) -> usize {
+pub async fn replay(model: &Model, url: &str, limit: usize) -> usize {
     let client = redis::Client::open(url).expect("redis url");
     // No response timeout: on a loaded machine a reply may take longer than the client's
     // default 500 ms, which is no difference between the model and the server.

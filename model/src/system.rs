@@ -44,29 +44,29 @@ use super::{
 
 /// Model time, in ticks.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Timing {
+pub struct Timing {
     /// The lease's time to live.
-    pub(crate) ttl: i16,
+    pub ttl: i16,
     /// Renewal interval (`ttl / 3` by default).
-    pub(crate) interval: i16,
+    pub interval: i16,
     /// The hand-off claim window.
-    pub(crate) claim: i16,
+    pub claim: i16,
     /// `MIN_HANDED_OVER` (`src/engine/acquire.rs`): a grant is run at once with this much left.
-    pub(crate) min_handed_over: i16,
+    pub min_handed_over: i16,
     /// `NEXT_SLACK` (`src/engine/acquire.rs`).
-    pub(crate) next_slack: i16,
+    pub next_slack: i16,
     /// Subtracted from a grant's stamp + claim window (`src/store/redis/handoff/mod.rs` `parse`:
     /// 1 % + 2 ms).
     /// The model's clocks all run at one rate, so 0 is the strictest choice.
-    pub(crate) allowance: i16,
+    pub allowance: i16,
     /// The wait policy's retry delay, for an attempt answered "held" while not queued.
-    pub(crate) retry_delay: i16,
+    pub retry_delay: i16,
 }
 
 impl Timing {
     /// The scale the checks run at: a tick is about a network delay, and the ratios keep what
     /// matters: a claim window longer than two round trips, shorter than the TTL.
-    pub(crate) const DEFAULT: Self = Self {
+    pub const DEFAULT: Self = Self {
         ttl: 9,
         interval: 3,
         claim: 4,
@@ -79,47 +79,47 @@ impl Timing {
 
 /// Which failures the checker may inject, and how many in one run.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Faults {
-    pub(crate) budget: u8,
+pub struct Faults {
+    pub budget: u8,
     /// The process dies: its subscription closes, it never acts again.
-    pub(crate) crash: bool,
+    pub crash: bool,
     /// The process hangs: still subscribed, never acts again.
-    pub(crate) hang: bool,
+    pub hang: bool,
     /// A waiter gives up (its deadline): its armed release guard sends the release.
-    pub(crate) give_up: bool,
+    pub give_up: bool,
     /// A pub/sub message to a process is lost.
-    pub(crate) lose: bool,
+    pub lose: bool,
     /// A process's subscription breaks (its messages in flight are lost, and Redis sees nobody
     /// on its channel) and comes back at any later time; each tells the waiters registered then
     /// to check again (`src/store/redis/handoff/mod.rs` `retry_all`).
-    pub(crate) resubscribe: bool,
+    pub resubscribe: bool,
 }
 
 /// The scripts the model runs: the crate's, or a deliberately broken variant.
 #[derive(Clone, Debug)]
-pub(crate) struct Sources {
+pub struct Sources {
     /// The batch script every single-key lock operation goes through (a model request is a
     /// batch of one).
-    pub(crate) ops: String,
+    pub ops: String,
     /// The same batch script with the functions of keys with a capacity (`counted.lua`), which
     /// the store sends a batch with an operation on such a key as.
-    pub(crate) counted: String,
-    pub(crate) acquire_set: String,
-    pub(crate) release_set: String,
+    pub counted: String,
+    pub acquire_set: String,
+    pub release_set: String,
 }
 
 /// Leases with counts on key X (`LockKey::with_share`): its capacity, and each process's
 /// weight. A permit is 1 of N; a reader 1 of `Share::READERS`, a writer all of it.
 #[derive(Clone, Debug)]
-pub(crate) struct Counts {
-    pub(crate) capacity: u32,
+pub struct Counts {
+    pub capacity: u32,
     /// One per process.
-    pub(crate) weights: Vec<u32>,
+    pub weights: Vec<u32>,
 }
 
 impl Sources {
     /// The scripts exactly as the Redis stores load them.
-    pub(crate) fn crate_scripts() -> Self {
+    pub fn crate_scripts() -> Self {
         let get = |name: &str| {
             tower_lock::RedisStore::lua_scripts()
                 .find(|(n, _)| *n == name)
@@ -136,56 +136,56 @@ impl Sources {
 }
 
 #[derive(Clone, Debug)]
-pub(crate) struct Config {
-    pub(crate) name: String,
-    pub(crate) processes: u8,
+pub struct Config {
+    pub name: String,
+    pub processes: u8,
     /// Acquisitions per process, one after the other.
-    pub(crate) acquisitions: u8,
+    pub acquisitions: u8,
     /// Renewals per holding; the holder releases by the one after (its handler finishes).
-    pub(crate) renewals: u8,
-    pub(crate) faults: Faults,
-    pub(crate) timing: Timing,
+    pub renewals: u8,
+    pub faults: Faults,
+    pub timing: Timing,
     /// Network delays: a request, reply or message may still be on its way after a tick
     /// (until the next one). Without, everything sent arrives before time moves on.
-    pub(crate) delays: bool,
+    pub delays: bool,
     /// Processes start their first acquisition before time moves on (in any order), rather than
     /// at any time.
-    pub(crate) start_together: bool,
+    pub start_together: bool,
     /// Processes that release with the idempotency layer's `complete.lua` instead.
-    pub(crate) completes: Vec<u8>,
+    pub completes: Vec<u8>,
     /// Processes that take both keys, X and Y, as one lease (a set).
-    pub(crate) sets: Vec<u8>,
+    pub sets: Vec<u8>,
     /// Processes that take key Y alone (the others, but sets, take X).
-    pub(crate) second_key: Vec<u8>,
+    pub second_key: Vec<u8>,
     /// Set processes that pass their keys in the other order, Y then X (never the crate's
     /// clients, which take every set in lock order: only to show that the order matters).
-    pub(crate) reversed: Vec<u8>,
+    pub reversed: Vec<u8>,
     /// Check that a process that believes it holds the key holds it in Redis (stronger than
     /// exclusion, and so found a step earlier).
-    pub(crate) key_agrees: bool,
+    pub key_agrees: bool,
     /// Queued waiters keep `acquire_held`'s fallback timer (`false` only to show that the
     /// no-starvation check can fail).
-    pub(crate) fallback_timer: bool,
+    pub fallback_timer: bool,
     /// A waiter whose "queued" answer arrives after its subscription broke or came back checks
     /// again when it registers (`Handoff::register`'s epoch): `false` is the client before
     /// that, only to show that the checker finds the registration gap.
-    pub(crate) registration_epoch: bool,
+    pub registration_epoch: bool,
     /// A waiter answered "held" and not queued (its subscription is down, so nobody would hear
     /// its hand-off) polls on the wait policy's retry delay, though it queued before and is
     /// registered: `false` is the client before that (it waited on its broken subscription as
     /// if queued, until the resubscription), only to show that the checker finds it.
-    pub(crate) poll_unqueued: bool,
+    pub poll_unqueued: bool,
     /// The processes whose subscription may break (`Faults::resubscribe`); empty: every one.
-    pub(crate) breaks: Vec<u8>,
+    pub breaks: Vec<u8>,
     /// Calls go through a pool of connections: a release may reach Redis before its
     /// acquisition's own attempt sent before it (`src/store/redis/commit.rs`, a caller that
     /// gave up while its attempt was in flight).
-    pub(crate) pool: bool,
+    pub pool: bool,
     /// Key X has a capacity and each process takes a weight of it (every process takes X:
     /// no sets, no `second_key`, no `completes`, as the crate's leases with counts have none
     /// of those through the store's scripts).
-    pub(crate) counts: Option<Counts>,
-    pub(crate) sources: Sources,
+    pub counts: Option<Counts>,
+    pub sources: Sources,
 }
 
 /// Bias of a stamp's 16 hex digits: a stamp is a clock reading, relative like every time here,
@@ -197,7 +197,7 @@ const TOKEN_LEN: usize = 32;
 const STAMP_LEN: usize = 16;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) enum Status {
+pub enum Status {
     #[default]
     Alive,
     /// Still subscribed, never acts: believes it holds the key until `belief` (0: no belief).
@@ -208,18 +208,18 @@ pub(crate) enum Status {
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct Hold {
-    pub(crate) fence: u32,
+pub struct Hold {
+    pub fence: u32,
     /// The lease is valid (to its holder) until this tick, exclusive.
-    pub(crate) valid_until: i16,
-    pub(crate) next_renew: i16,
+    pub valid_until: i16,
+    pub next_renew: i16,
     /// A renewal in flight, sent at this tick.
-    pub(crate) renewing: Option<i16>,
-    pub(crate) renewals: u8,
+    pub renewing: Option<i16>,
+    pub renewals: u8,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) enum Phase {
+pub enum Phase {
     /// Between acquisitions (the next may start at any time).
     #[default]
     Idle,
@@ -252,7 +252,7 @@ impl Phase {
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) enum Signal {
+pub enum Signal {
     #[default]
     Retry,
     Granted {
@@ -265,7 +265,7 @@ pub(crate) enum Signal {
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) enum Op {
+pub enum Op {
     Acquire {
         stamp: i16,
         rescan: bool,
@@ -279,85 +279,85 @@ pub(crate) enum Op {
 
 /// A request on its way to Redis.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct Request {
-    pub(crate) op: Op,
-    pub(crate) acq: u8,
-    pub(crate) aged: bool,
+pub struct Request {
+    pub op: Op,
+    pub acq: u8,
+    pub aged: bool,
     /// The process's subscription broke or came back since it was sent (its epoch moved on).
-    pub(crate) straddled: bool,
+    pub straddled: bool,
 }
 
 /// A reply on its way back.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct Answer {
-    pub(crate) op: Op,
-    pub(crate) acq: u8,
+pub struct Answer {
+    pub op: Op,
+    pub acq: u8,
     /// The script's answer: `{code, n}` for acquire (`{code, n, i}` or `{1, fence X, fence Y}`
     /// for a set), `(n, 0)` otherwise.
-    pub(crate) reply: (i16, i32, i32),
-    pub(crate) aged: bool,
+    pub reply: (i16, i32, i32),
+    pub aged: bool,
     /// The process's subscription broke or came back since the request was sent.
-    pub(crate) straddled: bool,
+    pub straddled: bool,
 }
 
 /// A hand-off message on its way to a process, parsed as `src/store/redis/handoff/mod.rs` `parse`
 /// does.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct Message {
+pub struct Message {
     /// `Some(fence)` for a grant (`g`), `None` for "next" (`n`).
-    pub(crate) grant: Option<u32>,
-    pub(crate) acq: u8,
-    pub(crate) stamp: i16,
-    pub(crate) claim: i16,
-    pub(crate) aged: bool,
+    pub grant: Option<u32>,
+    pub acq: u8,
+    pub stamp: i16,
+    pub claim: i16,
+    pub aged: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct Proc {
-    pub(crate) status: Status,
+pub struct Proc {
+    pub status: Status,
     /// Acquisitions started; the current token is this one's.
-    pub(crate) acq: u8,
-    pub(crate) phase: Phase,
+    pub acq: u8,
+    pub phase: Phase,
     /// `acquire_held`'s `queued`: an attempt answered "queued".
-    pub(crate) queued: bool,
+    pub queued: bool,
     /// The waiter's registration (`queue_watch`) is up.
-    pub(crate) registered: bool,
+    pub registered: bool,
     /// The registration's channel of signals, not yet taken by the client.
-    pub(crate) signals: Seq<Signal, 3>,
+    pub signals: Seq<Signal, 3>,
     /// `Registry::pending`: a message for the current token before it registered.
-    pub(crate) pending: Option<Signal>,
-    pub(crate) outbox: Seq<Request, 3>,
-    pub(crate) replies: Seq<Answer, 3>,
-    pub(crate) inbox: Seq<Message, 4>,
+    pub pending: Option<Signal>,
+    pub outbox: Seq<Request, 3>,
+    pub replies: Seq<Answer, 3>,
+    pub inbox: Seq<Message, 4>,
     /// A message for this acquisition was lost: it is excused from first-come-first-served,
     /// and may sleep until its fallback timer.
-    pub(crate) lost_message: bool,
+    pub lost_message: bool,
     /// The subscription is down (`Faults::resubscribe`): Redis sees nobody on its channel.
-    pub(crate) sub_down: bool,
+    pub sub_down: bool,
     /// The subscription broke during this acquisition: a release meanwhile may have skipped
     /// it, so it is excused from first-come-first-served (not from being woken).
-    pub(crate) broken: bool,
+    pub broken: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub(crate) struct State {
-    pub(crate) db: Db,
-    pub(crate) procs: Seq<Proc, 4>,
+pub struct State {
+    pub db: Db,
+    pub procs: Seq<Proc, 4>,
     /// The highest fencing token a holder of each key started with.
-    pub(crate) fence_high: [u32; 2],
+    pub fence_high: [u32; 2],
     /// ... and a holder that excludes every other (a plain lease, or the whole capacity).
-    pub(crate) writer_high: [u32; 2],
+    pub writer_high: [u32; 2],
     /// For each key: acquisitions (process, number) in the order their entries first appeared
     /// in its queue, kept while they wait or have an entry in it.
-    pub(crate) fifo: [Seq<(u8, u8), 8>; 2],
-    pub(crate) faults: u8,
+    pub fifo: [Seq<(u8, u8), 8>; 2],
+    pub faults: u8,
     /// Time has moved on since the start.
-    pub(crate) ticked: bool,
+    pub ticked: bool,
 }
 
 /// One step, by kind and process: enough to find it again among a state's successors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) enum Step {
+pub enum Step {
     Tick,
     Start(u8),
     Exec(u8),
@@ -378,26 +378,26 @@ pub(crate) enum Step {
     Overtake(u8),
 }
 
-pub(crate) struct Successor {
-    pub(crate) step: Step,
-    pub(crate) state: State,
+pub struct Successor {
+    pub step: Step,
+    pub state: State,
     /// A process that started holding a key in this step: (process, key, fencing token).
-    pub(crate) started: Vec<(u8, usize, u32)>,
+    pub started: Vec<(u8, usize, u32)>,
     /// The acquisitions (process, number) a script gave a key to in this step, with the key.
-    pub(crate) given: Vec<(usize, (u8, u8))>,
+    pub given: Vec<(usize, (u8, u8))>,
     /// That script was a release handing the key on.
-    pub(crate) handed_on: bool,
+    pub handed_on: bool,
     /// What happened, for traces (only when asked for).
-    pub(crate) note: String,
+    pub note: String,
 }
 
 /// The system: its configuration, the model Redis and the names it uses.
-pub(crate) struct Model {
-    pub(crate) config: Config,
-    pub(crate) interner: Rc<RefCell<Interner>>,
-    pub(crate) redis: Redis,
+pub struct Model {
+    pub config: Config,
+    pub interner: Rc<RefCell<Interner>>,
+    pub redis: Redis,
     scripts: Scripts,
-    pub(crate) keys: Keys,
+    pub keys: Keys,
     /// Processes that are interchangeable (same scripts): states that differ only by a
     /// permutation within a group are one state.
     groups: Vec<Vec<u8>>,
@@ -416,13 +416,13 @@ struct Scripts {
     release_set: usize,
 }
 
-pub(crate) struct Keys {
+pub struct Keys {
     /// The lock keys X and Y, in lock order.
-    pub(crate) locks: [Val; 2],
-    pub(crate) fence: Val,
+    pub locks: [Val; 2],
+    pub fence: Val,
     /// Their queues.
-    pub(crate) queues: [Val; 2],
-    pub(crate) record: Val,
+    pub queues: [Val; 2],
+    pub record: Val,
     ttl: Val,
     claim: Val,
     retention: Val,
@@ -443,11 +443,11 @@ pub(crate) struct Keys {
     /// `tokens[p][acq]`, `acq` from 1.
     tokens: Vec<Vec<Val>>,
     /// A counted key's member of each token: `members[p][acq]` is `token:weight`.
-    pub(crate) members: Vec<Vec<Val>>,
+    pub members: Vec<Vec<Val>>,
     /// Each process's weight and the capacity, as arguments.
     weights: Vec<Val>,
     capacity: Val,
-    pub(crate) channels: Vec<Val>,
+    pub channels: Vec<Val>,
 }
 
 /// The weight `p` takes: 1 (of 1, on a plain key) unless the configuration gives another.
@@ -477,7 +477,7 @@ fn parse_stamp(hex: &[u8]) -> i16 {
 }
 
 impl Model {
-    pub(crate) fn new(config: Config) -> Self {
+    pub fn new(config: Config) -> Self {
         let interner: Rc<RefCell<Interner>> = Rc::default();
         let mut redis = Redis::new(Rc::clone(&interner));
         let s = &config.sources;
@@ -633,7 +633,7 @@ impl Model {
 
     /// `s` with the processes of each group in a fixed order (sorted by their state), and the
     /// tokens and channels in Redis and `fifo` renamed to match.
-    pub(crate) fn canonical(&self, s: State) -> State {
+    pub fn canonical(&self, s: State) -> State {
         let mut order: Vec<u8> = (0..self.config.processes).collect();
         for group in &self.groups {
             let mut members = group.clone();
@@ -711,12 +711,12 @@ impl Model {
             .collect()
     }
 
-    pub(crate) fn token(&self, p: u8, acq: u8) -> Val {
+    pub fn token(&self, p: u8, acq: u8) -> Val {
         self.keys.tokens[usize::from(p)][usize::from(acq)]
     }
 
     /// The lock keys `p` takes: X, Y, or both (a set).
-    pub(crate) fn keys_of(&self, p: u8) -> &'static [usize] {
+    pub fn keys_of(&self, p: u8) -> &'static [usize] {
         if self.is_set(p) {
             &[0, 1]
         } else if self.config.second_key.contains(&p) {
@@ -726,28 +726,28 @@ impl Model {
         }
     }
 
-    pub(crate) fn is_set(&self, p: u8) -> bool {
+    pub fn is_set(&self, p: u8) -> bool {
         self.config.sets.contains(&p)
     }
 
     /// The weight `p` takes of the key's capacity (1 of 1 on a plain key).
-    pub(crate) fn weight(&self, p: u8) -> u32 {
+    pub fn weight(&self, p: u8) -> u32 {
         weight_of(&self.config, p)
     }
 
     /// The key's capacity: 1 on a plain key.
-    pub(crate) fn capacity(&self) -> u32 {
+    pub fn capacity(&self) -> u32 {
         self.config.counts.as_ref().map_or(1, |c| c.capacity)
     }
 
     /// Whether `p` excludes every other holder: a plain lease, or the whole capacity.
-    pub(crate) fn is_writer(&self, p: u8) -> bool {
+    pub fn is_writer(&self, p: u8) -> bool {
         self.weight(p) == self.capacity()
     }
 
     /// Whether `p`'s acquisition `acq` holds `key` in Redis: the key's value is its token, or
     /// (a key with a capacity) its member is live.
-    pub(crate) fn holds_in_redis(&self, db: &Db, p: u8, acq: u8, key: usize) -> bool {
+    pub fn holds_in_redis(&self, db: &Db, p: u8, acq: u8, key: usize) -> bool {
         let lock = self.keys.locks[key];
         if self.config.counts.is_some() {
             let member = self.keys.members[usize::from(p)][usize::from(acq)];
@@ -757,7 +757,7 @@ impl Model {
         }
     }
 
-    pub(crate) fn initial(&self) -> State {
+    pub fn initial(&self) -> State {
         State {
             procs: (0..self.config.processes)
                 .map(|_| Proc::default())
@@ -767,7 +767,7 @@ impl Model {
     }
 
     /// Every step enabled in `s`, with the state it leads to.
-    pub(crate) fn successors(&mut self, s: &State, describe: bool) -> Vec<Successor> {
+    pub fn successors(&mut self, s: &State, describe: bool) -> Vec<Successor> {
         let mut out = Vec::new();
         let faults = self.config.faults;
         let may_fault = s.faults < faults.budget;
@@ -1037,7 +1037,7 @@ impl Model {
     }
 
     /// The acquisitions with an entry in `key`'s queue, in its order.
-    pub(crate) fn queued(&self, n: &State, key: usize) -> Vec<(u8, u8)> {
+    pub fn queued(&self, n: &State, key: usize) -> Vec<(u8, u8)> {
         n.db.list(self.keys.queues[key])
             .unwrap_or(&[])
             .iter()
@@ -1709,7 +1709,7 @@ impl Model {
     }
 
     /// Tokens and channels by their short names.
-    pub(crate) fn pretty(&self, text: &str) -> String {
+    pub fn pretty(&self, text: &str) -> String {
         let mut out = text.to_owned();
         for p in 0..self.config.processes {
             for a in 0..=self.config.acquisitions {
@@ -1720,7 +1720,7 @@ impl Model {
         out
     }
 
-    pub(crate) fn show_db(&self, db: &Db) -> String {
+    pub fn show_db(&self, db: &Db) -> String {
         let interner = self.interner.borrow();
         let mut parts = Vec::new();
         for (k, v, e) in &db.strings {
@@ -1747,7 +1747,7 @@ impl Model {
     }
 
     /// The state in a few lines, for traces.
-    pub(crate) fn show_state(&self, s: &State) -> String {
+    pub fn show_state(&self, s: &State) -> String {
         let mut out = format!("      Redis {}\n", self.show_db(&s.db));
         for (p, q) in s.procs.iter().enumerate() {
             let _ = writeln!(

@@ -8,10 +8,10 @@
 //! without a successor every process that is neither crashed nor hung must have finished what it
 //! set out to do.
 
-pub(crate) mod differential;
-pub(crate) mod redis;
+pub mod differential;
+pub mod redis;
 mod seq;
-pub(crate) mod system;
+pub mod system;
 
 use std::{
     collections::HashMap,
@@ -20,12 +20,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub(crate) use system::Model;
-pub(crate) use system::{Config, Counts, Faults, Sources, Timing};
+pub use system::Model;
+pub use system::{Config, Counts, Faults, Sources, Timing};
 use system::{Phase, State, Status, Step};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Property {
+pub enum Property {
     /// Never two processes that each believe they hold a valid lease.
     Exclusion,
     /// On a key with a capacity: the processes that believe they hold a valid lease take at
@@ -51,30 +51,30 @@ pub(crate) enum Property {
     NoStarvation,
 }
 
-pub(crate) struct Violation {
-    pub(crate) property: Property,
-    pub(crate) message: String,
-    pub(crate) trace: String,
+pub struct Violation {
+    pub property: Property,
+    pub message: String,
+    pub trace: String,
 }
 
-pub(crate) struct Report {
-    pub(crate) name: String,
-    pub(crate) states: usize,
-    pub(crate) transitions: usize,
-    pub(crate) terminal: usize,
-    pub(crate) script_runs: u64,
+pub struct Report {
+    pub name: String,
+    pub states: usize,
+    pub transitions: usize,
+    pub terminal: usize,
+    pub script_runs: u64,
     /// Steps in which a process started holding the key.
-    pub(crate) holders: usize,
+    pub holders: usize,
     /// ... of which a grant run at once, without a confirming attempt.
-    pub(crate) grants_run: usize,
+    pub grants_run: usize,
     /// Steps in which a release handed the key to a waiter.
-    pub(crate) hand_overs: usize,
+    pub hand_overs: usize,
     /// Steps in which a release ran before its acquisition's attempt (a pool).
-    pub(crate) overtaken: usize,
+    pub overtaken: usize,
     /// States in which two or more processes believe they hold one key (a key with a capacity).
-    pub(crate) overlaps: usize,
-    pub(crate) elapsed: Duration,
-    pub(crate) violation: Option<Violation>,
+    pub overlaps: usize,
+    pub elapsed: Duration,
+    pub violation: Option<Violation>,
 }
 
 impl fmt::Display for Report {
@@ -209,12 +209,12 @@ impl Visited {
 
 /// Explores every state reachable under `config` and checks the properties; stops at the first
 /// violation, with its trace.
-pub(crate) fn check(config: Config) -> Report {
+pub fn check(config: Config) -> Report {
     check_model(&mut Model::new(config))
 }
 
 /// [`check`], on a model the caller keeps (to look at its script runs after).
-pub(crate) fn check_model(model: &mut Model) -> Report {
+pub fn check_model(model: &mut Model) -> Report {
     let started = Instant::now();
     let name = model.config.name.clone();
     let mut visited = Visited {

@@ -13,21 +13,21 @@ use mlua::{Function, Lua, MultiValue, Value};
 use super::seq::Seq;
 
 /// An interned byte string (Redis keys and values, Lua arguments, channel payloads).
-pub(crate) type Val = u32;
+pub type Val = u32;
 
 /// A `PX` or `PEXPIRE` of at least this many ticks never runs out within the model's horizon
 /// (the fencing counter's 24 h retention, the idempotency record's).
-pub(crate) const FAR: i64 = 1_000_000;
+pub const FAR: i64 = 1_000_000;
 
 /// The interned strings, shared by the model and the Lua callbacks.
 #[derive(Default)]
-pub(crate) struct Interner {
+pub struct Interner {
     ids: HashMap<Vec<u8>, Val>,
     strings: Vec<Vec<u8>>,
 }
 
 impl Interner {
-    pub(crate) fn id(&mut self, s: &[u8]) -> Val {
+    pub fn id(&mut self, s: &[u8]) -> Val {
         if let Some(&id) = self.ids.get(s) {
             return id;
         }
@@ -37,64 +37,64 @@ impl Interner {
         id
     }
 
-    pub(crate) fn get(&self, id: Val) -> &[u8] {
+    pub fn get(&self, id: Val) -> &[u8] {
         &self.strings[id as usize]
     }
 
-    pub(crate) fn text(&self, id: Val) -> String {
+    pub fn text(&self, id: Val) -> String {
         String::from_utf8_lossy(self.get(id)).into_owned()
     }
 }
 
 /// A list's elements (a hand-off queue: at most one entry per token).
-pub(crate) type Entries = Seq<Val, 8>;
+pub type Entries = Seq<Val, 8>;
 
 /// A sorted set's members (the holders of a key with a capacity): (score, member), kept in
 /// order of score, then of member id. A score is a time, relative like every time here: ticks
 /// from now, down to 0 (a time in the past, which every script treats as "now or before").
-pub(crate) type Members = Seq<(i32, Val), 8>;
+pub type Members = Seq<(i32, Val), 8>;
 
 /// The keyspace. Keys are kept sorted, so that equal keyspaces compare equal.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub(crate) struct Db {
+pub struct Db {
     /// (key, value, ticks until it expires: `None` for never within the model).
-    pub(crate) strings: Seq<(Val, Val, Option<i32>), 4>,
+    pub strings: Seq<(Val, Val, Option<i32>), 4>,
     /// (key, elements, expiry); an empty list does not exist, as in Redis.
-    pub(crate) lists: Seq<(Val, Entries, Option<i32>), 2>,
+    pub lists: Seq<(Val, Entries, Option<i32>), 2>,
     /// (key, members, expiry); an empty sorted set does not exist, as in Redis.
-    pub(crate) zsets: Seq<(Val, Members, Option<i32>), 1>,
+    pub zsets: Seq<(Val, Members, Option<i32>), 1>,
 }
 
 impl Db {
-    pub(crate) fn string(&self, key: Val) -> Option<(Val, Option<i32>)> {
+    pub fn string(&self, key: Val) -> Option<(Val, Option<i32>)> {
         self.strings
             .iter()
             .find(|(k, _, _)| *k == key)
             .map(|&(_, v, e)| (v, e))
     }
 
-    pub(crate) fn list(&self, key: Val) -> Option<&[Val]> {
+    pub fn list(&self, key: Val) -> Option<&[Val]> {
         self.lists
             .iter()
             .find(|(k, _, _)| *k == key)
             .map(|(_, l, _)| l.as_slice())
     }
 
-    pub(crate) fn list_mut(&mut self, key: Val) -> Option<&mut Entries> {
+    pub fn list_mut(&mut self, key: Val) -> Option<&mut Entries> {
         self.lists
             .iter_mut()
             .find(|(k, _, _)| *k == key)
             .map(|(_, l, _)| l)
     }
 
-    pub(crate) fn zset(&self, key: Val) -> Option<&[(i32, Val)]> {
+    pub fn zset(&self, key: Val) -> Option<&[(i32, Val)]> {
         self.zsets
             .iter()
             .find(|(k, _, _)| *k == key)
             .map(|(_, m, _)| m.as_slice())
     }
 
-    pub(crate) fn zset_mut(&mut self, key: Val) -> Option<&mut Members> {
+    pub fn zset_mut(&mut self, key: Val) -> Option<&mut Members> {
         self.zsets
             .iter_mut()
             .find(|(k, _, _)| *k == key)
@@ -102,7 +102,7 @@ impl Db {
     }
 
     /// A member's score, if it is in the sorted set at `key`.
-    pub(crate) fn score(&self, key: Val, member: Val) -> Option<i32> {
+    pub fn score(&self, key: Val, member: Val) -> Option<i32> {
         self.zset(key)?
             .iter()
             .find(|(_, m)| *m == member)
@@ -161,7 +161,7 @@ impl Db {
     /// One tick passes: every expiry comes one closer; keys that reach it are gone. Scores are
     /// times too: they come one closer, down to 0 (in the past, where no script tells them
     /// apart), and stay until a script removes them, as in Redis.
-    pub(crate) fn tick(&mut self) {
+    pub fn tick(&mut self) {
         for (_, _, e) in self.strings.iter_mut() {
             if let Some(e) = e {
                 *e -= 1;
@@ -189,13 +189,13 @@ impl Db {
 
 /// Members in their stored order: by score, then by member id (so that equal sets compare
 /// equal; `ZRANGE` answers in Redis's order, by score then bytes).
-pub(crate) fn sort_members(members: &mut Members) {
+pub fn sort_members(members: &mut Members) {
     members.as_mut_slice().sort_unstable();
 }
 
 /// A Redis reply.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Reply {
+pub enum Reply {
     Nil,
     Int(i64),
     Bulk(Vec<u8>),
@@ -204,7 +204,7 @@ pub(crate) enum Reply {
 }
 
 impl Reply {
-    pub(crate) fn int(&self) -> Option<i64> {
+    pub fn int(&self) -> Option<i64> {
         match self {
             Self::Int(n) => Some(*n),
             _ => None,
@@ -214,13 +214,13 @@ impl Reply {
 
 /// What one script call did: its reply, the keyspace after it, and what it published.
 #[derive(Clone, Debug)]
-pub(crate) struct Outcome {
-    pub(crate) reply: Reply,
-    pub(crate) db: Db,
+pub struct Outcome {
+    pub reply: Reply,
+    pub db: Db,
     /// (channel, payload), in the order published.
-    pub(crate) published: Vec<(Val, Val)>,
+    pub published: Vec<(Val, Val)>,
     /// The commands the script sent, for traces.
-    pub(crate) log: Rc<str>,
+    pub log: Rc<str>,
 }
 
 /// The state a running script's `redis.call` works on.
@@ -233,21 +233,21 @@ struct Call {
 }
 
 /// A script run's inputs: (script, keys, arguments, keyspace, channels with a subscriber).
-pub(crate) type MemoKey = (usize, Vec<Val>, Vec<Val>, Db, Vec<Val>);
+pub type MemoKey = (usize, Vec<Val>, Vec<Val>, Db, Vec<Val>);
 
 /// Runs scripts against a [`Db`].
-pub(crate) struct Redis {
+pub struct Redis {
     lua: Lua,
     interner: Rc<RefCell<Interner>>,
     call: Rc<RefCell<Option<Call>>>,
     scripts: Vec<(String, String, Function)>,
     /// A script call is a function of its inputs: each distinct one runs once.
     memo: HashMap<MemoKey, Outcome>,
-    pub(crate) runs: u64,
+    pub runs: u64,
 }
 
 impl Redis {
-    pub(crate) fn new(interner: Rc<RefCell<Interner>>) -> Self {
+    pub fn new(interner: Rc<RefCell<Interner>>) -> Self {
         let lua = Lua::new();
         let call: Rc<RefCell<Option<Call>>> = Rc::default();
         let redis = lua.create_table().expect("lua table");
@@ -279,7 +279,7 @@ impl Redis {
     }
 
     /// Compiles `source` (panics on a syntax error) and returns its handle.
-    pub(crate) fn load(&mut self, name: &str, source: &str) -> usize {
+    pub fn load(&mut self, name: &str, source: &str) -> usize {
         let f = self
             .lua
             .load(source)
@@ -290,22 +290,22 @@ impl Redis {
         self.scripts.len() - 1
     }
 
-    pub(crate) fn script_name(&self, script: usize) -> &str {
+    pub fn script_name(&self, script: usize) -> &str {
         &self.scripts[script].0
     }
 
-    pub(crate) fn script_source(&self, script: usize) -> &str {
+    pub fn script_source(&self, script: usize) -> &str {
         &self.scripts[script].1
     }
 
     /// Every distinct script run so far: its inputs and what it did.
-    pub(crate) fn runs(&self) -> impl Iterator<Item = (&MemoKey, &Outcome)> {
+    pub fn runs(&self) -> impl Iterator<Item = (&MemoKey, &Outcome)> {
         self.memo.iter()
     }
 
     /// Runs `script` with `keys` and `args` on `db`, with `subscribed` channels listening: one
     /// `EVALSHA`. A script error is a model failure (panics), as it would be a failed request.
-    pub(crate) fn run(
+    pub fn run(
         &mut self,
         script: usize,
         keys: &[Val],
@@ -795,7 +795,7 @@ fn zset_of(db: &Db, key: Val) -> Result<Vec<(i32, Val)>, String> {
     Ok(db.zset(key).map(<[_]>::to_vec).unwrap_or_default())
 }
 
-pub(crate) fn show(reply: &Reply) -> String {
+pub fn show(reply: &Reply) -> String {
     match reply {
         Reply::Nil => "nil".into(),
         Reply::Int(n) => n.to_string(),

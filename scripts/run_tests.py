@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Builds the workspace's test binaries once and runs them two at a time.
+
+    python3 scripts/run_tests.py [cargo test options, before any `--`]
+
+`cargo test` runs its test binaries one after another, and most of this suite's time is spent
+waiting (on leases running out, servers starting, handshakes), not computing: the binaries are
+run side by side instead, `TOWER_LOCK_TEST_JOBS` at a time (default 2), the longest first, each
+binary's output printed whole when it ends, then the doc tests with `cargo test --doc`. Each
+binary runs as cargo would run it: from its package's directory, with `CARGO` set. Some run a
+second time on Valkey 9 (`AGAIN_ON_VALKEY`). It exits 1 when any run fails, after all have
+run, naming them.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# The binaries that take longest, started first so that the others fill in around them.
+LONGEST_FIRST = ["protocol_model", "tls", "faults", "cluster", "sentinel", "credentials", "orders"]
+# Run again with `TOWER_LOCK_TEST_SERVER=valkey` (and these test filters): hand-off, group
+# commit, idempotency records and the crate-private store capabilities (key sets, records, the
+# hand-off queue) on Valkey 9. The behaviour suite and the native commands run on it in
+# tests/valkey.rs, the protocol model's check against a real server in tests/protocol_model.rs.
+AGAIN_ON_VALKEY = {
+    "handoff": [],
+    "group_commit": [],
+    "idempotency": [],
+    "tower_lock": ["store::tests::redis", "store::tests::cluster"],
+}
+
+
+def build(args):
+    command = ["cargo", "test", "--no-run", "--message-format=json-render-diagnostics", *args]
+    out = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, check=True, text=True).stdout
+    binaries = []
+    for line in out.splitlines():
+        message = json.loads(line)
+        if message.get("reason") == "compiler-artifact" and message.get("executable") \
+                and message["profile"]["test"]:
+            binaries.append((message["target"]["name"], message["target"]["src_path"],
+                             message["executable"], Path(message["manifest_path"]).parent))
+    return binaries
+
+
+def run(job):
+    (name, src, executable, directory), filters, server = job
+    started = time.monotonic()
+    env = dict(os.environ, CARGO=os.environ.get("CARGO", "cargo"))
+    if server:
+        env["TOWER_LOCK_TEST_SERVER"] = server
+    done = subprocess.run([executable, *filters], cwd=directory, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          errors="replace")
+    took = time.monotonic() - started
+    label = os.path.relpath(src, ROOT) + (f" on {server}" if server else "")
+    return label, done.returncode, done.stdout, took
+
+
+def main():
+    args = sys.argv[1:]
+    binaries = build(args)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    binaries.sort(key=lambda b: (rank.get(b[0], len(rank)), b[1]))
+    runs = [(b, [], None) for b in binaries]
+    runs += [(b, AGAIN_ON_VALKEY[b[0]], "valkey") for b in binaries if b[0] in AGAIN_ON_VALKEY]
+    workers = int(os.environ.get("TOWER_LOCK_TEST_JOBS", "2"))
+    print(f"running {len(runs)} test binaries, {workers} at a time", flush=True)
+    failed = []
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for label, code, output, took in pool.map(run, runs):
+            print(f"\n     Running {label} ({took:.1f} s)", flush=True)
+            sys.stdout.write(output)
+            sys.stdout.flush()
+            if code != 0:
+                failed.append(f"{label}: exit {code}")
+    doc = subprocess.run(["cargo", "test", "--doc", *args], cwd=ROOT)
+    if doc.returncode != 0:
+        failed.append(f"doc tests: exit {doc.returncode}")
+    if failed:
+        print("\nerror: test binaries failed:\n  " + "\n  ".join(failed), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
