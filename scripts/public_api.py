@@ -9,8 +9,8 @@ on the stable toolchain through RUSTC_BOOTSTRAP=1, for the crate's rustdoc only)
 from its root through every public module and re-export, and prints each reachable item with its
 path as a user names it: structs, enums and their variants, public fields, traits and their
 items, functions and methods with their signatures, constants, type aliases, and the trait
-implementations of each type (auto traits such as `Send` and `Sync` included, blanket
-implementations left out). Any change to the surface then shows as a diff in review.
+implementations of each type (auto traits such as `Send` and `Sync` included, on one line per
+type, blanket implementations left out). Any change to the surface then shows as a diff in review.
 """
 
 import json
@@ -209,6 +209,7 @@ def listing(doc):
     r = Render(doc)
     lines = set()
     seen = set()
+    auto = {}
 
     def is_local(id_):
         it = r.item(id_)
@@ -241,9 +242,12 @@ def listing(doc):
                 for_ = owner + (r.args(args) if args else "")
             else:
                 for_ = r.ty(for_)
-            lines.add(
-                f"{unsafe}impl{r.generics(i['generics'])} {neg}{r.path_name(trait)} for {for_}{r.where(i['generics'])}"
-            )
+            generics, where = r.generics(i["generics"]), r.where(i["generics"])
+            if i.get("is_synthetic"):
+                # Auto traits (Send, Sync, Unpin, ...): one line per type and set of bounds.
+                auto.setdefault((generics, for_, where), []).append(f"{neg}{r.path_name(trait)}")
+                continue
+            lines.add(f"{unsafe}impl{generics} {neg}{r.path_name(trait)} for {for_}{where}")
 
     def member(owner, m):
         inner = m["inner"]
@@ -361,6 +365,8 @@ def listing(doc):
             lines.add(f"pub {kind} {path}")
 
     visit(doc["root"], CRATE)
+    for (generics, for_, where), traits in auto.items():
+        lines.add(f"impl{generics} {' + '.join(sorted(traits))} for {for_}{where}")
     return sorted(lines)
 
 
