@@ -1,23 +1,21 @@
 #!/usr/bin/env python3
 """Builds the workspace's test binaries once and runs them two at a time.
 
-    python3 scripts/run_tests.py [--beside COMMAND] [cargo test options, before any `--`]
+    python3 scripts/run_tests.py [cargo test options, before any `--`]
 
 `cargo test` runs its test binaries one after another, and most of this suite's time is spent
 waiting (on leases running out, servers starting, handshakes), not computing: the binaries are
 run side by side instead, `TOWER_LOCK_TEST_JOBS` at a time (default 2), the longest first, each
 binary's output printed whole when it ends, then the doc tests with `cargo test --doc`. Each
 binary runs as cargo would run it: from its package's directory, with `CARGO` set. Some run a
-second time on Valkey 9 (`AGAIN_ON_VALKEY`). `--beside COMMAND` runs a shell command (the
-gates that need cargo's build lock but not the tests' binaries) while the binaries run, its
-output printed after theirs. It exits 1 when any run fails, after all have run, naming them.
+second time on Valkey 9 (`AGAIN_ON_VALKEY`). It exits 1 when any run fails, after all have
+run, naming them.
 """
 
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,7 +37,10 @@ AGAIN_ON_VALKEY = {
 
 def build(args):
     command = ["cargo", "test", "--no-run", "--message-format=json-render-diagnostics", *args]
-    out = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, check=True, text=True).stdout
+    built = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    if built.returncode != 0:
+        sys.exit(f"error: `{' '.join(command)}` failed (exit {built.returncode})")
+    out = built.stdout
     binaries = []
     for line in out.splitlines():
         message = json.loads(line)
@@ -66,16 +67,7 @@ def run(job):
 
 def main():
     args = sys.argv[1:]
-    beside_command = None
-    if args[:1] == ["--beside"]:
-        beside_command, args = args[1], args[2:]
     binaries = build(args)
-    beside = None
-    if beside_command:
-        print(f"running `{beside_command}` beside the tests", flush=True)
-        beside_output = tempfile.TemporaryFile("w+", errors="replace")
-        beside = subprocess.Popen(beside_command, shell=True, cwd=ROOT, stdout=beside_output,
-                                  stderr=subprocess.STDOUT, text=True)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     binaries.sort(key=lambda b: (rank.get(b[0], len(rank)), b[1]))
     runs = [(b, [], None) for b in binaries]
@@ -90,15 +82,6 @@ def main():
             sys.stdout.flush()
             if code != 0:
                 failed.append(f"{label}: exit {code}")
-    if beside:
-        code = beside.wait()
-        beside_output.seek(0)
-        output = beside_output.read()
-        print(f"\n     Ran `{beside_command}` (exit {code})", flush=True)
-        sys.stdout.write(output)
-        sys.stdout.flush()
-        if code != 0:
-            failed.append(f"`{beside_command}`: exit {code}")
     doc = subprocess.run(["cargo", "test", "--doc", *args], cwd=ROOT)
     if doc.returncode != 0:
         failed.append(f"doc tests: exit {doc.returncode}")

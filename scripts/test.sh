@@ -53,17 +53,9 @@ echo "using $(valkey-server --version)" >&2
 echo "using $(openssl version)" >&2
 echo "using $(python3 --version)" >&2
 
-# The gates a change must pass before its tests count: formatting and clippy with and without
-# features first; the rest (rustdoc, the public API's listing, the docs' references, the
-# package as crates.io would receive it, the builds without the default features:
-# scripts/gates.sh) beside the tests. With arguments (which pick tests), only the builds
-# without the default features, then the tests picked.
-#
-# The whole suite: the crate's unit and doc tests, the integration tests (`suite/`) and the test
-# kit's own (its MONITOR and wrk parsers), in one build so that the dependencies they share are
-# compiled once; the test binaries run two at a time (scripts/run_tests.py: most of their time
-# is waiting on leases, servers and handshakes), some of them again on Valkey 9, with the other
-# gates beside them, and the doc tests after them.
+# The gates a change must pass before its tests count (skipped when arguments pick tests):
+# formatting, clippy with and without features, rustdoc, the public API's listing, the docs' references, and the package as crates.io would
+# receive it (built from the packaged files alone).
 if [ "$#" -eq 0 ]; then
   if command -v rustup >/dev/null 2>&1; then
     rustup component add rustfmt clippy >/dev/null 2>&1 || true
@@ -71,12 +63,33 @@ if [ "$#" -eq 0 ]; then
   cargo fmt --all --check
   cargo clippy --workspace --all-targets --quiet -- -D warnings
   cargo clippy --workspace --all-targets --all-features --quiet -- -D warnings
-  python3 scripts/run_tests.py --beside "bash scripts/gates.sh" --workspace --all-features
-else
-  bash scripts/gates.sh features
-  cargo test --workspace --all-features "$@"
+  RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features --quiet
+  # And with the default features, as most users build it (no links to `bb8`-only items).
+  RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p tower-lock --quiet
+  # The public API as checked in (docs/public-api.txt): a change to the surface shows in review.
+  python3 scripts/public_api.py
+  # Every file, heading and crate symbol the docs (and the protocol model's comments) cite
+  # exists, and none cites a line number or an issue.
+  python3 scripts/check_docs.py
+  cargo package --allow-dirty --quiet
 fi
 
+# The crate without its default features still builds (tower-only users), and with TLS alone,
+# without a warning; and its doc examples compile and pass without axum (each gated on what it
+# uses).
+cargo clippy -p tower-lock --lib --no-default-features --quiet -- -D warnings
+cargo clippy -p tower-lock --lib --no-default-features --features tls --quiet -- -D warnings
+cargo test -p tower-lock --doc --no-default-features --quiet
+# The whole suite: the crate's unit and doc tests, the integration tests (`suite/`) and the test
+# kit's own (its MONITOR and wrk parsers), in one build so that the dependencies they share are
+# compiled once; the test binaries run two at a time (scripts/run_tests.py: most of their time
+# is waiting on leases, servers and handshakes), some of them again on Valkey 9, the doc tests
+# after them.
+if [ "$#" -eq 0 ]; then
+  python3 scripts/run_tests.py --workspace --all-features
+else
+  cargo test --workspace --all-features "$@"
+fi
 # The fault-injection run (faults/README.md): the history checker's own tests, then the short
 # schedule (about 1.5 minutes; `--profile dev` runs the example the tests already built),
 # whose main run the checker must pass and whose two negative controls it must fail.
