@@ -245,8 +245,10 @@ impl Wait {
         match &self.backoff {
             Backoff::None => Some(Duration::ZERO),
             Backoff::Fixed { delays, jitter } => {
-                let sum: Duration = delays.iter().sum();
-                Some(if *jitter { sum * 2 } else { sum })
+                let sum = delays
+                    .iter()
+                    .fold(Duration::ZERO, |sum, d| sum.saturating_add(*d));
+                Some(if *jitter { sum.saturating_mul(2) } else { sum })
             }
             _ => None,
         }
@@ -333,7 +335,7 @@ impl Wait {
                 let jitter = *jitter;
                 Box::new(delays.clone().into_iter().map(move |d| {
                     if jitter {
-                        d + d.mul_f64(fastrand::f64())
+                        d.saturating_add(d.mul_f64(fastrand::f64()))
                     } else {
                         d
                     }

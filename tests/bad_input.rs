@@ -8,6 +8,7 @@
 //! longer run.
 
 use std::{
+    future::IntoFuture,
     io::{Read, Write},
     net::TcpStream,
     sync::OnceLock,
@@ -291,4 +292,57 @@ fn raw_request(port: u16, head: &[u8]) -> Option<u16> {
         .nth(1)?
         .parse()
         .ok()
+}
+
+/// Durations past what a clock can count (`Duration::MAX`, a natural "for ever") are refused
+/// when built, or read as "no limit" where that is what they say: never a panic later, in a
+/// request or a destructor.
+#[tokio::test]
+async fn durations_past_the_clock_are_refused_or_read_as_no_limit() {
+    use tower_lock::{
+        LockConfig, LockError, Locker, Wait, fence::FencedData, idempotency::IdempotencyConfig,
+    };
+    let forever = Duration::MAX;
+    let refused = |built: Result<LockConfig, tower_lock::ConfigError>| built.unwrap_err().field();
+    assert_eq!(refused(LockConfig::builder().ttl(forever).build()), "ttl");
+    assert_eq!(
+        refused(LockConfig::builder().max_hold(forever).build()),
+        "max_hold"
+    );
+    assert_eq!(
+        refused(LockConfig::builder().store_timeout(forever).build()),
+        "store_timeout"
+    );
+    let retention = IdempotencyConfig::builder().retention(forever).build();
+    assert_eq!(retention.unwrap_err().field(), "retention");
+
+    let locker = Locker::new(MemoryStore::new());
+    let key = locker.key("bad", "durations").unwrap();
+    for call in [
+        locker.acquire(key.clone()).ttl(forever),
+        locker.acquire(key.clone()).max_hold(forever),
+    ] {
+        let error = call.await.unwrap_err();
+        assert!(matches!(error, LockError::Config(_)), "{error:?}");
+    }
+    // Held, then waited for by policies whose sums and deadlines overflow: they wait (here
+    // until the test stops waiting), they do not panic.
+    let held = locker.acquire(key.clone()).await.unwrap();
+    for wait in [
+        Wait::constant(Duration::from_millis(5)).deadline(forever),
+        Wait::fixed([forever, forever]),
+        Wait::fixed([forever]).jitter(true),
+        Wait::fixed([forever / 2 + Duration::from_millis(1)]).jitter(true),
+    ] {
+        let waiting = locker.acquire(key.clone()).wait(wait.clone()).into_future();
+        let waited = tokio::time::timeout(Duration::from_millis(50), waiting).await;
+        assert!(waited.is_err(), "{wait:?}: {waited:?}");
+    }
+    // Fenced writes in memory: a horizon and a value's TTL of "for ever".
+    let data = FencedData::in_memory().horizon(forever);
+    let batch = data
+        .batch(held.lease())
+        .set_with_ttl("stock:apple", "1", forever);
+    batch.apply().await.unwrap();
+    held.release().await.unwrap();
 }

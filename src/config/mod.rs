@@ -3,5 +3,5 @@
 
 pub(crate) mod settings;
 
-pub(crate) use settings::LockConfig;
 pub use settings::{KeyDisplay, LockConfigBuilder, OnLeaseLost};
+pub(crate) use settings::{LockConfig, MAX_DURATION, at_most_a_year};

@@ -6,6 +6,23 @@ use http::StatusCode;
 
 use crate::{error::ConfigError, wait::Wait};
 
+/// The longest duration a setting may hold (TTLs, holds, timeouts, retention): 365 days. A
+/// longer one would overflow the clock's arithmetic (`Duration::MAX` for "for ever") or the
+/// store's expiry in milliseconds.
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
+/// `duration` as the setting `field`, refused above [`MAX_DURATION`].
+pub(crate) fn at_most_a_year(field: &'static str, duration: Duration) -> Result<(), ConfigError> {
+    match duration <= MAX_DURATION {
+        true => Ok(()),
+        false => Err(ConfigError::new(
+            field,
+            "must be at most 365 days (leave it unset, or use `None` where the setting takes \
+             one, for no limit)",
+        )),
+    }
+}
+
 /// What happens to a request whose lease is lost while its handler runs.
 ///
 /// A lease is lost when a renewal finds the key no longer holds our token (it expired during a
@@ -216,19 +233,20 @@ macro_rules! settings {
 }
 
 settings! {
-    /// Lease time to live (at least 10 ms; default 10 s).
+    /// Lease time to live (at least 10 ms, at most 365 days; default 10 s).
     ttl: Duration => |v| v, get Duration => |s| s.ttl;
     /// How often to renew while a request runs; shorter than the TTL (default TTL / 3).
     renew_interval: Duration => Some, get Duration => |s| s.renew_interval.unwrap_or(s.ttl / 3);
     /// The retry policy for a held key.
     wait: Wait => |v| v, get &Wait => |s| &s.wait;
-    /// The longest any one request may hold its lease (default 5 min).
+    /// The longest any one request may hold its lease (default 5 min, at most 365 days).
     max_hold: Duration => |v| v, get Duration => |s| s.max_hold;
     /// Bound on each renew and release round trip, and the least time an acquire attempt gets
     /// even when the wait deadline is shorter, so `Wait::none()` still has time for one try
     /// (default 1 s). A [`RedisStore`](crate::RedisStore) made by `connect` also gives each
     /// command at most 2 s of silence from Redis (its connection's own response timeout: the
-    /// call then fails as timed out), so above 2 s this bounds nothing more there.
+    /// call then fails as timed out), so above 2 s this bounds nothing more there. At most
+    /// 365 days.
     store_timeout: Duration => |v| v, get Duration => |s| s.store_timeout;
     /// Prepended to every key, to keep this service's locks apart in a shared Redis (default
     /// `tower-lock:`).
@@ -300,6 +318,9 @@ impl Settings {
         if self.ttl < Duration::from_millis(10) {
             return Err(ConfigError::new("ttl", "the TTL must be at least 10 ms"));
         }
+        at_most_a_year("ttl", self.ttl)?;
+        at_most_a_year("max_hold", self.max_hold)?;
+        at_most_a_year("store_timeout", self.store_timeout)?;
         let renew = self.renew_interval.unwrap_or(self.ttl / 3);
         if renew.is_zero() || renew >= self.ttl {
             return Err(ConfigError::new(

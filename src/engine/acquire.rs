@@ -15,6 +15,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 
 use super::{local::GaveUp, release::ReleaseOnDrop, state::Engine, terms::Terms};
 use crate::{
+    config::MAX_DURATION,
     error::{ConfigError, LockError},
     key::{KeyRejection, KeySet, Share},
     lease::{Fences, Lease},
@@ -242,8 +243,9 @@ impl Waiter {
         let set = keys.as_one().is_none();
         Ok(Self {
             guard: ReleaseOnDrop::new(Arc::clone(&engine.store), keys, token, floor),
-            deadline: wait.total().map(|d| start + d),
-            schedule_end: wait.schedule_len().map(|d| start + d),
+            // A deadline past what the clock can count (`Duration::MAX`) is none.
+            deadline: wait.total().and_then(|d| start.checked_add(d)),
+            schedule_end: wait.schedule_len().and_then(|d| start.checked_add(d)),
             wait,
             terms,
             start,
@@ -432,7 +434,7 @@ impl Waiter {
             .delays
             .get_or_insert_with(|| self.wait.delays())
             .next()
-            .map(|delay| now + delay);
+            .map(|delay| now + delay.min(MAX_DURATION));
         let wake = match (next, self.deadline) {
             (Some(next), Some(deadline)) if now < deadline => next.min(deadline),
             (Some(next), None) => next,

@@ -137,7 +137,8 @@ impl Acquiring {
     }
 
     /// Holds the lease with this time to live (at least 10 ms) instead of the locker's,
-    /// renewed every third of it.
+    /// renewed every third of it. Over 365 days, the acquire is a [`LockError::Config`] when
+    /// awaited.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.terms = self.terms.with_ttl(ttl);
         self
@@ -146,7 +147,8 @@ impl Acquiring {
     /// Holds the lease at most this long, renewals or not: then it is reported lost
     /// ([`LostReason::MaxHold`](crate::lease::LostReason::MaxHold)) and no longer renewed, and
     /// [`run`](Self::run) cancels its work and releases the keys. Background leases have no
-    /// longest hold unless a call sets one.
+    /// longest hold unless a call sets one. Over 365 days, the acquire is a
+    /// [`LockError::Config`] when awaited.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.terms.max_hold = Some(max_hold);
         self
@@ -293,6 +295,7 @@ impl Acquiring {
     /// The locker, the keys with the share asked for, and the terms.
     fn asked(self) -> Result<(Locker, KeySet, Terms), ConfigError> {
         let keys = self.counts.apply(self.keys)?;
+        self.terms.check()?;
         Ok((self.locker, keys, self.terms))
     }
 

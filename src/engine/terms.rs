@@ -2,7 +2,11 @@
 
 use std::time::Duration;
 
-use crate::{config::LockConfig, wait::Wait};
+use crate::{
+    config::{LockConfig, at_most_a_year},
+    error::ConfigError,
+    wait::Wait,
+};
 
 /// The shortest TTL a call may ask for (the config's own lower bound).
 const MIN_TTL: Duration = Duration::from_millis(10);
@@ -33,6 +37,13 @@ impl Terms {
         self.ttl = ttl.max(MIN_TTL);
         self.interval = self.ttl / 3;
         self
+    }
+
+    /// Refuses a call's TTL or longest hold over 365 days (when awaited).
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        at_most_a_year("ttl", self.ttl)?;
+        self.max_hold
+            .map_or(Ok(()), |hold| at_most_a_year("max_hold", hold))
     }
 
     /// With a wait policy of its own.

@@ -92,9 +92,9 @@ impl Batch {
         })
     }
 
-    /// Sets a string value that expires after `ttl` (at least a millisecond; `SET PX`). The
-    /// batch's fences are kept at least as long, so that no value outlives the fence that
-    /// guards it.
+    /// Sets a string value that expires after `ttl` (at least a millisecond, at most 365 days:
+    /// `SET PX`). The batch's fences are kept at least as long, so that no value outlives the
+    /// fence that guards it.
     pub fn set_with_ttl(
         self,
         key: impl AsRef<[u8]>,
@@ -104,7 +104,10 @@ impl Batch {
         self.op(DataOp::Set {
             key: bytes(key),
             value: bytes(value),
-            ttl: Some(ttl.max(std::time::Duration::from_millis(1))),
+            ttl: Some(ttl.clamp(
+                std::time::Duration::from_millis(1),
+                crate::config::MAX_DURATION,
+            )),
         })
     }
 

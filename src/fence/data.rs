@@ -82,7 +82,9 @@ impl FencedData {
     /// nobody touched for a whole horizon, is refused too. Keep the horizon above the longest
     /// a lease is held between two batches on one resource, and the same on every instance
     /// that writes the data (an instance with a longer horizon than the one that wrote a fence
-    /// admits tokens the fence would have refused, for the difference).
+    /// admits tokens the fence would have refused, for the difference). A horizon over 365
+    /// days (`Duration::MAX` for "for ever") counts as 365 days: past any lease, and within
+    /// what the store's expiries can count.
     ///
     /// See the [module docs](super#fences-expire).
     #[must_use]
@@ -155,7 +157,7 @@ impl FencedData {
     }
 
     pub(super) fn fence_horizon(&self) -> Duration {
-        self.horizon
+        self.horizon.min(crate::config::MAX_DURATION)
     }
 }
 

@@ -251,6 +251,13 @@ pub(crate) fn is_lock_namespace(key: &[u8], resource: &LockKey) -> bool {
 /// so one name gives each resource a key
 /// of its own.
 ///
+/// The key holds `resource`'s scope. A [`LockLayer`](crate::LockLayer) without a
+/// [`namespace`](crate::LockLayer::namespace) scopes its keys by method and route template, so
+/// `POST /accounts/{id}` and `POST /accounts/{id}/withdraw` would give one account two data
+/// keys (two balances), and would not exclude each other: routes that touch one resource share
+/// a namespace (`.namespace("accounts")`), and so do the [`Locker::key`](crate::Locker::key)
+/// calls of work outside requests (`locker.key("accounts", id)`).
+///
 /// On a cluster every key of a batch must share one hash slot; keys made here share the slot
 /// of `resource`'s lock key and fence. `name` must not contain `{` or `}` (the hash tag must
 /// be the key's first): such a key lands in another slot, and a batch on a cluster refuses it.

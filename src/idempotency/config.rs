@@ -156,7 +156,7 @@ settings! {
     /// Longest accepted key, in bytes (default 255).
     max_key_len: usize => |v| v, get usize => |c| c.max_key_len;
     /// How long a finished request's response is kept and replayed (default 24 h, at least
-    /// 1 ms). After it, the key may be used again.
+    /// 1 ms, at most 365 days). After it, the key may be used again.
     retention: Duration => |v| v, get Duration => |c| c.retention;
     /// Largest request body buffered for the fingerprint, in bytes (default 1 MiB); larger
     /// bodies are answered 413 before the handler runs.
@@ -206,6 +206,7 @@ impl IdempotencyConfig {
                 "the retention must be at least 1 ms",
             ));
         }
+        crate::config::at_most_a_year("retention", self.retention)?;
         Ok(())
     }
 }

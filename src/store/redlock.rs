@@ -191,6 +191,7 @@ impl RedlockStore {
                 "the drift factor must be at least 0 and less than 1",
             ));
         }
+        crate::config::at_most_a_year("redlock.drift", fixed)?;
         self.drift_factor = factor;
         self.drift_fixed = fixed;
         Ok(self)
