@@ -14,6 +14,7 @@ run, naming them.
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,6 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # The binaries that take longest, started first so that the others fill in around them.
 LONGEST_FIRST = ["protocol_model", "tls", "faults", "cluster", "sentinel", "credentials", "orders"]
+# Options that pick targets: with any of them, no doc tests.
+TARGET_OPTIONS = {"--lib", "--bin", "--bins", "--test", "--tests", "--example", "--examples",
+                  "--bench", "--benches", "--all-targets", "--doc"}
 # Run again with `TOWER_LOCK_TEST_SERVER=valkey` (and these test filters): hand-off, group
 # commit, idempotency records and the crate-private store capabilities (key sets, records, the
 # hand-off queue) on Valkey 9. The behaviour suite and the native commands run on it in
@@ -80,11 +84,15 @@ def main():
             print(f"\n     Running {label} ({took:.1f} s)", flush=True)
             sys.stdout.write(output)
             sys.stdout.flush()
-            if code != 0:
+            if code < 0:
+                failed.append(f"{label}: killed by {signal.Signals(-code).name}")
+            elif code != 0:
                 failed.append(f"{label}: exit {code}")
-    doc = subprocess.run(["cargo", "test", "--doc", *args], cwd=ROOT)
-    if doc.returncode != 0:
-        failed.append(f"doc tests: exit {doc.returncode}")
+    # The doc tests, unless the arguments picked targets (`cargo test --doc` refuses them).
+    if not any(arg in TARGET_OPTIONS for arg in args):
+        doc = subprocess.run(["cargo", "test", "--doc", *args], cwd=ROOT)
+        if doc.returncode != 0:
+            failed.append(f"doc tests: exit {doc.returncode}")
     if failed:
         print("\nerror: test binaries failed:\n  " + "\n  ".join(failed), file=sys.stderr)
         return 1
