@@ -15,7 +15,6 @@ use std::{
 
 use bytes::Bytes;
 
-use crate::config::MAX_DURATION;
 use crate::store::{
     BoxFuture, StoreError,
     fenced::{Applied, DataOp, FENCE_SLACK, FencedWrites, Plan, Reply},
@@ -163,9 +162,7 @@ impl State {
             },
             DataOp::Set { key, value, ttl } => {
                 match ttl {
-                    Some(ttl) => self
-                        .expiries
-                        .insert(key.clone(), Instant::now() + ttl.min(MAX_DURATION)),
+                    Some(ttl) => self.expiries.insert(key.clone(), Instant::now() + ttl),
                     None => self.expiries.remove(&key),
                 };
                 self.keys.insert(key, Value::Str(value));
@@ -283,9 +280,7 @@ impl State {
             let expires = self
                 .fences
                 .get(&fence_key)
-                .map_or(now + keep.min(MAX_DURATION), |f| {
-                    f.expires.max(now + keep.min(MAX_DURATION))
-                });
+                .map_or(now + keep, |f| f.expires.max(now + keep));
             let token = fence.map_or(token, |fence| fence.max(token));
             self.fences.insert(fence_key, Fence { token, expires });
         }
