@@ -197,11 +197,15 @@ impl RedisServer {
                 .args(["--requirepass", password])
                 .args(["--masterauth", password]);
         }
+        // Its log in the scratch dir, so that a server that exits early says why.
+        let log = self.dir.join(format!("{}.log", self.port));
         let child = command
             .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&self.dir)
+            .arg("--logfile")
+            .arg(&log)
             .args(&self.options.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -228,6 +232,13 @@ impl RedisServer {
         let access = self.access();
         if wait_until_up(&mut self.child, program, port, || access.ping()) {
             return true;
+        }
+        if let Ok(text) = std::fs::read_to_string(&log) {
+            let last: Vec<&str> = text.lines().rev().take(5).collect();
+            eprintln!("{program} on port {port}, its log's last lines:");
+            for line in last.iter().rev() {
+                eprintln!("  {line}");
+            }
         }
         self.kill();
         false
