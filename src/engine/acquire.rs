@@ -222,19 +222,24 @@ struct NotYet {
     released: Option<ReleaseNotice>,
 }
 
+/// The refusal of `setting` (permits, shared leases) on a store that cannot count a key's
+/// holders: when a layer is built, or when a call asks for a share.
+pub(crate) fn cannot_count(setting: &'static str) -> ConfigError {
+    ConfigError::new(
+        setting,
+        "this store cannot count a key's holders (a RedlockStore, or a store written outside \
+         tower-lock): take plain leases on it, or use a RedisStore, ClusterStore, SentinelStore \
+         or MemoryStore",
+    )
+}
+
 impl Waiter {
     /// Checks the keys and the store, and draws the token.
     fn new(engine: &Engine, keys: KeySet, terms: Terms) -> Result<Self, LockError> {
         let config = &engine.config;
         check_keys(&keys, config.max_keys())?;
         if keys.counted() && !engine.store.counts() {
-            return Err(ConfigError::new(
-                "permits",
-                "this store cannot count a key's holders (a RedlockStore, or a store written \
-                 outside tower-lock): take plain leases on it, or use a RedisStore, \
-                 ClusterStore, SentinelStore or MemoryStore",
-            )
-            .into());
+            return Err(cannot_count("permits").into());
         }
         let token = Token::generate()?;
         let start = Instant::now();

@@ -29,13 +29,14 @@ mod terms;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use self::{
+    acquire::cannot_count,
+    hold::{Guarded, Hold, poll_guarded},
+    reentry::Held,
+    release::{LetGo, Release},
+};
 pub use self::{
     acquiring::{AcquireFuture, Acquiring},
     guard::LeaseGuard,
     locker::Locker,
-};
-pub(crate) use self::{
-    hold::{Guarded, Hold, poll_guarded},
-    reentry::Held,
-    release::{LetGo, Release},
 };

@@ -10,7 +10,7 @@ use super::{
 };
 use crate::{
     config::LockConfig,
-    engine::Locker,
+    engine::{Locker, cannot_count},
     error::ConfigError,
     key::{BodyKeys, IntoKeys, JsonKeys},
     response::Rejection,
@@ -191,12 +191,7 @@ impl<K> LockLayer<K> {
     fn check_counts(&self, setting: &'static str) -> Result<(), ConfigError> {
         match self.state.locker.engine().store.counts() {
             true => Ok(()),
-            false => Err(ConfigError::new(
-                setting,
-                "this store cannot count a key's holders (a RedlockStore, or a store written \
-                 outside tower-lock): use a RedisStore, ClusterStore, SentinelStore or \
-                 MemoryStore, or plain leases",
-            )),
+            false => Err(cannot_count(setting)),
         }
     }
 
