@@ -18,3 +18,14 @@ pub fn free_port() -> u16 {
         }
     }
 }
+
+/// A loopback port that was free a moment ago with `port + 10000` free too (a cluster node's bus
+/// port, which must also be a valid port), never 6379.
+pub(crate) fn free_port_with_bus() -> u16 {
+    loop {
+        let port = free_port();
+        if port <= u16::MAX - 10_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}

@@ -21,7 +21,7 @@ use std::{
 };
 
 use crate::{
-    port::free_port,
+    port::{free_port, free_port_with_bus},
     process::{kill, ping, scratch_dir, wait_until_up},
     tls::TlsOptions,
 };
@@ -133,12 +133,17 @@ impl ServerOptions {
     /// Starts the server. Panics, loudly, if its program is not installed or does not start.
     pub fn start(mut self) -> RedisServer {
         let flavor = *self.flavor.get_or_insert_with(Flavor::from_env);
-        let dir = scratch_dir("redis");
+        let cluster = self.args.iter().any(|a| a == "--cluster-enabled");
         for _ in 0..5 {
+            // A directory of its own per try: a failed try's is removed when it is dropped.
             let mut server = RedisServer {
                 child: None,
-                port: free_port(),
-                dir: dir.clone(),
+                port: if cluster {
+                    free_port_with_bus()
+                } else {
+                    free_port()
+                },
+                dir: scratch_dir("redis"),
                 options: self.clone(),
             };
             if server.spawn() {
