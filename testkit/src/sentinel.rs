@@ -43,8 +43,9 @@ impl SentinelServer {
         password: Option<&str>,
         down_after: Duration,
     ) -> Self {
-        let dir = scratch_dir("sentinel");
         for _ in 0..5 {
+            // A directory of its own per try: a failed try's is removed when it is dropped.
+            let dir = scratch_dir("sentinel");
             let port = free_port();
             let conf = dir.join("sentinel.conf");
             let mut extra = String::new();
@@ -92,7 +93,7 @@ impl SentinelServer {
             let mut sentinel = Self {
                 child: Some(child),
                 port,
-                dir: dir.clone(),
+                dir,
                 tls: tls.cloned(),
             };
             if sentinel.wait_until_up() {
