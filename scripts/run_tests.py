@@ -7,9 +7,12 @@
 waiting (on leases running out, servers starting, handshakes), not computing: the binaries are
 run side by side instead, `TOWER_LOCK_TEST_JOBS` at a time (default 2), the longest first, each
 binary's output printed whole when it ends, then the doc tests with `cargo test --doc`. Each
-binary runs as cargo would run it: from its package's directory, with `CARGO` set. Some run a
-second time on Valkey 9 (`AGAIN_ON_VALKEY`). It exits 1 when any run fails, after all have
-run, naming them.
+binary runs as cargo would run it: from its package's directory, with `CARGO` set. The
+`integration` binary (`tests/integration.rs`) runs once per module, each module's tests by
+name (`--exact`), so that each file of `tests/` still runs in a process of its own, with the
+crate's runtime thread to itself, as when every file was its own binary. Some run a second time
+on Valkey 9 (`AGAIN_ON_VALKEY`). It exits 1 when any run fails, after all have run, naming
+them.
 """
 
 import json
@@ -22,8 +25,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# The binaries that take longest, started first so that the others fill in around them.
+# The runs that take longest (binaries, or modules of a binary run per module), started first
+# so that the others fill in around them.
 LONGEST_FIRST = ["protocol_model", "tls", "faults", "cluster", "sentinel", "credentials", "orders"]
+# Binaries whose tests run once per module (the first part of a test's name), each in a process
+# of its own.
+PER_MODULE = {"integration"}
 # Options that pick targets: with any of them, no doc tests.
 TARGET_OPTIONS = {"--lib", "--bin", "--bins", "--test", "--tests", "--example", "--examples",
                   "--bench", "--benches", "--all-targets", "--doc"}
@@ -55,13 +62,29 @@ def build(args):
     return binaries
 
 
+def modules(binary):
+    """`binary` as one run per module: (name, source, executable, directory, filters) each,
+    the module's tests named exactly (a module's name as a filter would also match any test
+    whose name merely contains it)."""
+    name, src, executable, directory = binary
+    listed = subprocess.run([executable, "--list", "--format", "terse"], cwd=directory,
+                            stdout=subprocess.PIPE, text=True, check=True).stdout
+    tests = {}
+    for line in listed.splitlines():
+        if line.endswith(": test"):
+            test = line[: -len(": test")]
+            tests.setdefault(test.split("::")[0], []).append(test)
+    return [(module, str(Path(src).parent / f"{module}.rs"), executable, directory,
+             ["--exact", *names]) for module, names in tests.items()]
+
+
 def run(job):
-    (name, src, executable, directory), filters, server = job
+    (name, src, executable, directory, filters), extra, server = job
     started = time.monotonic()
     env = dict(os.environ, CARGO=os.environ.get("CARGO", "cargo"))
     if server:
         env["TOWER_LOCK_TEST_SERVER"] = server
-    done = subprocess.run([executable, *filters], cwd=directory, env=env,
+    done = subprocess.run([executable, *filters, *extra], cwd=directory, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           errors="replace")
     took = time.monotonic() - started
@@ -71,13 +94,15 @@ def run(job):
 
 def main():
     args = sys.argv[1:]
-    binaries = build(args)
+    binaries = []
+    for binary in build(args):
+        binaries += modules(binary) if binary[0] in PER_MODULE else [(*binary, [])]
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     binaries.sort(key=lambda b: (rank.get(b[0], len(rank)), b[1]))
     runs = [(b, [], None) for b in binaries]
     runs += [(b, AGAIN_ON_VALKEY[b[0]], "valkey") for b in binaries if b[0] in AGAIN_ON_VALKEY]
     workers = int(os.environ.get("TOWER_LOCK_TEST_JOBS", "2"))
-    print(f"running {len(runs)} test binaries, {workers} at a time", flush=True)
+    print(f"running {len(runs)} test binaries and modules, {workers} at a time", flush=True)
     failed = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for label, code, output, took in pool.map(run, runs):

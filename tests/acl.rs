@@ -6,7 +6,7 @@
 //! that hands over fails: the rule is not wider than it needs to be there. Leases with counts
 //! need the sorted set commands the docs add, and are refused without them.
 
-mod support;
+use crate::support;
 
 use std::{num::NonZeroU32, time::Duration};
 

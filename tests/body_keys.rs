@@ -2,7 +2,7 @@
 //! body up to its limit (413 above it), derives the keys (400 when it cannot), and hands the
 //! handler the same bytes. Runs on `MemoryStore`, without a network.
 
-mod support;
+use crate::support;
 
 use std::{
     convert::Infallible,

@@ -6,8 +6,8 @@
 //! `src/store/tests/cluster.rs`.
 #![cfg(feature = "cluster")]
 
-mod suite;
-mod support;
+use crate::suite;
+use crate::support;
 
 use std::{
     sync::{

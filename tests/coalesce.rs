@@ -2,7 +2,7 @@
 //! are woken by the release (not a timer), and only one of them contends in the store.
 //! (Waiters in separate processes, queued in Redis: `tests/handoff.rs`.)
 
-mod support;
+use crate::support;
 
 use std::{
     sync::{Arc, Mutex},

@@ -3,7 +3,7 @@
 //! line for line, so that the two cannot drift apart. Only the `date` headers, the port and the
 //! fencing token (the clock when the lock was taken) differ from run to run.
 
-mod instances;
+use crate::instances;
 
 use std::time::{Duration, Instant};
 

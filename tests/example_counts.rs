@@ -3,7 +3,7 @@
 //! shows when each charge ran, so the limit is checked from outside), with 429 and
 //! `Retry-After` past `PROVIDER_WAIT_MS`.
 
-mod instances;
+use crate::instances;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! is cut off (both examples); the inventory refuses a SKU its lock cannot take, and bounds its
 //! in-memory stock; every error it answers is problem+json.
 
-mod instances;
+use crate::instances;
 
 use std::time::{Duration, Instant};
 

@@ -7,8 +7,8 @@
 //! Network faults go through the test kit's `Proxy`; server faults are `redis-server` kills and
 //! `CLIENT PAUSE`; app faults are real `examples/inventory.rs` processes.
 
-mod instances;
-mod support;
+use crate::instances;
+use crate::support;
 
 use std::{
     sync::{

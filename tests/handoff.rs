@@ -5,7 +5,7 @@
 //! (`src/store/tests/redis.rs`), and the locker's side of a hand-off after a store error in
 //! `src/engine/tests.rs`.
 
-mod support;
+use crate::support;
 
 use std::{
     sync::{

@@ -4,7 +4,7 @@
 //! crate-private record operations (`complete`, `lookup`) are tested in the crate,
 //! `src/store/tests/`.
 
-mod support;
+use crate::support;
 
 use std::{
     convert::Infallible,

@@ -6,8 +6,8 @@
 //! `docs/RELIABILITY.md` come from `TOWER_LOCK_LOAD_SCALE=20`); add `-- --nocapture` to see
 //! the counts.
 
-mod instances;
-mod support;
+use crate::instances;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

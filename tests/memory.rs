@@ -1,7 +1,7 @@
 //! The behaviour suite on `MemoryStore` (one process; the layer's own behaviour).
 
-mod suite;
-mod support;
+use crate::suite;
+use crate::support;
 
 use support::Memory;
 use tower_lock::config::OnLeaseLost;

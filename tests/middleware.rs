@@ -1,7 +1,7 @@
 //! The layer's own behaviour, independent of the store: tower contracts, key sources, bad input,
 //! responses, the extractor, body holding. Runs on `MemoryStore`, without a network.
 
-mod support;
+use crate::support;
 
 use std::{convert::Infallible, sync::Arc, time::Duration};
 

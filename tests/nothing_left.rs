@@ -8,7 +8,7 @@
 //! pause with the horizon out of the way lets its stale write in), and a holder whose fenced
 //! write was refused leaves no idempotency record to replay.
 
-mod instances;
+use crate::instances;
 
 use std::{
     collections::BTreeMap,

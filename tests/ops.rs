@@ -11,8 +11,8 @@
 //! scraped: names, kinds, labels.
 #![cfg(feature = "metrics")]
 
-mod instances;
-mod support;
+use crate::instances;
+use crate::support;
 
 use std::{
     collections::{BTreeMap, BTreeSet},

@@ -9,7 +9,7 @@
 //! exactly the stock before them minus their quantity, and the final stock must be the initial
 //! stock minus every 200's quantity. `LOCK=off` is the negative control.
 
-mod instances;
+use crate::instances;
 
 use std::{
     collections::BTreeMap,

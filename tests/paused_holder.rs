@@ -11,7 +11,7 @@
 //! exactly the accepted writes, with increasing tokens. With `FENCING=off` (the negative
 //! control) A's write, sent the moment it resumes, lands on top of B's sales: updates are lost.
 
-mod instances;
+use crate::instances;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! renewals that keep a long holder, first come first served across processes, 429 through the
 //! layer, and bad settings refused with a clear error.
 
-mod support;
+use crate::support;
 
 use std::{
     num::NonZeroU32,

@@ -2,8 +2,8 @@
 //! same overlap detector as the single-node tests, then faults (masters killed, a master
 //! restarted empty under a held lease), validity and fencing.
 
-mod suite;
-mod support;
+use crate::suite;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! releasing it does not end the request's lease; a spawned task is another holder; a shared
 //! holder re-enters shared, not exclusive.
 
-mod support;
+use crate::support;
 
 use std::{
     num::NonZeroU32,

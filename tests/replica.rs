@@ -1,8 +1,8 @@
 //! `RedisStore::wait_for_replicas` on a real master and replica on loopback: `WAIT` after acquire
 //! and renew, and too few acknowledgements treated as a failed acquire (released, 503).
 
-mod suite;
-mod support;
+use crate::suite;
+use crate::support;
 
 use std::time::Duration;
 

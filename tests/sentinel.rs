@@ -6,8 +6,8 @@
 //! `src/store/tests/sentinel.rs`.
 #![cfg(feature = "sentinel")]
 
-mod suite;
-mod support;
+use crate::suite;
+use crate::support;
 
 use std::{
     sync::{Arc, Mutex},

@@ -3,7 +3,7 @@
 //! that keep coming; readers that come after a queued writer wait for it), key sets that mix the
 //! two, and the layer's per-request choice.
 
-mod support;
+use crate::support;
 
 use std::{
     sync::{

@@ -2,7 +2,7 @@
 //! write touches no row and the books add up; with `FENCING=off` (the negative control) the
 //! same interleaving loses an update. Locks in memory, and in a real Redis.
 
-mod instances;
+use crate::instances;
 
 use std::{process::Command, time::Duration};
 

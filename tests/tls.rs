@@ -8,8 +8,8 @@
 //! a typed error that names its cause, within seconds.
 #![cfg(feature = "tls")]
 
-mod suite;
-mod support;
+use crate::suite;
+use crate::support;
 
 use std::{
     sync::Arc,

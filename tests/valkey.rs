@@ -7,8 +7,8 @@
 //! protocol model's check against a real server) is the Redis tests themselves, run again by
 //! `scripts/test.sh` with `TOWER_LOCK_TEST_SERVER=valkey`.
 
-mod suite;
-mod support;
+use crate::suite;
+use crate::support;
 
 use std::time::Duration;
 

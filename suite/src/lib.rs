@@ -1,7 +1,8 @@
 //! tower-lock's integration tests and benchmark, as a package of their own: see `Cargo.toml`.
 //!
 //! Nothing here but checks of the repository itself: that every `tests/*.rs` is one of this
-//! package's `[[test]]` targets (and every target a file), so that a new test file cannot be
+//! package's `[[test]]` targets or a module of the `integration` one (`tests/integration.rs`),
+//! and not both, and that every target and module is a file, so that a new test file cannot be
 //! left out of the suite unnoticed; and that every relative link of its markdown resolves
 //! (`doc_links`).
 #![forbid(unsafe_code)]
@@ -28,11 +29,30 @@ mod tests {
         paths
     }
 
+    /// The files of the modules that `root` (a crate root in `tests/`) declares as `mod name;`,
+    /// as `../tests/name.rs`; a module with a directory of its own (`mod.rs`) is none of them.
+    fn module_paths(root: &str, tests: &Path) -> BTreeSet<String> {
+        root.lines()
+            .filter_map(|l| l.trim().strip_prefix("mod ")?.strip_suffix(';'))
+            .filter(|name| !tests.join(name).join("mod.rs").is_file())
+            .map(|name| format!("../tests/{name}.rs"))
+            .collect()
+    }
+
     #[test]
     fn every_test_file_is_a_target() {
         let here = Path::new(env!("CARGO_MANIFEST_DIR"));
         let manifest = fs::read_to_string(here.join("Cargo.toml")).unwrap();
-        let registered = target_paths(&manifest, "[[test]]");
+        let targets = target_paths(&manifest, "[[test]]");
+        let integration = fs::read_to_string(here.join("../tests/integration.rs")).unwrap();
+        let modules = module_paths(&integration, &here.join("../tests"));
+        let both: Vec<_> = targets.intersection(&modules).collect();
+        assert!(
+            both.is_empty(),
+            "test files that are a target of suite/Cargo.toml and a module of \
+             tests/integration.rs, so run twice: {both:?}"
+        );
+        let registered: BTreeSet<String> = targets.union(&modules).cloned().collect();
         let files: BTreeSet<String> = fs::read_dir(here.join("../tests"))
             .unwrap()
             .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
@@ -42,17 +62,30 @@ mod tests {
         let missing: Vec<_> = files.difference(&registered).collect();
         assert!(
             missing.is_empty(),
-            "test files that are no target of suite/Cargo.toml, so never run: {missing:?}; add \
-             a [[test]] table (name = the file's stem, path = \"../tests/<file>\") for each"
+            "test files that are neither a module of tests/integration.rs nor a target of \
+             suite/Cargo.toml, so never run: {missing:?}; add a `mod <stem>;` to \
+             tests/integration.rs for each (or, for a file whose tests need a process of their \
+             own, a [[test]] table: name = the file's stem, path = \"../tests/<file>\")"
         );
         let stale: Vec<_> = registered.difference(&files).collect();
         assert!(
             stale.is_empty(),
-            "suite/Cargo.toml lists test files that do not exist: {stale:?}"
+            "suite/Cargo.toml or tests/integration.rs name test files that do not exist: \
+             {stale:?}"
         );
         for bench in target_paths(&manifest, "[[bench]]") {
             assert!(here.join(&bench).is_file(), "no benchmark at {bench}");
         }
+    }
+
+    #[test]
+    fn modules_are_read_from_the_root() {
+        let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests");
+        let root = "//! docs\nmod support;\n\nmod acl;\n#[cfg(x)]\nmod tls;\n";
+        assert_eq!(
+            module_paths(root, &tests),
+            BTreeSet::from(["../tests/acl.rs".to_owned(), "../tests/tls.rs".to_owned()])
+        );
     }
 
     #[test]
