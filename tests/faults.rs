@@ -668,9 +668,11 @@ async fn tasks_settle(baseline: usize) -> usize {
 async fn client_disconnect_frees_the_key_within_100ms() {
     let redis = RedisServer::start();
     let books = Arc::new(Books::default());
+    // A short wait: a round's request may arrive between the key's release in Redis and this
+    // process passing the key's local turn on (when the release's answer is read).
     let config = LockConfig::builder()
         .ttl(Duration::from_secs(30))
-        .wait(Wait::none())
+        .wait(Wait::constant(Duration::from_millis(10)).deadline(Duration::from_secs(2)))
         .build()
         .unwrap();
     let port = serve(books_app(

@@ -298,7 +298,7 @@ async fn held_key(server: &RedisServer) -> Vec<u8> {
         if let Some(key) = keys.pop() {
             return key;
         }
-        assert!(started.elapsed() < Duration::from_secs(5), "no key held");
+        assert!(started.elapsed() < Duration::from_secs(10), "no key held");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -315,7 +315,8 @@ async fn scrape_after_every_path() -> String {
     set_stock(port, "apple", 100).await;
 
     // Acquired, renewed, released; and a second purchase at the same time is contended.
-    let worker = tokio::spawn(purchase(port, "apple", 400));
+    // Held long enough to be seen however slowly this test is scheduled.
+    let worker = tokio::spawn(purchase(port, "apple", 1500));
     held_key(&server).await;
     assert_eq!(purchase(port, "apple", 0).await, 409);
     assert_eq!(worker.await.unwrap(), 200);

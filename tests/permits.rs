@@ -341,8 +341,11 @@ async fn a_counted_key_holds_its_holders() {
         .await
         .unwrap();
     assert_eq!(used, 3);
+    // Given the same TTL in one script, after the set: Redis reads its clock at each command,
+    // so the sum may end a millisecond or two after the set (a sum left without its set is
+    // written afresh by the next holder, never counted).
     assert!(
-        sum_ttl > 0 && sum_ttl <= set_ttl,
+        sum_ttl > 0 && sum_ttl <= set_ttl + 10,
         "sum {sum_ttl} ms, set {set_ttl} ms"
     );
     assert!(
