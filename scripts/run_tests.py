@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Builds the workspace's test binaries once and runs them three at a time.
+"""Builds the workspace's test binaries once and runs them four at a time.
 
     python3 scripts/run_tests.py [cargo test options, before any `--`]
 
 `cargo test` runs its test binaries one after another, and most of this suite's time is spent
 waiting (on leases running out, servers starting, handshakes), not computing: the binaries are
-run side by side instead, `TOWER_LOCK_TEST_JOBS` at a time (default 3: on 2 cores, 188 s at
-2, 131 s at 3, 106 s at 4, where load-sensitive tests began to fail), the longest first, each
-binary's output printed whole when it ends, then the doc tests with `cargo test --doc`. Each
+run side by side instead, `TOWER_LOCK_TEST_JOBS` at a time (default 4: on 2 cores, 188 s at
+2, 131 s at 3, 114 s at 4, once the tests that failed under that load were made independent of
+it), the longest first, each
+binary's output printed whole when it ends, the doc tests (`cargo test --doc`) among them. Each
 binary runs as cargo would run it: from its package's directory, with `CARGO` set. The
 `integration` binary (`tests/integration.rs`) runs once per module, each module's tests by
 name (`--exact`), so that each file of `tests/` still runs in a process of its own, with the
@@ -85,12 +86,16 @@ def run(job):
     env = dict(os.environ, CARGO=os.environ.get("CARGO", "cargo"))
     if server:
         env["TOWER_LOCK_TEST_SERVER"] = server
-    done = subprocess.run([executable, *filters, *extra], cwd=directory, env=env,
+    command = [executable, *filters, *extra]
+    if executable is None:
+        # The doc tests: `cargo test --doc` with the build's arguments (`filters`).
+        command = [env["CARGO"], "test", "--doc", *filters]
+    done = subprocess.run(command, cwd=directory, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           errors="replace")
     took = time.monotonic() - started
-    label = os.path.relpath(src, ROOT) + (f" on {server}" if server else "")
-    return label, done.returncode, done.stdout, took
+    label = src if executable is None else os.path.relpath(src, ROOT)
+    return label + (f" on {server}" if server else ""), done.returncode, done.stdout, took
 
 
 def main():
@@ -102,7 +107,11 @@ def main():
     binaries.sort(key=lambda b: (rank.get(b[0], len(rank)), b[1]))
     runs = [(b, [], None) for b in binaries]
     runs += [(b, AGAIN_ON_VALKEY[b[0]], "valkey") for b in binaries if b[0] in AGAIN_ON_VALKEY]
-    workers = int(os.environ.get("TOWER_LOCK_TEST_JOBS", "3"))
+    # The doc tests among them, last, unless the arguments picked targets (`cargo test --doc`
+    # refuses them).
+    if not any(arg in TARGET_OPTIONS for arg in args):
+        runs.append((("doc", "doc tests", None, ROOT, args), [], None))
+    workers = int(os.environ.get("TOWER_LOCK_TEST_JOBS", "4"))
     print(f"running {len(runs)} test binaries and modules, {workers} at a time", flush=True)
     failed = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -114,11 +123,6 @@ def main():
                 failed.append(f"{label}: killed by {signal.Signals(-code).name}")
             elif code != 0:
                 failed.append(f"{label}: exit {code}")
-    # The doc tests, unless the arguments picked targets (`cargo test --doc` refuses them).
-    if not any(arg in TARGET_OPTIONS for arg in args):
-        doc = subprocess.run(["cargo", "test", "--doc", *args], cwd=ROOT)
-        if doc.returncode != 0:
-            failed.append(f"doc tests: exit {doc.returncode}")
     if failed:
         print("\nerror: test binaries failed:\n  " + "\n  ".join(failed), file=sys.stderr)
         return 1

@@ -739,9 +739,11 @@ async fn client_disconnect_frees_the_key_within_100ms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handler_panic_on_a_real_server_releases_and_keeps_serving() {
     let redis = RedisServer::start();
+    // A short wait: the next round's request may arrive between the key's release in Redis and
+    // this process passing the key's local turn on (when the release's answer is read).
     let config = LockConfig::builder()
         .ttl(Duration::from_secs(30))
-        .wait(Wait::none())
+        .wait(Wait::constant(Duration::from_millis(10)).deadline(Duration::from_secs(2)))
         .build()
         .unwrap();
     let port = serve(books_app(

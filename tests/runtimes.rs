@@ -5,8 +5,9 @@
 //! are answered as soon as Redis answers, and their background leases are renewed. The store's
 //! connection works whatever became of the runtime that opened it (its I/O runs on the crate's
 //! own runtime), the usual sync bridges (a runtime per request, a runtime per thread) work, a
-//! background lease held across synchronous work is renewed, and a guard dropped at the end of
-//! a runtime's `block_on` is released.
+//! background lease held across synchronous work is renewed, a guard dropped at the end of a
+//! runtime's `block_on` is released, and a release awaited on a runtime that then stalls frees
+//! the key for other instances during the stall.
 //!
 //! Redis is stalled for a moment with `CLIENT PAUSE` so that the runtime that goes away has one
 //! call in flight and operations queued behind it when it goes.
@@ -353,6 +354,79 @@ fn a_guard_dropped_at_the_end_of_a_runtime_is_released() {
                 Err(e) => panic!("{kind}: the key is still held 3 s after the guard dropped: {e}"),
             }
         }
+    }
+}
+
+/// A lease released with `release().await` on a runtime that stalls once it has polled the
+/// release (its only thread busy with synchronous work), with nothing else of that runtime in
+/// flight: the release is on the wire from its first poll, so the key is free for other
+/// instances while the runtime stalls, and the holder hears that it went through. (A release
+/// queued behind another call of its runtime is sent by its callers' polls, and this process's
+/// own requests for the key wait for the release's caller: see `docs/DECISIONS.md`, "An
+/// explicit release stays on its caller's poll, for now".)
+#[test]
+fn a_release_awaited_on_a_runtime_that_then_stalls_frees_the_key_at_once() {
+    let server = RedisServer::start();
+    let main = multi_thread(2);
+    let store = store(&server, &main);
+    // A store timeout well within the stall, which a release waiting for its caller's runtime
+    // would outlast.
+    let timeout = LockConfig::builder()
+        .ttl(Duration::from_secs(30))
+        .wait(Wait::none())
+        .store_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let locker = Locker::with_config(store, timeout.clone());
+    // Another instance's view of the key (this process's own requests for it queue behind the
+    // release in its local queue, until the release's caller reads the answer).
+    let other = Locker::with_config(
+        main.block_on(RedisStore::connect(server.url())).unwrap(),
+        timeout,
+    );
+    for round in 0..5 {
+        let key = locker.key("stalled", round.to_string()).unwrap();
+        let stalled = current_thread();
+        let (freed, released) = stalled.block_on(async {
+            let guard = locker.acquire(key.clone()).await.unwrap();
+            let mut release = Box::pin(guard.release());
+            // Polled once (on loopback, Redis may answer within that poll: then the release is
+            // done before the stall).
+            let first =
+                std::future::poll_fn(|cx| std::task::Poll::Ready(release.as_mut().poll(cx))).await;
+            // From another thread, while this runtime's thread sleeps: is the key free?
+            let free = std::thread::spawn({
+                let (other, key, main) = (other.clone(), key.clone(), main.handle().clone());
+                move || {
+                    let start = Instant::now();
+                    while start.elapsed() < Duration::from_secs(1) {
+                        if let Some(guard) = main.block_on(other.try_acquire(key.clone())).unwrap()
+                        {
+                            main.block_on(guard.release()).unwrap();
+                            return true;
+                        }
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    false
+                }
+            });
+            std::thread::sleep(Duration::from_millis(1500));
+            let released = match first {
+                std::task::Poll::Ready(released) => released,
+                std::task::Poll::Pending => release.await,
+            };
+            (free.join().unwrap(), released)
+        });
+        // The stall is 1.5 s and the TTL 30 s: only the release sent during the stall frees the
+        // key within 1 s.
+        assert!(
+            freed,
+            "round {round}: the key was still held 1 s into the stall of its releaser"
+        );
+        assert!(
+            released.is_ok(),
+            "round {round}: the release failed, with Redis healthy: {released:?}"
+        );
     }
 }
 
