@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""Builds the workspace's test binaries once and runs them four at a time.
+"""Builds the workspace's test binaries once and runs them three at a time.
 
     python3 scripts/run_tests.py [cargo test options, before any `--`]
 
 `cargo test` runs its test binaries one after another, and most of this suite's time is spent
 waiting (on leases running out, servers starting, handshakes), not computing: the binaries are
-run side by side instead, `TOWER_LOCK_TEST_JOBS` at a time (default 4: on 2 cores, 188 s at
-2, 131 s at 3, 114 s at 4, once the tests that failed under that load were made independent of
-it), the longest first, each
+run side by side instead, `TOWER_LOCK_TEST_JOBS` at a time (default 3: on 2 cores, 188 s at
+2, 131 s at 3, 114 s at 4, where tests that batch under time still failed now and then), the
+longest first, each
 binary's output printed whole when it ends, the doc tests (`cargo test --doc`) among them. Each
 binary runs as cargo would run it: from its package's directory, with `CARGO` set. The
 `integration` binary (`tests/integration.rs`) runs once per module, each module's tests by
@@ -111,7 +111,7 @@ def main():
     # refuses them).
     if not any(arg in TARGET_OPTIONS for arg in args):
         runs.append((("doc", "doc tests", None, ROOT, args), [], None))
-    workers = int(os.environ.get("TOWER_LOCK_TEST_JOBS", "4"))
+    workers = int(os.environ.get("TOWER_LOCK_TEST_JOBS", "3"))
     print(f"running {len(runs)} test binaries and modules, {workers} at a time", flush=True)
     failed = []
     with ThreadPoolExecutor(max_workers=workers) as pool:

@@ -83,7 +83,7 @@ cargo test -p tower-lock --doc --no-default-features --quiet
 # The whole suite: the crate's unit and doc tests, the integration tests (`suite/`) and the test
 # kit's own (its MONITOR and wrk parsers), in one build so that the dependencies they share are
 # compiled once; the test binaries, and each module (test file) of the `integration` binary, run
-# in processes of their own four at a time (scripts/run_tests.py: most of their time is
+# in processes of their own three at a time (scripts/run_tests.py: most of their time is
 # waiting on leases, servers and handshakes), some of them again on Valkey 9, the doc tests after them.
 if [ "$#" -eq 0 ]; then
   python3 scripts/run_tests.py --workspace --all-features
