@@ -70,7 +70,10 @@ def modules(binary):
     whose name merely contains it)."""
     name, src, executable, directory = binary
     listed = subprocess.run([executable, "--list", "--format", "terse"], cwd=directory,
-                            stdout=subprocess.PIPE, text=True, check=True).stdout
+                            stdout=subprocess.PIPE, text=True)
+    if listed.returncode != 0:
+        sys.exit(f"error: `{executable} --list` failed (exit {listed.returncode})")
+    listed = listed.stdout
     tests = {}
     for line in listed.splitlines():
         if line.endswith(": test"):
@@ -103,13 +106,19 @@ def main():
     binaries = []
     for binary in build(args):
         binaries += modules(binary) if binary[0] in PER_MODULE else [(*binary, [])]
+    # A renamed binary or module must not lose its place or its rerun silently (with arguments
+    # that pick targets, some are not built).
+    names = {b[0] for b in binaries}
+    stale = (set(LONGEST_FIRST) | set(AGAIN_ON_VALKEY)) - names
+    if stale and not any(arg.split("=")[0] in TARGET_OPTIONS for arg in args):
+        sys.exit(f"error: LONGEST_FIRST or AGAIN_ON_VALKEY names no binary or module: {stale}")
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     binaries.sort(key=lambda b: (rank.get(b[0], len(rank)), b[1]))
     runs = [(b, [], None) for b in binaries]
     runs += [(b, AGAIN_ON_VALKEY[b[0]], "valkey") for b in binaries if b[0] in AGAIN_ON_VALKEY]
     # The doc tests among them, last, unless the arguments picked targets (`cargo test --doc`
     # refuses them).
-    if not any(arg in TARGET_OPTIONS for arg in args):
+    if not any(arg.split("=")[0] in TARGET_OPTIONS for arg in args):
         runs.append((("doc", "doc tests", None, ROOT, args), [], None))
     workers = int(os.environ.get("TOWER_LOCK_TEST_JOBS", "3"))
     print(f"running {len(runs)} test binaries and modules, {workers} at a time", flush=True)
@@ -120,7 +129,11 @@ def main():
             sys.stdout.write(output)
             sys.stdout.flush()
             if code < 0:
-                failed.append(f"{label}: killed by {signal.Signals(-code).name}")
+                try:
+                    cause = signal.Signals(-code).name
+                except ValueError:
+                    cause = f"signal {-code}"
+                failed.append(f"{label}: killed by {cause}")
             elif code != 0:
                 failed.append(f"{label}: exit {code}")
     if failed:

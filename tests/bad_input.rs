@@ -4,7 +4,7 @@
 //! problem+json that does not echo the value; no key leaves its prefix and scope, and no key
 //! name holds the value (its digest stands there).
 //!
-//! 256 cases per property by default; `PROPTEST_CASES=100000 cargo test --test bad_input` for a
+//! 256 cases per property by default; `PROPTEST_CASES=100000 cargo test --test integration bad_input::` for a
 //! longer run.
 
 use std::{

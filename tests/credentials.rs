@@ -10,8 +10,8 @@
 //! wrong password, an untrusted certificate, a certificate for another host or no server at all
 //! they exit with status 1 within seconds, with a message that names the cause.
 
-use crate::instances;
-use crate::support;
+mod instances;
+mod support;
 
 use std::{path::Path, process::Command, time::Duration};
 

@@ -4,7 +4,9 @@
 //! One binary rather than one per file: each test binary links the crate, axum, tokio and redis
 //! again, and 48 of them were most of the suite's build. A test file whose tests read or set
 //! something of the whole process (a global `tracing` subscriber, the process's RSS) or compile
-//! the crate's code under loom stays a binary of its own (see `suite/Cargo.toml`). The tests here
+//! the crate's code under loom stays a binary of its own (see `suite/Cargo.toml`). Modules are
+//! declared here without attributes (a file gates itself with `#![cfg(..)]`), so that the
+//! check that every file runs (`suite/src/lib.rs`) reads them all. The tests here
 //! start their own servers on free ports, so they run side by side like any others.
 
 mod instances;
@@ -17,7 +19,6 @@ mod body_keys;
 mod capabilities;
 mod cluster;
 mod coalesce;
-mod credentials;
 mod demo;
 mod example_counts;
 mod example_limits;

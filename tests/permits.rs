@@ -333,10 +333,11 @@ async fn a_counted_key_holds_its_holders() {
     assert_eq!(holders, 3);
     // The running sum of the holders' weights, beside the set and gone with it.
     let sum = companion_key(key.as_bytes(), "weight");
-    let (used, sum_ttl, set_ttl): (i64, i64, i64) = redis::pipe()
+    // The set's TTL read first: the sum's, read after, can only be lower for it.
+    let (used, set_ttl, sum_ttl): (i64, i64, i64) = redis::pipe()
         .get(&sum)
-        .pttl(&sum)
         .pttl(key.as_bytes())
+        .pttl(&sum)
         .query_async(&mut conn)
         .await
         .unwrap();

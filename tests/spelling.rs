@@ -6,7 +6,7 @@
 //! The property test builds a real router (static segments, `{param}`, a parameter with a
 //! static prefix, `{*catch_all}`, trailing slashes) and compares what the router did with each
 //! spelling (which route, which parameters) with the key the layer took. 256 cases by default;
-//! `PROPTEST_CASES=20000 cargo test --test spelling` for a longer run.
+//! `PROPTEST_CASES=20000 cargo test --test integration spelling::` for a longer run.
 
 use std::{sync::Arc, time::Duration};
 

@@ -32,6 +32,22 @@ mod tests {
     /// The files of the modules that `root` (a crate root in `tests/`) declares as `mod name;`,
     /// as `../tests/name.rs`; a module with a directory of its own (`mod.rs`) is none of them.
     fn module_paths(root: &str, tests: &Path) -> BTreeSet<String> {
+        // Read line by line: a module hidden by an attribute (`#[cfg(..)]`) or a block comment
+        // would be counted and never run.
+        assert!(
+            !root.contains("/*"),
+            "no block comments in tests/integration.rs"
+        );
+        let lines: Vec<&str> = root.lines().map(str::trim).collect();
+        for pair in lines.windows(2) {
+            assert!(
+                !(pair[0].starts_with("#[") && pair[1].starts_with("mod ")),
+                "`{}` before `{}` in tests/integration.rs: declare modules without attributes (a \
+                 file gates itself with `#![cfg(..)]`)",
+                pair[0],
+                pair[1]
+            );
+        }
         root.lines()
             .filter_map(|l| l.trim().strip_prefix("mod ")?.strip_suffix(';'))
             .filter(|name| !tests.join(name).join("mod.rs").is_file())
@@ -81,11 +97,18 @@ mod tests {
     #[test]
     fn modules_are_read_from_the_root() {
         let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests");
-        let root = "//! docs\nmod support;\n\nmod acl;\n#[cfg(x)]\nmod tls;\n";
+        let root = "//! docs\nmod support;\n\nmod acl;\nmod tls;\n";
         assert_eq!(
             module_paths(root, &tests),
             BTreeSet::from(["../tests/acl.rs".to_owned(), "../tests/tls.rs".to_owned()])
         );
+        for hidden in [
+            "mod acl;\n#[cfg(any())]\nmod tls;\n",
+            "mod acl;\n/* mod tls; */\n",
+        ] {
+            let read = std::panic::catch_unwind(|| module_paths(hidden, &tests));
+            assert!(read.is_err(), "{hidden:?} was read as if every module ran");
+        }
     }
 
     #[test]
