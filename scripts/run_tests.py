@@ -7,8 +7,8 @@
 waiting (on leases running out, servers starting, handshakes), not computing: the binaries are
 run side by side instead, `TOWER_LOCK_TEST_JOBS` at a time (default 3: on 2 cores, 188 s at
 2, 131 s at 3, 114 s at 4, where tests that batch under time still failed now and then), the
-longest first, each
-binary's output printed whole when it ends, the doc tests (`cargo test --doc`) among them. Each
+longest first, each binary's output printed whole when it ends, the doc tests (`cargo test
+--doc`) among them. Each
 binary runs as cargo would run it: from its package's directory, with `CARGO` set. The
 `integration` binary (`tests/integration.rs`) runs once per module, each module's tests by
 name (`--exact`), so that each file of `tests/` still runs in a process of its own, with the
@@ -68,14 +68,13 @@ def modules(binary):
     """`binary` as one run per module: (name, source, executable, directory, filters) each,
     the module's tests named exactly (a module's name as a filter would also match any test
     whose name merely contains it)."""
-    name, src, executable, directory = binary
+    _, src, executable, directory = binary
     listed = subprocess.run([executable, "--list", "--format", "terse"], cwd=directory,
                             stdout=subprocess.PIPE, text=True)
     if listed.returncode != 0:
         sys.exit(f"error: `{executable} --list` failed (exit {listed.returncode})")
-    listed = listed.stdout
     tests = {}
-    for line in listed.splitlines():
+    for line in listed.stdout.splitlines():
         if line.endswith(": test"):
             test = line[: -len(": test")]
             tests.setdefault(test.split("::")[0], []).append(test)
@@ -103,22 +102,21 @@ def run(job):
 
 def main():
     args = sys.argv[1:]
+    # With options that pick targets, some binaries are not built, and no doc tests run.
+    picked = any(arg.split("=")[0] in TARGET_OPTIONS for arg in args)
     binaries = []
     for binary in build(args):
         binaries += modules(binary) if binary[0] in PER_MODULE else [(*binary, [])]
-    # A renamed binary or module must not lose its place or its rerun silently (with arguments
-    # that pick targets, some are not built).
-    names = {b[0] for b in binaries}
-    stale = (set(LONGEST_FIRST) | set(AGAIN_ON_VALKEY)) - names
-    if stale and not any(arg.split("=")[0] in TARGET_OPTIONS for arg in args):
+    # A renamed binary or module must not lose its place or its rerun silently.
+    stale = (set(LONGEST_FIRST) | set(AGAIN_ON_VALKEY)) - {b[0] for b in binaries}
+    if stale and not picked:
         sys.exit(f"error: LONGEST_FIRST or AGAIN_ON_VALKEY names no binary or module: {stale}")
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     binaries.sort(key=lambda b: (rank.get(b[0], len(rank)), b[1]))
     runs = [(b, [], None) for b in binaries]
     runs += [(b, AGAIN_ON_VALKEY[b[0]], "valkey") for b in binaries if b[0] in AGAIN_ON_VALKEY]
-    # The doc tests among them, last, unless the arguments picked targets (`cargo test --doc`
-    # refuses them).
-    if not any(arg.split("=")[0] in TARGET_OPTIONS for arg in args):
+    # The doc tests among them, last (`cargo test --doc` refuses options that pick targets).
+    if not picked:
         runs.append((("doc", "doc tests", None, ROOT, args), [], None))
     workers = int(os.environ.get("TOWER_LOCK_TEST_JOBS", "3"))
     print(f"running {len(runs)} test binaries and modules, {workers} at a time", flush=True)

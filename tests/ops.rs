@@ -313,6 +313,7 @@ async fn scrape_after_every_path() -> String {
     );
     let port = instance.port;
     set_stock(port, "apple", 100).await;
+    set_stock(port, "cherry", 100).await;
 
     // Acquired, renewed, released; and a second purchase at the same time is contended.
     // Held long enough to be seen however slowly this test is scheduled.
@@ -329,8 +330,9 @@ async fn scrape_after_every_path() -> String {
 
     // Redis killed under a holder: renewals fail until the lease runs out (expired, 503), its
     // release fails; then an acquire fails (503), on another key (this process still queues
-    // `apple` behind the release it keeps trying).
-    let worker = tokio::spawn(purchase(port, "apple", 2000));
+    // `cherry` behind the release it keeps trying). On a key of its own: `apple`'s previous
+    // holder, whose lease was deleted, may still be letting go of it in this process.
+    let worker = tokio::spawn(purchase(port, "cherry", 2000));
     held_key(&server).await;
     server.kill();
     assert_eq!(worker.await.unwrap(), 503);

@@ -48,8 +48,9 @@ mod tests {
                 pair[1]
             );
         }
-        root.lines()
-            .filter_map(|l| l.trim().strip_prefix("mod ")?.strip_suffix(';'))
+        lines
+            .iter()
+            .filter_map(|l| l.strip_prefix("mod ")?.strip_suffix(';'))
             .filter(|name| !tests.join(name).join("mod.rs").is_file())
             .map(|name| format!("../tests/{name}.rs"))
             .collect()
