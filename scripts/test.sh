@@ -54,8 +54,11 @@ echo "using $(openssl version)" >&2
 echo "using $(python3 --version)" >&2
 
 # The gates a change must pass before its tests count (skipped when arguments pick tests):
-# formatting, clippy with and without features, rustdoc, the public API's listing, the docs' references, and the package as crates.io would
-# receive it (built from the packaged files alone).
+# formatting, clippy with and without features, the public API's listing, the docs' references,
+# and the package as crates.io would receive it: its files, outside this workspace, are what
+# rustdoc (with all features and with the default ones), clippy without the default features
+# and the doc tests without them build. That is `cargo package`'s own check (a build of the
+# packaged files) done by the gates that build them anyway, not a build of its own.
 if [ "$#" -eq 0 ]; then
   if command -v rustup >/dev/null 2>&1; then
     rustup component add rustfmt clippy >/dev/null 2>&1 || true
@@ -63,23 +66,29 @@ if [ "$#" -eq 0 ]; then
   cargo fmt --all --check
   cargo clippy --workspace --all-targets --quiet -- -D warnings
   cargo clippy --workspace --all-targets --all-features --quiet -- -D warnings
-  RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features --quiet
-  # And with the default features, as most users build it (no links to `bb8`-only items).
-  RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p tower-lock --quiet
   # The public API as checked in (docs/public-api.txt): a change to the surface shows in review.
   python3 scripts/public_api.py
   # Every file, heading and crate symbol the docs (and the protocol model's comments) cite
   # exists, and none cites a line number or an issue.
   python3 scripts/check_docs.py
-  cargo package --allow-dirty --quiet
+  cargo package --allow-dirty --no-verify --quiet
+  version="$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)"
+  unpacked="$(mktemp -d)"
+  trap 'rm -rf "$unpacked"' EXIT
+  target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
+  tar -xzf "$target_dir/package/tower-lock-$version.crate" -C "$unpacked"
+  package=(--manifest-path "$unpacked/tower-lock-$version/Cargo.toml" --target-dir "$target_dir" --locked)
+  RUSTDOCFLAGS="-D warnings" cargo doc "${package[@]}" --no-deps --all-features --quiet
+  # And with the default features, as most users build it (no links to `bb8`-only items).
+  RUSTDOCFLAGS="-D warnings" cargo doc "${package[@]}" --no-deps --quiet
+  # The crate without its default features still builds (tower-only users), and with TLS alone,
+  # without a warning; and its doc examples compile and pass without axum (each gated on what it
+  # uses).
+  cargo clippy "${package[@]}" --lib --no-default-features --quiet -- -D warnings
+  cargo clippy "${package[@]}" --lib --no-default-features --features tls --quiet -- -D warnings
+  cargo test "${package[@]}" --doc --no-default-features --quiet
 fi
 
-# The crate without its default features still builds (tower-only users), and with TLS alone,
-# without a warning; and its doc examples compile and pass without axum (each gated on what it
-# uses).
-cargo clippy -p tower-lock --lib --no-default-features --quiet -- -D warnings
-cargo clippy -p tower-lock --lib --no-default-features --features tls --quiet -- -D warnings
-cargo test -p tower-lock --doc --no-default-features --quiet
 # The whole suite: the crate's unit and doc tests, the integration tests (`suite/`) and the test
 # kit's own (its MONITOR and wrk parsers), in one build so that the dependencies they share are
 # compiled once; the test binaries, and each module (test file) of the `integration` binary, run
