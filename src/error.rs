@@ -84,18 +84,22 @@ pub enum LockError {
 }
 
 impl LockError {
-    /// The status a layer with the default statuses answers this error with: 409
+    /// The status the layers answer this error with: 409
     /// ([`Contended`](Self::Contended)), 429 (contended for a key's permits, see
     /// [`is_permits_exhausted`](Self::is_permits_exhausted)), 503 (store failed, lease lost),
-    /// 400 or 413 (a client's key or body), 500 (a misconfiguration). A layer configured with
-    /// other statuses answers those.
+    /// 400 or 413 (a client's key or body), 500 (a misconfiguration). A layer's
+    /// [`rejection_response`](crate::LockLayer::rejection_response) is the one place to answer
+    /// with another.
     pub fn status(&self) -> StatusCode {
-        crate::response::status_for(
-            self,
-            StatusCode::CONFLICT,
-            StatusCode::SERVICE_UNAVAILABLE,
-            StatusCode::TOO_MANY_REQUESTS,
-        )
+        match self {
+            Self::Contended {
+                permits: Some(_), ..
+            } => StatusCode::TOO_MANY_REQUESTS,
+            Self::Contended { .. } => StatusCode::CONFLICT,
+            Self::Config(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Store(_) | Self::LeaseLost(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Key(rejection) => rejection.status(),
+        }
     }
 
     /// The `application/problem+json` response for this error, with [`status`](Self::status)

@@ -6,19 +6,20 @@
 //!
 //! | error | status | `type` ends in | `Retry-After` |
 //! |---|---|---|---|
-//! | [`LockError::Contended`] | 409 (`contended_status`) | `#lock-contended` | the holder's remaining TTL, whole seconds, at least 1 (an upper bound: a holder that renews shows about the full TTL, but may finish much sooner) |
-//! | [`LockError::Store`] | 503 (`unavailable_status`) | `#lock-store-unavailable` | 1 |
-//! | [`LockError::LeaseLost`] | 503 (`unavailable_status`) | `#lease-lost` | 1 |
+//! | [`LockError::Contended`] | 409 | `#lock-contended` | the holder's remaining TTL, whole seconds, at least 1 (an upper bound: a holder that renews shows about the full TTL, but may finish much sooner) |
+//! | [`LockError::Store`] | 503 | `#lock-store-unavailable` | 1 |
+//! | [`LockError::LeaseLost`] | 503 | `#lease-lost` | 1 |
 //! | [`LockError::Key`], client's fault | 400 | `#invalid-lock-key` | none |
 //! | [`LockError::Key`], a body larger than a body key source reads | 413 | `#request-body-too-large` | none |
 //! | [`LockError::Key`], misconfigured route | 500 | `#lock-key-misconfigured` | none |
-//! | [`LockError::Contended`] on a key's permits | 429 (`limited_status`) | `#permits-exhausted` | the first permit's holder's remaining TTL, as for `#lock-contended` |
+//! | [`LockError::Contended`] on a key's permits | 429 | `#permits-exhausted` | the first permit's holder's remaining TTL, as for `#lock-contended` |
 //! | [`LockError::Config`] | 500 | `#lock-misconfigured` | none |
 //!
-//! Replace it with [`LockLayer::rejection_response`](crate::LockLayer::rejection_response): a
-//! closure that gets the [`Rejection`] (the error, the status the config assigns, the
+//! These statuses are the errors' own ([`LockError::status`]), the same for every layer.
+//! [`LockLayer::rejection_response`](crate::LockLayer::rejection_response) is the one place to
+//! answer otherwise: a closure that gets the [`Rejection`] (the error, its status, the
 //! `Retry-After` the default would send, and the default response itself) and returns the
-//! response, so that a custom body keeps the rest:
+//! response, so that a custom body keeps the rest, or another status keeps the body:
 //!
 //! ```
 //! # #[cfg(feature = "axum")] {
@@ -36,14 +37,13 @@
 //! ```
 //! The layer inserts the [`LockError`]
 //! into the extensions of whatever response is built, for outer layers to inspect. With the
-//! `axum` feature a [`LockError`] is itself a response (the same problem, with the statuses of
-//! the default config), so a handler that takes a lease with [`Locker`](crate::Locker) can use
+//! `axum` feature a [`LockError`] is itself a response (the same problem, with the same status), so a handler that takes a lease with [`Locker`](crate::Locker) can use
 //! `?`.
 //!
 //! # One contract for every error
 //!
-//! Every error and rejection the crate returns has `status()` (the status a layer with the
-//! default statuses answers), `problem()` (its `application/problem+json` response, the types
+//! Every error and rejection the crate returns has `status()` (the status a layer answers it
+//! with), `problem()` (its `application/problem+json` response, the types
 //! below), `Display` and [`std::error::Error`], and with the `axum` feature answers that problem
 //! as an `IntoResponse`: [`LockError`], [`ConfigError`](crate::ConfigError),
 //! [`StoreError`](crate::store::StoreError), [`KeyRejection`](crate::key::KeyRejection),
@@ -189,7 +189,7 @@ pub const PROBLEM_TYPE_BASE: &str = "https://docs.rs/tower-lock/latest/tower_loc
 /// A request a layer refused, as its rejection hook sees it
 /// ([`LockLayer::rejection_response`](crate::LockLayer::rejection_response),
 /// [`IdempotencyLayer::rejection_response`](crate::IdempotencyLayer::rejection_response)): the
-/// error, the status the layer's config assigns to it, the `Retry-After` the default response
+/// error, its status (the error's own), the `Retry-After` the default response
 /// sends, and that default response, so that a hook changes what it means to change and keeps
 /// the rest. `E` is [`LockError`] for the lock layer and
 /// [`IdempotencyError`](crate::idempotency::IdempotencyError) for the idempotency layer.
@@ -209,9 +209,32 @@ impl<'a, E> Rejection<'a, E> {
         self.error
     }
 
-    /// The status the layer's config assigns to the error.
+    /// The error's status (its `status()`): what the default response answers with.
     pub fn status(&self) -> StatusCode {
         self.status
+    }
+
+    /// This rejection answered with `status` instead: its `problem()` (whose `status` member
+    /// says it too) and `with_body` use it. A layer's one way to answer with other statuses
+    /// than the errors' own:
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tower_lock::{Key, LockError, LockLayer, MemoryStore};
+    ///
+    /// // 423 Locked rather than 409 for a held key; every other rejection as it is.
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::header("x-sku")).rejection_response(
+    ///     |rejection| match rejection.error() {
+    ///         LockError::Contended { .. } => rejection.with_status(StatusCode::LOCKED).problem(),
+    ///         _ => rejection.problem(),
+    ///     },
+    /// );
+    /// ```
+    pub fn with_status(&self, status: StatusCode) -> Self {
+        Self {
+            error: self.error,
+            status,
+        }
     }
 }
 
@@ -370,10 +393,10 @@ fn describe(error: &LockError) -> (&'static str, &'static str, String, Option<u6
     }
 }
 
-/// The problem the layer answers with, with the default config's statuses (409 for
-/// [`LockError::Contended`], 503 when the store failed or the lease was lost, 400, 413 or 500
-/// for a key; never a layer's configured statuses or its rejection hook, which this error does
-/// not know of: a handler that wants them returns its own response), so that a handler that takes a lease itself can return the error with `?`:
+/// The problem the layer answers with, with the error's [`status`](LockError::status) (409 for
+/// [`LockError::Contended`], 429 for a key's permits, 503 when the store failed or the lease
+/// was lost, 400, 413 or 500 for a key; never a layer's rejection hook, which this error does
+/// not know of), so that a handler that takes a lease itself can return the error with `?`:
 ///
 /// ```
 /// use axum::{extract::State, response::IntoResponse};
@@ -415,24 +438,6 @@ problem_into_response!(
     crate::store::StoreError,
     crate::key::KeyRejection,
 );
-
-/// The status the config assigns to `error`.
-pub(crate) fn status_for(
-    error: &LockError,
-    contended: StatusCode,
-    unavailable: StatusCode,
-    limited: StatusCode,
-) -> StatusCode {
-    match error {
-        LockError::Contended {
-            permits: Some(_), ..
-        } => limited,
-        LockError::Contended { .. } => contended,
-        LockError::Config(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        LockError::Store(_) | LockError::LeaseLost(_) => unavailable,
-        LockError::Key(rejection) => rejection.status(),
-    }
-}
 
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,5 @@
 //! How settings read and write with the `serde` feature: durations as whole milliseconds
-//! (fields ending `_ms`), statuses as numbers.
+//! (fields ending `_ms`).
 
 pub(crate) mod ms {
     use serde::{Deserialize, Deserializer, Serializer};
@@ -49,18 +49,5 @@ pub(crate) mod ms_list {
             .into_iter()
             .map(Duration::from_millis)
             .collect())
-    }
-}
-
-pub(crate) mod status {
-    use http::StatusCode;
-    use serde::{Deserialize, Deserializer, Serializer, de::Error};
-
-    pub(crate) fn serialize<S: Serializer>(v: &StatusCode, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u16(v.as_u16())
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<StatusCode, D::Error> {
-        StatusCode::from_u16(u16::deserialize(d)?).map_err(D::Error::custom)
     }
 }

@@ -515,7 +515,6 @@ async fn latency_run(policy: OnLeaseLost, one_way: Duration, work: u64) -> Laten
     let config = LockConfig::builder()
         .ttl(Duration::from_millis(900))
         .wait(Wait::none())
-        .on_lease_lost(policy)
         .build()
         .unwrap();
     let store = connect(&proxy.url()).await;
@@ -534,7 +533,10 @@ async fn latency_run(policy: OnLeaseLost, one_way: Duration, work: u64) -> Laten
             .unwrap()
     );
     assert!(store.release(&warm, &token).await.unwrap());
-    let holder = books_app(Arc::clone(&books), layer(store, config.clone()));
+    let holder = books_app(
+        Arc::clone(&books),
+        layer(store, config.clone()).on_lease_lost(policy),
+    );
     let contender = books_app(
         Arc::clone(&books),
         layer(connect(&redis.url()).await, config),

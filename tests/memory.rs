@@ -21,10 +21,10 @@ async fn max_hold_under_continue_lets_the_handler_finish() {
     let config = LockConfig::builder()
         .ttl(Duration::from_millis(100))
         .max_hold(Duration::from_millis(150))
-        .on_lease_lost(OnLeaseLost::Continue)
         .build()
         .unwrap();
-    let layer = LockLayer::with_config(MemoryStore::new(), Key::path_param("sku"), config);
+    let layer = LockLayer::with_config(MemoryStore::new(), Key::path_param("sku"), config)
+        .on_lease_lost(OnLeaseLost::Continue);
     let app = support::counter_app(support::Counter::new(), Some(layer));
     let response = support::send(&app, support::purchase("k", 400)).await;
     assert_eq!(response.status(), 200);

@@ -478,16 +478,13 @@ async fn lease_shows_key_token_and_time() {
 
 #[tokio::test]
 async fn custom_rejections_and_statuses() {
-    let config = LockConfig::builder()
-        .wait(Wait::none())
-        .contended_status(StatusCode::LOCKED)
-        .build()
-        .unwrap();
     let counter = Counter::new();
-    let layer = LockLayer::with_config(MemoryStore::new(), Key::path_param("sku"), config)
+    let layer = LockLayer::new(MemoryStore::new(), Key::path_param("sku"))
+        .wait(Wait::none())
         .rejection_response(|rejection| {
             assert!(matches!(rejection.error(), LockError::Contended { .. }));
-            // A body of its own; the status and `Retry-After` of the default.
+            // Another status; a body of its own; the `Retry-After` of the default.
+            let rejection = rejection.with_status(StatusCode::LOCKED);
             rejection.with_body(format!("custom {}", rejection.status()))
         });
     let app = counter_app(Arc::clone(&counter), Some(layer));
@@ -725,11 +722,6 @@ async fn dropped_waiter_leaves_nothing_behind() {
 #[tokio::test]
 async fn lease_held_until_body_end() {
     let store = MemoryStore::new();
-    let config = LockConfig::builder()
-        .wait(Wait::none())
-        .hold_until_body_end(true)
-        .build()
-        .unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(1);
     let rx = Arc::new(tokio::sync::Mutex::new(Some(rx)));
     let app = Router::new()
@@ -745,11 +737,11 @@ async fn lease_held_until_body_end() {
                 }
             }),
         )
-        .route_layer(LockLayer::with_config(
-            store.clone(),
-            Key::path_param("id"),
-            config,
-        ));
+        .route_layer(
+            LockLayer::new(store.clone(), Key::path_param("id"))
+                .wait(Wait::none())
+                .hold_until_body_end(true),
+        );
     let first = send(&app, Request::get("/stream/1").body(Body::empty()).unwrap()).await;
     assert_eq!(first.status(), 200);
     assert_eq!(store.held(), 1, "released before the body was streamed");

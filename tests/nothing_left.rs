@@ -318,7 +318,6 @@ async fn a_refused_stale_write_is_never_the_keys_stored_answer() {
         .lock(
             LockConfig::builder()
                 .ttl(Duration::from_millis(300))
-                .on_lease_lost(OnLeaseLost::Continue)
                 .build()
                 .unwrap(),
         )
@@ -328,11 +327,10 @@ async fn a_refused_stale_write_is_never_the_keys_stored_answer() {
     let instance = |store: RedisStore| {
         Router::new()
             .route("/payments", post(handler.clone()))
-            .route_layer(IdempotencyLayer::with_config(
-                store,
-                SharedKeySpace,
-                config.clone(),
-            ))
+            .route_layer(
+                IdempotencyLayer::with_config(store, SharedKeySpace, config.clone())
+                    .on_lease_lost(OnLeaseLost::Continue),
+            )
     };
     let app = instance(store);
     let other = instance(RedisStore::connect(redis.url()).await.unwrap());

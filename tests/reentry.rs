@@ -385,7 +385,6 @@ async fn a_nested_run_is_dropped_when_the_lease_is_lost() {
         store,
         LockConfig::builder()
             .ttl(Duration::from_millis(900))
-            .on_lease_lost(tower_lock::config::OnLeaseLost::Continue)
             .build()
             .unwrap(),
     );
@@ -402,7 +401,7 @@ async fn a_nested_run_is_dropped_when_the_lease_is_lost() {
                 "done"
             }
         }),
-        items_layer(locker),
+        items_layer(locker).on_lease_lost(tower_lock::config::OnLeaseLost::Continue),
     );
     let request = tokio::spawn({
         let app = app.clone();

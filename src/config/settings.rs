@@ -2,8 +2,6 @@
 
 use std::time::Duration;
 
-use http::StatusCode;
-
 use crate::{error::ConfigError, wait::Wait};
 
 /// The longest duration a setting may hold (TTLs, holds, timeouts, retention): 365 days. A
@@ -23,7 +21,10 @@ pub(crate) fn at_most_a_year(field: &'static str, duration: Duration) -> Result<
     }
 }
 
-/// What happens to a request whose lease is lost while its handler runs.
+/// What happens to a request whose lease is lost while its handler runs: a layer's setting
+/// ([`LockLayer::on_lease_lost`](crate::LockLayer::on_lease_lost),
+/// [`IdempotencyLayer::on_lease_lost`](crate::IdempotencyLayer::on_lease_lost)). Work run by a
+/// [`Locker`](crate::Locker) is always dropped (see [`Locker::run`](crate::Locker::run)).
 ///
 /// A lease is lost when a renewal finds the key no longer holds our token (it expired during a
 /// stall, or someone deleted it), when renewals keep failing until the lease runs out, or when
@@ -69,8 +70,14 @@ pub enum KeyDisplay {
     Hidden,
 }
 
-/// Settings shared by [`LockLayer`](crate::LockLayer) and [`Locker`](crate::Locker): valid by
-/// construction.
+/// The lock's settings, shared by [`Locker`](crate::Locker) and the layers built on it: how a
+/// lease is taken, kept and named. Valid by construction.
+///
+/// What a layer does with the request around its lease is the layer's own
+/// ([`LockLayer::on_lease_lost`](crate::LockLayer::on_lease_lost),
+/// [`LockLayer::hold_until_body_end`](crate::LockLayer::hold_until_body_end), its
+/// [`rejection_response`](crate::LockLayer::rejection_response) for other statuses than the
+/// [`response`](crate::response) module's); see the [`LockLayer`](crate::LockLayer) docs.
 ///
 /// Built with [`LockConfig::builder`], whose [`build`](LockConfigBuilder::build) checks every
 /// setting and returns a [`ConfigError`] naming the first invalid one, so a bad value fails at
@@ -86,21 +93,15 @@ pub enum KeyDisplay {
 /// | [`key_prefix`](Self::key_prefix) | `tower-lock:` | prepended to every key |
 /// | [`max_key_len`](Self::max_key_len) | 512 bytes | longer key values are a 400 |
 /// | [`max_keys`](Self::max_keys) | 64 | the most keys one lease may hold; more are a 400 |
-/// | [`on_lease_lost`](Self::on_lease_lost) | [`OnLeaseLost::Abort`] | abort (503) or continue |
-/// | [`hold_until_body_end`](Self::hold_until_body_end) | `false` | keep the lease until the response body is streamed |
 /// | [`key_display`](Self::key_display) | [`KeyDisplay::Hashed`] | how keys appear in spans |
-/// | [`contended_status`](Self::contended_status) | 409 | status when the wait runs out |
-/// | [`unavailable_status`](Self::unavailable_status) | 503 | status when the store fails |
-/// | [`limited_status`](Self::limited_status) | 429 | status when no permit frees within the wait |
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_lock::{LockConfig, Wait, config::OnLeaseLost};
+/// use tower_lock::{LockConfig, Wait};
 ///
 /// let config = LockConfig::builder()
 ///     .ttl(Duration::from_secs(30))
 ///     .wait(Wait::none())
-///     .on_lease_lost(OnLeaseLost::Continue)
 ///     .build()?;
 /// assert_eq!(config.renew_interval(), Duration::from_secs(10));
 /// # Ok::<(), tower_lock::ConfigError>(())
@@ -113,7 +114,6 @@ pub enum KeyDisplay {
 /// ```toml
 /// ttl_ms = 30000
 /// key_prefix = "shop:lock:"
-/// on_lease_lost = "continue"
 /// [wait]
 /// policy = "exponential"   # or "none", "constant" (delay_ms), "fixed" (delays_ms)
 /// initial_ms = 5
@@ -175,15 +175,7 @@ struct Settings {
     key_prefix: String,
     max_key_len: usize,
     max_keys: usize,
-    on_lease_lost: OnLeaseLost,
-    hold_until_body_end: bool,
     key_display: KeyDisplay,
-    #[cfg_attr(feature = "serde", serde(with = "crate::serde_ms::status"))]
-    contended_status: StatusCode,
-    #[cfg_attr(feature = "serde", serde(with = "crate::serde_ms::status"))]
-    unavailable_status: StatusCode,
-    #[cfg_attr(feature = "serde", serde(with = "crate::serde_ms::status"))]
-    limited_status: StatusCode,
 }
 
 impl Default for Settings {
@@ -197,12 +189,7 @@ impl Default for Settings {
             key_prefix: "tower-lock:".to_owned(),
             max_key_len: 512,
             max_keys: 64,
-            on_lease_lost: OnLeaseLost::Abort,
-            hold_until_body_end: false,
             key_display: KeyDisplay::Hashed,
-            contended_status: StatusCode::CONFLICT,
-            unavailable_status: StatusCode::SERVICE_UNAVAILABLE,
-            limited_status: StatusCode::TOO_MANY_REQUESTS,
         }
     }
 }
@@ -256,21 +243,8 @@ settings! {
     /// The most keys one lease may hold: a request whose key source names more is a 400, a
     /// [`Locker`](crate::Locker) acquire of more an error (default 64).
     max_keys: usize => |v| v, get usize => |s| s.max_keys;
-    /// What to do when a lease is lost mid-request (default [`OnLeaseLost::Abort`]).
-    on_lease_lost: OnLeaseLost => |v| v, get OnLeaseLost => |s| s.on_lease_lost;
-    /// Keep the lease, and renew it, until the response body has been streamed to its end,
-    /// not just until the handler returns. For handlers that stream (default `false`).
-    hold_until_body_end: bool => |v| v, get bool => |s| s.hold_until_body_end;
     /// How keys appear in tracing spans (default hashed: keys may carry user data).
     key_display: KeyDisplay => |v| v, get KeyDisplay => |s| s.key_display;
-    /// Status answered when the key stays held past the wait deadline (default 409).
-    contended_status: StatusCode => |v| v, get StatusCode => |s| s.contended_status;
-    /// Status answered when the store fails or does not answer (default 503).
-    unavailable_status: StatusCode => |v| v, get StatusCode => |s| s.unavailable_status;
-    /// Status answered when a lease on one of a key's permits (see
-    /// [`LockLayer::permits`](crate::LockLayer::permits)) finds none free within the wait
-    /// (default 429).
-    limited_status: StatusCode => |v| v, get StatusCode => |s| s.limited_status;
 }
 
 impl LockConfig {
@@ -359,15 +333,6 @@ impl Settings {
                 "the most keys a lease may hold must be above 0",
             ));
         }
-        for (field, status) in [
-            ("contended_status", self.contended_status),
-            ("unavailable_status", self.unavailable_status),
-            ("limited_status", self.limited_status),
-        ] {
-            if !(status.is_client_error() || status.is_server_error()) {
-                return Err(ConfigError::new(field, "the status must be a 4xx or 5xx"));
-            }
-        }
         self.wait.validate()
     }
 }
@@ -399,7 +364,6 @@ mod tests {
             (b().key_prefix("a{b"), "key_prefix"),
             (b().max_key_len(0), "max_key_len"),
             (b().max_keys(0), "max_keys"),
-            (b().contended_status(StatusCode::OK), "contended_status"),
             (b().wait(Wait::constant(Duration::ZERO)), "wait.delay"),
         ];
         for (builder, field) in cases {
@@ -413,18 +377,21 @@ mod tests {
     #[test]
     fn deserializes_with_defaults_and_rejects_unknown_fields() {
         let config: LockConfig = serde_json::from_str(
-            r#"{"ttl_ms": 3000, "on_lease_lost": "continue",
+            r#"{"ttl_ms": 3000, "key_display": "plain",
                 "wait": {"policy": "fixed", "delays_ms": [5, 10], "deadline_ms": 100}}"#,
         )
         .unwrap();
         assert_eq!(config.ttl(), Duration::from_secs(3));
-        assert_eq!(config.on_lease_lost(), OnLeaseLost::Continue);
+        assert_eq!(config.key_display(), KeyDisplay::Plain);
         assert_eq!(
             config.wait(),
             &Wait::fixed([5, 10].map(Duration::from_millis)).deadline(Duration::from_millis(100))
         );
         assert_eq!(config.key_prefix(), "tower-lock:");
         assert!(serde_json::from_str::<LockConfig>(r#"{"tll_ms": 1}"#).is_err());
+        // A layer's settings are not the lock's: a file that still has them says so.
+        let layer_setting = r#"{"on_lease_lost": "continue"}"#;
+        assert!(serde_json::from_str::<LockConfig>(layer_setting).is_err());
         let invalid = serde_json::from_str::<LockConfig>(r#"{"ttl_ms": 1}"#).unwrap_err();
         assert!(invalid.to_string().contains("`ttl`"), "{invalid}");
         let builder: LockConfigBuilder = serde_json::from_str(r#"{"ttl_ms": 1}"#).unwrap();

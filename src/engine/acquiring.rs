@@ -249,7 +249,7 @@ impl Acquiring {
         }
         let span = lease_span(&locker, &keys);
         let mut hold = match locker.hold(keys, span.clone(), terms).await {
-            Ok(hold) => hold.aborting(),
+            Ok(hold) => hold,
             Err(error) => {
                 telemetry::record_not_acquired(&span, &error);
                 return Err(error);

@@ -83,7 +83,7 @@ impl Hold {
             lease: acquired.lease,
             release: acquired.release,
             renewal: Renewal::Inline(SyncWrapper::new(Box::new(renewer))),
-            on_lost: config.on_lease_lost(),
+            on_lost: terms.on_lost,
             span,
             ended: false,
         }
@@ -116,12 +116,6 @@ impl Hold {
             self.renewal = Renewal::Stopped;
         }
         lost
-    }
-
-    /// This hold with a loss that aborts the holder's work, whatever the config says.
-    pub(crate) fn aborting(mut self) -> Self {
-        self.on_lost = OnLeaseLost::Abort;
-        self
     }
 
     /// Whether a loss aborts the holder's work: with [`OnLeaseLost::Abort`], until the holder

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::{
-    config::{LockConfig, at_most_a_year},
+    config::{LockConfig, OnLeaseLost, at_most_a_year},
     error::ConfigError,
     wait::Wait,
 };
@@ -11,7 +11,8 @@ use crate::{
 /// The shortest TTL a call may ask for (the config's own lower bound).
 const MIN_TTL: Duration = Duration::from_millis(10);
 
-/// The TTL, renewal interval, wait policy and longest hold of one acquisition.
+/// The TTL, renewal interval, wait policy and longest hold of one acquisition, and what a loss
+/// of its lease does to the holder's work.
 #[derive(Debug, Clone)]
 pub(crate) struct Terms {
     pub(crate) ttl: Duration,
@@ -19,6 +20,8 @@ pub(crate) struct Terms {
     /// `None`: the config's.
     wait: Option<Wait>,
     pub(crate) max_hold: Option<Duration>,
+    /// A layer's [`OnLeaseLost`]; a `Locker`'s work is always aborted.
+    pub(crate) on_lost: OnLeaseLost,
 }
 
 impl Terms {
@@ -29,7 +32,14 @@ impl Terms {
             interval: config.renew_interval(),
             wait: None,
             max_hold,
+            on_lost: OnLeaseLost::Abort,
         }
+    }
+
+    /// With a layer's policy for a lost lease.
+    pub(crate) fn with_on_lost(mut self, on_lost: OnLeaseLost) -> Self {
+        self.on_lost = on_lost;
+        self
     }
 
     /// With a TTL of its own (at least 10 ms), renewed every third of it.

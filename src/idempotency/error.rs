@@ -4,7 +4,7 @@ use std::{error::Error as StdError, sync::Arc};
 
 use http::StatusCode;
 
-use crate::{config::LockConfig, error::LockError, response::status_for};
+use crate::error::LockError;
 
 /// Why a request was answered by the [`IdempotencyLayer`](crate::IdempotencyLayer) itself.
 ///
@@ -53,25 +53,12 @@ impl IdempotencyError {
         Self::InvalidKey(detail.into())
     }
 
-    /// The status a layer with the default statuses answers with: 400 (a missing or invalid
-    /// key, an unreadable body), 422 (a key reused), 413 (a body too large), the principal
-    /// rejection's own, or the lock error's ([`LockError::status`]). A layer configured with
-    /// other lock statuses answers those for [`Lock`](Self::Lock).
+    /// The status the layer answers with: 400 (a missing or invalid key, an unreadable body),
+    /// 422 (a key reused), 413 (a body too large), the principal rejection's own, or the lock
+    /// error's ([`LockError::status`]). The layer's
+    /// [`rejection_response`](crate::IdempotencyLayer::rejection_response) is the one place to
+    /// answer with another.
     pub fn status(&self) -> StatusCode {
-        match self {
-            Self::Lock(error) => error.status(),
-            other => other.status_with(&LockConfig::default()),
-        }
-    }
-
-    /// The `application/problem+json` response for this error, with [`status`](Self::status)
-    /// (the problem types are listed in [`crate::response`]).
-    pub fn problem(&self) -> http::Response<bytes::Bytes> {
-        super::response::idempotency_problem(self, self.status())
-    }
-
-    /// The status the layer answers with, given the lock's config (for 409 and 503).
-    pub(crate) fn status_with(&self, lock: &LockConfig) -> StatusCode {
         match self {
             Self::MissingKey | Self::InvalidKey(_) | Self::BodyUnreadable(_) => {
                 StatusCode::BAD_REQUEST
@@ -79,13 +66,14 @@ impl IdempotencyError {
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::PrincipalRejected(rejection) => rejection.status(),
-            Self::Lock(error) => status_for(
-                error,
-                lock.contended_status(),
-                lock.unavailable_status(),
-                lock.limited_status(),
-            ),
+            Self::Lock(error) => error.status(),
         }
+    }
+
+    /// The `application/problem+json` response for this error, with [`status`](Self::status)
+    /// (the problem types are listed in [`crate::response`]).
+    pub fn problem(&self) -> http::Response<bytes::Bytes> {
+        super::response::idempotency_problem(self, self.status())
     }
 }
 

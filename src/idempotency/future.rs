@@ -320,7 +320,10 @@ where
     let fingerprint = config.fingerprint.digest(&parts, &bytes);
     let mut request = Request::from_parts(parts, ReqBody::from(bytes));
     request.extensions_mut().insert(idempotency_key);
-    let mut terms = layer.locker.terms(Some(config.lock().max_hold()));
+    let mut terms = layer
+        .locker
+        .terms(Some(config.lock().max_hold()))
+        .with_on_lost(layer.on_lost);
     if let Some(wait) = &layer.wait {
         terms = terms.with_wait(wait.clone());
     }

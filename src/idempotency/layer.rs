@@ -13,7 +13,7 @@ use super::{
     state::IdempotencyState,
     store::IdempotencyStore,
 };
-use crate::{engine::Locker, error::ConfigError, store::Records, wait::Wait};
+use crate::{config::OnLeaseLost, engine::Locker, error::ConfigError, store::Records, wait::Wait};
 
 /// Applies `Idempotency-Key` semantics to the wrapped service: one run per key, and the
 /// first response replayed to every retry.
@@ -137,6 +137,7 @@ impl IdempotencyLayer {
                 shared_key_space,
                 respond: None,
                 wait: None,
+                on_lost: OnLeaseLost::Abort,
             }),
         }
     }
@@ -159,6 +160,16 @@ impl IdempotencyLayer {
     /// ```
     pub fn wait(mut self, wait: Wait) -> Self {
         Arc::make_mut(&mut self.state).wait = Some(wait);
+        self
+    }
+
+    /// What a lease lost while the handler runs does to it: by default
+    /// ([`OnLeaseLost::Abort`]) the handler is dropped and the client gets 503, unless it has
+    /// sent a [fenced write](crate::fence) (then it runs to its end); with
+    /// [`OnLeaseLost::Continue`] it runs on. Either way the record is stored only when no
+    /// newer request holds the key (see the [module docs](super)).
+    pub fn on_lease_lost(mut self, on_lost: OnLeaseLost) -> Self {
+        Arc::make_mut(&mut self.state).on_lost = on_lost;
         self
     }
 

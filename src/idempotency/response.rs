@@ -102,16 +102,15 @@ pub(crate) fn idempotency_problem(error: &IdempotencyError, status: StatusCode) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{config::LockConfig, error::LockError};
+    use crate::error::LockError;
     use crate::{idempotency::PrincipalRejection, response::PROBLEM_TYPE_BASE};
     use http::HeaderValue;
     use std::time::Duration;
 
     #[test]
     fn problems() {
-        let lock = LockConfig::default();
         let reused = IdempotencyError::KeyReused;
-        let r = idempotency_problem(&reused, reused.status_with(&lock));
+        let r = idempotency_problem(&reused, reused.status());
         assert_eq!(r.status(), 422);
         assert_eq!(
             r.headers()[header::CONTENT_TYPE],
@@ -124,21 +123,21 @@ mod tests {
             format!("{PROBLEM_TYPE_BASE}#idempotency-key-reused")
         );
         let err = IdempotencyError::invalid_key("the \"key\" is bad".into());
-        let r = idempotency_problem(&err, err.status_with(&lock));
+        let r = idempotency_problem(&err, err.status());
         assert_eq!(r.status(), 400);
         let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
         assert_eq!(body["detail"], "the \"key\" is bad");
         let contended = IdempotencyError::Lock(LockError::from(crate::store::StoreError::timeout(
             Duration::from_secs(1),
         )));
-        let r = idempotency_problem(&contended, contended.status_with(&lock));
+        let r = idempotency_problem(&contended, contended.status());
         assert_eq!(r.status(), 503);
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");
         let big = IdempotencyError::BodyTooLarge { limit: 10 };
-        assert_eq!(big.status_with(&lock), 413);
+        assert_eq!(big.status(), 413);
         let missing = IdempotencyError::from(PrincipalRejection::missing());
-        assert_eq!(missing.status_with(&lock), 500);
-        let r = idempotency_problem(&missing, missing.status_with(&lock));
+        assert_eq!(missing.status(), 500);
+        let r = idempotency_problem(&missing, missing.status());
         let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
         assert_eq!(
             body["type"],
@@ -149,14 +148,14 @@ mod tests {
         let said = IdempotencyError::from(
             PrincipalRejection::missing().with_detail("the tenant layer did not run"),
         );
-        let r = idempotency_problem(&said, said.status_with(&lock));
+        let r = idempotency_problem(&said, said.status());
         assert_eq!(r.status(), 500);
         let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
         assert_eq!(body["detail"], "the tenant layer did not run");
         let who = IdempotencyError::from(PrincipalRejection::unauthorized(
             HeaderValue::from_static("Bearer"),
         ));
-        let r = idempotency_problem(&who, who.status_with(&lock));
+        let r = idempotency_problem(&who, who.status());
         assert_eq!(r.status(), 401);
         assert_eq!(r.headers()[header::WWW_AUTHENTICATE], "Bearer");
         let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
@@ -165,7 +164,7 @@ mod tests {
             format!("{PROBLEM_TYPE_BASE}#idempotency-principal-unauthorized")
         );
         let bad = IdempotencyError::from(PrincipalRejection::bad_request("not an account id"));
-        let r = idempotency_problem(&bad, bad.status_with(&lock));
+        let r = idempotency_problem(&bad, bad.status());
         assert_eq!(r.status(), 400);
         let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
         assert_eq!(body["detail"], "not an account id");

@@ -13,6 +13,7 @@ use super::{
     principal::{Principal, PrincipalRejection},
 };
 use crate::{
+    config::OnLeaseLost,
     engine::Locker,
     error::LockError,
     key::LockKey,
@@ -36,6 +37,9 @@ pub(crate) struct IdempotencyState {
     /// The layer's wait policy ([`IdempotencyLayer::wait`](super::IdempotencyLayer::wait));
     /// `None`: the locker's.
     pub(super) wait: Option<Wait>,
+    /// What a lost lease does to the handler
+    /// ([`IdempotencyLayer::on_lease_lost`](super::IdempotencyLayer::on_lease_lost)).
+    pub(super) on_lost: OnLeaseLost,
 }
 
 impl IdempotencyState {
@@ -79,7 +83,7 @@ impl IdempotencyState {
 
     /// The response for a request the layer answers itself, with the error in its extensions.
     pub(crate) fn reject(&self, error: IdempotencyError) -> Response<Bytes> {
-        let status = error.status_with(&self.config.lock);
+        let status = error.status();
         if status.is_server_error() {
             tracing::warn!(error = &error as &dyn std::error::Error, %status, "idempotency layer answered");
         } else {

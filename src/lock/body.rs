@@ -14,7 +14,7 @@ pin_project! {
     /// Response body of [`LockService`](super::LockService).
     ///
     /// The inner service's body, or the body of a rejection. With
-    /// [`hold_until_body_end`](crate::LockConfig::hold_until_body_end) it also holds the lease:
+    /// [`hold_until_body_end`](crate::LockLayer::hold_until_body_end) it also holds the lease:
     /// renewed in a background task while the body streams, released when the body ends (the
     /// end is reported only after the release), errors, or is dropped.
     pub struct ResponseBody<B> {

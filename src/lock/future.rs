@@ -155,7 +155,9 @@ where
         Some(key) => telemetry::span(key, keys.len(), locker.config().key_display()),
         None => Span::none(),
     };
-    let mut terms = locker.terms(Some(locker.config().max_hold()));
+    let mut terms = locker
+        .terms(Some(locker.config().max_hold()))
+        .with_on_lost(state.on_lost);
     if let Some(wait) = &state.wait {
         terms = terms.with_wait(wait.clone());
     }
@@ -336,7 +338,7 @@ where
         Ok(_) => Outcome::Completed,
     });
     Poll::Ready(match output {
-        Ok(response) if state.locker.config().hold_until_body_end() => {
+        Ok(response) if state.hold_until_body_end => {
             let hold = BodyHold::new(hold.into_background(state.locker.engine()));
             Step::Ready(Ok(response.map(|body| ResponseBody::holding(body, hold))))
         }

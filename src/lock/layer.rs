@@ -9,7 +9,7 @@ use super::{
     state::{DEFAULT_MAX_BODY, LockState},
 };
 use crate::{
-    config::LockConfig,
+    config::{LockConfig, OnLeaseLost},
     engine::{Locker, cannot_count},
     error::ConfigError,
     key::{BodyKeys, IntoKeys, JsonKeys},
@@ -68,6 +68,8 @@ impl<K: IntoKeys> LockLayer<K> {
                 permits: None,
                 shared_when: None,
                 wait: None,
+                on_lost: OnLeaseLost::Abort,
+                hold_until_body_end: false,
             }),
             _keys: PhantomData,
         }
@@ -86,6 +88,33 @@ impl<K> LockLayer<K> {
     /// ```
     pub fn wait(mut self, wait: Wait) -> Self {
         Arc::make_mut(&mut self.state).wait = Some(wait);
+        self
+    }
+
+    /// What a lease lost while the handler runs does to the request (a stall past the TTL, a
+    /// key deleted behind the holder, renewals failing until the lease ran out, or
+    /// [`max_hold`](LockConfig::max_hold) reached): by default ([`OnLeaseLost::Abort`]) the
+    /// handler's future is dropped and the client gets 503 (`#lease-lost`), unless the handler
+    /// has sent a [fenced write](crate::fence) that writes (then it runs to its end: its write
+    /// may have landed); with [`OnLeaseLost::Continue`] the handler runs on, and
+    /// [`Lease::is_lost`](crate::Lease::is_lost) tells it.
+    ///
+    /// ```
+    /// use tower_lock::{Key, LockLayer, MemoryStore, config::OnLeaseLost};
+    ///
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::header("x-sku"))
+    ///     .on_lease_lost(OnLeaseLost::Continue);
+    /// ```
+    pub fn on_lease_lost(mut self, on_lost: OnLeaseLost) -> Self {
+        Arc::make_mut(&mut self.state).on_lost = on_lost;
+        self
+    }
+
+    /// Keeps the lease, and renews it, until the response body has been streamed to its end,
+    /// not only until the handler returns: for handlers that stream (default `false`). The
+    /// lease is released when the body ends, fails or is dropped.
+    pub fn hold_until_body_end(mut self, hold: bool) -> Self {
+        Arc::make_mut(&mut self.state).hold_until_body_end = hold;
         self
     }
 
@@ -118,7 +147,7 @@ impl<K> LockLayer<K> {
     /// its own lease, renewal and fencing token; a holder that dies frees its permit when its
     /// TTL runs out. Waiters are served first come first served (through the store's hand-off
     /// queue: no polling). A request that gets none within the wait policy answers 429 Too Many
-    /// Requests ([`LockConfig::limited_status`]) with `Retry-After` and a problem+json body
+    /// Requests with `Retry-After` and a problem+json body
     /// (`#permits-exhausted`).
     ///
     /// ```

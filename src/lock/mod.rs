@@ -3,7 +3,7 @@
 //! The layer derives a key from each request (a [`KeySource`](crate::key::KeySource)), takes a
 //! lease on it through its [`Locker`](crate::Locker) before the inner service runs, keeps it
 //! renewed while the service runs, and releases it when the response is ready (or, with
-//! [`hold_until_body_end`](crate::LockConfig::hold_until_body_end), when the body has been
+//! [`hold_until_body_end`](crate::LockLayer::hold_until_body_end), when the body has been
 //! streamed), or when the request is dropped. See the [crate docs](crate) for the path of a
 //! request, the responses and the defaults.
 //!

@@ -4,13 +4,14 @@
 use std::{collections::HashSet, sync::Arc};
 
 use bytes::Bytes;
-use http::{Response, StatusCode, request::Parts};
+use http::{Response, request::Parts};
 
 use crate::{
+    config::OnLeaseLost,
     engine::Locker,
     error::LockError,
     key::{KeyRejection, KeySet, KeyValues, LockKey, Share, Source},
-    response::{Rejection, Respond, lock_problem, status_for},
+    response::{Rejection, Respond, lock_problem},
     telemetry::Chain,
     wait::Wait,
 };
@@ -36,6 +37,12 @@ pub(crate) struct LockState {
     /// The layer's wait policy ([`LockLayer::wait`](super::LockLayer::wait)); `None`: the
     /// locker's.
     pub(super) wait: Option<Wait>,
+    /// What a lost lease does to the handler
+    /// ([`LockLayer::on_lease_lost`](super::LockLayer::on_lease_lost)).
+    pub(super) on_lost: OnLeaseLost,
+    /// Whether the lease lasts until the response body ends
+    /// ([`LockLayer::hold_until_body_end`](super::LockLayer::hold_until_body_end)).
+    pub(super) hold_until_body_end: bool,
 }
 
 /// A layer's choice of the requests that take their keys shared.
@@ -157,13 +164,7 @@ impl LockState {
 
     /// The response for a rejected request, with the error in its extensions.
     pub(crate) fn reject(&self, error: LockError) -> Response<Bytes> {
-        let config = self.locker.config();
-        let status: StatusCode = status_for(
-            &error,
-            config.contended_status(),
-            config.unavailable_status(),
-            config.limited_status(),
-        );
+        let status = error.status();
         match &error {
             LockError::Key(rejection) => {
                 tracing::debug!(%status, reason = rejection.detail(), "rejected: bad lock key")

@@ -19,7 +19,11 @@ fn a_hook_keeps_the_status_and_retry_after() {
         attempts: 1,
         permits: None,
     };
-    let rejection = Rejection::new(&contended, StatusCode::LOCKED);
+    let rejection = Rejection::new(&contended, contended.status());
+    assert_eq!(rejection.status(), StatusCode::CONFLICT);
+    assert_eq!(json(&rejection.problem())["status"], 409);
+    // Another status: the response's and the problem's.
+    let rejection = rejection.with_status(StatusCode::LOCKED);
     assert_eq!(rejection.status(), StatusCode::LOCKED);
     assert_eq!(rejection.retry_after(), Some(Duration::from_secs(3)));
     let custom = rejection.with_body("busy");
@@ -181,23 +185,20 @@ fn problem_bodies() {
 }
 
 #[test]
-fn statuses_follow_config() {
-    let c = StatusCode::LOCKED;
-    let u = StatusCode::BAD_GATEWAY;
-    let l = StatusCode::SERVICE_UNAVAILABLE;
+fn each_error_has_its_status() {
     let contended = LockError::Contended {
         expires_in: None,
         waited: Duration::ZERO,
         attempts: 1,
         permits: None,
     };
-    assert_eq!(status_for(&contended, c, u, l), c);
+    assert_eq!(contended.status(), StatusCode::CONFLICT);
     assert_eq!(
-        status_for(&LockError::LeaseLost(LostReason::Expired), c, u, l),
-        u
+        LockError::LeaseLost(LostReason::Expired).status(),
+        StatusCode::SERVICE_UNAVAILABLE
     );
     let large = LockError::Key(KeyRejection::body_too_large(10));
-    assert_eq!(status_for(&large, c, u, l), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(large.status(), StatusCode::PAYLOAD_TOO_LARGE);
     let r = lock_problem(&large, StatusCode::PAYLOAD_TOO_LARGE);
     assert!(
         json(&r)["type"]
@@ -206,10 +207,7 @@ fn statuses_follow_config() {
             .ends_with("#request-body-too-large")
     );
     let misconfigured = LockError::Key(KeyRejection::misconfigured("x"));
-    assert_eq!(
-        status_for(&misconfigured, c, u, l),
-        StatusCode::INTERNAL_SERVER_ERROR
-    );
+    assert_eq!(misconfigured.status(), StatusCode::INTERNAL_SERVER_ERROR);
     // No permit of a key's freed in time: its own status and problem, with Retry-After.
     let limited = LockError::Contended {
         expires_in: Some(Duration::from_millis(2500)),
@@ -217,7 +215,7 @@ fn statuses_follow_config() {
         attempts: 1,
         permits: Some(4),
     };
-    assert_eq!(status_for(&limited, c, u, l), l);
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
     let r = lock_problem(&limited, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(r.headers()[header::RETRY_AFTER], "3");
     let body = json(&r);

@@ -172,9 +172,7 @@ async fn run(case: &Case, which: Which) -> Vec<String> {
     let store = Scripted::new();
     let mut lock = LockConfig::builder()
         .ttl(TTL)
-        .wait(Wait::constant(50 * MS).deadline(500 * MS))
-        .on_lease_lost(case.on_lease_lost)
-        .hold_until_body_end(true);
+        .wait(Wait::constant(50 * MS).deadline(500 * MS));
     if let Some(max) = case.max_hold {
         lock = lock.max_hold(max);
     }
@@ -182,6 +180,8 @@ async fn run(case: &Case, which: Which) -> Vec<String> {
     let service = match which {
         Which::Lock => BoxCloneService::new(
             LockLayer::with_config(store.clone(), Key::path(), lock.clone())
+                .on_lease_lost(case.on_lease_lost)
+                .hold_until_body_end(true)
                 .layer(handler(case.handler))
                 .map_response(|r| r.map(Body::new)),
         ),
@@ -194,6 +194,7 @@ async fn run(case: &Case, which: Which) -> Vec<String> {
                     .build()
                     .unwrap(),
             )
+            .on_lease_lost(case.on_lease_lost)
             .layer(handler(case.handler))
             .map_response(|r| r.map(Body::new)),
         ),

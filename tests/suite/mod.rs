@@ -383,12 +383,12 @@ where
 {
     let config = patient()
         .ttl(Duration::from_millis(300))
-        .on_lease_lost(policy)
         .max_hold(Duration::from_secs(60))
         .build()
         .unwrap();
     let counter = Counter::new();
-    let app = counter_app(Arc::clone(&counter), Some(layer(&backend, config).await));
+    let layer = layer(&backend, config).await.on_lease_lost(policy);
+    let app = counter_app(Arc::clone(&counter), Some(layer));
     let running = tokio::spawn({
         let app = app.clone();
         async move { send(&app, purchase("k", 1500)).await }
