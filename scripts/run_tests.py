@@ -92,12 +92,17 @@ def run(job):
     if executable is None:
         # The doc tests: `cargo test --doc` with the build's arguments (`filters`).
         command = [env["CARGO"], "test", "--doc", *filters]
-    done = subprocess.run(command, cwd=directory, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          errors="replace")
-    took = time.monotonic() - started
+    process = subprocess.Popen(command, cwd=directory, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, errors="replace")
+    output = process.stdout.read()
+    process.stdout.close()
+    # Reaped here rather than by `wait`, for the CPU time it and the children it waited for
+    # (its servers) used.
+    _, status, usage = os.wait4(process.pid, 0)
+    code = process.returncode = os.waitstatus_to_exitcode(status)
+    took = (time.monotonic() - started, usage.ru_utime + usage.ru_stime)
     label = src if executable is None else os.path.relpath(src, ROOT)
-    return label + (f" on {server}" if server else ""), done.returncode, done.stdout, took
+    return label + (f" on {server}" if server else ""), code, output, took
 
 
 def main():
@@ -123,7 +128,7 @@ def main():
     failed = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for label, code, output, took in pool.map(run, runs):
-            print(f"\n     Running {label} ({took:.1f} s)", flush=True)
+            print(f"\n     Running {label} ({took[0]:.1f} s, CPU {took[1]:.1f} s)", flush=True)
             sys.stdout.write(output)
             sys.stdout.flush()
             if code < 0:
