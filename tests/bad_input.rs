@@ -346,3 +346,71 @@ async fn durations_past_the_clock_are_refused_or_read_as_no_limit() {
     batch.apply().await.unwrap();
     held.release().await.unwrap();
 }
+
+/// A store setter given a value Redis cannot use, or one the store cannot honour, is a
+/// `ConfigError` naming the setting when called: before, `Duration::MAX` was accepted and every
+/// acquire then failed with Redis's "not an integer", small values were raised silently, and
+/// `handoff(true)` on a store made from a connection manager did nothing. The store keeps
+/// working with what it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_setters_refuse_what_redis_cannot_use() {
+    use crate::support::LockKeys;
+    use tower_lock::{Locker, RedisStore};
+    let server = tower_lock_testkit::RedisServer::start();
+    let store = RedisStore::connect(server.url()).await.unwrap();
+    let field = |result: Result<RedisStore, tower_lock::ConfigError>| result.unwrap_err().field();
+    let forever = Duration::MAX;
+    assert_eq!(field(store.clone().claim_window(forever)), "claim_window");
+    assert_eq!(
+        field(store.clone().claim_window(Duration::from_millis(5))),
+        "claim_window"
+    );
+    assert_eq!(
+        field(store.clone().fence_retention(forever)),
+        "fence_retention"
+    );
+    assert_eq!(
+        field(store.clone().fence_retention(Duration::ZERO)),
+        "fence_retention"
+    );
+    let second = Duration::from_secs(1);
+    assert_eq!(
+        field(store.clone().wait_for_replicas(usize::MAX, second)),
+        "wait_for_replicas"
+    );
+    // `WAIT 1 0` would wait for ever.
+    assert_eq!(
+        field(store.clone().wait_for_replicas(1, Duration::ZERO)),
+        "wait_for_replicas"
+    );
+    let message = store.clone().claim_window(forever).unwrap_err().to_string();
+    assert!(message.contains("365 days"), "{message}");
+    // Accepted: the bounds themselves, and 0 replicas (no wait, whatever the timeout).
+    let store = store
+        .claim_window(Duration::from_millis(10))
+        .unwrap()
+        .fence_retention(Duration::from_millis(1))
+        .unwrap()
+        .wait_for_replicas(0, Duration::ZERO)
+        .unwrap();
+    let locker = Locker::new(store);
+    let guard = locker
+        .acquire(locker.key("bad", "setters").unwrap())
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+
+    // Hand-off needs a connection of the store's own: refused on one made from a manager.
+    let client = redis::Client::open(server.url()).unwrap();
+    let manager = redis::aio::ConnectionManager::new(client).await.unwrap();
+    let managed = RedisStore::from_connection_manager(manager);
+    assert_eq!(field(managed.clone().handoff(true)), "handoff");
+    let managed = managed.handoff(false).unwrap();
+    let locker = Locker::new(managed);
+    let guard = locker
+        .acquire(locker.key("bad", "managed").unwrap())
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+    assert!(server.lock_keys().await.is_empty(), "a key left behind");
+}

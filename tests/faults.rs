@@ -447,7 +447,10 @@ async fn an_acquire_whose_reply_is_lost_is_released_not_left_for_the_ttl() {
             .unwrap();
         let lossy = books_app(
             Arc::default(),
-            layer(connect(&proxy.url()).await.handoff(handoff), config),
+            layer(
+                connect(&proxy.url()).await.handoff(handoff).unwrap(),
+                config,
+            ),
         );
         let patient = LockConfig::builder()
             .ttl(ttl)
@@ -456,7 +459,10 @@ async fn an_acquire_whose_reply_is_lost_is_released_not_left_for_the_ttl() {
             .unwrap();
         let direct = books_app(
             Arc::default(),
-            layer(connect(&redis.url()).await.handoff(handoff), patient),
+            layer(
+                connect(&redis.url()).await.handoff(handoff).unwrap(),
+                patient,
+            ),
         );
         // Loads the scripts, so that the dropped call is one Redis runs (not a NOSCRIPT).
         assert_eq!(

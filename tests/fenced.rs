@@ -479,7 +479,8 @@ async fn a_fence_raised_by_a_read_waits_for_the_replicas() {
     let store = RedisStore::connect(master.url())
         .await
         .unwrap()
-        .wait_for_replicas(1, Duration::from_millis(300));
+        .wait_for_replicas(1, Duration::from_millis(300))
+        .unwrap();
     let locker = Locker::new(store.clone());
     let data = FencedData::new(store);
     let plum = locker.key("sku", "plum").unwrap();

@@ -53,7 +53,10 @@ async fn stores(server: &RedisServer, n: usize) -> Vec<RedisStore> {
 /// The same, with a claim window of `window`.
 async fn stores_claiming(server: &RedisServer, n: usize, window: Duration) -> Vec<RedisStore> {
     let stores = stores(server, n).await;
-    stores.into_iter().map(|s| s.claim_window(window)).collect()
+    stores
+        .into_iter()
+        .map(|s| s.claim_window(window).unwrap())
+        .collect()
 }
 
 async fn queue_len(server: &RedisServer, key: &LockKey) -> usize {
@@ -122,11 +125,13 @@ async fn without_handoff_waiters_use_their_timer() {
     let one = RedisStore::connect(server.url())
         .await
         .unwrap()
-        .handoff(false);
+        .handoff(false)
+        .unwrap();
     let two = RedisStore::connect(server.url())
         .await
         .unwrap()
-        .handoff(false);
+        .handoff(false)
+        .unwrap();
     let took = second_process_waits(one, two, &server).await;
     assert!(took >= Duration::from_millis(600), "{took:?}");
 }
@@ -1088,7 +1093,8 @@ async fn a_set_over_counted_keys_that_does_not_queue_is_starved() {
     let set_store = RedisStore::connect(server.url())
         .await
         .unwrap()
-        .handoff(false);
+        .handoff(false)
+        .unwrap();
     let answer = set_against_a_stream(&server, set_store, Keys::Counted).await;
     assert!(
         matches!(answer, Err(LockError::Contended { .. })),
@@ -1169,7 +1175,8 @@ async fn a_set_that_does_not_queue_is_starved() {
     let set_store = RedisStore::connect(server.url())
         .await
         .unwrap()
-        .handoff(false);
+        .handoff(false)
+        .unwrap();
     let answer = set_against_a_stream(&server, set_store, Keys::Plain).await;
     assert!(
         matches!(answer, Err(LockError::Contended { .. })),

@@ -42,6 +42,7 @@ impl Backend for Replicated {
             .await
             .unwrap()
             .wait_for_replicas(self.acks, Duration::from_millis(500))
+            .unwrap()
     }
 }
 

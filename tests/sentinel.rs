@@ -117,7 +117,8 @@ async fn master_killed_replica_promoted() {
     let acked = connect()
         .await
         .unwrap()
-        .wait_for_replicas(1, Duration::from_millis(500));
+        .wait_for_replicas(1, Duration::from_millis(500))
+        .unwrap();
     let (old, new) = (setup.master.port(), setup.replica.port());
     assert_eq!(holder.master_addr(), format!("127.0.0.1:{old}"));
 

@@ -74,7 +74,8 @@ async fn one_lease(server: &RedisServer) -> (tower_lock_testkit::monitor::Comman
         .await
         .unwrap()
         .native_commands(true)
-        .handoff(false);
+        .handoff(false)
+        .unwrap();
     let mut ctl = server.client().await;
     let monitor = Monitor::start(server.port()).await;
     let guard = renewed_lease(store, 2).await;
@@ -141,7 +142,8 @@ async fn valkeys_compare_commands_touch_only_the_holders_key() {
     let store = RedisStore::connect(server.url())
         .await
         .unwrap()
-        .handoff(false);
+        .handoff(false)
+        .unwrap();
     let guard = renewed_lease(store, 0).await;
     let key = server.lock_keys().await.pop().expect("the held key");
     support::give_key_to_someone_else(&server, &key).await;

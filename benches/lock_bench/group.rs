@@ -146,7 +146,8 @@ async fn app(server: Server, url: &str) -> Router {
             RedisStore::connect(url)
                 .await
                 .expect("RedisStore::connect")
-                .wait_for_replicas(1, Duration::from_millis(500)),
+                .wait_for_replicas(1, Duration::from_millis(500))
+                .expect("wait_for_replicas"),
         ),
     }
 }

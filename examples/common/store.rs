@@ -169,7 +169,9 @@ pub async fn from_env() -> Result<Chosen, Box<dyn Error>> {
                 .map_err(|e| format!("REDIS_URL {}: {}", redacted(&url), chain(&e)))?;
             let mut description = format!("locks and data in Redis at {}", redacted(&url));
             if replicas > 0 {
-                store = store.wait_for_replicas(replicas, replica_timeout);
+                store = store
+                    .wait_for_replicas(replicas, replica_timeout)
+                    .map_err(|e| format!("LOCK_WAIT_REPLICAS, LOCK_WAIT_REPLICAS_MS: {e}"))?;
                 description += &format!(", each lease acknowledged by {replicas} replica(s)");
             }
             Ok(Chosen {

@@ -176,11 +176,15 @@ impl ClusterStore {
 
     /// How long a key's fencing counter is kept after its last acquisition (default 24 h); see
     /// [`RedisStore::fence_retention`].
-    #[must_use]
-    pub fn fence_retention(self, retention: Duration) -> Self {
-        Self {
-            inner: self.inner.fence_retention(retention),
-        }
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`](crate::ConfigError) (field `fence_retention`) for less than 1 ms or
+    /// more than 365 days.
+    pub fn fence_retention(self, retention: Duration) -> Result<Self, crate::ConfigError> {
+        Ok(Self {
+            inner: self.inner.fence_retention(retention)?,
+        })
     }
 
     /// Whether to use native compare commands where the servers have them (default `true`);

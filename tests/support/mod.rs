@@ -308,7 +308,7 @@ impl Backend for NoHandoff {
     type Store = RedisStore;
     const NAME: &'static str = "without hand-off";
     async fn store(&self) -> RedisStore {
-        connect(&self.0).await.handoff(false)
+        connect(&self.0).await.handoff(false).unwrap()
     }
 }
 

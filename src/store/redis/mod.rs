@@ -60,7 +60,46 @@ pub(crate) use self::{
     handoff::Handoff,
 };
 use super::{Acquire, Capabilities, LockStore, StoreError};
-use crate::{background::OnRuntime, key::LockKey, store::StoreId, token::Token};
+use crate::{
+    background::OnRuntime, config::at_most_a_year, error::ConfigError, key::LockKey,
+    store::StoreId, token::Token,
+};
+
+/// The shortest claim window a store takes.
+const MIN_CLAIM_WINDOW: Duration = Duration::from_millis(10);
+/// The most replicas `wait_for_replicas` may ask for (Redis's `WAIT` counts to `i64::MAX`; no
+/// deployment has this many).
+const MAX_REPLICAS: usize = 1_000;
+
+/// `value` as the store setting `field`: at least `least`, at most 365 days.
+pub(crate) fn check_duration(
+    field: &'static str,
+    value: Duration,
+    least: Duration,
+) -> Result<(), ConfigError> {
+    if value < least {
+        return Err(ConfigError::new(
+            field,
+            format!("must be at least {} ms", least.as_millis()),
+        ));
+    }
+    at_most_a_year(field, value)
+}
+
+/// The arguments of `wait_for_replicas`, checked.
+pub(crate) fn check_replicas(replicas: usize, timeout: Duration) -> Result<(), ConfigError> {
+    if replicas > MAX_REPLICAS {
+        return Err(ConfigError::new(
+            "wait_for_replicas",
+            "asks for more than 1,000 replicas",
+        ));
+    }
+    match replicas {
+        // Off: the timeout is not used.
+        0 => Ok(()),
+        _ => check_duration("wait_for_replicas", timeout, Duration::from_millis(1)),
+    }
+}
 
 /// How long connecting waits for the server's eviction policy (and the other probes) before it
 /// goes on without it.
@@ -204,7 +243,8 @@ impl RedisStore {
 
     /// [`connect`](Self::connect) to a parsed URL.
     async fn connect_info<T: IntoConnectionInfo>(info: T) -> Result<Self, StoreError> {
-        Ok(Self::connect_plain(info).await?.handoff(true))
+        let store = Self::connect_plain(info).await?;
+        Ok(store.enable_handoff())
     }
 
     /// Like [`connect`](Self::connect), over TLS with `tls`'s CA bundle and client certificate
@@ -323,9 +363,18 @@ impl RedisStore {
     ///
     /// Fencing tokens stay increasing without it (they follow the server clock); the counter only
     /// guards against the clock stepping back by less than this.
-    #[must_use]
-    pub fn fence_retention(mut self, retention: Duration) -> Self {
-        self.fence_retention = retention.max(Duration::from_millis(1));
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] (field `fence_retention`) for less than 1 ms or more than 365 days.
+    pub fn fence_retention(self, retention: Duration) -> Result<Self, ConfigError> {
+        check_duration("fence_retention", retention, Duration::from_millis(1))?;
+        Ok(self.with_fence_retention(retention))
+    }
+
+    /// [`fence_retention`](Self::fence_retention), checked already.
+    pub(crate) fn with_fence_retention(mut self, retention: Duration) -> Self {
+        self.fence_retention = retention;
         self.own_queue()
     }
 
@@ -347,15 +396,27 @@ impl RedisStore {
     ///
     /// let store = RedisStore::connect("redis://127.0.0.1/")
     ///     .await?
-    ///     .wait_for_replicas(1, Duration::from_millis(50));
+    ///     .wait_for_replicas(1, Duration::from_millis(50))?;
     /// # let _ = store; Ok(()) }
     /// ```
-    #[must_use]
-    pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
-        self.replicas = (replicas > 0).then_some(ReplicaAcks {
-            replicas,
-            timeout: timeout.max(Duration::from_millis(1)),
-        });
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] (field `wait_for_replicas`) for more than 1,000 replicas, or a timeout
+    /// under 1 ms (`WAIT` with 0 would wait for ever) or over 365 days. `replicas` 0 turns the
+    /// wait off.
+    pub fn wait_for_replicas(
+        self,
+        replicas: usize,
+        timeout: Duration,
+    ) -> Result<Self, ConfigError> {
+        check_replicas(replicas, timeout)?;
+        Ok(self.with_replicas(replicas, timeout))
+    }
+
+    /// [`wait_for_replicas`](Self::wait_for_replicas), checked already.
+    pub(crate) fn with_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.replicas = (replicas > 0).then_some(ReplicaAcks { replicas, timeout });
         self.own_queue()
     }
 
@@ -403,16 +464,36 @@ impl RedisStore {
     /// hand-off takes a free key even when others queue for it, and frees keys on release
     /// instead of handing them on (waiters then fall back to their timers). See
     /// `docs/DECISIONS.md`.
-    #[must_use]
-    pub fn handoff(mut self, enabled: bool) -> Self {
-        self.handoff = match (&self.client, enabled) {
-            (Some(client), true) => {
-                let handoff = Handoff::new(Client::clone(client));
-                handoff.ensure_running();
-                Some(handoff)
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] (field `handoff`) for `true` on a store made from a connection, a
+    /// connection manager or a pool ([`from_multiplexed`](Self::from_multiplexed),
+    /// [`from_connection_manager`](Self::from_connection_manager),
+    /// [`from_pool`](Self::from_pool)): hand-off subscribes with a connection of its own, which
+    /// only a store made by [`connect`](Self::connect) can open.
+    pub fn handoff(mut self, enabled: bool) -> Result<Self, ConfigError> {
+        match (enabled, self.client.is_some()) {
+            (true, true) => Ok(self.enable_handoff()),
+            (true, false) => Err(ConfigError::new(
+                "handoff",
+                "needs a store made by `connect` (hand-off subscribes with a connection of its \
+                 own); a store made from a connection, manager or pool has none",
+            )),
+            (false, _) => {
+                self.handoff = None;
+                Ok(self.own_queue())
             }
-            _ => None,
-        };
+        }
+    }
+
+    /// Hand-off on a store that has its client (one made by `connect`).
+    fn enable_handoff(mut self) -> Self {
+        if let Some(client) = &self.client {
+            let handoff = Handoff::new(Client::clone(client));
+            handoff.ensure_running();
+            self.handoff = Some(handoff);
+        }
         self.own_queue()
     }
 
@@ -431,9 +512,18 @@ impl RedisStore {
     /// before it runs (one more command); a waiter whose process hangs delays the queue by this
     /// long.
     /// Shorter than the TTL; every instance should use the same.
-    #[must_use]
-    pub fn claim_window(mut self, window: Duration) -> Self {
-        self.claim_window = window.max(Duration::from_millis(10));
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] (field `claim_window`) for less than 10 ms or more than 365 days.
+    pub fn claim_window(self, window: Duration) -> Result<Self, ConfigError> {
+        check_duration("claim_window", window, MIN_CLAIM_WINDOW)?;
+        Ok(self.with_claim_window(window))
+    }
+
+    /// [`claim_window`](Self::claim_window), checked already.
+    pub(crate) fn with_claim_window(mut self, window: Duration) -> Self {
+        self.claim_window = window;
         self.own_queue()
     }
 

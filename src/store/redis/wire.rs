@@ -431,7 +431,7 @@ mod tests {
     async fn the_client_writes_the_table() {
         let server = RedisServer::start();
         let with = RedisStore::connect(server.url()).await.unwrap();
-        let without = with.clone().handoff(false);
+        let without = with.clone().handoff(false).unwrap();
         let plain = LockKey::new("tower-lock:", "s", b"k", 64).unwrap();
         let counted = plain.clone().with_share(Share::permit(2).unwrap());
         let token = || Token::generate().unwrap();

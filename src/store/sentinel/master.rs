@@ -83,16 +83,17 @@ impl Default for Settings {
 
 impl Settings {
     pub(super) fn apply(&self, mut store: RedisStore) -> RedisStore {
+        // Checked by the `SentinelStore` setters that stored them.
         if let Some(retention) = self.fence_retention {
-            store = store.fence_retention(retention);
+            store = store.with_fence_retention(retention);
         }
         if let Some(window) = self.claim_window {
-            store = store.claim_window(window);
+            store = store.with_claim_window(window);
         }
         let (replicas, timeout) = self.replicas.unwrap_or((0, Duration::ZERO));
         store
             .native_commands(self.native_commands)
-            .wait_for_replicas(replicas, timeout)
+            .with_replicas(replicas, timeout)
             .attach_handoff(self.handoff.clone())
     }
 }

@@ -27,9 +27,12 @@ use tokio::sync::mpsc;
 use super::RedisStore;
 use super::{
     Acquire, Capabilities, Eviction, LockStore, StoreError,
-    redis::{Handoff, TLS_MARK, connect_error, redis_error, refuse_insecure},
+    redis::{
+        Handoff, TLS_MARK, check_duration, check_replicas, connect_error, redis_error,
+        refuse_insecure,
+    },
 };
-use crate::{key::LockKey, store::StoreId, token::Token};
+use crate::{error::ConfigError, key::LockKey, store::StoreId, token::Token};
 
 mod follow;
 mod master;
@@ -318,9 +321,13 @@ impl SentinelStore {
 
     /// How long a key's fencing counter is kept after its last acquisition (default 24 h); see
     /// [`RedisStore::fence_retention`].
-    #[must_use]
-    pub fn fence_retention(self, retention: Duration) -> Self {
-        self.configure(|s, _| s.fence_retention = Some(retention))
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] (field `fence_retention`) for less than 1 ms or more than 365 days.
+    pub fn fence_retention(self, retention: Duration) -> Result<Self, ConfigError> {
+        check_duration("fence_retention", retention, Duration::from_millis(1))?;
+        Ok(self.configure(|s, _| s.fence_retention = Some(retention)))
     }
 
     /// Whether to use native compare commands where the master has them (default `true`); see
@@ -334,9 +341,17 @@ impl SentinelStore {
     /// acknowledgements as a failure; see [`RedisStore::wait_for_replicas`]. It applies to
     /// every master the store follows: after a failover that left the new master with fewer
     /// than `replicas` replicas, acquires fail (503) until enough replicas are back.
-    #[must_use]
-    pub fn wait_for_replicas(self, replicas: usize, timeout: Duration) -> Self {
-        self.configure(|s, _| s.replicas = (replicas > 0).then_some((replicas, timeout)))
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisStore::wait_for_replicas`]'s.
+    pub fn wait_for_replicas(
+        self,
+        replicas: usize,
+        timeout: Duration,
+    ) -> Result<Self, ConfigError> {
+        check_replicas(replicas, timeout)?;
+        Ok(self.configure(|s, _| s.replicas = (replicas > 0).then_some((replicas, timeout))))
     }
 
     /// Hands a released key straight to the next waiter, first come first served, on whichever
@@ -363,9 +378,13 @@ impl SentinelStore {
 
     /// How long a key handed to a waiter stays reserved for it before it must confirm
     /// (default 1 s); see [`RedisStore::claim_window`].
-    #[must_use]
-    pub fn claim_window(self, window: Duration) -> Self {
-        self.configure(|s, _| s.claim_window = Some(window))
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] (field `claim_window`) for less than 10 ms or more than 365 days.
+    pub fn claim_window(self, window: Duration) -> Result<Self, ConfigError> {
+        check_duration("claim_window", window, Duration::from_millis(10))?;
+        Ok(self.configure(|s, _| s.claim_window = Some(window)))
     }
 
     /// Asks the current master now for its eviction policy (`INFO memory`); see

@@ -169,7 +169,8 @@ async fn renewals_are_batched_across_a_failover() {
     // Acquired with the replica's acknowledgement, so that they survive the failover.
     let acked = store
         .clone()
-        .wait_for_replicas(1, Duration::from_millis(500));
+        .wait_for_replicas(1, Duration::from_millis(500))
+        .unwrap();
     let ttl = Duration::from_secs(30);
     let mut leases = Vec::new();
     for i in 0..20 {
@@ -177,7 +178,7 @@ async fn renewals_are_batched_across_a_failover() {
         acquired(acked.acquire(&k, &token, ttl).await.unwrap());
         leases.push((k, token));
     }
-    let store = acked.wait_for_replicas(0, Duration::ZERO);
+    let store = acked.wait_for_replicas(0, Duration::ZERO).unwrap();
     let renewed =
         |answers: Vec<Result<bool, StoreError>>| answers.into_iter().all(|a| matches!(a, Ok(true)));
     // The first batch loads the script (EVALSHA, NOSCRIPT, SCRIPT LOAD, EVALSHA).
