@@ -30,6 +30,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # The runs that take longest (binaries, or modules of a binary run per module), started first
 # so that the others fill in around them.
 LONGEST_FIRST = ["protocol_model", "tls", "faults", "cluster", "sentinel", "credentials", "orders"]
+# Runs whose tests mostly wait (on servers, proxies, leases and timers: well under a core of CPU
+# for their wall time, `run_tests.py` prints both) run 4 of their tests at a time rather than
+# libtest's one per core.
+MORE_THREADS = {"faults", "cluster", "sentinel", "orders", "redlock", "redis", "valkey",
+                "runtimes", "handoff", "memory", "coalesce"}
 # Binaries whose tests run once per module (the first part of a test's name), each in a process
 # of its own.
 PER_MODULE = {"integration"}
@@ -89,6 +94,8 @@ def run(job):
     if server:
         env["TOWER_LOCK_TEST_SERVER"] = server
     command = [executable, *filters, *extra]
+    if name in MORE_THREADS:
+        command += ["--test-threads", "4"]
     if executable is None:
         # The doc tests: `cargo test --doc` with the build's arguments (`filters`).
         command = [env["CARGO"], "test", "--doc", *filters]
@@ -113,9 +120,10 @@ def main():
     for binary in build(args):
         binaries += modules(binary) if binary[0] in PER_MODULE else [(*binary, [])]
     # A renamed binary or module must not lose its place or its rerun silently.
-    stale = (set(LONGEST_FIRST) | set(AGAIN_ON_VALKEY)) - {b[0] for b in binaries}
+    stale = (set(LONGEST_FIRST) | set(AGAIN_ON_VALKEY) | MORE_THREADS) - {b[0] for b in binaries}
     if stale and not picked:
-        sys.exit(f"error: LONGEST_FIRST or AGAIN_ON_VALKEY names no binary or module: {stale}")
+        sys.exit("error: LONGEST_FIRST, AGAIN_ON_VALKEY or MORE_THREADS names no binary or "
+                 f"module: {stale}")
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     binaries.sort(key=lambda b: (rank.get(b[0], len(rank)), b[1]))
     runs = [(b, [], None) for b in binaries]
