@@ -469,9 +469,9 @@ impl RedisStore {
     ///
     /// A [`ConfigError`] (field `handoff`) for `true` on a store made from a connection, a
     /// connection manager or a pool ([`from_multiplexed`](Self::from_multiplexed),
-    /// [`from_connection_manager`](Self::from_connection_manager),
-    /// [`from_pool`](Self::from_pool)): hand-off subscribes with a connection of its own, which
-    /// only a store made by [`connect`](Self::connect) can open.
+    /// [`from_connection_manager`](Self::from_connection_manager), `from_pool` with the `bb8`
+    /// feature): hand-off subscribes with a connection of its own, which only a store made by
+    /// [`connect`](Self::connect) can open.
     pub fn handoff(mut self, enabled: bool) -> Result<Self, ConfigError> {
         match (enabled, self.client.is_some()) {
             (true, true) => Ok(self.enable_handoff()),
