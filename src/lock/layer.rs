@@ -128,11 +128,12 @@ impl<K> LockLayer<K> {
     }
 
     /// Builds the responses of refused requests with `respond` instead of the problem+json of
-    /// the [`response`](crate::response) module. It gets the [`Rejection`]: the error, the
-    /// status the config assigns, the `Retry-After` the default sends, and the default response
-    /// (see the [module docs](crate::response) for an example that keeps the status and
-    /// `Retry-After` with a body of its own). The layer puts the [`LockError`](crate::LockError)
-    /// into the extensions of whatever it returns.
+    /// the [`response`](crate::response) module. It gets the [`Rejection`]: the error, its
+    /// status ([`LockError::status`](crate::LockError::status)), the `Retry-After` the default
+    /// sends, and the default response (see the [module docs](crate::response) for an example
+    /// that keeps the status and `Retry-After` with a body of its own, and
+    /// [`Rejection::with_status`] to answer another status). The layer puts the
+    /// [`LockError`](crate::LockError) into the extensions of whatever it returns.
     pub fn rejection_response<F>(mut self, respond: F) -> Self
     where
         F: Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync + 'static,
