@@ -72,12 +72,18 @@ if [ "$#" -eq 0 ]; then
   # exists, and none cites a line number or an issue.
   python3 scripts/check_docs.py
   cargo package --allow-dirty --no-verify --quiet
+  # Where cargo put it, whatever sets the target directory (variable or cargo config).
+  target_dir="$(cargo metadata --no-deps --format-version 1 |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
   version="$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)"
   unpacked="$(mktemp -d)"
   no_default_doctests=""
   trap '[ -z "$no_default_doctests" ] || kill -- -"$no_default_doctests" 2>/dev/null || true; rm -rf "$unpacked"' EXIT
-  target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
-  tar -xzf "$target_dir/package/tower-lock-$version.crate" -C "$unpacked"
+  echo "checking the package as crates.io would receive it, unpacked in $unpacked (a file the" \
+    "build cannot find there is missing from \`include\` in Cargo.toml)" >&2
+  # `-m`: the files dated now, not as packed (one fixed date), or cargo would take the last
+  # run's results for these.
+  tar -m -xzf "$target_dir/package/tower-lock-$version.crate" -C "$unpacked"
   package=(--manifest-path "$unpacked/tower-lock-$version/Cargo.toml" --target-dir "$target_dir" --locked)
   RUSTDOCFLAGS="-D warnings" cargo doc "${package[@]}" --no-deps --all-features --quiet
   # And with the default features, as most users build it (no links to `bb8`-only items).
@@ -91,10 +97,15 @@ if [ "$#" -eq 0 ]; then
   cargo clippy "${package[@]}" --lib --no-default-features --quiet -- -D warnings
   cargo clippy "${package[@]}" --lib --no-default-features --features tls --quiet -- -D warnings
   no_default_log="$unpacked/doc-tests-without-default-features.log"
-  setsid nice -n 19 cargo test --manifest-path "$unpacked/tower-lock-$version/Cargo.toml" \
+  # A process group of its own (job control), so that an exit stops all of it; the same
+  # session, so that `nice` counts against the tests (a session is a scheduling group of its own
+  # where autogroup is on, as on Debian: `setsid` would give it an equal share).
+  set -m
+  nice -n 19 cargo test --manifest-path "$unpacked/tower-lock-$version/Cargo.toml" \
     --target-dir "$target_dir/no-default" --locked --doc --no-default-features --quiet \
     >"$no_default_log" 2>&1 &
   no_default_doctests=$!
+  set +m
 fi
 
 # The whole suite: the crate's unit and doc tests, the integration tests (`suite/`) and the test
