@@ -30,11 +30,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # The runs that take longest (binaries, or modules of a binary run per module), started first
 # so that the others fill in around them.
 LONGEST_FIRST = ["protocol_model", "tls", "faults", "cluster", "sentinel", "credentials", "orders"]
-# Runs whose tests mostly wait (on servers, failovers and leases: well under a core of CPU for
-# their wall time, `run_tests.py` prints both) and assert no bound tighter than a second run 4 of
-# their tests at a time rather than libtest's one per core. (`faults`, `redis`, `redlock`,
-# `handoff` and `coalesce` wait as much, but time things to 100-400 ms.)
-MORE_THREADS = {"cluster", "sentinel", "orders", "valkey", "runtimes"}
+# Runs whose tests mostly wait (on servers, proxies, leases and timers: well under a core of CPU
+# for their wall time; `run_tests.py` prints both) run 4 of their tests at a time rather than
+# libtest's one per core.
+MORE_THREADS = {"faults", "cluster", "sentinel", "orders", "redlock", "redis", "valkey",
+                "runtimes", "handoff", "coalesce"}
 # Binaries whose tests run once per module (the first part of a test's name), each in a process
 # of its own.
 PER_MODULE = {"integration"}

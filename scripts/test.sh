@@ -77,8 +77,7 @@ if [ "$#" -eq 0 ]; then
     python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
   version="$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)"
   unpacked="$(mktemp -d)"
-  no_default_doctests=""
-  trap '[ -z "$no_default_doctests" ] || kill -- -"$no_default_doctests" 2>/dev/null || true; rm -rf "$unpacked"' EXIT
+  trap 'rm -rf "$unpacked"' EXIT
   echo "checking the package as crates.io would receive it, unpacked in $unpacked (a file the" \
     "build cannot find there is missing from \`include\` in Cargo.toml)" >&2
   # `-m`: the files dated now, not as packed (one fixed date), or cargo would take the last
@@ -90,22 +89,10 @@ if [ "$#" -eq 0 ]; then
   RUSTDOCFLAGS="-D warnings" cargo doc "${package[@]}" --no-deps --quiet
   # The crate without its default features still builds (tower-only users), and with TLS alone,
   # without a warning; and its doc examples compile and pass without axum (each gated on what it
-  # uses). Those doc tests build their dependencies apart from everything else (no default
-  # features, not checked but built), so they run beside the tests, in a target directory of
-  # their own and at the lowest priority: they take the cores the tests leave idle, and their
-  # result is read at the end.
+  # uses).
   cargo clippy "${package[@]}" --lib --no-default-features --quiet -- -D warnings
   cargo clippy "${package[@]}" --lib --no-default-features --features tls --quiet -- -D warnings
-  no_default_log="$unpacked/doc-tests-without-default-features.log"
-  # A process group of its own (job control), so that an exit stops all of it; the same
-  # session, so that `nice` counts against the tests (a session is a scheduling group of its own
-  # where autogroup is on, as on Debian: `setsid` would give it an equal share).
-  set -m
-  nice -n 19 cargo test --manifest-path "$unpacked/tower-lock-$version/Cargo.toml" \
-    --target-dir "$target_dir/no-default" --locked --doc --no-default-features --quiet \
-    >"$no_default_log" 2>&1 &
-  no_default_doctests=$!
-  set +m
+  cargo test "${package[@]}" --doc --no-default-features --quiet
 fi
 
 # The whole suite: the crate's unit and doc tests, the integration tests (`suite/`) and the test
@@ -124,13 +111,4 @@ fi
 if [ "$#" -eq 0 ]; then
   python3 -m unittest discover -s faults -p 'test_*.py'
   python3 faults/run.py --schedule short --profile dev
-  echo "doc tests without default features (the package):"
-  if ! wait "$no_default_doctests"; then
-    no_default_doctests=""
-    cat "$no_default_log"
-    echo "error: the doc tests without default features failed" >&2
-    exit 1
-  fi
-  no_default_doctests=""
-  cat "$no_default_log"
 fi

@@ -1,7 +1,8 @@
 //! tower-lock's integration tests and benchmark, as a package of their own: see `Cargo.toml`.
 //!
 //! Nothing here but checks of the repository itself: that every `tests/*.rs` is one of this
-//! package's `[[test]]` targets or a module of the `integration` one (`tests/integration.rs`),
+//! package's `[[test]]` targets (or `model/`'s: the loom model), or a module of the
+//! `integration` one (`tests/integration.rs`),
 //! and not both, and that every target and module is a file, so that a new test file cannot be
 //! left out of the suite unnoticed; and that every relative link of its markdown resolves
 //! (`doc_links`).
@@ -60,14 +61,23 @@ mod tests {
     fn every_test_file_is_a_target() {
         let here = Path::new(env!("CARGO_MANIFEST_DIR"));
         let manifest = fs::read_to_string(here.join("Cargo.toml")).unwrap();
-        let targets = target_paths(&manifest, "[[test]]");
+        // The loom model's binary is `model/`'s (both packages' paths start `../tests/`).
+        let model = fs::read_to_string(here.join("../model/Cargo.toml")).unwrap();
+        let suite_targets = target_paths(&manifest, "[[test]]");
+        let model_targets = target_paths(&model, "[[test]]");
+        let twice: Vec<_> = suite_targets.intersection(&model_targets).collect();
+        assert!(
+            twice.is_empty(),
+            "test files that are a target of suite/Cargo.toml and of model/Cargo.toml: {twice:?}"
+        );
+        let targets: BTreeSet<String> = suite_targets.union(&model_targets).cloned().collect();
         let integration = fs::read_to_string(here.join("../tests/integration.rs")).unwrap();
         let modules = module_paths(&integration, &here.join("../tests"));
         let both: Vec<_> = targets.intersection(&modules).collect();
         assert!(
             both.is_empty(),
-            "test files that are a target of suite/Cargo.toml and a module of \
-             tests/integration.rs, so run twice: {both:?}"
+            "test files that are a target of suite/Cargo.toml (or model/Cargo.toml) and a module \
+             of tests/integration.rs, so run twice: {both:?}"
         );
         let registered: BTreeSet<String> = targets.union(&modules).cloned().collect();
         let files: BTreeSet<String> = fs::read_dir(here.join("../tests"))
