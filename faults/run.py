@@ -118,7 +118,7 @@ def main() -> int:
             else schedule.pauses(f"{schedule.name}, pauses", CONTROL_PAUSES),
             fencing="off",
         ),
-        "lock-off": dict(schedule=schedule.without_faults(f"{schedule.name}, no faults", 8.0),
+        "lock-off": dict(schedule=schedule.without_faults(f"{schedule.name}, no faults", 4.0),
                          lock="off"),
     }
     selected = args.only or list(runs)

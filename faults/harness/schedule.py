@@ -66,22 +66,10 @@ REDIS_FAULTS = ["pause", "kill", "redis-restart", "partition", "slow-network", "
                 "pubsub-kill"]
 
 
-def interleave(counts: dict[str, int]) -> list[str]:
-    """Round robin over the kinds, each as many times as asked."""
-    steps = []
-    left = dict(counts)
-    while any(left.values()):
-        for kind in counts:
-            if left[kind]:
-                steps.append(kind)
-                left[kind] -= 1
-    return steps
-
-
 SHORT = Schedule(
     name="short",
     phases=[
-        Phase("redis", interleave({"pause": 2, **{k: 1 for k in REDIS_FAULTS[1:]}})),
+        Phase("redis", list(REDIS_FAULTS)),
         Phase("sentinel", ["sentinel-failover"]),
     ],
 )
