@@ -2,7 +2,7 @@
 """The fault-injection run: the inventory example under a schedule of faults, its history
 judged by the independent checker (`check.py`), with two negative controls that must fail.
 
-    python3 faults/run.py --schedule short      # about 1.5 minutes; part of scripts/test.sh
+    python3 faults/run.py --schedule short      # about 1.2 minutes; part of scripts/test.sh
     python3 faults/run.py --schedule long       # about 35 minutes; figures for RELIABILITY.md
 
 Three runs, each on processes of its own:
@@ -89,7 +89,7 @@ def check(history: Path, summary: Path) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--schedule", choices=sorted(SCHEDULES), default="short",
-                        help="short: about 1.5 minutes; long: 30 minutes of faults")
+                        help="short: about 1.2 minutes; long: 30 minutes of faults")
     parser.add_argument("--binary", help="the inventory example's binary (default: build it)")
     parser.add_argument("--profile", choices=["release", "dev"], default="release",
                         help="how to build it (dev: as the tests build it, no extra build)")

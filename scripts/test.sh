@@ -106,7 +106,7 @@ else
   cargo test --workspace --all-features "$@"
 fi
 # The fault-injection run (faults/README.md): the history checker's own tests, then the short
-# schedule (about 1.5 minutes; `--profile dev` runs the example the tests already built),
+# schedule (about 1.2 minutes; `--profile dev` runs the example the tests already built),
 # whose main run the checker must pass and whose two negative controls it must fail.
 if [ "$#" -eq 0 ]; then
   python3 -m unittest discover -s faults -p 'test_*.py'
