@@ -393,12 +393,32 @@ async fn store_setters_refuse_what_redis_cannot_use() {
         .unwrap()
         .wait_for_replicas(0, Duration::ZERO)
         .unwrap();
-    let locker = Locker::new(store);
+    let locker = Locker::new(store.clone());
     let guard = locker
         .acquire(locker.key("bad", "setters").unwrap())
         .await
         .unwrap();
     guard.release().await.unwrap();
+    // Hand-off already on (as `connect` leaves it): asked again, the same subscription, not a
+    // second one.
+    let pubsub = || async {
+        let list = server.cli(&["CLIENT", "LIST", "TYPE", "pubsub"]);
+        list.lines().filter(|l| l.contains("cmd=")).count()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while pubsub().await == 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = pubsub().await;
+    assert_eq!(before, 1, "the store's hand-off subscription");
+    let again = Locker::new(store.handoff(true).unwrap());
+    let guard = again
+        .acquire(again.key("bad", "again").unwrap())
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(pubsub().await, before, "a second hand-off subscription");
 
     // Hand-off needs a connection of the store's own: refused on one made from a manager.
     let client = redis::Client::open(server.url()).unwrap();

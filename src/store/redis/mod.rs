@@ -474,6 +474,8 @@ impl RedisStore {
     /// [`connect`](Self::connect) can open.
     pub fn handoff(mut self, enabled: bool) -> Result<Self, ConfigError> {
         match (enabled, self.client.is_some()) {
+            // Already on (as `connect` leaves it): the same store, not a second subscription.
+            (true, true) if self.handoff.is_some() => Ok(self),
             (true, true) => Ok(self.enable_handoff()),
             (true, false) => Err(ConfigError::new(
                 "handoff",
