@@ -214,9 +214,10 @@ impl<'a, E> Rejection<'a, E> {
         self.status
     }
 
-    /// This rejection answered with `status` instead (a 4xx or 5xx: it is a refusal): its
-    /// `problem()` (whose `status` member says it too) and `with_body` use it. A layer's one way
-    /// to answer with other statuses than the errors' own:
+    /// This rejection answered with `status` instead: its `problem()` (whose `status` member
+    /// says it too) and `with_body` use it. A layer's one way to answer with other statuses than
+    /// the errors' own. Choose a 4xx or 5xx: the handler did not run, and the response goes out
+    /// with whatever status the hook gives it.
     ///
     /// ```
     /// use http::StatusCode;

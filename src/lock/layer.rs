@@ -112,7 +112,9 @@ impl<K> LockLayer<K> {
 
     /// Keeps the lease, and renews it, until the response body has been streamed to its end,
     /// not only until the handler returns: for handlers that stream (default `false`). The
-    /// lease is released when the body ends, fails or is dropped.
+    /// lease is released when the body ends, fails or is dropped. A lease lost while the body
+    /// streams (the status is sent by then) does not stop it, whatever
+    /// [`on_lease_lost`](Self::on_lease_lost) says: fence the writes the body makes.
     pub fn hold_until_body_end(mut self, hold: bool) -> Self {
         Arc::make_mut(&mut self.state).hold_until_body_end = hold;
         self

@@ -61,8 +61,8 @@ pub(crate) use self::{
 };
 use super::{Acquire, Capabilities, LockStore, StoreError};
 use crate::{
-    background::OnRuntime, config::at_most_a_year, error::ConfigError, key::LockKey,
-    store::StoreId, token::Token,
+    background::OnRuntime, config::MAX_DURATION, error::ConfigError, key::LockKey, store::StoreId,
+    token::Token,
 };
 
 /// The shortest claim window a store takes.
@@ -83,7 +83,11 @@ pub(crate) fn check_duration(
             format!("must be at least {} ms", least.as_millis()),
         ));
     }
-    at_most_a_year(field, value)
+    // Not `at_most_a_year`, whose advice (leave it unset for no limit) is a config's.
+    match value <= MAX_DURATION {
+        true => Ok(()),
+        false => Err(ConfigError::new(field, "must be at most 365 days")),
+    }
 }
 
 /// The arguments of `wait_for_replicas`, checked.
