@@ -67,12 +67,24 @@ use crate::{
 
 /// The shortest claim window a store takes.
 const MIN_CLAIM_WINDOW: Duration = Duration::from_millis(10);
+/// The shortest fence retention, and `WAIT` timeout, a store takes.
+const MIN_MILLISECOND: Duration = Duration::from_millis(1);
 /// The most replicas `wait_for_replicas` may ask for (Redis's `WAIT` counts to `i64::MAX`; no
 /// deployment has this many).
 const MAX_REPLICAS: usize = 1_000;
 
+/// A claim window, checked (for every store that takes one).
+pub(crate) fn check_claim_window(window: Duration) -> Result<(), ConfigError> {
+    check_duration("claim_window", window, MIN_CLAIM_WINDOW)
+}
+
+/// A fence retention, checked (for every store that takes one).
+pub(crate) fn check_fence_retention(retention: Duration) -> Result<(), ConfigError> {
+    check_duration("fence_retention", retention, MIN_MILLISECOND)
+}
+
 /// `value` as the store setting `field`: at least `least`, at most 365 days.
-pub(crate) fn check_duration(
+fn check_duration(
     field: &'static str,
     value: Duration,
     least: Duration,
@@ -101,7 +113,7 @@ pub(crate) fn check_replicas(replicas: usize, timeout: Duration) -> Result<(), C
     match replicas {
         // Off: the timeout is not used.
         0 => Ok(()),
-        _ => check_duration("wait_for_replicas", timeout, Duration::from_millis(1)),
+        _ => check_duration("wait_for_replicas", timeout, MIN_MILLISECOND),
     }
 }
 
@@ -372,7 +384,7 @@ impl RedisStore {
     ///
     /// A [`ConfigError`] (field `fence_retention`) for less than 1 ms or more than 365 days.
     pub fn fence_retention(self, retention: Duration) -> Result<Self, ConfigError> {
-        check_duration("fence_retention", retention, Duration::from_millis(1))?;
+        check_fence_retention(retention)?;
         Ok(self.with_fence_retention(retention))
     }
 
@@ -523,7 +535,7 @@ impl RedisStore {
     ///
     /// A [`ConfigError`] (field `claim_window`) for less than 10 ms or more than 365 days.
     pub fn claim_window(self, window: Duration) -> Result<Self, ConfigError> {
-        check_duration("claim_window", window, MIN_CLAIM_WINDOW)?;
+        check_claim_window(window)?;
         Ok(self.with_claim_window(window))
     }
 

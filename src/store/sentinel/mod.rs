@@ -28,8 +28,8 @@ use super::RedisStore;
 use super::{
     Acquire, Capabilities, Eviction, LockStore, StoreError,
     redis::{
-        Handoff, TLS_MARK, check_duration, check_replicas, connect_error, redis_error,
-        refuse_insecure,
+        Handoff, TLS_MARK, check_claim_window, check_fence_retention, check_replicas,
+        connect_error, redis_error, refuse_insecure,
     },
 };
 use crate::{error::ConfigError, key::LockKey, store::StoreId, token::Token};
@@ -326,7 +326,7 @@ impl SentinelStore {
     ///
     /// A [`ConfigError`] (field `fence_retention`) for less than 1 ms or more than 365 days.
     pub fn fence_retention(self, retention: Duration) -> Result<Self, ConfigError> {
-        check_duration("fence_retention", retention, Duration::from_millis(1))?;
+        check_fence_retention(retention)?;
         Ok(self.configure(|s, _| s.fence_retention = Some(retention)))
     }
 
@@ -383,7 +383,7 @@ impl SentinelStore {
     ///
     /// A [`ConfigError`] (field `claim_window`) for less than 10 ms or more than 365 days.
     pub fn claim_window(self, window: Duration) -> Result<Self, ConfigError> {
-        check_duration("claim_window", window, Duration::from_millis(10))?;
+        check_claim_window(window)?;
         Ok(self.configure(|s, _| s.claim_window = Some(window)))
     }
 
