@@ -337,7 +337,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
 
 /// `layer`, taking its keys as writers of keys readers share (the whole of each SKU's
 /// capacity) where the store counts holders; the plain lock where it cannot.
-fn writers<K>(layer: LockLayer<K>, counts: bool) -> Result<LockLayer<K>, ConfigError> {
+fn writers(layer: LockLayer, counts: bool) -> Result<LockLayer, ConfigError> {
     match counts {
         true => layer.shared_when(|_| false),
         false => Ok(layer),

@@ -349,6 +349,10 @@ def listing(doc):
                 if imp is None or not is_local(iid):
                     continue
                 i = imp["inner"]["impl"]
+                for_ = i["for"]
+                # A local type lists its own impls (under its public path): listed once, there.
+                if "resolved_path" in for_ and is_local(for_["resolved_path"]["id"]):
+                    continue
                 if i.get("blanket_impl") is None:
                     lines.add(f"impl{r.generics(i['generics'])} {r.path_name(i['trait'])} for {r.ty(i['for'])}{r.where(i['generics'])}")
         elif kind == "function":

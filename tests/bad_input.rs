@@ -213,7 +213,7 @@ proptest! {
         if std::str::from_utf8(&raw).is_ok() && raw.len() <= MAX_KEY_LEN {
             prop_assert_eq!(status, StatusCode::OK);
             let (scope, value) = decode(&body, PREFIX).expect("key layout");
-            prop_assert_eq!(scope, b"POST /items/{sku}/purchase");
+            prop_assert_eq!(scope, b"/items/{sku}");
             prop_assert_eq!(value, &digest(&raw)[..]);
         } else {
             assert_rejected(status, content_type.as_ref(), &body, &raw);

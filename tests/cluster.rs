@@ -416,8 +416,8 @@ async fn an_acquire_resent_after_its_reply_was_lost_holds_the_key() {
     next.release().await.unwrap();
 }
 
-/// The scope the layer gives `POST /items/{sku}/purchase`.
-const ROUTE: &str = "POST /items/{sku}/purchase";
+/// The scope the layer gives `POST /items/{sku}/purchase`: the resource, `/items/{sku}`.
+const ROUTE: &str = "/items/{sku}";
 
 /// The lock key the layer builds for `sku` on [`ROUTE`].
 fn route_key(sku: &str) -> LockKey {

@@ -29,8 +29,7 @@ use instances::{Counts, Instance, Plan, audit, run_load};
 use serde::Deserialize;
 use support::{LockKeys, body_json, purchase, send};
 use tower_lock::{
-    Key, Lease, LockConfig, LockLayer, RedisStore, Wait, config::OnLeaseLost, key::PathParamKey,
-    store::LockStore,
+    Key, Lease, LockConfig, LockLayer, RedisStore, Wait, config::OnLeaseLost, store::LockStore,
 };
 use tower_lock_testkit::{Proxy, RedisServer, calls_of, http::Http};
 
@@ -89,7 +88,7 @@ struct Params {
     panic: bool,
 }
 
-fn books_app(books: Arc<Books>, layer: LockLayer<PathParamKey>) -> Router {
+fn books_app(books: Arc<Books>, layer: LockLayer) -> Router {
     let handler = move |lease: Lease, Path(_sku): Path<String>, Query(p): Query<Params>| {
         let books = Arc::clone(&books);
         async move {
@@ -110,7 +109,7 @@ fn books_app(books: Arc<Books>, layer: LockLayer<PathParamKey>) -> Router {
         .route_layer(layer)
 }
 
-fn layer(store: impl LockStore, config: LockConfig) -> LockLayer<PathParamKey> {
+fn layer(store: impl LockStore, config: LockConfig) -> LockLayer {
     LockLayer::with_config(store, Key::path_param("sku"), config)
 }
 

@@ -15,7 +15,7 @@ use support::{Captured, Counter, LockKeys, counter_app, purchase, send};
 use tower_lock::{Key, LockConfig, LockLayer, RedisStore, Wait};
 use tower_lock_testkit::RedisServer;
 
-const SCOPE: &str = "POST /items/{sku}/purchase";
+const SCOPE: &str = "/items/{sku}";
 
 /// Through the `IdempotencyLayer`: a request that is stored, its retry (replayed), and the same
 /// key with another body (422).
@@ -221,8 +221,9 @@ fn metrics_count_every_outcome_exactly() {
 }
 
 /// Requests with extension methods (and a lower-case `get`, another method to HTTP), through
-/// an `any` route under `Router::layer` and through a layer outside axum: every lock is scoped
-/// by its real method, and every label shows `_OTHER` for them, so a client cannot mint series.
+/// an `any` route under `Router::layer` and through a layer outside axum: the method is no part
+/// of a lock's scope, so every method takes the resource's one lock and one label, and a
+/// client cannot mint series.
 async fn extension_methods_scenario() -> Vec<String> {
     use axum::{
         Router,
@@ -273,7 +274,7 @@ async fn extension_methods_scenario() -> Vec<String> {
 }
 
 #[test]
-fn extension_methods_share_one_label_and_keep_their_lock() {
+fn every_method_takes_the_resources_one_lock_and_label() {
     let recorder = DebuggingRecorder::new();
     let scopes = metrics::with_local_recorder(&recorder, || {
         tokio::runtime::Builder::new_current_thread()
@@ -282,28 +283,12 @@ fn extension_methods_share_one_label_and_keep_their_lock() {
             .unwrap()
             .block_on(extension_methods_scenario())
     });
-    // The locks keep the method.
-    assert_eq!(
-        scopes,
-        [
-            "FOO /x/{id}",
-            "FOO",
-            "BAR /x/{id}",
-            "BAR",
-            "get /x/{id}",
-            "get",
-            "POST /x/{id}",
-            "POST",
-            "QUERY /x/{id}",
-            "QUERY"
-        ]
-    );
+    // One lock per resource, whatever the method.
+    let expected: Vec<&str> = (0..5).flat_map(|_| ["/x/{id}", "path"]).collect();
+    assert_eq!(scopes, expected);
     let m = collect(&recorder);
     let acquired = |scope| counter(&m, "tower_lock_acquired_total", &[("scope", scope)]);
-    assert_eq!(acquired("_OTHER /x/{id}"), 3, "{m:#?}");
-    assert_eq!(acquired("_OTHER"), 3);
-    assert_eq!((acquired("POST /x/{id}"), acquired("POST")), (1, 1));
-    assert_eq!((acquired("QUERY /x/{id}"), acquired("QUERY")), (1, 1));
+    assert_eq!((acquired("/x/{id}"), acquired("path")), (5, 5), "{m:#?}");
     for (name, labels) in m.keys() {
         for (k, v) in labels {
             assert!(
@@ -389,14 +374,7 @@ fn spans_carry_outcomes_and_hashed_keys_never_tokens() {
         logged.contains("lease lost"),
         "lost lease not logged at warn"
     );
-    // Extension methods: `_OTHER` in the scope field, the method itself beside it.
-    let other = logged
-        .lines()
-        .find(|line| {
-            line.contains("method_original=\"FOO\"") || line.contains("method_original=FOO")
-        })
-        .unwrap_or_else(|| panic!("no span with method_original=FOO:\n{logged}"));
-    assert!(other.contains("_OTHER /x/{id}"), "{other}");
+    // Extension methods: the scope field is the resource's.
     assert!(
         !logged.contains("scope=\"FOO") && !logged.contains("scope=FOO"),
         "an extension method in a scope field:\n{logged}"

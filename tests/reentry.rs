@@ -21,8 +21,7 @@ use axum::{
 };
 use support::{LockKeys, body_json, handoff_subscriptions, send};
 use tower_lock::{
-    Key, Lease, LockConfig, LockError, LockLayer, Locker, RedisStore, Wait,
-    key::{LockKey, PathParamKey},
+    Key, Lease, LockConfig, LockError, LockLayer, Locker, RedisStore, Wait, key::LockKey,
 };
 use tower_lock_testkit::RedisServer;
 
@@ -40,12 +39,12 @@ fn half_a_second() -> Wait {
 }
 
 /// The layer before `/items/{sku}`: the SKU's key in the `items` namespace.
-fn items_layer(locker: Locker) -> LockLayer<PathParamKey> {
+fn items_layer(locker: Locker) -> LockLayer {
     LockLayer::from_locker(locker, Key::path_param("sku")).namespace("items")
 }
 
 /// `/items/{sku}` answered by `route` behind `layer`.
-fn items_app(route: MethodRouter, layer: LockLayer<PathParamKey>) -> Router {
+fn items_app(route: MethodRouter, layer: LockLayer) -> Router {
     Router::new()
         .route("/items/{sku}", route)
         .route_layer(layer)

@@ -133,7 +133,7 @@ impl Chosen {
     }
 
     /// A [`LockLayer`] for `key` on the chosen store, with a locker of its own.
-    pub fn lock_layer<K: IntoKeys>(&self, key: K, config: LockConfig) -> LockLayer<K> {
+    pub fn lock_layer(&self, key: impl IntoKeys, config: LockConfig) -> LockLayer {
         LockLayer::from_locker(self.locker(config), key)
     }
 }

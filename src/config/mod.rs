@@ -4,4 +4,4 @@
 pub(crate) mod settings;
 
 pub use settings::{KeyDisplay, LockConfigBuilder, OnLeaseLost};
-pub(crate) use settings::{LockConfig, MAX_DURATION, at_most_a_year};
+pub(crate) use settings::{LockConfig, MAX_DURATION, at_most_a_year, check_ttl};

@@ -21,6 +21,15 @@ pub(crate) fn at_most_a_year(field: &'static str, duration: Duration) -> Result<
     }
 }
 
+/// `ttl` as a lease's TTL: refused under 10 ms (a renewal every third of it could not keep
+/// up) or over 365 days.
+pub(crate) fn check_ttl(ttl: Duration) -> Result<(), ConfigError> {
+    if ttl < Duration::from_millis(10) {
+        return Err(ConfigError::new("ttl", "the TTL must be at least 10 ms"));
+    }
+    at_most_a_year("ttl", ttl)
+}
+
 /// What happens to a request whose lease is lost while its handler runs: a layer's setting
 /// ([`LockLayer::on_lease_lost`](crate::LockLayer::on_lease_lost),
 /// [`IdempotencyLayer::on_lease_lost`](crate::IdempotencyLayer::on_lease_lost)). Work run by a
@@ -289,10 +298,7 @@ impl From<LockConfig> for LockConfigBuilder {
 
 impl Settings {
     fn validate(&self) -> Result<(), ConfigError> {
-        if self.ttl < Duration::from_millis(10) {
-            return Err(ConfigError::new("ttl", "the TTL must be at least 10 ms"));
-        }
-        at_most_a_year("ttl", self.ttl)?;
+        check_ttl(self.ttl)?;
         at_most_a_year("max_hold", self.max_hold)?;
         at_most_a_year("store_timeout", self.store_timeout)?;
         let renew = self.renew_interval.unwrap_or(self.ttl / 3);

@@ -281,7 +281,7 @@ impl Waiter {
             Err(GaveUp::Held { holder_left }) => {
                 let waited = self.start.elapsed();
                 tracing::debug!(?waited, "lease contended in this process; giving up");
-                telemetry::contended(&guard.key().scope_label(), waited);
+                telemetry::contended(guard.key().scope(), waited);
                 // The holder's remaining lease, as the head of the local queue knows it: its
                 // own lease, or the TTL the store reported for another holder. The head may not
                 // have heard from the store yet: then the TTL, what it holds if it takes the key.
@@ -299,7 +299,7 @@ impl Waiter {
                     error = %Chain(&error),
                     "lock store failed the request before this one in this process; giving up"
                 );
-                telemetry::store_error(&guard.key().scope_label(), Op::Acquire);
+                telemetry::store_error(guard.key().scope(), Op::Acquire);
                 Err(error.into())
             }
         }
@@ -390,7 +390,7 @@ impl Waiter {
     /// 503 it ends in.
     fn failed(&mut self, error: StoreError) -> Result<Option<StoreError>, LockError> {
         let guard = &mut self.guard;
-        telemetry::store_error(&guard.key().scope_label(), Op::Acquire);
+        telemetry::store_error(guard.key().scope(), Op::Acquire);
         guard.failed(&error);
         if error.kind() == StoreErrorKind::TryAgain {
             // Refused unrun, to be sent again shortly (a Redis Cluster slot in migration):
@@ -503,7 +503,7 @@ impl Waiter {
         }
         let waited = now - self.start;
         tracing::debug!(attempts, ?waited, "lease contended; giving up");
-        telemetry::contended(&self.guard.key().scope_label(), waited);
+        telemetry::contended(self.guard.key().scope(), waited);
         LockError::Contended {
             expires_in,
             waited,
@@ -534,7 +534,7 @@ impl Waiter {
 
     /// `lease`, held from `at`: counted, its release guard told, and answered with the guard.
     fn into_acquired(mut self, lease: Lease, at: Instant, renew_by: Option<Instant>) -> Acquired {
-        telemetry::acquired(&self.guard.key().scope_label(), at - self.start);
+        telemetry::acquired(self.guard.key().scope(), at - self.start);
         self.guard.held(at, &lease);
         Acquired {
             lease,

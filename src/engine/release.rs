@@ -203,7 +203,7 @@ impl ReleaseOnDrop {
     pub(crate) fn disarm(&mut self, released: bool) {
         self.armed = false;
         if let Some(since) = self.held_since.take() {
-            telemetry::released(&self.key().scope_label(), Ok(released), since.elapsed());
+            telemetry::released(self.key().scope(), Ok(released), since.elapsed());
         }
     }
 
@@ -349,7 +349,7 @@ impl Future for Release {
             && let Some(again) = this.fallback.again(error)
         {
             tracing::debug!(
-                scope = %key.scope_label(),
+                scope = %key.scope(),
                 error = %Chain(error),
                 "lease release failed; sending it again while the lease is valid"
             );
@@ -368,9 +368,9 @@ fn settle(key: &LockKey, held_since: Option<Instant>, result: &Result<bool, Stor
     match result {
         Ok(released) => tracing::debug!(released, "lease released"),
         Err(error) => {
-            telemetry::store_error(&key.scope_label(), Op::Release);
+            telemetry::store_error(key.scope(), Op::Release);
             tracing::warn!(
-                scope = %key.scope_label(),
+                scope = %key.scope(),
                 error = %Chain(error),
                 "lease release failed for as long as the lease was valid; the key frees itself \
                  when its TTL runs out"
@@ -379,7 +379,7 @@ fn settle(key: &LockKey, held_since: Option<Instant>, result: &Result<bool, Stor
     }
     if let Some(since) = held_since {
         telemetry::released(
-            &key.scope_label(),
+            key.scope(),
             result.as_ref().map(|r| *r).map_err(|_| ()),
             since.elapsed(),
         );

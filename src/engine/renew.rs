@@ -123,7 +123,7 @@ impl Renewer {
     }
 
     fn lose(&self, reason: LostReason) -> Poll<LostReason> {
-        telemetry::lost(&self.lease.key().scope_label(), reason.as_str());
+        telemetry::lost(self.lease.key().scope(), reason.as_str());
         tracing::warn!(reason = reason.as_str(), "lease lost: {reason}");
         Poll::Ready(self.lease.mark_lost(reason))
     }
@@ -147,7 +147,7 @@ impl Renewer {
                     return Poll::Pending;
                 }
                 let now = Instant::now();
-                let scope = self.lease.key().scope_label();
+                let scope = self.lease.key().scope();
                 telemetry::round_trip(Op::Renew, now - sent_at);
                 telemetry::renewal(&scope, matches!(result, Ok(true)));
                 match result {

@@ -3,13 +3,10 @@
 use std::time::Duration;
 
 use crate::{
-    config::{LockConfig, OnLeaseLost, at_most_a_year},
+    config::{LockConfig, OnLeaseLost, at_most_a_year, check_ttl},
     error::ConfigError,
     wait::Wait,
 };
-
-/// The shortest TTL a call may ask for (the config's own lower bound).
-const MIN_TTL: Duration = Duration::from_millis(10);
 
 /// The TTL, renewal interval, wait policy and longest hold of one acquisition, and what a loss
 /// of its lease does to the holder's work.
@@ -44,14 +41,14 @@ impl Terms {
 
     /// With a TTL of its own (at least 10 ms), renewed every third of it.
     pub(crate) fn with_ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl.max(MIN_TTL);
+        self.ttl = ttl;
         self.interval = self.ttl / 3;
         self
     }
 
-    /// Refuses a call's TTL or longest hold over 365 days (when awaited).
+    /// Refuses a call's TTL under 10 ms, or a TTL or longest hold over 365 days (when awaited).
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
-        at_most_a_year("ttl", self.ttl)?;
+        check_ttl(self.ttl)?;
         self.max_hold
             .map_or(Ok(()), |hold| at_most_a_year("max_hold", hold))
     }

@@ -251,12 +251,14 @@ pub(crate) fn is_lock_namespace(key: &[u8], resource: &LockKey) -> bool {
 /// so one name gives each resource a key
 /// of its own.
 ///
-/// The key holds `resource`'s scope. A [`LockLayer`](crate::LockLayer) without a
-/// [`namespace`](crate::LockLayer::namespace) scopes its keys by method and route template, so
-/// `POST /accounts/{id}` and `POST /accounts/{id}/withdraw` would give one account two data
-/// keys (two balances), and would not exclude each other: routes that touch one resource share
-/// a namespace (`.namespace("accounts")`), and so do the [`Locker::key`](crate::Locker::key)
-/// calls of work outside requests (`locker.key("accounts", id)`).
+/// The key holds `resource`'s scope, so one resource gives one data key only where its locks
+/// share a scope. A [`LockLayer`](crate::LockLayer) scopes a key by the resource its source names
+/// (see [`key`](crate::key#scoping)): `Key::path_param("id")` on `POST /accounts/{id}` and on
+/// `POST /accounts/{id}/withdraw` gives both `/accounts/{id}`, one balance per account. Keys of
+/// one resource from two kinds of source (the path on one route, a JSON field or a header on
+/// another) differ unless their layers share a [`namespace`](crate::LockLayer::namespace)
+/// (`.namespace("account")`), which is also what the [`Locker::key`](crate::Locker::key) calls of
+/// work outside requests must name (`locker.key("account", id)`) to reach the same data.
 ///
 /// On a cluster every key of a batch must share one hash slot; keys made here share the slot
 /// of `resource`'s lock key and fence. `name` must not contain `{` or `}` (the hash tag must

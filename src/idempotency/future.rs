@@ -327,6 +327,9 @@ where
     if let Some(wait) = &layer.wait {
         terms = terms.with_wait(wait.clone());
     }
+    if let Some(ttl) = layer.ttl {
+        terms = terms.with_ttl(ttl);
+    }
     let acquire = layer.locker.hold(key.clone().into(), span.clone(), terms);
     Poll::Ready(State::Acquiring {
         acquire: Box::pin(acquire),

@@ -137,6 +137,7 @@ impl IdempotencyLayer {
                 shared_key_space,
                 respond: None,
                 wait: None,
+                ttl: None,
                 on_lost: OnLeaseLost::Abort,
             }),
         }
@@ -161,6 +162,19 @@ impl IdempotencyLayer {
     pub fn wait(mut self, wait: Wait) -> Self {
         Arc::make_mut(&mut self.state).wait = Some(wait);
         self
+    }
+
+    /// Holds each request's lease with this TTL instead of its locker's
+    /// ([`LockConfig::ttl`](crate::LockConfig::ttl), 30 s by default), renewed every third of
+    /// it while the handler runs: how long a crashed instance's key stays locked.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] (setting `ttl`) under 10 ms or over 365 days.
+    pub fn ttl(mut self, ttl: std::time::Duration) -> Result<Self, ConfigError> {
+        crate::config::check_ttl(ttl)?;
+        Arc::make_mut(&mut self.state).ttl = Some(ttl);
+        Ok(self)
     }
 
     /// What a lease lost while the handler runs does to it: by default

@@ -37,6 +37,9 @@ pub(crate) struct IdempotencyState {
     /// The layer's wait policy ([`IdempotencyLayer::wait`](super::IdempotencyLayer::wait));
     /// `None`: the locker's.
     pub(super) wait: Option<Wait>,
+    /// The layer's TTL ([`IdempotencyLayer::ttl`](super::IdempotencyLayer::ttl)); `None`: the
+    /// locker's.
+    pub(super) ttl: Option<std::time::Duration>,
     /// What a lost lease does to the handler
     /// ([`IdempotencyLayer::on_lease_lost`](super::IdempotencyLayer::on_lease_lost)).
     pub(super) on_lost: OnLeaseLost,

@@ -68,8 +68,8 @@ where
     }
 }
 
-/// A [`BodyKeySource`] as a layer's key source: `LockLayer<BodyKeys<S>>` reads the request
-/// body for its keys. Made by [`Key::body`](super::Key::body) from a closure, or by
+/// A [`BodyKeySource`] as a layer's key source: a layer built with it reads the request body
+/// for its keys. Made by [`Key::body`](super::Key::body) from a closure, or by
 /// [`new`](Self::new) from a source of your own.
 #[derive(Clone)]
 pub struct BodyKeys<S> {

@@ -26,6 +26,16 @@ impl HeaderKey {
     }
 }
 
+impl HeaderKey {
+    /// The header's name as given (lowercased when valid), for the layer's default scope.
+    pub(super) fn name(&self) -> &str {
+        match &self.name {
+            Ok(name) => name.as_str(),
+            Err(name) => name,
+        }
+    }
+}
+
 impl KeySource for HeaderKey {
     fn keys(&self, parts: &Parts) -> Result<Option<KeyValues>, KeyRejection> {
         let name = self.name.as_ref().map_err(|name| {

@@ -8,11 +8,9 @@ use super::{BodyKeySource, BodyKeys, JsonKeys, KeySource};
 /// the request head, and the sources that read the body too, [`JsonKeys`]
 /// ([`Key::json`](super::Key::json)) and [`BodyKeys`] ([`Key::body`](super::Key::body)).
 ///
-/// The layer is generic over the source's own type (`LockLayer<PathParamKey>`,
-/// `LockLayer<JsonKeys>`), and that type says what it does with the request: a head source
-/// leaves the body alone and works with any body type; a body source buffers the body, up to
-/// [`max_request_body`](crate::LockLayer::max_request_body), and hands the handler the same
-/// bytes, so its body type must be built from [`Bytes`](bytes::Bytes) (`axum::body::Body` is).
+/// A head source leaves the body alone; a body source has the layer buffer the body, up to
+/// [`max_request_body`](crate::LockLayer::max_request_body), and hand the handler the same
+/// bytes. The source also gives the layer's default scope (see the [module docs](super#scoping)).
 /// Sealed.
 pub trait IntoKeys: sealed::Sealed {}
 
@@ -29,6 +27,25 @@ pub(crate) mod sealed {
     pub trait Sealed: Sized {
         /// The source, as the layer holds it.
         fn into_source(self) -> Source;
+
+        /// What the source's keys are scoped by when the layer has no namespace: the kind of
+        /// resource they name.
+        fn default_scope(&self) -> Scope;
+    }
+
+    /// What a layer's keys are scoped by without a namespace: the kind of resource the source
+    /// names, so that two routes (or methods) that lock the same resource share its locks.
+    #[derive(Clone, Debug)]
+    pub enum Scope {
+        /// The matched route up to the segment of the last of these path parameters:
+        /// `/accounts/{id}` for `POST /accounts/{id}/withdraw` as for `DELETE /accounts/{id}`.
+        /// Outside a route that has them, the last parameter's name in braces (`{id}`).
+        Route(Arc<[Arc<str>]>),
+        /// The whole matched route template (`/items/{sku}/purchase`), for a value that is the
+        /// whole path: the path's own route, as the router resolved it; `path` outside a route.
+        Template,
+        /// A name of its own: `header x-sku`, `json /from /to`, or a namespace.
+        Named(Arc<str>),
     }
 
     /// A source that reads axum's path parameters, which axum's extractor reads only from a
@@ -106,6 +123,30 @@ impl<K: KeySource> sealed::Sealed for K {
         let this = self;
         sealed::Source::Head(Arc::new(this))
     }
+
+    fn default_scope(&self) -> sealed::Scope {
+        let any: &dyn std::any::Any = self;
+        #[cfg(feature = "axum")]
+        {
+            use super::{PathParamKey, PathParamsKey};
+            if let Some(param) = any.downcast_ref::<PathParamKey>() {
+                return sealed::Scope::Route(Arc::from([param.name()]));
+            }
+            if let Some(params) = any.downcast_ref::<PathParamsKey>() {
+                return sealed::Scope::Route(params.names().collect());
+            }
+        }
+        if any.is::<super::PathKey>() {
+            return sealed::Scope::Template;
+        }
+        let name = if let Some(header) = any.downcast_ref::<super::HeaderKey>() {
+            format!("header {}", header.name())
+        } else {
+            // A source of the application's: its values are its own to tell apart.
+            "key".to_owned()
+        };
+        sealed::Scope::Named(name.into())
+    }
 }
 
 /// `source` as a [`Routed`](sealed::Routed) source when it is one of the built-ins that read
@@ -137,6 +178,10 @@ impl sealed::Sealed for JsonKeys {
     fn into_source(self) -> sealed::Source {
         sealed::Source::Body(Arc::new(self))
     }
+
+    fn default_scope(&self) -> sealed::Scope {
+        sealed::Scope::Named(format!("json {}", self.pointer_list()).into())
+    }
 }
 
 impl IntoKeys for JsonKeys {}
@@ -144,6 +189,10 @@ impl IntoKeys for JsonKeys {}
 impl<S: BodyKeySource> sealed::Sealed for BodyKeys<S> {
     fn into_source(self) -> sealed::Source {
         sealed::Source::Body(Arc::new(self))
+    }
+
+    fn default_scope(&self) -> sealed::Scope {
+        sealed::Scope::Named("key".into())
     }
 }
 

@@ -131,6 +131,12 @@ impl JsonKeys {
         })
     }
 
+    /// The pointers, separated by spaces, for the layer's default scope.
+    pub(super) fn pointer_list(&self) -> String {
+        let texts: Vec<&str> = self.pointers.iter().map(|p| &*p.text).collect();
+        texts.join(" ")
+    }
+
     /// Also locks on the field(s) at `pointer`; a [`ConfigError`] if it is not a JSON pointer.
     pub fn and(mut self, pointer: &str) -> Result<Self, ConfigError> {
         self.pointers.push(Pointer::parse(pointer)?);

@@ -22,8 +22,7 @@
 //! | [`Key::json`] | fields of a JSON body, by JSON pointer ([`JsonKeys`]) | [`JsonKeys::optional`] and no field found | not JSON, a field missing or not a string or number; body too large (413) |
 //! | [`Key::body`] / any [`BodyKeySource`] | what it computes from the head and the body | `Ok(None)` | `Err(..)`; no value at all; body too large (413) |
 //!
-//! A layer's type names its source: `LockLayer<PathParamKey>`, `LockLayer<JsonKeys>` (see
-//! [`IntoKeys`]).
+//! A layer's type is [`LockLayer`](crate::LockLayer) whatever its source (see [`IntoKeys`]).
 //!
 //! One resource is one lock whatever its spelling: the sources that read the path key on what
 //! the router resolves (percent-decoded), not on the raw bytes, so `/accounts/%31` and
@@ -34,13 +33,23 @@
 //! # Scoping
 //!
 //! The value is not the whole key. The layer joins a configurable prefix (default `tower-lock:`),
-//! a *scope* and the value into the [`LockKey`] sent to the store. The scope is the request's
-//! method and matched route template (`POST /items/{sku}/purchase`, axum only) unless a namespace
-//! is set with [`LockLayer::namespace`](crate::LockLayer::namespace). So the same SKU on two
-//! routes takes two different locks, and two routes that must exclude each other share one by
-//! sharing a namespace. The method is the client's to choose: a handler that several methods
-//! reach (an `any` route, `route_service`, a service outside axum) is locked per method, so
-//! give its layer a namespace if the methods must exclude each other.
+//! a *scope* and the value into the [`LockKey`] sent to the store. The scope names the kind of
+//! resource, so that every route (and method) that locks the same value of the same kind
+//! excludes the others and shares its [fenced data](crate::fence). Unless a namespace is set
+//! with [`LockLayer::namespace`](crate::LockLayer::namespace), it is the source's:
+//!
+//! | source | default scope |
+//! |---|---|
+//! | [`Key::path_param`], [`Key::path_params`] | the matched route up to the (last) parameter: `/items/{sku}` for `POST /items/{sku}/purchase` and `DELETE /items/{sku}` alike; `{sku}` outside a route that has it |
+//! | [`Key::header`] | `header <name>`: `header x-merchant-id` |
+//! | [`Key::json`] | `json <pointers>`: `json /from /to` |
+//! | [`Key::path`] | the matched route template (`/items/{sku}/purchase`): the path's own route; `path` outside a route |
+//! | [`Key::from_fn`], [`Key::body`], a source of your own | `key` |
+//!
+//! The method is never part of it (a client chooses it). Two sources that name one resource
+//! (an account from the path on one route, from a JSON field on another) have different
+//! scopes: give their layers one namespace. A namespace also keeps apart what the default
+//! would join (two `key` sources whose values could coincide).
 //!
 //! The value never appears in the key: the key holds its *digest*, the first 128 bits of its
 //! SHA-256 in hex, so that a key name read from Redis (`SCAN`, `MONITOR`, a backup) shows
@@ -51,7 +60,7 @@
 //!
 //! ```text
 //! <prefix>{<tag>}<scope length>:<scope>:<digest>
-//! tower-lock:{9044}26:POST /items/{sku}/purchase:a07836af8f060bc5aaf0c07eaada638f   (sku-123)
+//! tower-lock:{42894}12:/items/{sku}:a07836af8f060bc5aaf0c07eaada638f   (sku-123)
 //! ```
 //!
 //! `<tag>` is a number chosen so that the key's hash slot is the CRC16 of the whole scoped name,
@@ -94,7 +103,7 @@ pub use body::{BodyKeySource, BodyKeys};
 pub(crate) use build::Key;
 pub use header::HeaderKey;
 pub use into::IntoKeys;
-pub(crate) use into::sealed::Source;
+pub(crate) use into::sealed::{Scope, Source};
 pub use json::JsonKeys;
 pub use path::PathKey;
 #[cfg(feature = "axum")]
@@ -280,9 +289,6 @@ pub struct LockKey {
     value: Range<usize>,
     /// The Redis Cluster hash slot the tag names.
     slot: u16,
-    /// The length of a method outside the standard set at the start of the scope, which
-    /// telemetry shows as `_OTHER`; 0 for none. Presentation only: not part of the lock.
-    other_method: usize,
     /// How much of the key's capacity the lease takes; `None`: the plain exclusive lease.
     /// Not part of the key's identity (equality and hash are the bytes').
     share: Option<Share>,
@@ -410,7 +416,6 @@ impl LockKey {
             scope: scope_start..scope_end,
             value: name_end..value_end,
             slot,
-            other_method: 0,
             share: None,
         }
     }
@@ -437,7 +442,7 @@ impl LockKey {
         self.slot
     }
 
-    /// The scope: the namespace, or the method and route template.
+    /// The scope: the namespace, or the source's default (see the [module docs](self#scoping)).
     pub fn scope(&self) -> &str {
         // The scope was copied in from a `&str`, so this cannot fail.
         std::str::from_utf8(&self.full[self.scope.clone()]).unwrap_or_default()
@@ -447,26 +452,6 @@ impl LockKey {
     /// only: the store sees its digest (see [`as_bytes`](Self::as_bytes)).
     pub fn value(&self) -> &[u8] {
         &self.full[self.value.clone()]
-    }
-
-    /// Marks the scope's first `len` bytes as a method outside the standard set (the layer
-    /// builds the scope from the request's method), for [`scope_label`](Self::scope_label).
-    pub(crate) fn with_other_method(mut self, len: usize) -> Self {
-        if self.scope().is_char_boundary(len) {
-            self.other_method = len;
-        }
-        self
-    }
-
-    /// The scope as metric labels and span fields show it: with a method outside the standard
-    /// set replaced by `_OTHER` (`_OTHER /items/{sku}`), so that clients cannot mint label
-    /// values. The lock itself keeps the method.
-    pub(crate) fn scope_label(&self) -> std::borrow::Cow<'_, str> {
-        let scope = self.scope();
-        match self.other_method {
-            0 => scope.into(),
-            len => format!("_OTHER{}", &scope[len..]).into(),
-        }
     }
 
     /// This key taken with `share` of its capacity (a permit, a reader, a writer): see
@@ -482,13 +467,6 @@ impl LockKey {
     /// to at most the capacity.
     pub fn share(&self) -> Option<Share> {
         self.share
-    }
-
-    /// The method the label hides as `_OTHER`, if any.
-    pub(crate) fn other_method(&self) -> Option<&str> {
-        self.scope()
-            .get(..self.other_method)
-            .filter(|m| !m.is_empty())
     }
 }
 
@@ -564,6 +542,12 @@ mod tests {
         assert_eq!(
             String::from_utf8_lossy(key.unwrap().as_bytes()),
             "tower-lock:{9044}26:POST /items/{sku}/purchase:a07836af8f060bc5aaf0c07eaada638f"
+        );
+        // The default scope of `Key::path_param("sku")` on that route (the module docs' example).
+        let key = LockKey::new("tower-lock:", "/items/{sku}", b"sku-123", 64);
+        assert_eq!(
+            String::from_utf8_lossy(key.unwrap().as_bytes()),
+            "tower-lock:{42894}12:/items/{sku}:a07836af8f060bc5aaf0c07eaada638f"
         );
     }
 
@@ -643,27 +627,6 @@ mod tests {
         let key = LockKey::new("p:", "s", &[0, 0xff, b'\n', b'{'], 8).unwrap();
         assert_eq!(key.value(), &[0, 0xff, b'\n', b'{']);
         assert!(format!("{key:?}").contains("LockKey"));
-    }
-
-    #[test]
-    fn other_methods_are_labelled_but_keep_their_lock() {
-        let plain = LockKey::new("p:", "FOO /x/{id}", b"1", 64).unwrap();
-        let marked = plain.clone().with_other_method(3);
-        assert_eq!(marked.scope(), "FOO /x/{id}");
-        assert_eq!(marked.scope_label(), "_OTHER /x/{id}");
-        assert_eq!(marked.other_method(), Some("FOO"));
-        assert_eq!(plain.scope_label(), "FOO /x/{id}");
-        assert_eq!(plain.other_method(), None);
-        assert_eq!(marked, plain, "the label is not part of the lock");
-        let alone = LockKey::new("p:", "FOO", b"1", 64)
-            .unwrap()
-            .with_other_method(3);
-        assert_eq!(alone.scope_label(), "_OTHER");
-        // Never a cut through a character.
-        let wide = LockKey::new("p:", "é", b"1", 64)
-            .unwrap()
-            .with_other_method(1);
-        assert_eq!(wide.scope_label(), "é");
     }
 
     #[test]

@@ -162,7 +162,19 @@ impl PathParamsKey {
     }
 }
 
+impl PathParamKey {
+    /// The parameter's name, for the layer's default scope.
+    pub(super) fn name(&self) -> Arc<str> {
+        Arc::clone(&self.name)
+    }
+}
+
 impl PathParamsKey {
+    /// The parameters' names, for the layer's default scope.
+    pub(super) fn names(&self) -> impl Iterator<Item = Arc<str>> + '_ {
+        self.params.iter().map(PathParamKey::name)
+    }
+
     /// The parameters' values among `params` (`None`: no axum router routed the request).
     fn values(
         &self,

@@ -161,6 +161,9 @@ where
     if let Some(wait) = &state.wait {
         terms = terms.with_wait(wait.clone());
     }
+    if let Some(ttl) = state.ttl {
+        terms = terms.with_ttl(ttl);
+    }
     let acquire = Box::pin(locker.hold(keys, span.clone(), terms));
     let state = State::Acquiring {
         state,

@@ -1,4 +1,4 @@
-use std::{fmt, marker::PhantomData, num::NonZeroU32, sync::Arc};
+use std::{fmt, num::NonZeroU32, sync::Arc};
 
 use bytes::Bytes;
 use http::Response;
@@ -12,7 +12,7 @@ use crate::{
     config::{LockConfig, OnLeaseLost},
     engine::{Locker, cannot_count},
     error::ConfigError,
-    key::{BodyKeys, IntoKeys, JsonKeys},
+    key::{IntoKeys, Scope},
     response::Rejection,
     store::LockStore,
     wait::Wait,
@@ -29,54 +29,50 @@ use crate::{
 /// that cannot get its lock within the wait policy answers 409, one whose store fails answers
 /// 503, one with a bad key answers 400; see [`response`](crate::response).
 ///
-/// `K` is the key source's type ([`IntoKeys`]: `LockLayer<PathParamKey>`,
-/// `LockLayer<JsonKeys>`), and says what the layer does with the request: a
-/// [`KeySource`](crate::key::KeySource) reads the head, and the layer works with any body type;
-/// [`JsonKeys`] ([`Key::json`](crate::Key::json)) and [`BodyKeys`]
-/// ([`Key::body`](crate::Key::body)) read the body too, which the layer then buffers, up to
-/// [`max_request_body`](Self::max_request_body). The layer is `Clone`, `Debug`, `Send` and
-/// `Sync` whatever `K`.
+/// Any source goes ([`IntoKeys`]): a [`KeySource`](crate::key::KeySource) reads the head;
+/// [`Key::json`](crate::Key::json) and [`Key::body`](crate::Key::body) read the body too, which
+/// the layer then buffers, up to [`max_request_body`](Self::max_request_body), and hands on as
+/// the same bytes (see [`LockService`] for the body types that allows). The layer's type is
+/// the same whatever the source, so it can be named in a struct field.
 #[must_use]
-pub struct LockLayer<K> {
+#[derive(Clone)]
+pub struct LockLayer {
     state: Arc<LockState>,
-    _keys: PhantomData<fn() -> K>,
 }
 
-impl<K: IntoKeys> LockLayer<K> {
+impl LockLayer {
     /// A layer locking on `keys` in `store`, with the default [`LockConfig`].
-    pub fn new(store: impl LockStore, keys: K) -> Self {
+    pub fn new(store: impl LockStore, keys: impl IntoKeys) -> Self {
         Self::from_locker(Locker::new(store), keys)
     }
 
     /// A layer with `config` (checked when it was built: an invalid setting is an error at
     /// start-up, never at request time).
-    pub fn with_config(store: impl LockStore, keys: K, config: LockConfig) -> Self {
+    pub fn with_config(store: impl LockStore, keys: impl IntoKeys, config: LockConfig) -> Self {
         Self::from_locker(Locker::with_config(store, config), keys)
     }
 
     /// A layer sharing a [`Locker`] (its store and config) with other layers or background
     /// work. Layers that share a locker also share its process-local queues: their requests
     /// for the same key take turns in this process before they contend in the store.
-    pub fn from_locker(locker: Locker, keys: K) -> Self {
+    pub fn from_locker(locker: Locker, keys: impl IntoKeys) -> Self {
         Self {
             state: Arc::new(LockState {
                 locker,
+                scope: keys.default_scope(),
                 source: keys.into_source(),
-                namespace: None,
                 respond: None,
                 max_body: DEFAULT_MAX_BODY,
                 permits: None,
                 shared_when: None,
                 wait: None,
+                ttl: None,
                 on_lost: OnLeaseLost::Abort,
                 hold_until_body_end: false,
             }),
-            _keys: PhantomData,
         }
     }
-}
 
-impl<K> LockLayer<K> {
     /// How a request waits for a held key: this layer's policy instead of its locker's
     /// ([`LockConfig::wait`], by default exponential for 2 s). [`Wait::none`] fails fast: a
     /// held key answers 409 at once.
@@ -89,6 +85,30 @@ impl<K> LockLayer<K> {
     pub fn wait(mut self, wait: Wait) -> Self {
         Arc::make_mut(&mut self.state).wait = Some(wait);
         self
+    }
+
+    /// Holds each request's lease with this TTL instead of its locker's
+    /// ([`LockConfig::ttl`], 30 s by default), renewed every third of it while the handler
+    /// runs: how long the key of an instance that crashed stays locked.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_lock::{Key, LockLayer, MemoryStore, Wait};
+    ///
+    /// # fn main() -> Result<(), tower_lock::ConfigError> {
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::path_param("sku"))
+    ///     .wait(Wait::none())
+    ///     .ttl(Duration::from_secs(10))?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] (setting `ttl`) under 10 ms or over 365 days.
+    pub fn ttl(mut self, ttl: std::time::Duration) -> Result<Self, ConfigError> {
+        crate::config::check_ttl(ttl)?;
+        Arc::make_mut(&mut self.state).ttl = Some(ttl);
+        Ok(self)
     }
 
     /// What a lease lost while the handler runs does to the request (a stall past the TTL, a
@@ -120,12 +140,29 @@ impl<K> LockLayer<K> {
         self
     }
 
-    /// Scopes keys by this namespace instead of the request's method and route template.
+    /// Scopes keys by this namespace instead of the source's default: layers with the same
+    /// namespace and key value exclude each other, and share [fenced data](crate::fence).
     ///
-    /// Layers (or routes) with the same namespace and key value exclude each other; use it when
-    /// two routes touch the same resource.
+    /// By default a key is scoped by the kind of resource its source names, never by the
+    /// method (see the [key module](crate::key#scoping)): a path parameter by the route up to
+    /// it (`/accounts/{id}` for both `POST /accounts/{id}` and `POST /accounts/{id}/withdraw`),
+    /// a header by its name, JSON fields by their pointers, a whole path by its route. Name a namespace when two sources
+    /// name one resource (an account id from the path on one route and from a JSON field on
+    /// another), or when one route's locks must not be another's.
+    ///
+    /// ```
+    /// use tower_lock::{Key, LockLayer, MemoryStore};
+    ///
+    /// # fn main() -> Result<(), tower_lock::ConfigError> {
+    /// let store = MemoryStore::new();
+    /// // `POST /accounts/{id}/withdraw` and `POST /transfers` (`{"from": .., "to": ..}`) on
+    /// // one account exclude each other.
+    /// let withdraw = LockLayer::new(store.clone(), Key::path_param("id")).namespace("account");
+    /// let transfer = LockLayer::new(store, Key::json("/from")?.and("/to")?).namespace("account");
+    /// # Ok(()) }
+    /// ```
     pub fn namespace(mut self, namespace: impl Into<Arc<str>>) -> Self {
-        Arc::make_mut(&mut self.state).namespace = Some(namespace.into());
+        Arc::make_mut(&mut self.state).scope = Scope::Named(namespace.into());
         self
     }
 
@@ -192,10 +229,9 @@ impl<K> LockLayer<K> {
     /// come after a queued writer wait for it. A key set may mix shared and exclusive
     /// requests' keys, deadlock-free (every set takes its keys in one order).
     ///
-    /// Readers and writers of a resource differ by method, so without a
-    /// [`namespace`](Self::namespace) the layer scopes keys by the route alone (`* /items/{sku}`),
-    /// not by method and route. With [`permits`](Self::permits), a reader takes one permit and
-    /// a writer all of them.
+    /// Readers and writers of a resource differ by method, and share its keys: the default
+    /// scope names the resource, not the method (see [`namespace`](Self::namespace)). With
+    /// [`permits`](Self::permits), a reader takes one permit and a writer all of them.
     ///
     /// ```
     /// use http::Method;
@@ -227,60 +263,38 @@ impl<K> LockLayer<K> {
         }
     }
 
+    /// The most bytes of a request body the layer reads for its keys (default 1 MiB), when its
+    /// source reads the body ([`Key::json`](crate::Key::json), [`Key::body`](crate::Key::body));
+    /// a source that reads the head reads no body. A larger body answers 413, checked against
+    /// `Content-Length` before anything is read.
+    pub fn max_request_body(mut self, bytes: usize) -> Self {
+        Arc::make_mut(&mut self.state).max_body = bytes;
+        self
+    }
+
     /// The locker this layer acquires with.
     pub fn locker(&self) -> &Locker {
         &self.state.locker
     }
 }
 
-impl LockLayer<JsonKeys> {
-    /// The most bytes of a request body the layer reads for its keys (default 1 MiB). A
-    /// larger body answers 413, checked against `Content-Length` before anything is read.
-    pub fn max_request_body(self, bytes: usize) -> Self {
-        self.with_max_body(bytes)
-    }
-}
-
-impl<S> LockLayer<BodyKeys<S>> {
-    /// The most bytes of a request body the layer reads for its keys (default 1 MiB). A
-    /// larger body answers 413, checked against `Content-Length` before anything is read.
-    pub fn max_request_body(self, bytes: usize) -> Self {
-        self.with_max_body(bytes)
-    }
-}
-
-impl<K> LockLayer<K> {
-    fn with_max_body(mut self, bytes: usize) -> Self {
-        Arc::make_mut(&mut self.state).max_body = bytes;
-        self
-    }
-}
-
-impl<S, K> Layer<S> for LockLayer<K> {
-    type Service = LockService<S, K>;
+impl<S> Layer<S> for LockLayer {
+    type Service = LockService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
         LockService::from_state(inner, Arc::clone(&self.state))
     }
 }
 
-impl<K> Clone for LockLayer<K> {
-    fn clone(&self) -> Self {
-        Self {
-            state: Arc::clone(&self.state),
-            _keys: PhantomData,
-        }
-    }
-}
-
-impl<K> fmt::Debug for LockLayer<K> {
+impl fmt::Debug for LockLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockLayer")
             .field("locker", &self.state.locker)
-            .field("namespace", &self.state.namespace)
+            .field("scope", &self.state.scope)
             .field("permits", &self.state.permits)
             .field("shared_when", &self.state.shared_when.is_some())
             .field("wait", &self.state.wait)
+            .field("ttl", &self.state.ttl)
             .finish_non_exhaustive()
     }
 }
@@ -299,7 +313,7 @@ mod tests {
     use crate::{Key, Locker, MemoryStore, Wait};
 
     /// How long a request for a key `locker` holds took to be answered, and its status.
-    async fn refused_after(layer: LockLayer<crate::key::HeaderKey>) -> (StatusCode, Duration) {
+    async fn refused_after(layer: LockLayer) -> (StatusCode, Duration) {
         let service = layer.layer(service_fn(|_: Request<Full<Bytes>>| async {
             Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
         }));

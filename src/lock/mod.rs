@@ -26,27 +26,28 @@
 //!
 //! Under axum, add the layer with `Router::route_layer` or `Router::layer` (or on a
 //! `MethodRouter`). Either way it runs after routing: [`Key::path_param`](crate::Key::path_param) sees the parameters
-//! and keys are scoped by the matched route template. What differs is what else it wraps:
+//! and keys are scoped by the matched route up to the parameter (`/items/{sku}`). What differs
+//! is what else it wraps:
 //!
 //! - `Router::layer` also wraps the router's fallback. A request that matched no route reaches
 //!   the key source with no route template: [`Key::path_param`](crate::Key::path_param) passes it through unlocked, so
-//!   the router's 404 (or your fallback) answers. Other sources key it like any request (scoped
-//!   by the method alone), so a required header missing on an unknown path is a 400.
+//!   the router's 404 (or your fallback) answers. Other sources key it like any request, so a
+//!   required header missing on an unknown path is a 400.
 //! - Both wrap every route of the router: a route without the parameter (`/health` beside
 //!   `/items/{sku}`) is a 500 from [`Key::path_param`](crate::Key::path_param), taken for a typo in the name, unless the
 //!   source is [`optional`](crate::key::PathParamKey::optional).
 //! - A request whose path matched but whose method did not goes to the method router's 405
 //!   fallback, which `Router::layer`, `Router::route_layer` and `MethodRouter::layer` wrap too;
-//!   axum gives the layer no sign of it, so it is keyed like any request (in its own scope,
-//!   `DELETE /items/{sku}`, so it never waits for the route's `POST`s). Only
-//!   `MethodRouter::route_layer` leaves that fallback out.
+//!   axum gives the layer no sign of it, so it is keyed like any request of the resource (it
+//!   waits while a `POST` holds the SKU). Only `MethodRouter::route_layer` leaves that fallback
+//!   out.
 //! - A service nested with `nest_service` gets no route template from axum either: under a
 //!   layer of the outer router, [`Key::path_param`](crate::Key::path_param) passes its requests through (add the layer
 //!   inside the nested router instead).
 //!
 //! A layer wrapping the whole router from outside (`ServiceBuilder` around the `Router`) runs
-//! before routing: no path parameters ([`Key::path_param`](crate::Key::path_param) answers 500), and keys scoped by
-//! method alone unless you set a [namespace](crate::LockLayer::namespace).
+//! before routing: no path parameters ([`Key::path_param`](crate::Key::path_param) answers 500);
+//! other sources work there as anywhere.
 //!
 //! Order it inside timeouts and outside anything that must run under the lock. A
 //! `TimeoutLayer` outside it bounds wait plus handler; when it fires, the future is dropped and

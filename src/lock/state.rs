@@ -10,7 +10,7 @@ use crate::{
     config::OnLeaseLost,
     engine::Locker,
     error::LockError,
-    key::{KeyRejection, KeySet, KeyValues, LockKey, Share, Source},
+    key::{KeyRejection, KeySet, KeyValues, LockKey, Scope, Share, Source},
     response::{Rejection, Respond, lock_problem},
     telemetry::Chain,
     wait::Wait,
@@ -24,7 +24,9 @@ pub(crate) const DEFAULT_MAX_BODY: usize = 1 << 20;
 pub(crate) struct LockState {
     pub(crate) locker: Locker,
     pub(super) source: Source,
-    pub(super) namespace: Option<Arc<str>>,
+    /// What keys are scoped by: the layer's namespace, or the source's default
+    /// ([`LockLayer::namespace`](super::LockLayer::namespace)).
+    pub(super) scope: Scope,
     /// The rejection hook; `None`: the default problem+json.
     pub(super) respond: Option<Arc<Respond<LockError>>>,
     /// The most body bytes a source that reads the body gets (larger: 413).
@@ -37,6 +39,8 @@ pub(crate) struct LockState {
     /// The layer's wait policy ([`LockLayer::wait`](super::LockLayer::wait)); `None`: the
     /// locker's.
     pub(super) wait: Option<Wait>,
+    /// The layer's TTL ([`LockLayer::ttl`](super::LockLayer::ttl)); `None`: the locker's.
+    pub(super) ttl: Option<std::time::Duration>,
     /// What a lost lease does to the handler
     /// ([`LockLayer::on_lease_lost`](super::LockLayer::on_lease_lost)).
     pub(super) on_lost: OnLeaseLost,
@@ -49,6 +53,11 @@ pub(crate) struct LockState {
 pub(super) type SharedWhen = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 
 impl LockState {
+    /// Whether the key source reads the body.
+    pub(crate) fn reads_body(&self) -> bool {
+        matches!(self.source, Source::Body(_))
+    }
+
     /// The request's lock keys from its head: `Ok(None)` to pass it through unlocked.
     pub(crate) fn keys(&self, parts: &mut Parts) -> Result<Option<KeySet>, KeyRejection> {
         let values = self.source.head_keys(parts)?;
@@ -136,30 +145,12 @@ impl LockState {
     /// `value`'s lock key.
     fn key(&self, parts: &Parts, value: &[u8]) -> Result<LockKey, KeyRejection> {
         let config = self.locker.config();
-        let method;
-        let scope: [&str; 3] = match &self.namespace {
-            Some(namespace) => [namespace, "", ""],
-            // Readers and writers differ by method: they share a key by its route alone
-            // (`* /items/{sku}`).
-            None if self.shared_when.is_some() => match matched_path(parts) {
-                Some(path) => ["*", " ", path],
-                None => ["*", "", ""],
-            },
-            None => {
-                method = parts.method.clone();
-                match matched_path(parts) {
-                    Some(path) => [method.as_str(), " ", path],
-                    None => [method.as_str(), "", ""],
-                }
-            }
+        let scope = match &self.scope {
+            Scope::Named(name) => [&**name, "", ""],
+            Scope::Route(params) => route_scope(matched_path(parts), params),
+            Scope::Template => [matched_path(parts).unwrap_or("path"), "", ""],
         };
-        let key = LockKey::from_parts(config.key_prefix(), &scope, value, config.max_key_len())?;
-        Ok(match self.namespace {
-            None if self.shared_when.is_none() && !is_known_method(scope[0]) => {
-                key.with_other_method(scope[0].len())
-            }
-            _ => key,
-        })
+        LockKey::from_parts(config.key_prefix(), &scope, value, config.max_key_len())
     }
 
     /// The response for a rejected request, with the error in its extensions.
@@ -180,27 +171,49 @@ impl LockState {
     }
 }
 
-/// The methods that telemetry shows by name: RFC 9110's, `PATCH` (RFC 5789) and `QUERY`, the
-/// set OpenTelemetry's HTTP conventions call "known". Any other, client-chosen, shows as
-/// `_OTHER`, so that labels stay bounded. Case-sensitive, as methods are.
-fn is_known_method(method: &str) -> bool {
-    matches!(
-        method,
-        "GET"
-            | "HEAD"
-            | "POST"
-            | "PUT"
-            | "DELETE"
-            | "CONNECT"
-            | "OPTIONS"
-            | "TRACE"
-            | "PATCH"
-            | "QUERY"
-    )
+/// The scope of a key from path parameters `params`: the matched `route` up to the end of the
+/// segment that holds the last of them (`/accounts/{id}` of `/accounts/{id}/withdraw`), so that
+/// every route below a resource, whatever its method, shares the resource's locks; outside a
+/// route that names them, the last parameter's name in braces (`{id}`).
+fn route_scope<'a>(route: Option<&'a str>, params: &'a [Arc<str>]) -> [&'a str; 3] {
+    let end = route.and_then(|route| {
+        params
+            .iter()
+            .filter_map(|param| param_end(route, param))
+            .max()
+            .map(|end| &route[..end])
+    });
+    match (end, params.last()) {
+        (Some(resource), _) => [resource, "", ""],
+        (None, Some(last)) => ["{", last, "}"],
+        (None, None) => ["", "", ""],
+    }
 }
 
-/// `METHOD /route/{template}` under axum, `METHOD` alone elsewhere.
-/// The route template axum matched, part of the default scope (`"POST /items/{sku}"`).
+/// Where the segment of `route` that captures `param` (`{param}` or `{*param}`) ends.
+fn param_end(route: &str, param: &str) -> Option<usize> {
+    let mut at = 0;
+    while let Some(open) = route[at..].find('{') {
+        let start = at + open + 1;
+        let rest = &route[start..];
+        let name = rest.strip_prefix('*').unwrap_or(rest);
+        if let Some(after) = name.strip_prefix(param) {
+            if after.starts_with('}') {
+                let close = route.len() - after.len() + 1;
+                return Some(
+                    route[close..]
+                        .find('/')
+                        .map_or(route.len(), |slash| close + slash),
+                );
+            }
+        }
+        at = start;
+    }
+    None
+}
+
+/// The route template axum matched (`/items/{sku}/purchase`), for the default scope of path
+/// parameters.
 fn matched_path(parts: &Parts) -> Option<&str> {
     #[cfg(feature = "axum")]
     if let Some(path) = parts.extensions.get::<axum::extract::MatchedPath>() {
@@ -208,4 +221,35 @@ fn matched_path(parts: &Parts) -> Option<&str> {
     }
     let _ = parts;
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::route_scope;
+
+    /// A path parameter's default scope is the route up to the segment that holds it, whatever
+    /// follows; the last of several; `{name}` outside a route that has it.
+    #[test]
+    fn a_path_parameter_is_scoped_by_the_resource_it_names() {
+        let scope = |route: Option<&str>, params: &[&str]| {
+            let params: Vec<Arc<str>> = params.iter().map(|&p| Arc::from(p)).collect();
+            route_scope(route, &params).concat()
+        };
+        let id = &["id"][..];
+        assert_eq!(scope(Some("/accounts/{id}"), id), "/accounts/{id}");
+        assert_eq!(scope(Some("/accounts/{id}/withdraw"), id), "/accounts/{id}");
+        assert_eq!(scope(Some("/users/{id}"), id), "/users/{id}");
+        // A name that only begins like the parameter's is another parameter.
+        assert_eq!(scope(Some("/a/{idx}/b/{id}/c"), id), "/a/{idx}/b/{id}");
+        assert_eq!(scope(Some("/files/{*id}"), id), "/files/{*id}");
+        assert_eq!(
+            scope(Some("/carts/{cart}/items/{sku}/x"), &["sku", "cart"]),
+            "/carts/{cart}/items/{sku}"
+        );
+        assert_eq!(scope(Some("/other/{x}"), id), "{id}");
+        assert_eq!(scope(None, id), "{id}");
+        assert_eq!(scope(None, &[]), "");
+    }
 }

@@ -433,7 +433,7 @@ impl Backend {
                 {
                     if let Err(error) = answer {
                         tracing::warn!(
-                            scope = %key.scope_label(),
+                            scope = %key.scope(),
                             error = &error as &dyn std::error::Error,
                             "giving back a key of a set failed; it frees itself when its TTL runs out"
                         );

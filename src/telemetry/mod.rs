@@ -1,9 +1,9 @@
 //! Telemetry: the `lock` span, the one vocabulary of outcomes ([`Outcome`]), metrics (through
 //! the `metrics` facade, feature `metrics`; every function a no-op without it) and log helpers.
 //!
-//! See `docs/OBSERVABILITY.md` for every span field, event and metric. Labels are bounded: the key's scope label
-//! (method and route template, or namespace; a method outside the standard set shows as
-//! `_OTHER`, see [`LockKey::scope_label`]), an operation or outcome name; never the key's value.
+//! See `docs/OBSERVABILITY.md` for every span field, event and metric. Labels are bounded: the
+//! key's scope (a namespace, a route template or a source's name, all the server's; see
+//! [`LockKey::scope`]), an operation or outcome name; never the key's value.
 
 use std::{
     error::Error,
@@ -25,8 +25,7 @@ use crate::{config::KeyDisplay, key::LockKey};
 /// The `lock` span of one locked request or background lease, on `key` (the first of `keys`
 /// keys, for a lease on several).
 ///
-/// Fields: `scope` (its label: a method outside the standard set shows as `_OTHER`, and then
-/// `method_original` holds it), `key` (per [`KeyDisplay`]), `keys` (how many, for a lease on
+/// Fields: `scope`, `key` (per [`KeyDisplay`]), `keys` (how many, for a lease on
 /// several), and, recorded as they become known, `fencing_token`, `attempts`, `wait_ms`,
 /// `renewals`, `hold_ms`, `outcome`. Never the token.
 pub(crate) fn span(key: &LockKey, keys: usize, display: KeyDisplay) -> Span {
@@ -39,8 +38,7 @@ pub(crate) fn span(key: &LockKey, keys: usize, display: KeyDisplay) -> Span {
     }
     let span = tracing::info_span!(
         "lock",
-        scope = &*key.scope_label(),
-        method_original = key.other_method(),
+        scope = key.scope(),
         key = Empty,
         keys = (keys > 1).then_some(keys),
         outcome = Empty,

@@ -253,7 +253,7 @@ async fn run(case: &Case, which: Which) -> Vec<String> {
 /// The other holder's key: the one the layer under test locks (the layers' keys differ).
 fn held_key(which: Which) -> crate::key::LockKey {
     match which {
-        Which::Lock => crate::key::LockKey::new("tower-lock:", "POST", b"/pay", 512).unwrap(),
+        Which::Lock => crate::key::LockKey::new("tower-lock:", "path", b"/pay", 512).unwrap(),
         Which::Idempotency => {
             let value = b"0:0123456789abcdef";
             crate::key::LockKey::new("tower-lock:", "idempotency", value, value.len()).unwrap()

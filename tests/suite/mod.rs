@@ -13,7 +13,6 @@ use axum::http::{StatusCode, header};
 use tower_lock::{
     Key, LockConfig, LockLayer, Locker, Wait,
     config::{LockConfigBuilder, OnLeaseLost},
-    key::PathParamKey,
 };
 
 pub use crate::support::wait_until;
@@ -108,7 +107,7 @@ pub async fn set_tests_in_turn<B: Backend>(backend: B) {
 /// How many concurrent requests the exclusion test sends.
 pub const EXCLUSION_REQUESTS: usize = 240;
 
-async fn layer<B: Backend>(backend: &B, config: LockConfig) -> LockLayer<PathParamKey> {
+async fn layer<B: Backend>(backend: &B, config: LockConfig) -> LockLayer {
     LockLayer::with_config(backend.store().await, Key::path_param("sku"), config)
 }
 

@@ -25,7 +25,7 @@ use axum::{
 };
 use serde::Deserialize;
 use tower::ServiceExt;
-use tower_lock::{LockLayer, MemoryStore, RedisStore, key::PathParamKey, store::LockStore};
+use tower_lock::{LockLayer, MemoryStore, RedisStore, store::LockStore};
 use tower_lock_testkit::RedisServer;
 
 /// Every key under the crate's default prefix but the fencing counters and the fences of data
@@ -349,7 +349,7 @@ struct Work {
 }
 
 /// `POST /items/{sku}/purchase?work_ms=N`: read, sleep, write +1, with an overlap detector.
-pub fn counter_app(counter: Arc<Counter>, layer: Option<LockLayer<PathParamKey>>) -> Router {
+pub fn counter_app(counter: Arc<Counter>, layer: Option<LockLayer>) -> Router {
     let route = post(
         move |lease: Option<tower_lock::Lease>,
               Path(_sku): Path<String>,

@@ -12,7 +12,7 @@ use crate::{
 };
 
 /// The route the layer would lock on the SKU.
-const ROUTE: &str = "POST /items/{sku}/purchase";
+const ROUTE: &str = "/items/{sku}";
 
 /// The lock key the layer builds for `sku` on [`ROUTE`].
 fn route_key(sku: &str) -> LockKey {
