@@ -438,7 +438,7 @@ async fn get_stock(
             inventory
                 .keys
                 .acquire(key.clone())
-                .shared()
+                .shared()?
                 .run(stock)
                 .await?
         }

@@ -448,7 +448,7 @@ impl Provider {
             .locker
             .key("provider", account)
             .map_err(|e| Problem::bad_request(e.to_string()))?;
-        Ok(self.locker.acquire(key).permits(self.permits).await?)
+        Ok(self.locker.acquire(key).permits(self.permits)?.await?)
     }
 }
 

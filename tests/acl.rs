@@ -257,14 +257,14 @@ async fn take_turns_with_counts(a: &RedisStore, b: &RedisStore) -> Result<(), Lo
     let first = locker(a.clone(), Duration::from_secs(10), wait.clone());
     let second = locker(b.clone(), Duration::from_secs(10), wait.clone());
     let key = |locker: &Locker| locker.key("acl", "counted").unwrap();
-    let one = first.acquire(key(&first)).permits(TWO).await?;
-    let two = second.acquire(key(&second)).permits(TWO).await?;
+    let one = first.acquire(key(&first)).permits(TWO).unwrap().await?;
+    let two = second.acquire(key(&second)).permits(TWO).unwrap().await?;
     let waiter = locker(b.clone(), Duration::from_millis(600), wait.clone());
-    let renewals = hand_over(one, waiter.acquire(key(&waiter)).permits(TWO)).await?;
+    let renewals = hand_over(one, waiter.acquire(key(&waiter)).permits(TWO).unwrap()).await?;
     assert!(renewals >= 1, "the handed-over permit was never renewed");
     two.release().await?;
-    let reader = first.acquire(key(&first)).shared().await?;
-    let writer = second.acquire(key(&second)).exclusive();
+    let reader = first.acquire(key(&first)).shared().unwrap().await?;
+    let writer = second.acquire(key(&second)).exclusive().unwrap();
     let writing = tokio::spawn(async move {
         writer.await?.release().await?;
         Ok::<(), LockError>(())
@@ -279,8 +279,8 @@ async fn take_turns_with_counts(a: &RedisStore, b: &RedisStore) -> Result<(), Lo
             .map(|v| locker.key("acl", v).unwrap())
             .collect()
     };
-    let readers = first.acquire(set(&first)).shared().await?;
-    let also = second.acquire(set(&second)).shared().await?;
+    let readers = first.acquire(set(&first)).shared().unwrap().await?;
+    let also = second.acquire(set(&second)).shared().unwrap().await?;
     also.release().await?;
     readers.release().await?;
     Ok(())

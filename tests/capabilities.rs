@@ -17,7 +17,7 @@ use std::{
 use axum::{Router, body::Body, http::Request, routing::post};
 use tower::ServiceExt;
 use tower_lock::{
-    IdempotencyLayer, Key, LockConfig, LockError, LockLayer, Locker, MemoryStore, RedisStore, Wait,
+    IdempotencyLayer, Key, LockConfig, LockLayer, Locker, MemoryStore, RedisStore, Wait,
     idempotency::{IdempotencyStore, SharedKeySpace},
     store::{Capabilities, ClusterStore, LockStore, RedlockStore, SentinelStore},
 };
@@ -325,12 +325,23 @@ async fn records(store: impl IdempotencyStore) {
 async fn two_permits(store: impl LockStore) {
     let locker = Locker::with_config(store, short_leases());
     let key = locker.key("caps", "permits").unwrap();
-    let first = locker.acquire(key.clone()).permits(TWO).await.unwrap();
-    let second = locker.acquire(key.clone()).permits(TWO).await.unwrap();
+    let first = locker
+        .acquire(key.clone())
+        .permits(TWO)
+        .unwrap()
+        .await
+        .unwrap();
+    let second = locker
+        .acquire(key.clone())
+        .permits(TWO)
+        .unwrap()
+        .await
+        .unwrap();
     assert!(second.fencing_token() > first.fencing_token());
     let third = locker
         .acquire(key.clone())
         .permits(TWO)
+        .unwrap()
         .try_acquire()
         .await
         .unwrap();
@@ -339,6 +350,7 @@ async fn two_permits(store: impl LockStore) {
     let third = locker
         .acquire(key)
         .permits(TWO)
+        .unwrap()
         .try_acquire()
         .await
         .unwrap();
@@ -410,11 +422,13 @@ async fn redlock_store() {
         row("`RedlockStore`", &store.capabilities());
     assert!(batched && !hand_off && !notices && !keeps && sets && !counts);
     let locker = Locker::new(store.clone());
-    let refused = locker
-        .acquire(locker.key("caps", "p").unwrap())
-        .permits(TWO)
-        .await;
-    assert!(matches!(refused, Err(LockError::Config(_))), "{refused:?}");
+    // A call that could only fail is refused before anything is sent.
+    let acquire = || locker.acquire(locker.key("caps", "p").unwrap());
+    let refused = acquire().permits(TWO).unwrap_err();
+    assert_eq!(refused.field(), "permits", "{refused}");
+    assert!(refused.to_string().contains("cannot count"), "{refused}");
+    assert_eq!(acquire().shared().unwrap_err().field(), "shared");
+    assert_eq!(acquire().exclusive().unwrap_err().field(), "exclusive");
     // A layer that could only refuse is refused when built, not at request time.
     let layer = || LockLayer::from_locker(locker.clone(), Key::header("x-merchant-id"));
     let refused = layer().permits(TWO).unwrap_err();

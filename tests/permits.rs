@@ -22,7 +22,7 @@ use axum::{
 };
 use support::{LockKeys, body_json, companion_key, handoff_subscriptions, processes, send};
 use tower_lock::{
-    Key, LockConfig, LockError, LockLayer, Locker, RedisStore, Wait,
+    Key, LockConfig, LockLayer, Locker, RedisStore, Wait,
     key::{LockKey, Share},
     store::{Capabilities, LockStore, RedlockStore, Token},
 };
@@ -59,7 +59,7 @@ async fn most_at_once(lockers: &[Locker], permits: Option<NonZeroU32>) -> usize 
             match permits {
                 Some(permits) => {
                     let key = locker.key("provider", "acct-1").unwrap();
-                    let guard = locker.acquire(key).permits(permits).await.unwrap();
+                    let guard = locker.acquire(key).permits(permits).unwrap().await.unwrap();
                     inside.run(work).await;
                     guard.release().await.expect("the permit was lost");
                 }
@@ -112,6 +112,7 @@ async fn a_dead_holders_permit_frees_at_its_ttl() {
         locker
             .acquire(key.clone())
             .permits(TWO)
+            .unwrap()
             .try_acquire()
             .await
             .unwrap()
@@ -119,7 +120,7 @@ async fn a_dead_holders_permit_frees_at_its_ttl() {
         "a third holder of 2 permits"
     );
     let started = Instant::now();
-    let guard = locker.acquire(key).permits(TWO).await.unwrap();
+    let guard = locker.acquire(key).permits(TWO).unwrap().await.unwrap();
     let waited = started.elapsed();
     assert!(
         waited >= Duration::from_millis(250),
@@ -138,6 +139,7 @@ async fn renewals_keep_a_long_holder() {
     let long = lockers[0]
         .acquire(key.clone())
         .permits(NonZeroU32::MIN)
+        .unwrap()
         .ttl(ttl)
         .await
         .unwrap();
@@ -146,6 +148,7 @@ async fn renewals_keep_a_long_holder() {
     let other = lockers[1]
         .acquire(key.clone())
         .permits(NonZeroU32::MIN)
+        .unwrap()
         .try_acquire()
         .await
         .unwrap();
@@ -154,6 +157,7 @@ async fn renewals_keep_a_long_holder() {
     let other = lockers[1]
         .acquire(key)
         .permits(NonZeroU32::MIN)
+        .unwrap()
         .try_acquire()
         .await
         .unwrap();
@@ -168,12 +172,24 @@ async fn a_heavy_request_is_not_overtaken_by_lighter_ones() {
     let server = RedisServer::start();
     let lockers = processes(&server, 3).await;
     let key = lockers[0].key("provider", "acct-1").unwrap();
-    let holder = lockers[0].acquire(key.clone()).permits(TWO).await.unwrap();
+    let holder = lockers[0]
+        .acquire(key.clone())
+        .permits(TWO)
+        .unwrap()
+        .await
+        .unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     let heavy = tokio::spawn({
         let (locker, key, order) = (lockers[1].clone(), key.clone(), Arc::clone(&order));
         async move {
-            let guard = locker.acquire(key).permits(TWO).weight(TWO).await.unwrap();
+            let guard = locker
+                .acquire(key)
+                .permits(TWO)
+                .unwrap()
+                .weight(TWO)
+                .unwrap()
+                .await
+                .unwrap();
             order.lock().unwrap().push("heavy");
             tokio::time::sleep(Duration::from_millis(50)).await;
             guard.release().await.unwrap();
@@ -185,7 +201,7 @@ async fn a_heavy_request_is_not_overtaken_by_lighter_ones() {
     for i in 0..3 {
         let (locker, key, order) = (lockers[2 - i % 2].clone(), key.clone(), Arc::clone(&order));
         light.push(tokio::spawn(async move {
-            let guard = locker.acquire(key).permits(TWO).await.unwrap();
+            let guard = locker.acquire(key).permits(TWO).unwrap().await.unwrap();
             order.lock().unwrap().push("light");
             guard.release().await.unwrap();
         }));
@@ -261,45 +277,43 @@ async fn the_layer_answers_429_when_no_permit_frees() {
     }
 }
 
-/// Settings that could never be granted are refused with an error that names them.
+/// Settings that could never be granted are refused when the call is built, before anything
+/// is sent, with an error that names them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_settings_are_clear_errors() {
     let server = RedisServer::start();
     let locker = processes(&server, 1).await.remove(0);
     let key = locker.key("provider", "acct-1").unwrap();
-    let field = |error: LockError| match error {
-        LockError::Config(error) => error.field(),
-        other => panic!("not a config error: {other:?}"),
-    };
-    let over = locker
-        .acquire(key.clone())
+    let acquire = || locker.acquire(key.clone());
+    let over = acquire()
         .permits(TWO)
+        .unwrap()
         .weight(NonZeroU32::new(3).unwrap())
-        .await
         .unwrap_err();
-    // The detail is the source, not repeated in the summary.
-    let detail = std::error::Error::source(&over).map(ToString::to_string);
-    assert!(
-        detail
-            .as_deref()
-            .is_some_and(|d| d.contains("never be granted")),
-        "{over}: {detail:?}"
-    );
-    assert_eq!(field(over), "weight");
-    let alone = locker.acquire(key.clone()).weight(TWO).await.unwrap_err();
-    assert_eq!(field(alone), "weight");
+    assert_eq!(over.field(), "weight");
+    assert!(over.to_string().contains("never"), "{over}");
+    assert_eq!(acquire().weight(TWO).unwrap_err().field(), "weight");
+    let mixed = acquire().shared().unwrap().weight(TWO).unwrap_err();
+    assert_eq!(mixed.field(), "weight");
+    let mixed = acquire()
+        .permits(TWO)
+        .unwrap()
+        .weight(TWO)
+        .unwrap()
+        .exclusive();
+    assert_eq!(mixed.unwrap_err().field(), "exclusive");
+    // What passes is granted: two permits' worth of weight on two permits.
+    let whole = acquire().permits(TWO).unwrap().weight(TWO).unwrap().await;
+    whole.unwrap().release().await.unwrap();
     // Redlock cannot count holders (a quorum of nodes each admitting N would admit more).
     let redlock =
         RedlockStore::new(vec![RedisStore::connect(server.url()).await.unwrap()]).unwrap();
     assert!(!redlock.capabilities().counts());
     let locker = Locker::new(redlock);
     let key = locker.key("provider", "acct-1").unwrap();
-    let refused = locker.acquire(key).permits(TWO).await.unwrap_err();
-    assert!(
-        refused.to_string().contains("cannot be granted"),
-        "{refused}"
-    );
-    assert_eq!(field(refused), "permits");
+    let refused = locker.acquire(key).permits(TWO).unwrap_err();
+    assert!(refused.to_string().contains("cannot count"), "{refused}");
+    assert_eq!(refused.field(), "permits");
     assert!(!Capabilities::none().counts());
 }
 
@@ -378,6 +392,7 @@ async fn a_lost_sum_is_counted_again_and_a_stale_one_counts_nothing() {
         lockers[turn.fetch_add(1, Ordering::SeqCst) % lockers.len()]
             .acquire(key.clone())
             .permits(TWO)
+            .unwrap()
             .try_acquire()
             .await
             .unwrap()

@@ -178,11 +178,17 @@ async fn a_shared_holder_re_enters_shared_only() {
             let shared = locker
                 .acquire(key.clone())
                 .shared()
+                .unwrap()
                 .wait(half_a_second())
                 .await;
             let shared_took = started.elapsed();
             let started = Instant::now();
-            let exclusive = locker.acquire(key).exclusive().wait(half_a_second()).await;
+            let exclusive = locker
+                .acquire(key)
+                .exclusive()
+                .unwrap()
+                .wait(half_a_second())
+                .await;
             serde_json::json!({
                 "shared": shared.is_ok(),
                 "shared_ms": shared_took.as_millis() as u64,
@@ -305,13 +311,15 @@ async fn a_nested_acquire_of_more_than_is_held_fails_at_once() {
     let key = locker.key("provider", "acct-1").unwrap();
     let heavier = tokio::time::timeout(
         Duration::from_secs(5),
-        locker.acquire(key.clone()).permits(TWO).run({
+        locker.acquire(key.clone()).permits(TWO).unwrap().run({
             let locker = locker.clone();
             async move {
                 locker
                     .acquire(key)
                     .permits(TWO)
+                    .unwrap()
                     .weight(TWO)
+                    .unwrap()
                     .wait(Wait::constant(Duration::from_millis(50)).forever())
                     .await
                     .map(drop)

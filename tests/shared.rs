@@ -83,8 +83,8 @@ async fn mixed_load(lockers: &[Locker], locked: bool) -> Arc<Room> {
             let acquire = locker.acquire(key);
             let guard = match (locked, writer) {
                 (false, _) => None,
-                (true, true) => Some(acquire.exclusive().await.unwrap()),
-                (true, false) => Some(acquire.shared().await.unwrap()),
+                (true, true) => Some(acquire.exclusive().unwrap().await.unwrap()),
+                (true, false) => Some(acquire.shared().unwrap().await.unwrap()),
             };
             match writer {
                 true => room.write(Duration::from_millis(30)).await,
@@ -135,7 +135,7 @@ async fn a_writer_is_not_starved_by_a_stream_of_readers() {
             while Instant::now() < stream_until {
                 let (locker, key, room) = (locker.clone(), key.clone(), Arc::clone(&room));
                 tasks.push(tokio::spawn(async move {
-                    let guard = locker.acquire(key).shared().await.unwrap();
+                    let guard = locker.acquire(key).shared().unwrap().await.unwrap();
                     room.read(Duration::from_millis(120)).await;
                     guard.release().await.unwrap();
                 }));
@@ -147,7 +147,7 @@ async fn a_writer_is_not_starved_by_a_stream_of_readers() {
         }));
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let guard = lockers[2].acquire(key).exclusive().await.unwrap();
+    let guard = lockers[2].acquire(key).exclusive().unwrap().await.unwrap();
     let got_in = Instant::now();
     room.write(Duration::from_millis(20)).await;
     guard.release().await.unwrap();
@@ -169,12 +169,17 @@ async fn readers_behind_a_queued_writer_wait_for_it() {
     let server = RedisServer::start();
     let lockers = processes(&server, 3).await;
     let key = lockers[0].key("items", "sku-1").unwrap();
-    let first = lockers[0].acquire(key.clone()).shared().await.unwrap();
+    let first = lockers[0]
+        .acquire(key.clone())
+        .shared()
+        .unwrap()
+        .await
+        .unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     let writer = tokio::spawn({
         let (locker, key, order) = (lockers[1].clone(), key.clone(), Arc::clone(&order));
         async move {
-            let guard = locker.acquire(key).exclusive().await.unwrap();
+            let guard = locker.acquire(key).exclusive().unwrap().await.unwrap();
             order.lock().unwrap().push("writer");
             tokio::time::sleep(Duration::from_millis(50)).await;
             order.lock().unwrap().push("writer done");
@@ -185,7 +190,7 @@ async fn readers_behind_a_queued_writer_wait_for_it() {
     let reader = tokio::spawn({
         let (locker, key, order) = (lockers[2].clone(), key.clone(), Arc::clone(&order));
         async move {
-            let guard = locker.acquire(key).shared().await.unwrap();
+            let guard = locker.acquire(key).shared().unwrap().await.unwrap();
             order.lock().unwrap().push("reader");
             guard.release().await.unwrap();
         }
@@ -225,8 +230,8 @@ async fn key_sets_mix_shared_and_exclusive_without_deadlock() {
             let writer = i % 3 == 0;
             let acquire = locker.acquire(keys);
             let guard = match writer {
-                true => acquire.exclusive().await.unwrap(),
-                false => acquire.shared().await.unwrap(),
+                true => acquire.exclusive().unwrap().await.unwrap(),
+                false => acquire.shared().unwrap().await.unwrap(),
             };
             let work = Duration::from_millis(15);
             let visits = members.iter().map(|&m| {
@@ -331,7 +336,12 @@ async fn a_key_taken_both_ways_is_an_error() {
         }
         text
     };
-    let reader = lockers[0].acquire(key.clone()).shared().await.unwrap();
+    let reader = lockers[0]
+        .acquire(key.clone())
+        .shared()
+        .unwrap()
+        .await
+        .unwrap();
     for keys in [
         KeySet::from(key.clone()),
         KeySet::from([key.clone(), other.clone()]),
@@ -354,6 +364,7 @@ async fn a_key_taken_both_ways_is_an_error() {
         let error = lockers[1]
             .acquire(keys)
             .shared()
+            .unwrap()
             .await
             .expect_err("taken shared beside a plain lease");
         let text = chain(&error);
@@ -370,7 +381,12 @@ async fn a_key_taken_both_ways_is_an_error() {
         );
     }
     plain.release().await.unwrap();
-    let reader = lockers[1].acquire(key.clone()).shared().await.unwrap();
+    let reader = lockers[1]
+        .acquire(key.clone())
+        .shared()
+        .unwrap()
+        .await
+        .unwrap();
     reader.release().await.unwrap();
     assert!(server.lock_keys().await.is_empty(), "keys left behind");
 }

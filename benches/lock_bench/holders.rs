@@ -110,9 +110,10 @@ impl Instance {
                 let acquiring = match ask {
                     Ask::Plain => acquiring,
                     Ask::Permits(n) => acquiring
-                        .permits(std::num::NonZeroU32::new(n).expect("a scenario has permits")),
-                    Ask::Shared => acquiring.shared(),
-                    Ask::Exclusive => acquiring.exclusive(),
+                        .permits(std::num::NonZeroU32::new(n).expect("a scenario has permits"))
+                        .unwrap(),
+                    Ask::Shared => acquiring.shared().unwrap(),
+                    Ask::Exclusive => acquiring.exclusive().unwrap(),
                     Ask::Zset(_) => return Err("a Locker cannot take the zset's permits".into()),
                 };
                 acquiring.await.map(Held::Tower).map_err(|e| e.to_string())

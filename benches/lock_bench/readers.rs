@@ -124,6 +124,7 @@ async fn measure(redis: &RedisServer, n: usize) -> ReadersSample {
             let guard = locker
                 .acquire(key)
                 .exclusive()
+                .unwrap()
                 .wait(wait)
                 .await
                 .expect("writer");

@@ -94,6 +94,14 @@ impl From<tower_lock::LockError> for Refusal {
     }
 }
 
+/// A call refused before it was sent (a share the store cannot count): the crate's problem
+/// (500, `#config`).
+impl From<tower_lock::ConfigError> for Refusal {
+    fn from(error: tower_lock::ConfigError) -> Self {
+        Self::Lock(error.into())
+    }
+}
+
 impl From<Problem> for Refusal {
     fn from(problem: Problem) -> Self {
         Self::Problem(problem)

@@ -136,9 +136,8 @@ impl Acquiring {
         self
     }
 
-    /// Holds the lease with this time to live (at least 10 ms) instead of the locker's,
-    /// renewed every third of it. Over 365 days, the acquire is a [`LockError::Config`] when
-    /// awaited.
+    /// Holds the lease with this time to live instead of the locker's, renewed every third of
+    /// it. Under 10 ms or over 365 days, the acquire is a [`LockError::Config`] when awaited.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.terms = self.terms.with_ttl(ttl);
         self
@@ -159,11 +158,8 @@ impl Acquiring {
     /// store, each with its own lease, renewal and fencing token, served first come first
     /// served (a request is never overtaken by a lighter one that came after it). Every user
     /// of a key must name the same number. When none frees within the wait, the error is
-    /// [`LockError::Contended`] with `permits` set (the layer's 429).
-    ///
-    /// A store that cannot count holders ([`RedlockStore`](crate::store::RedlockStore), a
-    /// store outside this crate) answers [`LockError::Config`] when awaited; 0 permits does
-    /// not compile.
+    /// [`LockError::Contended`] with `permits` set (the layer's 429;
+    /// [`LockError::is_permits_exhausted`]).
     ///
     /// ```
     /// use std::num::NonZeroU32;
@@ -174,38 +170,91 @@ impl Acquiring {
     /// let locker = Locker::new(MemoryStore::new());
     /// let two = NonZeroU32::new(2).unwrap();
     /// let key = locker.key("provider", "acct-1")?;
-    /// let first = locker.acquire(key.clone()).permits(two).await?;
-    /// let second = locker.acquire(key.clone()).permits(two).await?;
-    /// assert!(locker.acquire(key).permits(two).try_acquire().await?.is_none());
+    /// let first = locker.acquire(key.clone()).permits(two)?.await?;
+    /// let second = locker.acquire(key.clone()).permits(two)?.await?;
+    /// assert!(locker.acquire(key).permits(two)?.try_acquire().await?.is_none());
     /// # drop((first, second)); Ok(()) }
     /// ```
-    pub fn permits(mut self, permits: NonZeroU32) -> Self {
+    ///
+    /// 0 permits does not compile.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] (setting `permits`), before anything is sent, when the store cannot
+    /// count holders ([`RedlockStore`](crate::store::RedlockStore), a store outside this
+    /// crate; see [`Capabilities::counts`](crate::store::Capabilities::counts)).
+    pub fn permits(mut self, permits: NonZeroU32) -> Result<Self, ConfigError> {
+        self.check_counts("permits")?;
         self.counts.permits = Some(permits.get());
-        self
+        Ok(self)
     }
 
-    /// Takes this many of the keys' [`permits`](Self::permits) (default 1). More than the
-    /// permits, or a weight without permits, is an error when awaited ([`LockError::Config`]).
-    pub fn weight(mut self, weight: NonZeroU32) -> Self {
-        self.counts.weight = Some(weight.get());
-        self
+    /// Takes this many of the keys' [`permits`](Self::permits) (default 1), for work that needs
+    /// more than one share of the limit.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] (setting `weight`) unless [`permits`](Self::permits) was set first and
+    /// `weight` is at most that many, or after [`shared`](Self::shared) or
+    /// [`exclusive`](Self::exclusive) (a reader takes one permit, a writer all of them).
+    pub fn weight(mut self, weight: NonZeroU32) -> Result<Self, ConfigError> {
+        let refused = |why: &str| Err(ConfigError::new("weight", why.to_owned()));
+        match (self.counts.permits, self.counts.mode) {
+            (_, Some(_)) => refused(
+                "a shared lease takes 1 permit and an exclusive one all of them: set no weight",
+            ),
+            (None, None) => refused("a weight is a number of permits: set `permits` first"),
+            (Some(permits), None) if weight.get() > permits => {
+                refused("the weight is more than the key's permits: it could never be granted")
+            }
+            (Some(_), None) => {
+                self.counts.weight = Some(weight.get());
+                Ok(self)
+            }
+        }
     }
 
     /// Takes the keys shared (a reader): with other shared leases, never with an
     /// [`exclusive`](Self::exclusive) one, first come first served, so that a writer queued
     /// behind readers is not starved by readers that keep coming, and readers queued behind a
     /// writer wait for it. With [`permits`](Self::permits), one of them.
-    pub fn shared(mut self) -> Self {
-        self.counts.mode = Some(Mode::Shared);
-        self
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] (setting `shared`) when the store cannot count holders (as
+    /// [`permits`](Self::permits)), or after [`weight`](Self::weight).
+    pub fn shared(self) -> Result<Self, ConfigError> {
+        self.with_mode(Mode::Shared, "shared")
     }
 
     /// Takes the keys exclusive of [`shared`](Self::shared) leases (a writer): all of their
     /// capacity. A plain lease (neither) does not count holders, so a writer of a key that
     /// readers share must say this.
-    pub fn exclusive(mut self) -> Self {
-        self.counts.mode = Some(Mode::Exclusive);
-        self
+    ///
+    /// # Errors
+    ///
+    /// As [`shared`](Self::shared) (setting `exclusive`).
+    pub fn exclusive(self) -> Result<Self, ConfigError> {
+        self.with_mode(Mode::Exclusive, "exclusive")
+    }
+
+    fn with_mode(mut self, mode: Mode, setting: &'static str) -> Result<Self, ConfigError> {
+        self.check_counts(setting)?;
+        if self.counts.weight.is_some() {
+            return Err(ConfigError::new(
+                setting,
+                "a shared lease takes 1 permit and an exclusive one all of them: set no weight",
+            ));
+        }
+        self.counts.mode = Some(mode);
+        Ok(self)
+    }
+
+    fn check_counts(&self, setting: &'static str) -> Result<(), ConfigError> {
+        match self.locker.engine().store.counts() {
+            true => Ok(()),
+            false => Err(super::cannot_count(setting)),
+        }
     }
 
     /// Acquires the keys if they are all free now, without waiting (whatever the wait policy):

@@ -149,7 +149,7 @@ impl Renewer {
                 let now = Instant::now();
                 let scope = self.lease.key().scope();
                 telemetry::round_trip(Op::Renew, now - sent_at);
-                telemetry::renewal(&scope, matches!(result, Ok(true)));
+                telemetry::renewal(scope, matches!(result, Ok(true)));
                 match result {
                     Ok(true) => {
                         self.lease.renewed(sent_at, self.store.validity(self.ttl));
@@ -161,7 +161,7 @@ impl Renewer {
                     }
                     Ok(false) => return self.lose(LostReason::NotHeld),
                     Err(error) => {
-                        telemetry::store_error(&scope, Op::Renew);
+                        telemetry::store_error(scope, Op::Renew);
                         let left = self.lease.valid_until().saturating_duration_since(now);
                         tracing::warn!(
                             error = %Chain(&error),

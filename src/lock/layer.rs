@@ -1,4 +1,4 @@
-use std::{fmt, num::NonZeroU32, sync::Arc};
+use std::{fmt, num::NonZeroU32, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use http::Response;
@@ -105,7 +105,7 @@ impl LockLayer {
     /// # Errors
     ///
     /// A [`ConfigError`] (setting `ttl`) under 10 ms or over 365 days.
-    pub fn ttl(mut self, ttl: std::time::Duration) -> Result<Self, ConfigError> {
+    pub fn ttl(mut self, ttl: Duration) -> Result<Self, ConfigError> {
         crate::config::check_ttl(ttl)?;
         Arc::make_mut(&mut self.state).ttl = Some(ttl);
         Ok(self)

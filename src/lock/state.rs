@@ -197,15 +197,15 @@ fn param_end(route: &str, param: &str) -> Option<usize> {
         let start = at + open + 1;
         let rest = &route[start..];
         let name = rest.strip_prefix('*').unwrap_or(rest);
-        if let Some(after) = name.strip_prefix(param) {
-            if after.starts_with('}') {
-                let close = route.len() - after.len() + 1;
-                return Some(
-                    route[close..]
-                        .find('/')
-                        .map_or(route.len(), |slash| close + slash),
-                );
-            }
+        if let Some(after) = name.strip_prefix(param)
+            && after.starts_with('}')
+        {
+            let close = route.len() - after.len() + 1;
+            return Some(
+                route[close..]
+                    .find('/')
+                    .map_or(route.len(), |slash| close + slash),
+            );
         }
         at = start;
     }
