@@ -34,8 +34,7 @@ const RULE: &str = "on >s3cret resetkeys ~tower-lock:* resetchannels &tower-lock
 
 /// What leases with counts (permits, shared and exclusive leases) add to `RULE`, for a key's
 /// holders, as docs/TOPOLOGY.md gives it.
-const COUNTS: &str =
-    " +type +zadd +zrem +zscore +zrange +zremrangebyscore +zrangebyscore +zcard +incrby +decrby";
+const COUNTS: &str = " +type +zadd +zrem +zscore +zrange +zremrangebyscore +zrangebyscore +zcard +hset +hmget +hincrby";
 
 const USER: &str = "locker";
 

@@ -348,14 +348,19 @@ async fn a_counted_key_holds_its_holders() {
     // The running sum of the holders' weights, beside the set and gone with it.
     let sum = companion_key(key.as_bytes(), "weight");
     // The set's TTL read first: the sum's, read after, can only be lower for it.
-    let (used, set_ttl, sum_ttl): (i64, i64, i64) = redis::pipe()
-        .get(&sum)
+    let (used, capacity, set_ttl, sum_ttl): (i64, i64, i64, i64) = redis::pipe()
+        .hget(&sum, "u")
+        .hget(&sum, "c")
         .pttl(key.as_bytes())
         .pttl(&sum)
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(used, 3);
+    assert_eq!(
+        (used, capacity),
+        (3, 3),
+        "the sum, and the capacity its holders named"
+    );
     // Given the same TTL in one script, after the set: Redis reads its clock at each command,
     // so the sum may end a millisecond or two after the set (a sum left without its set is
     // written afresh by the next holder, never counted).
@@ -408,8 +413,9 @@ async fn a_lost_sum_is_counted_again_and_a_stale_one_counts_nothing() {
         try_one().await.is_none(),
         "a third holder of 2 permits once the sum was lost"
     );
-    let used: i64 = redis::cmd("GET")
+    let used: i64 = redis::cmd("HGET")
         .arg(&sum)
+        .arg("u")
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -417,7 +423,8 @@ async fn a_lost_sum_is_counted_again_and_a_stale_one_counts_nothing() {
     first.release().await.unwrap();
     second.release().await.unwrap();
     assert!(server.lock_keys().await.is_empty(), "keys left behind");
-    // A sum whose set is gone (deleted by hand here) must not hold anyone out.
+    // A sum whose set is gone (deleted by hand here; a string, as a version before capacities
+    // were kept wrote it) must not hold anyone out.
     let _: () = redis::cmd("SET")
         .arg(&sum)
         .arg(2)
@@ -431,4 +438,50 @@ async fn a_lost_sum_is_counted_again_and_a_stale_one_counts_nothing() {
     one.release().await.unwrap();
     two.release().await.unwrap();
     assert!(server.lock_keys().await.is_empty(), "keys left behind");
+}
+
+/// A key's capacity is its holders': while two processes hold permits of a key of two, a third
+/// that names three is refused with an error that says so (it would admit a third holder by its
+/// own count), alone or with another key, on Redis as in memory; once the holders are gone, the
+/// key takes whatever capacity its next holder names. Without the check (a third holder naming
+/// three), the key would have three holders at once: the test asserts it never does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_keeps_the_capacity_its_holders_named() {
+    let server = RedisServer::start();
+    let in_redis = processes(&server, 3).await;
+    // Three lockers on one store stand for three processes: each has its own local queues.
+    let memory = tower_lock::MemoryStore::new();
+    let in_memory: Vec<Locker> = (0..3).map(|_| Locker::new(memory.clone())).collect();
+    let three = NonZeroU32::new(3).unwrap();
+    for (redis, lockers) in [(true, &in_redis), (false, &in_memory)] {
+        let key = lockers[0].key("provider", "acct-capacity").unwrap();
+        let other = lockers[0].key("provider", "acct-other").unwrap();
+        let first = lockers[0].acquire(key.clone()).permits(TWO).unwrap().await;
+        let second = lockers[1].acquire(key.clone()).permits(TWO).unwrap().await;
+        let (first, second) = (first.unwrap(), second.unwrap());
+        let third = lockers[2].acquire(key.clone()).permits(three).unwrap();
+        let refused = third.wait(Wait::none()).await.unwrap_err();
+        let text = format!("{refused}: {:?}", std::error::Error::source(&refused));
+        assert!(text.contains("capacity of 2"), "redis {redis}: {text}");
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        // With another key, as one lease: refused too, and the other key left free.
+        let set = lockers[2]
+            .acquire([key.clone(), other.clone()])
+            .permits(three)
+            .unwrap()
+            .wait(Wait::none())
+            .await;
+        assert!(set.is_err(), "redis {redis}: {set:?}");
+        let free = lockers[2].try_acquire(other.clone()).await.unwrap();
+        assert!(free.is_some(), "redis {redis}: the other key was left held");
+        drop(free);
+        // The holders' own number still admits no third.
+        let held = lockers[2].acquire(key.clone()).permits(TWO).unwrap();
+        assert!(held.try_acquire().await.unwrap().is_none(), "redis {redis}");
+        first.release().await.unwrap();
+        second.release().await.unwrap();
+        // Free again: the next holder names the capacity.
+        let next = lockers[2].acquire(key).permits(three).unwrap().await;
+        next.unwrap().release().await.unwrap();
+    }
 }

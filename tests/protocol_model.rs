@@ -766,8 +766,8 @@ fn a_release_that_frees_its_weight_twice_lets_too_many_in() {
         "broken: a release frees its weight twice",
         2,
         &[1, 1, 2],
-        "    local used = counted_used(lock, now)\n",
-        "    local used = counted_used(lock, now) - tonumber(weight)\n",
+        "    local used = counted_used(lock, now, cap, false)\n",
+        "    local used = counted_used(lock, now, cap, false) - tonumber(weight)\n",
     );
     assert!(
         matches!(
@@ -786,15 +786,15 @@ fn a_release_that_frees_its_weight_twice_exceeds_the_permits() {
         "broken: a release frees its weight twice, permits",
         2,
         &[1, 1, 1, 1],
-        "    local used = counted_used(lock, now)\n",
-        "    local used = counted_used(lock, now) - tonumber(weight)\n",
+        "    local used = counted_used(lock, now, cap, false)\n",
+        "    local used = counted_used(lock, now, cap, false) - tonumber(weight)\n",
     );
     assert_eq!(property, Property::Capacity, "{trace}");
 }
 
 /// A hold that adds nothing to the key's running sum (the sum key beside the sorted set, which
 /// an acquire reads instead of every member): the sum stays below what the live holders take,
-/// and waiters are let in beyond the permits. (A sum that is missing, or that `INCRBY` finds
+/// and waiters are let in beyond the permits. (A sum that is missing, or that `HINCRBY` finds
 /// missing, is counted again from the members, so the break adds nothing and never recounts.)
 #[test]
 fn a_sum_that_forgets_a_holder_exceeds_the_permits() {
@@ -802,8 +802,8 @@ fn a_sum_that_forgets_a_holder_exceeds_the_permits() {
         "broken: a hold adds nothing to the sum",
         2,
         &[1, 1, 1, 1],
-        "if redis.call('INCRBY', sum_key, weight) == weight and",
-        "if redis.call('INCRBY', sum_key, 0) == -1 and",
+        "if redis.call('HINCRBY', sum_key, 'u', weight) == weight then",
+        "if redis.call('HINCRBY', sum_key, 'u', 0) == -1 then",
     );
     assert_eq!(property, Property::Capacity, "{trace}");
 }

@@ -1,4 +1,4 @@
-//! The model Redis: string and list keys with expiry, `PUBLISH` and `PUBSUB NUMSUB` answered
+//! The model Redis: string, list, sorted-set and hash keys with expiry, `PUBLISH` and `PUBSUB NUMSUB` answered
 //! from the model's processes, and the crate's own Lua scripts run against it, unchanged, in an
 //! embedded Lua 5.1 (the version Redis embeds), one script call being one atomic model step.
 //!
@@ -54,6 +54,9 @@ pub type Entries = Seq<Val, 8>;
 /// from now, down to 0 (a time in the past, which every script treats as "now or before").
 pub type Members = Seq<(i32, Val), 8>;
 
+/// A hash's fields (a counted key's running sum and capacity): (field, value), by field id.
+pub type Fields = Seq<(Val, Val), 2>;
+
 /// The keyspace. Keys are kept sorted, so that equal keyspaces compare equal.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Db {
@@ -63,6 +66,8 @@ pub struct Db {
     pub lists: Seq<(Val, Entries, Option<i32>), 2>,
     /// (key, members, expiry); an empty sorted set does not exist, as in Redis.
     pub zsets: Seq<(Val, Members, Option<i32>), 1>,
+    /// (key, fields, expiry); an empty hash does not exist, as in Redis.
+    pub hashes: Seq<(Val, Fields, Option<i32>), 1>,
 }
 
 impl Db {
@@ -101,6 +106,26 @@ impl Db {
             .map(|(_, m, _)| m)
     }
 
+    pub fn hash(&self, key: Val) -> Option<&[(Val, Val)]> {
+        self.hashes
+            .iter()
+            .find(|(k, _, _)| *k == key)
+            .map(|(_, f, _)| f.as_slice())
+    }
+
+    /// The hash at `key`, made empty (without expiry) if there is none.
+    fn hash_mut(&mut self, key: Val) -> &mut Fields {
+        if self.hash(key).is_none() {
+            let at = self.hashes.as_slice().partition_point(|(k, ..)| *k < key);
+            self.hashes.insert(at, (key, Fields::default(), None));
+        }
+        self.hashes
+            .iter_mut()
+            .find(|(k, _, _)| *k == key)
+            .map(|(_, f, _)| f)
+            .expect("hash")
+    }
+
     /// A member's score, if it is in the sorted set at `key`.
     pub fn score(&self, key: Val, member: Val) -> Option<i32> {
         self.zset(key)?
@@ -110,7 +135,10 @@ impl Db {
     }
 
     fn exists(&self, key: Val) -> bool {
-        self.string(key).is_some() || self.list(key).is_some() || self.zset(key).is_some()
+        self.string(key).is_some()
+            || self.list(key).is_some()
+            || self.zset(key).is_some()
+            || self.hash(key).is_some()
     }
 
     fn expiry(&self, key: Val) -> Option<Option<i32>> {
@@ -118,6 +146,7 @@ impl Db {
             .map(|(_, e)| e)
             .or_else(|| self.lists.iter().find(|(k, ..)| *k == key).map(|l| l.2))
             .or_else(|| self.zsets.iter().find(|(k, ..)| *k == key).map(|z| z.2))
+            .or_else(|| self.hashes.iter().find(|(k, ..)| *k == key).map(|h| h.2))
     }
 
     fn set_expiry(&mut self, key: Val, expiry: Option<i32>) {
@@ -136,14 +165,22 @@ impl Db {
                 *e = expiry;
             }
         }
+        for (k, _, e) in self.hashes.iter_mut() {
+            if *k == key {
+                *e = expiry;
+            }
+        }
     }
 
     fn del(&mut self, key: Val) -> bool {
-        let before = self.strings.len() + self.lists.len() + self.zsets.len();
+        let count =
+            |db: &Self| db.strings.len() + db.lists.len() + db.zsets.len() + db.hashes.len();
+        let before = count(self);
         self.strings.retain(|(k, ..)| *k != key);
         self.lists.retain(|(k, ..)| *k != key);
         self.zsets.retain(|(k, ..)| *k != key);
-        before != self.strings.len() + self.lists.len() + self.zsets.len()
+        self.hashes.retain(|(k, ..)| *k != key);
+        before != count(self)
     }
 
     fn set_string(&mut self, key: Val, value: Val, expiry: Option<i32>) {
@@ -156,6 +193,7 @@ impl Db {
     fn tidy(&mut self) {
         self.lists.retain(|(_, l, _)| !l.is_empty());
         self.zsets.retain(|(_, m, _)| !m.is_empty());
+        self.hashes.retain(|(_, f, _)| !f.is_empty());
     }
 
     /// One tick passes: every expiry comes one closer; keys that reach it are gone. Scores are
@@ -181,6 +219,12 @@ impl Db {
             }
             sort_members(members);
         }
+        for (_, _, e) in self.hashes.iter_mut() {
+            if let Some(e) = e {
+                *e -= 1;
+            }
+        }
+        self.hashes.retain(|(_, _, e)| e.is_none_or(|e| e > 0));
         self.strings.retain(|(_, _, e)| e.is_none_or(|e| e > 0));
         self.lists.retain(|(_, _, e)| e.is_none_or(|e| e > 0));
         self.zsets.retain(|(_, _, e)| e.is_none_or(|e| e > 0));
@@ -251,22 +295,31 @@ impl Redis {
         let lua = Lua::new();
         let call: Rc<RefCell<Option<Call>>> = Rc::default();
         let redis = lua.create_table().expect("lua table");
-        let (c, i) = (Rc::clone(&call), Rc::clone(&interner));
-        let f = lua
-            .create_function(move |lua, args: MultiValue| {
-                let args = args
-                    .iter()
-                    .map(argument)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(mlua::Error::RuntimeError)?;
-                let mut call = c.borrow_mut();
-                let call = call.as_mut().expect("redis.call outside a script");
-                let reply =
-                    command(call, &mut i.borrow_mut(), &args).map_err(mlua::Error::RuntimeError)?;
-                to_lua(lua, &reply)
-            })
-            .expect("redis.call");
-        redis.set("call", f).expect("redis.call");
+        // `redis.call` raises a command's error; `redis.pcall` answers it as `{err = ..}`.
+        for (name, raises) in [("call", true), ("pcall", false)] {
+            let (c, i) = (Rc::clone(&call), Rc::clone(&interner));
+            let f = lua
+                .create_function(move |lua, args: MultiValue| {
+                    let args = args
+                        .iter()
+                        .map(argument)
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(mlua::Error::RuntimeError)?;
+                    let mut call = c.borrow_mut();
+                    let call = call.as_mut().expect("redis.call outside a script");
+                    match command(call, &mut i.borrow_mut(), &args) {
+                        Ok(reply) => to_lua(lua, &reply),
+                        Err(error) if raises => Err(mlua::Error::RuntimeError(error)),
+                        Err(error) => {
+                            let t = lua.create_table()?;
+                            t.raw_set("err", error)?;
+                            Ok(Value::Table(t))
+                        }
+                    }
+                })
+                .expect("redis.call");
+            redis.set(name, f).expect("redis.call");
+        }
         lua.globals().set("redis", redis).expect("redis global");
         Self {
             lua,
@@ -462,7 +515,7 @@ fn command(call: &mut Call, interner: &mut Interner, args: &[Vec<u8>]) -> Result
         "GET" => {
             arity(2)?;
             let key = interner.id(&args[1]);
-            if db.list(key).is_some() || db.zset(key).is_some() {
+            if db.list(key).is_some() || db.zset(key).is_some() || db.hash(key).is_some() {
                 return Err("WRONGTYPE".into());
             }
             db.string(key)
@@ -501,7 +554,7 @@ fn command(call: &mut Call, interner: &mut Interner, args: &[Vec<u8>]) -> Result
         "INCRBY" | "DECRBY" => {
             arity(3)?;
             let key = interner.id(&args[1]);
-            if db.list(key).is_some() || db.zset(key).is_some() {
+            if db.list(key).is_some() || db.zset(key).is_some() || db.hash(key).is_some() {
                 return Err("WRONGTYPE".into());
             }
             let by = int(&args[2])?;
@@ -624,17 +677,88 @@ fn command(call: &mut Call, interner: &mut Interner, args: &[Vec<u8>]) -> Result
                 "list"
             } else if db.zset(key).is_some() {
                 "zset"
+            } else if db.hash(key).is_some() {
+                "hash"
             } else {
                 "none"
             };
             Reply::Status(kind.into())
+        }
+        "HGET" | "HMGET" => {
+            arity(3)?;
+            let key = interner.id(&args[1]);
+            hash_of(db, key)?;
+            let fields = db.hash(key).unwrap_or(&[]);
+            let mut values = args[2..].iter().map(|f| {
+                let f = interner.id(f);
+                fields
+                    .iter()
+                    .find(|(k, _)| *k == f)
+                    .map_or(Reply::Nil, |(_, v)| Reply::Bulk(interner.get(*v).to_vec()))
+            });
+            if name == "HGET" {
+                if args.len() != 3 {
+                    return Err(format!("ERR wrong number of arguments for '{name}'"));
+                }
+                values.next().expect("one field")
+            } else {
+                Reply::Array(values.collect())
+            }
+        }
+        "HSET" => {
+            if args.len() < 4 || args.len() % 2 != 0 {
+                return Err(format!("ERR wrong number of arguments for '{name}'"));
+            }
+            let key = interner.id(&args[1]);
+            hash_of(db, key)?;
+            let pairs: Vec<(Val, Val)> = args[2..]
+                .chunks(2)
+                .map(|p| (interner.id(&p[0]), interner.id(&p[1])))
+                .collect();
+            let fields = db.hash_mut(key);
+            let mut added = 0;
+            for (f, v) in pairs {
+                match fields.iter_mut().find(|(k, _)| *k == f) {
+                    Some(entry) => entry.1 = v,
+                    None => {
+                        fields.push((f, v));
+                        added += 1;
+                    }
+                }
+            }
+            fields.as_mut_slice().sort_unstable();
+            Reply::Int(added)
+        }
+        "HINCRBY" => {
+            arity(4)?;
+            let (key, field) = (interner.id(&args[1]), interner.id(&args[2]));
+            hash_of(db, key)?;
+            let by = int(&args[3])?;
+            let before = match db
+                .hash(key)
+                .and_then(|f| f.iter().find(|(k, _)| *k == field))
+            {
+                Some((_, v)) => {
+                    int(interner.get(*v)).map_err(|_| "ERR hash value is not an integer")?
+                }
+                None => 0,
+            };
+            let after = before + by;
+            let value = interner.id(after.to_string().as_bytes());
+            let fields = db.hash_mut(key);
+            match fields.iter_mut().find(|(k, _)| *k == field) {
+                Some(entry) => entry.1 = value,
+                None => fields.push((field, value)),
+            }
+            fields.as_mut_slice().sort_unstable();
+            Reply::Int(after)
         }
         "ZADD" => {
             if args.len() != 4 {
                 return Err("model Redis: only ZADD key score member is modelled".into());
             }
             let key = interner.id(&args[1]);
-            if db.string(key).is_some() || db.list(key).is_some() {
+            if db.string(key).is_some() || db.list(key).is_some() || db.hash(key).is_some() {
                 return Err("WRONGTYPE".into());
             }
             let score = i32::try_from(int(&args[2])?)
@@ -788,8 +912,16 @@ fn command(call: &mut Call, interner: &mut Interner, args: &[Vec<u8>]) -> Result
 }
 
 /// The members at `key`: none if there is no key, an error if it is not a sorted set.
+/// `Ok` when `key` holds a hash or nothing, as a hash command finds it.
+fn hash_of(db: &Db, key: Val) -> Result<(), String> {
+    if db.string(key).is_some() || db.list(key).is_some() || db.zset(key).is_some() {
+        return Err("WRONGTYPE".into());
+    }
+    Ok(())
+}
+
 fn zset_of(db: &Db, key: Val) -> Result<Vec<(i32, Val)>, String> {
-    if db.string(key).is_some() || db.list(key).is_some() {
+    if db.string(key).is_some() || db.list(key).is_some() || db.hash(key).is_some() {
         return Err("WRONGTYPE".into());
     }
     Ok(db.zset(key).map(<[_]>::to_vec).unwrap_or_default())

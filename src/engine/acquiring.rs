@@ -156,8 +156,9 @@ impl Acquiring {
     /// Takes one of the keys' `permits` (or [`weight`](Self::weight) of them) instead of the
     /// whole key: at most `permits` holders at once across every process that shares the
     /// store, each with its own lease, renewal and fencing token, served first come first
-    /// served (a request is never overtaken by a lighter one that came after it). Every user
-    /// of a key must name the same number. When none frees within the wait, the error is
+    /// served (a request is never overtaken by a lighter one that came after it). A key keeps
+    /// the number its holders named: an acquire that names another while the key is held is
+    /// refused ([`LockError::Store`], 503). When none frees within the wait, the error is
     /// [`LockError::Contended`] with `permits` set (the layer's 429;
     /// [`LockError::is_permits_exhausted`]).
     ///

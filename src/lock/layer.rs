@@ -208,8 +208,9 @@ impl LockLayer {
     /// ```
     ///
     /// With [`shared_when`](Self::shared_when), a shared request takes one permit and any
-    /// other all of them. Every layer (and [`Locker`] call) on one key must name the same
-    /// number.
+    /// other all of them. A key keeps the number its holders named: a request that names
+    /// another while the key is held (another layer's `permits` on the same key) is refused
+    /// with a store error (503) that says so, never admitted by its own count.
     ///
     /// # Errors
     ///

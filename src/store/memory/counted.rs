@@ -17,6 +17,8 @@ use crate::{
 pub(super) struct Holder {
     token: Token,
     weight: u32,
+    /// The key's capacity the holder named.
+    capacity: u32,
     expires: Instant,
 }
 
@@ -31,6 +33,35 @@ pub(super) fn taken_both_ways() -> StoreError {
         "the lock key is held both as a plain lease and as one with a share (permits, shared or \
          exclusive): every user of a key must take it the same way",
     )
+}
+
+/// A share of `key` naming capacity `asked` while its live holders named `known`: refused, as
+/// Redis's scripts refuse it, so that no user's count admits more holders than another's.
+fn capacity_mismatch(known: u32, asked: u32) -> StoreError {
+    StoreError::msg(
+        StoreErrorKind::Backend,
+        format!(
+            "the lock key's holders took it with a capacity of {known} and this lease names \
+             {asked}: every user of a key must name the same number of permits"
+        ),
+    )
+}
+
+/// `Ok` unless `key`'s live holders in `counted` named another capacity than `share`'s.
+pub(super) fn same_capacity(
+    counted: &Counted,
+    key: &LockKey,
+    share: Share,
+    now: Instant,
+) -> Result<(), StoreError> {
+    let known = counted
+        .get(key.as_bytes())
+        .and_then(|holders| holders.iter().find(|h| h.expires > now))
+        .map(|h| h.capacity);
+    match known {
+        Some(known) if known != share.capacity() => Err(capacity_mismatch(known, share.capacity())),
+        _ => Ok(()),
+    }
 }
 
 /// Whether a plain lease on `key` is live in `leases`.
@@ -86,6 +117,7 @@ pub(super) fn hold(
         None => holders.push(Holder {
             token: token.clone(),
             weight: share.weight(),
+            capacity: share.capacity(),
             expires,
         }),
     }
@@ -111,6 +143,7 @@ impl MemoryStore {
         }
         let mut counted = self.counted();
         drop(leases);
+        same_capacity(&counted, key, share, now)?;
         if let Err(expires_in) = room(&mut counted, key, share, token, now) {
             return Ok(Acquire::Contended { expires_in });
         }

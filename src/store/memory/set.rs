@@ -37,6 +37,7 @@ impl MemoryStore {
                     if counted::plain_live(&leases, key, now) {
                         return Err(counted::taken_both_ways());
                     }
+                    counted::same_capacity(holders, key, share, now)?;
                     match counted::room(holders, key, share, token, now) {
                         Ok(()) => continue,
                         Err(expires_in) => expires_in,

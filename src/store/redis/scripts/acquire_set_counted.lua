@@ -30,7 +30,7 @@ local function member_of(i) return token .. ':' .. weight_of(i) end
 
 -- The weight key i's live holders take, the caller's included.
 local function used_of(i)
-  return counted_used(lock_of(i), counted_now())
+  return counted_used(lock_of(i), counted_now(), cap_of(i), true)
 end
 
 -- Every key as its lease takes it, before anything is written: a key with a capacity holds
@@ -69,7 +69,7 @@ local function hold(i, ms)
   if cap_of(i) == 0 then
     redis.call('SET', lock_of(i), token, 'PX', ms)
   else
-    counted_hold(lock_of(i), member_of(i), counted_now(), tonumber(ms))
+    counted_hold(lock_of(i), member_of(i), counted_now(), tonumber(ms), cap_of(i))
   end
 end
 

@@ -3,15 +3,16 @@
 --
 -- Such a lock key is a sorted set of its holders: each member is a holder's token, ':' and its
 -- weight; its score, when that holder's lease ends (server time, ms). Beside it, its sum key
--- (`<prefix>{<tag>}weight:<rest of the lock key>`, same slot; `counted_sum_key`) holds the sum
--- of the members' weights, kept with every member added or removed, so that no call reads every
--- holder: an acquire among thousands of readers costs what one among three does (O(log n), plus
+-- (`<prefix>{<tag>}weight:<rest of the lock key>`, same slot; `counted_sum_key`), a hash, holds
+-- in `u` the sum of the members' weights, kept with every member added or removed, and in `c`
+-- the key's capacity, so that no call reads every holder: an acquire among thousands of readers costs what one among three does (O(log n), plus
 -- the dead it drops). Dead holders are dropped (their weights taken off the sum) by every call
 -- that counts, so a holder that died frees its weight at its TTL. Both keys live as long as the
 -- longest lease. A sum key that is missing while the set is there (evicted, or a set written
 -- before it existed) is counted again from the members, once. Holders are admitted while the
--- live weights, theirs included, sum to at most the capacity the caller names (every user of a
--- key names the same one). The hand-off queue is the plain lock's (`handoff.lua`), its entries
+-- live weights, theirs included, sum to at most the capacity; an acquire that names another
+-- capacity than the key's holders did is refused (`counted_mismatch`), never admitted by its
+-- own count. The hand-off queue is the plain lock's (`handoff.lua`), its entries
 -- carrying the waiter's weight (8 hex digits) between its stamp and its channel; the head of
 -- the queue waits until its whole weight fits, and nobody behind it is served before it.
 local WEIGHT_LEN = 8
@@ -38,6 +39,14 @@ local function counted_wrong(kind)
   error({err = 'WRONGTYPE tower-lock: this key holds a ' .. kind .. ', not a lock'})
 end
 
+-- An acquire naming capacity `asked` of a key its holders took with capacity `known`: refused,
+-- as a key taken both ways is, so that no user's count admits more holders than another's.
+local function counted_mismatch(known, asked)
+  error({err = 'WRONGTYPE tower-lock: this key\'s holders took it with a capacity of '
+    .. string.format('%d', known) .. ' and this lease names ' .. string.format('%d', asked)
+    .. ': every user of a key must name the same number of permits'})
+end
+
 -- The counted keys this script run found with no holder (`counted_used`), by name, until
 -- `counted_hold` adds their first.
 local counted_fresh = {}
@@ -54,22 +63,33 @@ local function counted_weight(member)
   return tonumber(string.sub(member, string.find(member, ':', 1, true) + 1))
 end
 
+-- Writes `lock`'s sum key afresh: `used`, of capacity `cap`, for `ms` (over a sum left by a
+-- version that kept it as a string, too).
+local function counted_write_sum(sum_key, used, cap, ms)
+  if type(redis.pcall('HSET', sum_key, 'u', used, 'c', cap)) == 'table' then
+    redis.call('DEL', sum_key)
+    redis.call('HSET', sum_key, 'u', used, 'c', cap)
+  end
+  redis.call('PEXPIRE', sum_key, ms)
+end
+
 -- `lock`'s sum counted from its members (O(n)): for a sum key that is missing. Kept as long as
--- the set.
-local function counted_recount(lock, sum_key)
+-- the set, with capacity `cap`.
+local function counted_recount(lock, sum_key, cap)
   local used = 0
   for _, member in ipairs(redis.call('ZRANGE', lock, 0, -1)) do
     used = used + counted_weight(member)
   end
   if used > 0 then
-    redis.call('SET', sum_key, used, 'PX', math.max(redis.call('PTTL', lock), 1))
+    counted_write_sum(sum_key, used, cap, math.max(redis.call('PTTL', lock), 1))
   end
   return used
 end
 
 -- The weight `lock`'s live holders take, once the dead are dropped (and their weights taken off
--- the sum); an error when the key holds anything but a lease with a share (`counted_wrong`).
-local function counted_used(lock, now)
+-- the sum); an error when the key holds anything but a lease with a share (`counted_wrong`), or,
+-- with `check`, when its holders took it with another capacity than `cap` (`counted_mismatch`).
+local function counted_used(lock, now, cap, check)
   local kind = redis.call('TYPE', lock).ok
   local sum_key = counted_sum_key(lock)
   if kind == 'none' then
@@ -83,20 +103,32 @@ local function counted_used(lock, now)
   -- Both keys are read before anything is written: the sum key is derived here, not declared,
   -- so on a cluster slot being resharded it may have moved without the set, and Redis refuses
   -- the access then; refused before any write, the call leaves both keys as they were.
-  local used = tonumber(redis.call('GET', sum_key))
+  local sum = redis.pcall('HMGET', sum_key, 'u', 'c')
+  if sum.err then
+    if not string.find(sum.err, 'WRONGTYPE', 1, true) then
+      error(sum)
+    end
+    -- A sum written by a version before capacities were kept: counted again below.
+    sum = {false, false}
+    redis.call('DEL', sum_key)
+  end
+  local used, known = tonumber(sum[1]), tonumber(sum[2])
+  if check and known and known ~= tonumber(cap) then
+    counted_mismatch(known, tonumber(cap))
+  end
   local dead = redis.call('ZRANGEBYSCORE', lock, '-inf', now)
   if #dead > 0 then
     redis.call('ZREMRANGEBYSCORE', lock, '-inf', now)
   end
   if not used then
-    return counted_recount(lock, sum_key)
+    return counted_recount(lock, sum_key, cap)
   end
   if #dead > 0 then
     local gone = 0
     for _, member in ipairs(dead) do
       gone = gone + counted_weight(member)
     end
-    used = redis.call('DECRBY', sum_key, gone)
+    used = redis.call('HINCRBY', sum_key, 'u', -gone)
     if used <= 0 then
       redis.call('DEL', sum_key)
       used = 0
@@ -105,26 +137,26 @@ local function counted_used(lock, now)
   return used
 end
 
--- Holds `member` for `ms` from `now` (a new member's weight added to the sum); the key and its
--- sum live at least that long. (A sum `INCRBY` creates, with no expiry, is recounted at once
--- unless it is the sum of a set created here too, whose expiry both are given below; a
--- recounted one takes the set's.)
-local function counted_hold(lock, member, now, ms)
+-- Holds `member` for `ms` from `now` (a new member's weight added to the sum of a key of
+-- capacity `cap`; a renewal adds none and names none); the key and its sum live at least that
+-- long. (A sum `HINCRBY` creates is recounted at once, and takes the set's expiry.)
+local function counted_hold(lock, member, now, ms, cap)
   local sum_key = counted_sum_key(lock)
   if counted_fresh[lock] then
     -- The set's first member (`counted_used` found no key): set and sum start here.
     counted_fresh[lock] = nil
     redis.call('ZADD', lock, now + ms, member)
     redis.call('PEXPIRE', lock, ms)
-    redis.call('SET', sum_key, counted_weight(member), 'PX', ms)
+    counted_write_sum(sum_key, counted_weight(member), cap, ms)
     return
   end
   if redis.call('ZADD', lock, now + ms, member) == 1 then
     local weight = counted_weight(member)
-    if redis.call('INCRBY', sum_key, weight) == weight and redis.call('ZCARD', lock) > 1 then
-      -- The sum key was missing beside other members: count them all.
+    if redis.call('HINCRBY', sum_key, 'u', weight) == weight then
+      -- The sum key was missing (a sum is deleted at 0): count the members, and keep the
+      -- capacity.
       redis.call('DEL', sum_key)
-      counted_recount(lock, sum_key)
+      counted_recount(lock, sum_key, cap)
     end
   end
   if redis.call('PTTL', lock) < ms then
@@ -140,7 +172,7 @@ local function counted_drop(lock, member)
   local score = redis.call('ZSCORE', lock, member)
   if score then
     local sum_key = counted_sum_key(lock)
-    if redis.call('DECRBY', sum_key, counted_weight(member)) <= 0 then
+    if redis.call('HINCRBY', sum_key, 'u', -counted_weight(member)) <= 0 then
       redis.call('DEL', sum_key)
     end
     redis.call('ZREM', lock, member)
@@ -190,7 +222,7 @@ local function counted_serve(lock, fence_key, queue, toklen, cap, used, now, cla
     else
       redis.call('LPOP', queue)
       local fence = new_fence(fence_key, retention)
-      counted_hold(lock, tok .. ':' .. weight, now, tonumber(claim))
+      counted_hold(lock, tok .. ':' .. weight, now, tonumber(claim), cap)
       redis.call('PUBLISH', channel,
         'g' .. string.sub(head, 1, id_len) .. claim .. ':' .. string.format('%d', fence))
       used = used + weight
@@ -203,13 +235,13 @@ end
 local function counted_acquire(lock, fence_key, queue, token, weight, cap, ttl, retention, claim,
                                stamp, channel, rescan)
   local now = counted_now()
-  local used = counted_used(lock, now)
-  local member = token .. ':' .. weight
   weight, cap, ttl = tonumber(weight), tonumber(cap), tonumber(ttl)
+  local used = counted_used(lock, now, cap, true)
+  local member = token .. ':' .. weight
   if redis.call('ZSCORE', lock, member) then
     -- Handed to the caller by a release, or taken by this same acquire sent before: claimed for
     -- the full TTL, with a fencing token of its own.
-    counted_hold(lock, member, now, ttl)
+    counted_hold(lock, member, now, ttl, cap)
     if queue then
       leave(queue, token)
     end
@@ -221,12 +253,12 @@ local function counted_acquire(lock, fence_key, queue, token, weight, cap, ttl, 
       token)
     if mine then
       leave(queue, token)
-      counted_hold(lock, member, now, ttl)
+      counted_hold(lock, member, now, ttl, cap)
       return 1, new_fence(fence_key, retention)
     end
   end
   if (not queue or redis.call('LLEN', queue) == 0) and used + weight <= cap then
-    counted_hold(lock, member, now, ttl)
+    counted_hold(lock, member, now, ttl, cap)
     return 1, new_fence(fence_key, retention)
   end
   if not queue or channel == '' then
@@ -267,7 +299,7 @@ local function counted_release(lock, fence_key, queue, token, weight, cap, claim
     return 0
   end
   if queue and redis.call('LLEN', queue) > 0 then
-    local used = counted_used(lock, now)
+    local used = counted_used(lock, now, cap, false)
     counted_serve(lock, fence_key, queue, #token, tonumber(cap), used, now, claim, retention, nil)
   end
   if tonumber(score) > now then
