@@ -282,7 +282,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
             .then(|| Arc::new((Mutex::default(), settings.max_skus))),
         data: data
             .map_or_else(FencedData::in_memory, |d| d.fenced)
-            .horizon(settings.fence_horizon),
+            .horizon(settings.fence_horizon)?,
         fencing: settings.fencing,
         journal: settings.journal.clone(),
         instance: settings.instance.clone(),

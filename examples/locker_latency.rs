@@ -57,7 +57,7 @@ async fn idle() {
 async fn run(url: String) -> Result<(), Box<dyn Error + Send + Sync>> {
     let config = LockConfig::builder()
         .wait(
-            Wait::exponential(Duration::from_millis(1), Duration::from_millis(20))
+            Wait::exponential(Duration::from_millis(1), Duration::from_millis(20))?
                 .deadline(Duration::from_secs(30)),
         )
         .build()?;

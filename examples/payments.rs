@@ -168,7 +168,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
     // store as the locks (so across every instance).
     let provider_config = LockConfig::builder()
         .ttl(settings.ttl)
-        .wait(Wait::constant(Duration::from_millis(50)).deadline(settings.provider_wait))
+        .wait(Wait::constant(Duration::from_millis(50))?.deadline(settings.provider_wait))
         .build()?;
     let locker = match chosen.store.clone() {
         store::Store::Memory => Some(Locker::with_config(MemoryStore::new(), provider_config)),
@@ -202,7 +202,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
         Some(data) => {
             println!("{}", chosen.description);
             Payments {
-                data: data.fenced.horizon(settings.fence_horizon),
+                data: data.fenced.horizon(settings.fence_horizon)?,
                 log: Log::Redis(data.conn),
                 per_slot: data.per_slot,
                 provider,
@@ -215,7 +215,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
                  store and in-memory payments"
             );
             Payments {
-                data: FencedData::in_memory().horizon(settings.fence_horizon),
+                data: FencedData::in_memory().horizon(settings.fence_horizon)?,
                 log: Log::Memory(Arc::default()),
                 per_slot: false,
                 provider,

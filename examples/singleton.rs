@@ -74,7 +74,7 @@ async fn run() -> Result<(), BoxError> {
     // is replaced within about TTL + TTL / 5.
     let config = LockConfig::builder()
         .ttl(settings.ttl)
-        .wait(Wait::constant(settings.poll()).jitter(true).forever())
+        .wait(Wait::constant(settings.poll())?.jitter(true).forever())
         .build()?;
 
     // Flips to `true` on Ctrl-C or SIGTERM; every instance watches it.

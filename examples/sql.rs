@@ -91,8 +91,8 @@ fn run() -> Result<bool, BoxError> {
                 // crate's own thread, which blocking this runtime does not stop).
                 let lease = locker
                     .acquire(locker.key("sku", SKU)?)
-                    .ttl(TTL)
-                    .max_hold(TTL / 2)
+                    .ttl(TTL)?
+                    .max_hold(TTL / 2)?
                     .await?;
                 let token = lease.fencing_token();
                 let stock = read(&conn, token, fencing)?.ok_or("A's read was refused")?;
@@ -122,7 +122,7 @@ fn run() -> Result<bool, BoxError> {
         let conn = db.open()?;
         let lease = locker
             .acquire(locker.key("sku", SKU)?)
-            .wait(Wait::constant(Duration::from_millis(20)).deadline(TTL * 20))
+            .wait(Wait::constant(Duration::from_millis(20))?.deadline(TTL * 20))
             .await?;
         let token = lease.fencing_token();
         let stock = read(&conn, token, fencing)?.ok_or("B's read was refused")?;

@@ -118,7 +118,7 @@
 //! let (from, to) = (locker.key("accounts", "alice")?, locker.key("accounts", "bob")?);
 //! let moved = locker
 //!     .acquire([from, to])
-//!     .wait(Wait::constant(Duration::from_millis(20)).deadline(Duration::from_secs(5)))
+//!     .wait(Wait::constant(Duration::from_millis(20))?.deadline(Duration::from_secs(5)))
 //!     // Dropped at once if the lease is lost: nothing runs on without the lock.
 //!     .run(async {
 //!         // Debit `from`, credit `to`.

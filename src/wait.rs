@@ -26,13 +26,19 @@ use crate::error::ConfigError;
 /// use std::time::Duration;
 /// use tower_lock::Wait;
 ///
+/// # fn main() -> Result<(), tower_lock::ConfigError> {
 /// let fail_fast = Wait::none();
-/// let patient = Wait::exponential(Duration::from_millis(5), Duration::from_millis(100))
+/// let patient = Wait::exponential(Duration::from_millis(5), Duration::from_millis(100))?
 ///     .deadline(Duration::from_secs(5));
-/// let scripted = Wait::fixed([10, 50, 250].map(Duration::from_millis)).jitter(true);
-/// let singleton = Wait::constant(Duration::from_secs(1)).forever();
+/// let scripted = Wait::fixed([10, 50, 250].map(Duration::from_millis))?.jitter(true);
+/// let singleton = Wait::constant(Duration::from_secs(1))?.forever();
 /// # let _ = (fail_fast, patient, scripted, singleton);
+/// # Ok(()) }
 /// ```
+///
+/// A policy is checked when made: a delay of 0 (a busy loop), one over 365 days, a largest
+/// delay below the first or a factor under 1 is a [`ConfigError`], so that every `Wait` a
+/// layer, a call or a config is given can run.
 ///
 /// With the `serde` feature a policy reads as `{ policy = "exponential", initial_ms = 10,
 /// max_ms = 200, factor = 2.0, jitter = true, deadline_ms = 2000 }` (or `"none"`, `"constant"`
@@ -147,7 +153,15 @@ const DEFAULT_DEADLINE: Duration = Duration::from_secs(2);
 
 impl Default for Wait {
     fn default() -> Self {
-        Self::exponential(Duration::from_millis(10), Duration::from_millis(200))
+        Self {
+            backoff: Backoff::Exponential {
+                initial: Duration::from_millis(10),
+                max: Duration::from_millis(200),
+                factor: 2.0,
+                jitter: true,
+            },
+            deadline: Some(DEFAULT_DEADLINE),
+        }
     }
 }
 
@@ -161,7 +175,12 @@ impl Wait {
     }
 
     /// Retry every `delay` (no jitter unless [`jitter`](Self::jitter) is set), for 2 s.
-    pub fn constant(delay: Duration) -> Self {
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] (setting `wait.delay`) for 0 (a busy loop: [`none`](Self::none) fails
+    /// fast) or over 365 days.
+    pub fn constant(delay: Duration) -> Result<Self, ConfigError> {
         Self {
             backoff: Backoff::Constant {
                 delay,
@@ -169,11 +188,17 @@ impl Wait {
             },
             deadline: Some(DEFAULT_DEADLINE),
         }
+        .checked()
     }
 
     /// Retry after `initial`, doubling up to `max`, with jitter (a random extra of up to the
     /// delay itself, so contenders spread out), for 2 s.
-    pub fn exponential(initial: Duration, max: Duration) -> Self {
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] (setting `wait.initial` or `wait.max`) for an `initial` of 0, a `max`
+    /// below it, or either over 365 days.
+    pub fn exponential(initial: Duration, max: Duration) -> Result<Self, ConfigError> {
         Self {
             backoff: Backoff::Exponential {
                 initial,
@@ -183,11 +208,16 @@ impl Wait {
             },
             deadline: Some(DEFAULT_DEADLINE),
         }
+        .checked()
     }
 
     /// Retry after each of `delays` in turn, then give up (or at the deadline, 2 s by default,
     /// whichever comes first).
-    pub fn fixed(delays: impl IntoIterator<Item = Duration>) -> Self {
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] (setting `wait.delays`) for a delay of 0 or over 365 days.
+    pub fn fixed(delays: impl IntoIterator<Item = Duration>) -> Result<Self, ConfigError> {
         Self {
             backoff: Backoff::Fixed {
                 delays: delays.into_iter().collect(),
@@ -195,6 +225,12 @@ impl Wait {
             },
             deadline: Some(DEFAULT_DEADLINE),
         }
+        .checked()
+    }
+
+    /// `self` if it can run, else what is wrong with it.
+    fn checked(self) -> Result<Self, ConfigError> {
+        self.validate().map(|()| self)
     }
 
     /// Gives up once this much time has passed since the first attempt.
@@ -211,13 +247,23 @@ impl Wait {
         self
     }
 
-    /// The growth factor of an exponential policy (default 2); ignored by the others.
-    #[must_use]
-    pub fn factor(mut self, new: f32) -> Self {
-        if let Backoff::Exponential { factor, .. } = &mut self.backoff {
-            *factor = new;
+    /// The growth factor of an exponential policy (default 2).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] (setting `wait.factor`) for a factor under 1 or not finite, or on a
+    /// policy that is not exponential (which has no factor to set).
+    pub fn factor(mut self, new: f32) -> Result<Self, ConfigError> {
+        match &mut self.backoff {
+            Backoff::Exponential { factor, .. } => *factor = new,
+            _ => {
+                return Err(ConfigError::new(
+                    "wait.factor",
+                    "only an exponential policy has a growth factor",
+                ));
+            }
         }
-        self
+        self.checked()
     }
 
     /// Adds a random extra of up to 100% to each delay (on for exponential by default).
@@ -259,13 +305,16 @@ impl Wait {
         self.deadline
     }
 
+    /// Whether the policy can run (the constructors' checks, for a policy read with serde).
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        let over_a_year = |field, delay| crate::config::at_most_a_year(field, delay);
         match &self.backoff {
             Backoff::None => Ok(()),
             Backoff::Constant { delay, .. } if delay.is_zero() => Err(ConfigError::new(
                 "wait.delay",
                 "a constant delay of 0 would retry in a busy loop; use Wait::none() to fail fast",
             )),
+            Backoff::Constant { delay, .. } => over_a_year("wait.delay", *delay),
             Backoff::Exponential {
                 initial,
                 max,
@@ -288,13 +337,15 @@ impl Wait {
                         "the factor must be a number >= 1",
                     ))
                 } else {
-                    Ok(())
+                    over_a_year("wait.max", *max)
                 }
             }
             Backoff::Fixed { delays, .. } if delays.iter().any(Duration::is_zero) => Err(
                 ConfigError::new("wait.delays", "a delay of 0 would retry in a busy loop"),
             ),
-            _ => Ok(()),
+            Backoff::Fixed { delays, .. } => delays
+                .iter()
+                .try_for_each(|delay| over_a_year("wait.delays", *delay)),
         }
     }
 
@@ -354,9 +405,10 @@ mod tests {
     #[test]
     fn schedules() {
         assert_eq!(Wait::none().delays().count(), 0);
-        let c: Vec<_> = Wait::constant(5 * MS).delays().take(3).collect();
+        let c: Vec<_> = Wait::constant(5 * MS).unwrap().delays().take(3).collect();
         assert_eq!(c, [5 * MS; 3]);
         let e: Vec<_> = Wait::exponential(10 * MS, 40 * MS)
+            .unwrap()
             .jitter(false)
             .delays()
             .take(5)
@@ -365,12 +417,13 @@ mod tests {
         for (got, want) in e.iter().zip([10 * MS, 20 * MS, 40 * MS, 40 * MS, 40 * MS]) {
             assert!(got.abs_diff(want) < Duration::from_micros(1), "{e:?}");
         }
-        let f: Vec<_> = Wait::fixed([MS, 3 * MS]).delays().collect();
+        let f: Vec<_> = Wait::fixed([MS, 3 * MS]).unwrap().delays().collect();
         assert_eq!(f, [MS, 3 * MS]);
-        for d in Wait::fixed([10 * MS; 50]).jitter(true).delays() {
+        for d in Wait::fixed([10 * MS; 50]).unwrap().jitter(true).delays() {
             assert!(d >= 10 * MS && d <= 20 * MS, "{d:?}");
         }
         for (i, d) in Wait::exponential(10 * MS, 40 * MS)
+            .unwrap()
             .delays()
             .take(50)
             .enumerate()
@@ -388,22 +441,30 @@ mod tests {
     fn deadlines() {
         assert_eq!(Wait::none().total(), Some(Duration::ZERO));
         assert_eq!(Wait::default().total(), Some(Duration::from_secs(2)));
-        assert_eq!(Wait::constant(MS).forever().total(), None);
+        assert_eq!(Wait::constant(MS).unwrap().forever().total(), None);
     }
 
+    /// Refused when made: busy loops, delays that overflow the clock's arithmetic (a jittered
+    /// `Duration::MAX` panicked in the first contended acquire), factors that shrink or are not
+    /// numbers, a factor on a policy that has none.
     #[test]
-    fn invalid_policies_are_rejected() {
-        assert!(Wait::constant(Duration::ZERO).validate().is_err());
-        assert!(Wait::exponential(Duration::ZERO, MS).validate().is_err());
-        assert!(Wait::exponential(2 * MS, MS).validate().is_err());
-        assert!(Wait::exponential(MS, MS).factor(0.5).validate().is_err());
-        assert!(
-            Wait::exponential(MS, MS)
-                .factor(f32::NAN)
-                .validate()
-                .is_err()
+    fn invalid_policies_are_refused_when_made() {
+        let field = |made: Result<Wait, ConfigError>| made.unwrap_err().field();
+        assert_eq!(field(Wait::constant(Duration::ZERO)), "wait.delay");
+        assert_eq!(field(Wait::constant(Duration::MAX)), "wait.delay");
+        assert_eq!(field(Wait::exponential(Duration::ZERO, MS)), "wait.initial");
+        assert_eq!(field(Wait::exponential(2 * MS, MS)), "wait.max");
+        assert_eq!(field(Wait::exponential(MS, Duration::MAX)), "wait.max");
+        let exponential = || Wait::exponential(MS, MS).unwrap();
+        assert_eq!(field(exponential().factor(0.5)), "wait.factor");
+        assert_eq!(field(exponential().factor(f32::NAN)), "wait.factor");
+        assert_eq!(
+            field(Wait::constant(MS).unwrap().factor(3.0)),
+            "wait.factor"
         );
-        assert!(Wait::fixed([MS, Duration::ZERO]).validate().is_err());
+        assert_eq!(field(Wait::fixed([MS, Duration::ZERO])), "wait.delays");
+        assert_eq!(field(Wait::fixed([MS, Duration::MAX])), "wait.delays");
         assert!(Wait::default().validate().is_ok());
+        assert!(exponential().factor(1.5).is_ok());
     }
 }

@@ -109,7 +109,9 @@ fn key(locker: &Locker) -> LockKey {
 
 /// How long the lockers that queue wait: long enough for any hand-over here.
 fn patiently() -> Wait {
-    Wait::constant(Duration::from_secs(5)).deadline(Duration::from_secs(10))
+    Wait::constant(Duration::from_secs(5))
+        .unwrap()
+        .deadline(Duration::from_secs(10))
 }
 
 /// Asserts that an acquire of `keys` on `store` (by a locker that waits at most 300 ms), queued
@@ -122,7 +124,9 @@ async fn assert_gives_up<K: Into<tower_lock::key::KeySet>>(
     let quitter = locker(
         store.clone(),
         Duration::from_secs(10),
-        Wait::constant(Duration::from_secs(5)).deadline(Duration::from_millis(300)),
+        Wait::constant(Duration::from_secs(5))
+            .unwrap()
+            .deadline(Duration::from_millis(300)),
     );
     match quitter.acquire(keys(&quitter)).await {
         Err(LockError::Contended { .. }) => {}

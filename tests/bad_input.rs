@@ -61,7 +61,8 @@ fn app() -> Router {
         .route(
             "/pay",
             post(handler).route_layer(
-                LockLayer::new(MemoryStore::new(), Key::header("idempotency-key")).namespace("pay"),
+                LockLayer::new(MemoryStore::new(), Key::header("idempotency-key").unwrap())
+                    .namespace("pay"),
             ),
         )
         .route(
@@ -299,9 +300,7 @@ fn raw_request(port: u16, head: &[u8]) -> Option<u16> {
 /// request or a destructor.
 #[tokio::test]
 async fn durations_past_the_clock_are_refused_or_read_as_no_limit() {
-    use tower_lock::{
-        LockConfig, LockError, Locker, Wait, fence::FencedData, idempotency::IdempotencyConfig,
-    };
+    use tower_lock::{LockConfig, Locker, Wait, fence::FencedData, idempotency::IdempotencyConfig};
     let forever = Duration::MAX;
     let refused = |built: Result<LockConfig, tower_lock::ConfigError>| built.unwrap_err().field();
     assert_eq!(refused(LockConfig::builder().ttl(forever).build()), "ttl");
@@ -318,28 +317,53 @@ async fn durations_past_the_clock_are_refused_or_read_as_no_limit() {
 
     let locker = Locker::new(MemoryStore::new());
     let key = locker.key("bad", "durations").unwrap();
-    for call in [
-        locker.acquire(key.clone()).ttl(forever),
-        locker.acquire(key.clone()).max_hold(forever),
-    ] {
-        let error = call.await.unwrap_err();
-        assert!(matches!(error, LockError::Config(_)), "{error:?}");
+    // A call's TTL and longest hold are refused when set, before anything is sent.
+    assert_eq!(
+        locker
+            .acquire(key.clone())
+            .ttl(forever)
+            .unwrap_err()
+            .field(),
+        "ttl"
+    );
+    let zero = Duration::ZERO;
+    assert_eq!(
+        locker.acquire(key.clone()).ttl(zero).unwrap_err().field(),
+        "ttl"
+    );
+    for hold in [forever, zero] {
+        let refused = locker.acquire(key.clone()).max_hold(hold).unwrap_err();
+        assert_eq!(refused.field(), "max_hold");
     }
-    // Held, then waited for by policies whose sums and deadlines overflow: they wait (here
-    // until the test stops waiting), they do not panic.
+    // Delays past a year are refused when the policy is made (a jittered `Duration::MAX`
+    // panicked in the first contended acquire); a deadline past the clock is no deadline.
+    assert!(Wait::fixed([forever]).is_err());
+    assert!(Wait::constant(forever).is_err());
     let held = locker.acquire(key.clone()).await.unwrap();
+    let year = Duration::from_secs(365 * 24 * 3600);
     for wait in [
-        Wait::constant(Duration::from_millis(5)).deadline(forever),
-        Wait::fixed([forever, forever]),
-        Wait::fixed([forever]).jitter(true),
-        Wait::fixed([forever / 2 + Duration::from_millis(1)]).jitter(true),
+        Wait::constant(Duration::from_millis(5))
+            .unwrap()
+            .deadline(forever),
+        Wait::fixed([year, year]).unwrap().jitter(true),
+        Wait::constant(year).unwrap().jitter(true),
+        Wait::exponential(year, year).unwrap(),
     ] {
         let waiting = locker.acquire(key.clone()).wait(wait.clone()).into_future();
         let waited = tokio::time::timeout(Duration::from_millis(50), waiting).await;
         assert!(waited.is_err(), "{wait:?}: {waited:?}");
     }
-    // Fenced writes in memory: a horizon and a value's TTL of "for ever".
-    let data = FencedData::in_memory().horizon(forever);
+    // Fenced writes in memory: a horizon is a year at most, a value's TTL "for ever" counts a
+    // year.
+    assert_eq!(
+        FencedData::in_memory()
+            .horizon(forever)
+            .unwrap_err()
+            .field(),
+        "horizon"
+    );
+    assert!(FencedData::in_memory().horizon(Duration::ZERO).is_err());
+    let data = FencedData::in_memory().horizon(year).unwrap();
     let batch = data
         .batch(held.lease())
         .set_with_ttl("stock:apple", "1", forever);

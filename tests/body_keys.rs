@@ -352,7 +352,11 @@ async fn a_closure_reads_the_body_and_the_head() {
     let locker = Locker::with_config(
         MemoryStore::new(),
         LockConfig::builder()
-            .wait(Wait::constant(Duration::from_millis(5)).deadline(Duration::from_secs(5)))
+            .wait(
+                Wait::constant(Duration::from_millis(5))
+                    .unwrap()
+                    .deadline(Duration::from_secs(5)),
+            )
             .build()
             .unwrap(),
     );

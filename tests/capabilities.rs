@@ -166,7 +166,11 @@ async fn group_commit(store: impl LockStore, servers: &[&RedisServer], keys: Vec
 async fn served_at_release(holder_store: impl LockStore, waiter_store: impl LockStore) {
     let holder = Locker::with_config(holder_store, short_leases());
     let patient = LockConfig::builder()
-        .wait(Wait::constant(Duration::from_secs(10)).deadline(Duration::from_secs(20)))
+        .wait(
+            Wait::constant(Duration::from_secs(10))
+                .unwrap()
+                .deadline(Duration::from_secs(20)),
+        )
         .build()
         .unwrap();
     let waiter = Locker::with_config(waiter_store, patient);
@@ -430,7 +434,7 @@ async fn redlock_store() {
     assert_eq!(acquire().shared().unwrap_err().field(), "shared");
     assert_eq!(acquire().exclusive().unwrap_err().field(), "exclusive");
     // A layer that could only refuse is refused when built, not at request time.
-    let layer = || LockLayer::from_locker(locker.clone(), Key::header("x-merchant-id"));
+    let layer = || LockLayer::from_locker(locker.clone(), Key::header("x-merchant-id").unwrap());
     let refused = layer().permits(TWO).unwrap_err();
     assert_eq!(refused.field(), "permits", "{refused}");
     assert!(refused.to_string().contains("cannot count"), "{refused}");

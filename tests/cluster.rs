@@ -379,7 +379,11 @@ async fn an_acquire_resent_after_its_reply_was_lost_holds_the_key() {
     let a = Locker::with_config(cluster.store().await, once);
     let patient = LockConfig::builder()
         .ttl(ttl)
-        .wait(Wait::constant(Duration::from_millis(50)).deadline(Duration::from_secs(5)))
+        .wait(
+            Wait::constant(Duration::from_millis(50))
+                .unwrap()
+                .deadline(Duration::from_secs(5)),
+        )
         .build()
         .unwrap();
     let b = Locker::with_config(cluster.store().await, patient);
@@ -533,6 +537,7 @@ async fn a_slot_migrating_under_load_delays_acquires_without_failing_them() {
     let config = LockConfig::builder()
         .wait(
             Wait::exponential(Duration::from_millis(10), Duration::from_millis(200))
+                .unwrap()
                 .deadline(Duration::from_secs(10)),
         )
         .build()

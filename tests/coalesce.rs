@@ -28,7 +28,9 @@ async fn on_redis<F: Future>(scenario: impl FnOnce(RedisStore) -> F) -> F::Outpu
 
 /// A wait policy whose timer would make any timer-woken waiter take seconds.
 fn slow_timer() -> Wait {
-    Wait::constant(Duration::from_secs(5)).deadline(Duration::from_secs(30))
+    Wait::constant(Duration::from_secs(5))
+        .unwrap()
+        .deadline(Duration::from_secs(30))
 }
 
 /// `route` at `path`, behind a lock on the path's `{sku}` taken with `config`.
@@ -128,7 +130,11 @@ async fn redis_fifo_without_timers() {
 async fn second_locker_waits(store: impl LockStore + Clone) -> Duration {
     let order = Arc::new(Mutex::new(Vec::new()));
     let config = LockConfig::builder()
-        .wait(Wait::constant(Duration::from_millis(700)).deadline(Duration::from_secs(30)))
+        .wait(
+            Wait::constant(Duration::from_millis(700))
+                .unwrap()
+                .deadline(Duration::from_secs(30)),
+        )
         .build()
         .unwrap();
     let one = app(store.clone(), config.clone(), Arc::clone(&order));
@@ -168,6 +174,7 @@ async fn one_contender_per_process_in_redis() {
     let config = LockConfig::builder()
         .wait(
             Wait::exponential(Duration::from_millis(1), Duration::from_millis(5))
+                .unwrap()
                 .deadline(Duration::from_secs(30)),
         )
         .build()
@@ -275,7 +282,9 @@ async fn gave_up_locally_answers_the_holders_lease(store: impl LockStore + Clone
         (10, Wait::none()),
         (
             10,
-            Wait::constant(Duration::from_millis(50)).deadline(Duration::from_millis(300)),
+            Wait::constant(Duration::from_millis(50))
+                .unwrap()
+                .deadline(Duration::from_millis(300)),
         ),
         (4, Wait::none()),
     ] {

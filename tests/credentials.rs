@@ -58,7 +58,11 @@ fn url(user: &str, password: &str, port: u16) -> String {
 /// A few locked requests through `store`, one of them contended (409 after a short wait).
 async fn traffic(store: impl LockStore + Clone + std::fmt::Debug, seen: &mut Seen) {
     let config = LockConfig::builder()
-        .wait(Wait::constant(Duration::from_millis(5)).deadline(Duration::from_millis(50)))
+        .wait(
+            Wait::constant(Duration::from_millis(5))
+                .unwrap()
+                .deadline(Duration::from_millis(50)),
+        )
         .build()
         .unwrap();
     let layer = LockLayer::with_config(store.clone(), Key::path_param("sku"), config);

@@ -453,7 +453,11 @@ async fn an_acquire_whose_reply_is_lost_is_released_not_left_for_the_ttl() {
         );
         let patient = LockConfig::builder()
             .ttl(ttl)
-            .wait(Wait::constant(Duration::from_millis(20)).deadline(Duration::from_secs(5)))
+            .wait(
+                Wait::constant(Duration::from_millis(20))
+                    .unwrap()
+                    .deadline(Duration::from_secs(5)),
+            )
             .build()
             .unwrap();
         let direct = books_app(
@@ -679,7 +683,11 @@ async fn client_disconnect_frees_the_key_within_100ms() {
     // process passing the key's local turn on (when the release's answer is read).
     let config = LockConfig::builder()
         .ttl(Duration::from_secs(30))
-        .wait(Wait::constant(Duration::from_millis(10)).deadline(Duration::from_secs(2)))
+        .wait(
+            Wait::constant(Duration::from_millis(10))
+                .unwrap()
+                .deadline(Duration::from_secs(2)),
+        )
         .build()
         .unwrap();
     let port = serve(books_app(
@@ -750,7 +758,11 @@ async fn handler_panic_on_a_real_server_releases_and_keeps_serving() {
     // this process passing the key's local turn on (when the release's answer is read).
     let config = LockConfig::builder()
         .ttl(Duration::from_secs(30))
-        .wait(Wait::constant(Duration::from_millis(10)).deadline(Duration::from_secs(2)))
+        .wait(
+            Wait::constant(Duration::from_millis(10))
+                .unwrap()
+                .deadline(Duration::from_secs(2)),
+        )
         .build()
         .unwrap();
     let port = serve(books_app(

@@ -156,7 +156,9 @@ async fn interleave(connect: Connect, fenced: bool, sku: &str) -> Books {
                 let lease = locker
                     .acquire(key)
                     .ttl(TTL)
+                    .unwrap()
                     .max_hold(TTL / 2)
+                    .unwrap()
                     .await
                     .unwrap();
                 let read = run(&data, &lease, fenced, |b| b.get(&stock)).await.unwrap();
@@ -179,7 +181,11 @@ async fn interleave(connect: Connect, fenced: bool, sku: &str) -> Books {
     // B gets the key only once A's lease has run out.
     let lease = b_locker
         .acquire(key)
-        .wait(Wait::constant(Duration::from_millis(20)).deadline(TTL * 10))
+        .wait(
+            Wait::constant(Duration::from_millis(20))
+                .unwrap()
+                .deadline(TTL * 10),
+        )
         .await
         .expect("B never got the key");
     let read = run(&b_data, &lease, fenced, |b| b.get(&stock))

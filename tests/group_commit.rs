@@ -28,6 +28,7 @@ fn waiting() -> LockConfig {
         .ttl(Duration::from_secs(30))
         .wait(
             Wait::exponential(Duration::from_millis(1), Duration::from_millis(10))
+                .unwrap()
                 .deadline(Duration::from_secs(20)),
         )
         .build()

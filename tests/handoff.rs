@@ -25,7 +25,9 @@ use tower_lock_testkit::{Proxy, RedisServer, calls_of, redis_cli};
 
 /// A wait policy whose timer would make any timer-woken waiter take seconds.
 fn slow_timer() -> Wait {
-    Wait::constant(Duration::from_secs(5)).deadline(Duration::from_secs(30))
+    Wait::constant(Duration::from_secs(5))
+        .unwrap()
+        .deadline(Duration::from_secs(30))
 }
 
 fn locker(store: RedisStore, wait: Wait) -> Locker {
@@ -87,7 +89,9 @@ async fn second_process_waits(
     waiter: RedisStore,
     server: &RedisServer,
 ) -> Duration {
-    let wait = Wait::constant(Duration::from_millis(700)).deadline(Duration::from_secs(30));
+    let wait = Wait::constant(Duration::from_millis(700))
+        .unwrap()
+        .deadline(Duration::from_secs(30));
     let (holder, waiter) = (locker(holder, wait.clone()), locker(waiter, wait));
     let held = holder.acquire(key(&holder)).await.unwrap();
     let started = Instant::now();
@@ -218,7 +222,9 @@ async fn departed_waiters_leave_the_queue() {
     // Gives up after 300 ms.
     let hasty = locker(
         all[2].clone(),
-        Wait::constant(Duration::from_secs(5)).deadline(Duration::from_millis(300)),
+        Wait::constant(Duration::from_secs(5))
+            .unwrap()
+            .deadline(Duration::from_millis(300)),
     );
     let hasty = tokio::spawn(async move { hasty.acquire(key(&hasty)).await.map(drop) });
     queued(&server, &k, 2).await;
@@ -458,7 +464,11 @@ async fn a_lost_handoff_costs_at_most_the_ttl() {
     let all = stores(&server, 2).await;
     let config = LockConfig::builder()
         .ttl(Duration::from_millis(800))
-        .wait(Wait::constant(Duration::from_secs(20)).deadline(Duration::from_secs(30)))
+        .wait(
+            Wait::constant(Duration::from_secs(20))
+                .unwrap()
+                .deadline(Duration::from_secs(30)),
+        )
         .build()
         .unwrap();
     let holder = Locker::with_config(all[0].clone(), config.clone());
@@ -501,7 +511,11 @@ async fn a_broken_subscription_still_gets_the_handoff() {
     let all = stores_claiming(&server, 2, Duration::from_millis(300)).await;
     let config = LockConfig::builder()
         .ttl(Duration::from_secs(3))
-        .wait(Wait::constant(Duration::from_secs(20)).deadline(Duration::from_secs(30)))
+        .wait(
+            Wait::constant(Duration::from_secs(20))
+                .unwrap()
+                .deadline(Duration::from_secs(30)),
+        )
         .build()
         .unwrap();
     let holder = Locker::with_config(all[0].clone(), config.clone());
@@ -550,7 +564,11 @@ async fn a_queued_waiter_whose_subscription_broke_polls_until_it_can_queue_again
     let all = stores(&server, 2).await;
     let config = LockConfig::builder()
         .ttl(Duration::from_secs(10))
-        .wait(Wait::constant(Duration::from_millis(100)).deadline(Duration::from_secs(30)))
+        .wait(
+            Wait::constant(Duration::from_millis(100))
+                .unwrap()
+                .deadline(Duration::from_secs(30)),
+        )
         .build()
         .unwrap();
     let holder = Locker::with_config(all[0].clone(), config.clone());
@@ -601,7 +619,11 @@ async fn acquired_after_a_late_queued_answer(set: bool, ttl: Duration) -> Durati
     handoff_subscriptions(&server, 2).await;
     let config = LockConfig::builder()
         .ttl(ttl)
-        .wait(Wait::constant(Duration::from_secs(30)).deadline(Duration::from_secs(60)))
+        .wait(
+            Wait::constant(Duration::from_secs(30))
+                .unwrap()
+                .deadline(Duration::from_secs(60)),
+        )
         .build()
         .unwrap();
     let holder = Locker::with_config(holder, config.clone());
@@ -843,6 +865,7 @@ async fn contended_processes_without_the_lock_overlap() {
 /// Runs 4 x 25 critical sections of 2 ms on one key; returns how many found another inside.
 async fn run_contenders(server: &RedisServer, all: Vec<RedisStore>, lock: bool) -> u64 {
     let wait = Wait::exponential(Duration::from_millis(1), Duration::from_millis(20))
+        .unwrap()
         .deadline(Duration::from_secs(30));
     let lockers: Vec<Locker> = all.into_iter().map(|s| locker(s, wait.clone())).collect();
     for l in &lockers {
@@ -946,7 +969,7 @@ async fn a_fixed_schedule_bounds_a_queued_wait() {
     let held = holder.acquire(k.clone()).await.unwrap();
     let waiter = locker(
         all[1].clone(),
-        Wait::fixed([Duration::from_millis(50), Duration::from_millis(50)]),
+        Wait::fixed([Duration::from_millis(50), Duration::from_millis(50)]).unwrap(),
     );
     let started = Instant::now();
     let answer = waiter.acquire(key(&waiter)).await;
@@ -1037,6 +1060,7 @@ async fn set_against_a_stream(
     let set_locker = locker(
         set_store,
         Wait::exponential(Duration::from_millis(1), Duration::from_millis(20))
+            .unwrap()
             .deadline(Duration::from_secs(3)),
     );
     let started = Instant::now();
@@ -1257,7 +1281,11 @@ async fn a_set_that_gives_up_hands_on_what_it_kept() {
         async move {
             locker
                 .acquire(set)
-                .wait(Wait::constant(Duration::from_secs(5)).deadline(Duration::from_millis(600)))
+                .wait(
+                    Wait::constant(Duration::from_secs(5))
+                        .unwrap()
+                        .deadline(Duration::from_millis(600)),
+                )
                 .await
         }
     });

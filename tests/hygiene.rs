@@ -130,6 +130,7 @@ async fn no_growth_after_many_requests() {
         .ttl(Duration::from_millis(240))
         .wait(
             Wait::exponential(Duration::from_millis(1), Duration::from_millis(2))
+                .unwrap()
                 .deadline(Duration::from_millis(5)),
         )
         .build()

@@ -352,7 +352,11 @@ where
         .namespace("patient")
         .lock(
             LockConfig::builder()
-                .wait(Wait::constant(Duration::from_millis(10)).deadline(Duration::from_secs(10)))
+                .wait(
+                    Wait::constant(Duration::from_millis(10))
+                        .unwrap()
+                        .deadline(Duration::from_secs(10)),
+                )
                 .build()
                 .unwrap(),
         )

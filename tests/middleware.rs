@@ -292,9 +292,9 @@ async fn a_405_is_locked_as_the_resource_unless_the_method_routers_route_layer_i
 
 fn header_app(store: MemoryStore, config: LockConfig, optional: bool) -> Router {
     let key = if optional {
-        Key::header("idempotency-key").optional()
+        Key::header("idempotency-key").unwrap().optional()
     } else {
-        Key::header("idempotency-key")
+        Key::header("idempotency-key").unwrap()
     };
     Router::new()
         .route(
@@ -695,7 +695,11 @@ async fn invalid_config_fails_at_build_time() {
 async fn dropped_waiter_leaves_nothing_behind() {
     let store = MemoryStore::new();
     let config = LockConfig::builder()
-        .wait(Wait::constant(Duration::from_millis(5)).deadline(Duration::from_secs(10)))
+        .wait(
+            Wait::constant(Duration::from_millis(5))
+                .unwrap()
+                .deadline(Duration::from_secs(10)),
+        )
         .build()
         .unwrap();
     let counter = Counter::new();

@@ -204,7 +204,9 @@ async fn paused_past_the_horizon(
     let stale = paused
         .acquire(key.clone())
         .ttl(Duration::from_millis(300))
+        .unwrap()
         .max_hold(Duration::from_millis(150))
+        .unwrap()
         .await
         .unwrap();
     data.batch(&stale).get(&stock).apply().await.unwrap();
@@ -233,7 +235,9 @@ async fn a_holder_paused_past_the_horizon_is_refused_after_its_fence_expired() {
     let store = RedisStore::connect(redis.url()).await.unwrap();
     let locker = Locker::new(store.clone());
     // A 1 s horizon: the fence is kept 2 s (horizon and slack) after the newer holder's write.
-    let data = FencedData::new(store.clone()).horizon(Duration::from_secs(1));
+    let data = FencedData::new(store.clone())
+        .horizon(Duration::from_secs(1))
+        .unwrap();
     let lockers = [Locker::new(store.clone()), locker.clone()];
     assert_refused_after_the_fence_expired(data, lockers, "the stale write after the horizon")
         .await;
@@ -248,7 +252,9 @@ async fn a_holder_paused_past_the_horizon_is_refused_after_its_fence_expired() {
     // The same on the in-memory data, whose rule is the highest expired fence's token.
     let memory = MemoryStore::new();
     let lockers = [Locker::new(memory.clone()), Locker::new(memory)];
-    let data = FencedData::in_memory().horizon(Duration::from_secs(1));
+    let data = FencedData::in_memory()
+        .horizon(Duration::from_secs(1))
+        .unwrap();
     assert_refused_after_the_fence_expired(data, lockers, "in memory").await;
 
     // A fresh holder after the fence expired writes: the horizon refuses only old tokens.
@@ -256,7 +262,9 @@ async fn a_holder_paused_past_the_horizon_is_refused_after_its_fence_expired() {
         .acquire(locker.key("sku", "apple").unwrap())
         .await
         .unwrap();
-    let data = FencedData::new(store.clone()).horizon(Duration::from_secs(1));
+    let data = FencedData::new(store.clone())
+        .horizon(Duration::from_secs(1))
+        .unwrap();
     let stock = data_key("stock:", fresh.key());
     data.batch(&fresh).set(&stock, "3").apply().await.unwrap();
 }
@@ -267,7 +275,9 @@ async fn a_holder_paused_past_the_horizon_is_refused_after_its_fence_expired() {
 async fn without_the_horizon_an_expired_fence_lets_a_stale_write_in() {
     let redis = RedisServer::start();
     let store = RedisStore::connect(redis.url()).await.unwrap();
-    let data = FencedData::new(store.clone()).horizon(Duration::from_secs(3600));
+    let data = FencedData::new(store.clone())
+        .horizon(Duration::from_secs(3600))
+        .unwrap();
     let lockers = [Locker::new(store.clone()), Locker::new(store)];
     let (write, stock) = paused_past_the_horizon(data, lockers, Duration::ZERO, Some(&redis)).await;
     assert!(write.is_ok(), "{write:?}");
@@ -379,7 +389,8 @@ async fn a_refused_stale_write_is_never_the_keys_stored_answer() {
 async fn in_memory_leases_fence_data_in_redis() {
     let redis = RedisServer::start();
     let data = FencedData::new(RedisStore::connect(redis.url()).await.unwrap())
-        .horizon(Duration::from_secs(1));
+        .horizon(Duration::from_secs(1))
+        .unwrap();
     let memory = MemoryStore::new();
     let locker = Locker::new(memory.clone());
     let guard = locker

@@ -141,6 +141,7 @@ async fn renewals_keep_a_long_holder() {
         .permits(NonZeroU32::MIN)
         .unwrap()
         .ttl(ttl)
+        .unwrap()
         .await
         .unwrap();
     tokio::time::sleep(ttl * 6).await;
@@ -230,10 +231,14 @@ async fn the_layer_answers_429_when_no_permit_frees() {
     let store = RedisStore::connect(server.url()).await.unwrap();
     handoff_subscriptions(&server, 1).await;
     let config = LockConfig::builder()
-        .wait(Wait::constant(Duration::from_millis(50)).deadline(Duration::from_millis(300)))
+        .wait(
+            Wait::constant(Duration::from_millis(50))
+                .unwrap()
+                .deadline(Duration::from_millis(300)),
+        )
         .build()
         .unwrap();
-    let layer = LockLayer::with_config(store, Key::header("x-merchant-id"), config)
+    let layer = LockLayer::with_config(store, Key::header("x-merchant-id").unwrap(), config)
         .permits(TWO)
         .unwrap();
     let app = Router::new()

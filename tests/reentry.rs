@@ -35,7 +35,9 @@ async fn locker(server: &RedisServer) -> Locker {
 }
 
 fn half_a_second() -> Wait {
-    Wait::constant(Duration::from_millis(50)).deadline(Duration::from_millis(500))
+    Wait::constant(Duration::from_millis(50))
+        .unwrap()
+        .deadline(Duration::from_millis(500))
 }
 
 /// The layer before `/items/{sku}`: the SKU's key in the `items` namespace.
@@ -278,7 +280,7 @@ async fn a_nested_guard_kept_past_its_holder_is_lost() {
 async fn a_nested_acquire_of_more_than_is_held_fails_at_once() {
     let server = RedisServer::start();
     let locker = locker(&server).await;
-    let forever = Wait::constant(Duration::from_millis(50)).forever();
+    let forever = Wait::constant(Duration::from_millis(50)).unwrap().forever();
     let (one, two) = (
         locker.key("items", "sku-1").unwrap(),
         locker.key("items", "sku-2").unwrap(),
@@ -320,7 +322,7 @@ async fn a_nested_acquire_of_more_than_is_held_fails_at_once() {
                     .unwrap()
                     .weight(TWO)
                     .unwrap()
-                    .wait(Wait::constant(Duration::from_millis(50)).forever())
+                    .wait(Wait::constant(Duration::from_millis(50)).unwrap().forever())
                     .await
                     .map(drop)
             }

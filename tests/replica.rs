@@ -167,7 +167,9 @@ async fn a_handed_over_lease_is_acknowledged_before_it_runs() {
     let (one, two) = (servers.store().await, servers.store().await);
     let mut conn = servers.master.client().await;
     support::handoff_subscriptions(&servers.master, 2).await;
-    let wait = Wait::constant(Duration::from_secs(5)).deadline(Duration::from_secs(30));
+    let wait = Wait::constant(Duration::from_secs(5))
+        .unwrap()
+        .deadline(Duration::from_secs(30));
     let holder = tower_lock::Locker::with_config(
         one,
         LockConfig::builder().wait(wait.clone()).build().unwrap(),

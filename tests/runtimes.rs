@@ -640,6 +640,7 @@ fn a_panic_in_background_renewals_reports_every_lease_of_the_task_lost() {
         let waiting = locker
             .acquire(locker.key("renewed", "waiting").unwrap())
             .ttl(Duration::from_secs(30))
+            .unwrap()
             .await
             .unwrap();
         let boom = locker

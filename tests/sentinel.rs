@@ -282,7 +282,9 @@ async fn handoff_follows_a_killed_master() {
     // Both subscriptions moved with their stores.
     handoff_subscriptions(&setup.replica, 2).await;
 
-    let wait = Wait::constant(Duration::from_secs(5)).deadline(Duration::from_secs(30));
+    let wait = Wait::constant(Duration::from_secs(5))
+        .unwrap()
+        .deadline(Duration::from_secs(30));
     let locker = |store: &SentinelStore| {
         Locker::with_config(
             store.clone(),

@@ -90,6 +90,7 @@ fn config(wait: Wait) -> LockConfig {
 
 fn bounded() -> Wait {
     Wait::exponential(Duration::from_millis(10), Duration::from_millis(200))
+        .unwrap()
         .deadline(Duration::from_secs(2))
 }
 
@@ -183,5 +184,5 @@ async fn waiting_forever_a_refusal_sends_no_release() {
 }
 
 fn wait_forever() -> Wait {
-    Wait::constant(Duration::from_millis(10)).forever()
+    Wait::constant(Duration::from_millis(10)).unwrap().forever()
 }

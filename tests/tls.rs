@@ -120,7 +120,11 @@ async fn redis_hands_off_over_mutual_tls() {
     let backend = Redis { server, tls };
     let config = || {
         LockConfig::builder()
-            .wait(Wait::constant(Duration::from_secs(5)).deadline(Duration::from_secs(10)))
+            .wait(
+                Wait::constant(Duration::from_secs(5))
+                    .unwrap()
+                    .deadline(Duration::from_secs(10)),
+            )
             .build()
             .unwrap()
     };

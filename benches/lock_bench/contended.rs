@@ -252,6 +252,7 @@ pub(crate) fn contended_config() -> LockConfig {
     LockConfig::builder()
         .wait(
             Wait::exponential(Duration::from_millis(1), Duration::from_millis(20))
+                .unwrap()
                 .deadline(Duration::from_secs(30)),
         )
         .build()

@@ -88,7 +88,7 @@ pub(crate) fn render(w: &mut String, s: &Settings, runs: &PermitRuns) {
          instances in the benchmark's process; each waiter loops for {} s: acquire, hold for \
          {} ms (a `tokio::time::sleep`, so that holders run together), release. \
          **tower-lock**: each instance is its own `RedisStore::connect` and `Locker` (wait \
-         policy `Wait::exponential(1 ms, 20 ms).deadline(30 s)`, which only paces checks when no \
+         policy `Wait::exponential(1 ms, 20 ms).unwrap().deadline(30 s)`, which only paces checks when no \
          hand-off can be heard), acquiring with `locker.acquire(key).permits(N)`: waiters queue \
          in Redis and a release hands its permit to the head of the queue. **Sorted-set \
          semaphore**, the usual hand-written one: each instance is one multiplexed connection; \

@@ -120,6 +120,7 @@ async fn measure(redis: &RedisServer, n: usize) -> ReadersSample {
         let key = key.clone();
         async move {
             let wait = Wait::exponential(Duration::from_millis(1), Duration::from_millis(20))
+                .unwrap()
                 .deadline(Duration::from_secs(120));
             let guard = locker
                 .acquire(key)

@@ -413,7 +413,7 @@ fn render_contended(w: &mut String, s: &Settings, r: &Results) {
          acquire, hold for {} ms as a **busy spin** (exact, and it occupies a runtime worker as \
          real work would), release. tower-lock's stores hand off (`RedisStore::connect`'s \
          default): a waiter queues in Redis and the holder's release hands it the key and tells \
-         it on pub/sub; its wait policy, `Wait::exponential(1 ms, 20 ms).deadline(30 s)`, only \
+         it on pub/sub; its wait policy, `Wait::exponential(1 ms, 20 ms).unwrap().deadline(30 s)`, only \
          paces checks when no hand-off can be heard; rslock retries with \
          `set_retry(3, {} ms)` (a random delay in 0..{} ms between attempts) inside its \
          `acquire_no_guard` loop. Wait time runs from the call to acquire to its return. The \

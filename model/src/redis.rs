@@ -706,7 +706,7 @@ fn command(call: &mut Call, interner: &mut Interner, args: &[Vec<u8>]) -> Result
             }
         }
         "HSET" => {
-            if args.len() < 4 || args.len() % 2 != 0 {
+            if args.len() < 4 || !args.len().is_multiple_of(2) {
                 return Err(format!("ERR wrong number of arguments for '{name}'"));
             }
             let key = interner.id(&args[1]);

@@ -44,9 +44,9 @@ use crate::{
 /// let key = locker.key("jobs", "reindex")?;
 /// let guard = locker
 ///     .acquire(key)
-///     .wait(Wait::constant(Duration::from_millis(50)).deadline(Duration::from_secs(30)))
-///     .ttl(Duration::from_secs(60))
-///     .max_hold(Duration::from_secs(3600))
+///     .wait(Wait::constant(Duration::from_millis(50))?.deadline(Duration::from_secs(30)))
+///     .ttl(Duration::from_secs(60))?
+///     .max_hold(Duration::from_secs(3600))?
 ///     .await?;
 /// # drop(guard); Ok(()) }
 /// ```
@@ -137,20 +137,35 @@ impl Acquiring {
     }
 
     /// Holds the lease with this time to live instead of the locker's, renewed every third of
-    /// it. Under 10 ms or over 365 days, the acquire is a [`LockError::Config`] when awaited.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
+    /// it.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] (setting `ttl`) under 10 ms or over 365 days.
+    pub fn ttl(mut self, ttl: Duration) -> Result<Self, ConfigError> {
+        crate::config::check_ttl(ttl)?;
         self.terms = self.terms.with_ttl(ttl);
-        self
+        Ok(self)
     }
 
     /// Holds the lease at most this long, renewals or not: then it is reported lost
     /// ([`LostReason::MaxHold`](crate::lease::LostReason::MaxHold)) and no longer renewed, and
     /// [`run`](Self::run) cancels its work and releases the keys. Background leases have no
-    /// longest hold unless a call sets one. Over 365 days, the acquire is a
-    /// [`LockError::Config`] when awaited.
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+    /// longest hold unless a call sets one.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] (setting `max_hold`) for 0 or over 365 days.
+    pub fn max_hold(mut self, max_hold: Duration) -> Result<Self, ConfigError> {
+        if max_hold.is_zero() {
+            return Err(ConfigError::new(
+                "max_hold",
+                "the longest hold must be above 0",
+            ));
+        }
+        crate::config::at_most_a_year("max_hold", max_hold)?;
         self.terms.max_hold = Some(max_hold);
-        self
+        Ok(self)
     }
 
     /// Takes one of the keys' `permits` (or [`weight`](Self::weight) of them) instead of the
@@ -486,6 +501,7 @@ mod tests {
         let ran = locker
             .acquire(key.clone())
             .ttl(Duration::from_millis(100))
+            .unwrap()
             .try_run(async {
                 std::thread::sleep(Duration::from_millis(400));
                 "report sent"

@@ -35,7 +35,7 @@ use crate::{
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let config = LockConfig::builder()
 ///     .ttl(Duration::from_secs(5))
-///     .wait(Wait::constant(Duration::from_millis(500)).forever())
+///     .wait(Wait::constant(Duration::from_millis(500))?.forever())
 ///     .build()?;
 /// let locker = Locker::with_config(MemoryStore::new(), config);
 ///

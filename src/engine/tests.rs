@@ -58,7 +58,10 @@ async fn a_held_key_is_retried_by_the_policy_until_the_deadline() {
     let _held = holder.acquire(holder.key("t", "k").unwrap()).await.unwrap();
     let waiter = locker(
         &store,
-        config(60_000 * MS, Wait::constant(100 * MS).deadline(1000 * MS)),
+        config(
+            60_000 * MS,
+            Wait::constant(100 * MS).unwrap().deadline(1000 * MS),
+        ),
     );
     let started = Instant::now();
     let error = waiter
@@ -259,7 +262,10 @@ async fn the_local_queue_sends_one_contender_per_key_in_arrival_order() {
     let store = Scripted::new();
     let locker = locker(
         &store,
-        config(10_000 * MS, Wait::constant(10 * MS).deadline(60_000 * MS)),
+        config(
+            10_000 * MS,
+            Wait::constant(10 * MS).unwrap().deadline(60_000 * MS),
+        ),
     );
     let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
@@ -409,7 +415,10 @@ async fn an_empty_set_or_one_above_max_keys_is_refused_before_the_store_is_asked
 #[tokio::test(start_paused = true)]
 async fn try_acquire_does_not_wait() {
     let store = Scripted::new();
-    let patient = config(60_000 * MS, Wait::constant(10 * MS).deadline(60_000 * MS));
+    let patient = config(
+        60_000 * MS,
+        Wait::constant(10 * MS).unwrap().deadline(60_000 * MS),
+    );
     let holder = locker(&store, patient.clone());
     let held = holder.acquire(holder.key("t", "k").unwrap()).await.unwrap();
     let other = locker(&store, patient);
@@ -441,9 +450,11 @@ async fn a_call_sets_its_own_wait_ttl_and_max_hold() {
     let started = Instant::now();
     let guard = locker
         .acquire(locker.key("t", "k").unwrap())
-        .wait(Wait::constant(50 * MS).deadline(2000 * MS))
+        .wait(Wait::constant(50 * MS).unwrap().deadline(2000 * MS))
         .ttl(300 * MS)
+        .unwrap()
         .max_hold(1000 * MS)
+        .unwrap()
         .await
         .unwrap();
     let acquired = started.elapsed();
@@ -526,6 +537,7 @@ async fn run_cancels_its_work_when_the_lease_is_lost() {
     let error = locker
         .acquire(keys(&locker, &["a", "b"]))
         .max_hold(1500 * MS)
+        .unwrap()
         .run(sleep(60_000 * MS))
         .await
         .unwrap_err();
@@ -634,7 +646,7 @@ async fn after_a_store_error_a_stale_handoff_is_not_taken() {
     let locker = Locker::with_config(
         store.clone(),
         LockConfig::builder()
-            .wait(Wait::constant(10 * MS).forever())
+            .wait(Wait::constant(10 * MS).unwrap().forever())
             .build()
             .unwrap(),
     );

@@ -82,15 +82,25 @@ impl FencedData {
     /// nobody touched for a whole horizon, is refused too. Keep the horizon above the longest
     /// a lease is held between two batches on one resource, and the same on every instance
     /// that writes the data (an instance with a longer horizon than the one that wrote a fence
-    /// admits tokens the fence would have refused, for the difference). A horizon over 365
-    /// days (`Duration::MAX` for "for ever") counts as 365 days: past any lease, and within
-    /// what the store's expiries can count.
+    /// admits tokens the fence would have refused, for the difference).
     ///
     /// See the [module docs](super#fences-expire).
-    #[must_use]
-    pub fn horizon(mut self, horizon: Duration) -> Self {
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`](crate::ConfigError) (setting `horizon`) for 0 (every batch would be
+    /// refused as stale) or over 365 days (past any lease, and past what the store's expiries
+    /// count: 365 days is the longest).
+    pub fn horizon(mut self, horizon: Duration) -> Result<Self, crate::ConfigError> {
+        if horizon.is_zero() {
+            return Err(crate::ConfigError::new(
+                "horizon",
+                "a horizon of 0 would refuse every batch as stale",
+            ));
+        }
+        crate::config::at_most_a_year("horizon", horizon)?;
         self.horizon = horizon;
-        self
+        Ok(self)
     }
 
     /// A batch fenced by every key of `lease`, each with its own fencing token: applied only if

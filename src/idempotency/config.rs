@@ -38,7 +38,7 @@ use crate::{config::LockConfig, error::ConfigError, wait::Wait};
 ///
 /// let config = IdempotencyConfig::builder()
 ///     .retention(Duration::from_secs(3600))
-///     .lock(LockConfig::builder().wait(Wait::constant(Duration::from_millis(50))).build()?)
+///     .lock(LockConfig::builder().wait(Wait::constant(Duration::from_millis(50))?).build()?)
 ///     .build()?;
 /// assert_eq!(config.retention(), Duration::from_secs(3600));
 /// # Ok::<(), tower_lock::ConfigError>(())

@@ -156,8 +156,10 @@ impl IdempotencyLayer {
     /// use tower_lock::{IdempotencyLayer, MemoryStore, Wait};
     /// use tower_lock::idempotency::SharedKeySpace;
     ///
+    /// # fn main() -> Result<(), tower_lock::ConfigError> {
     /// let layer = IdempotencyLayer::new(MemoryStore::new(), SharedKeySpace)
-    ///     .wait(Wait::constant(Duration::from_millis(50)));
+    ///     .wait(Wait::constant(Duration::from_millis(50))?);
+    /// # Ok(()) }
     /// ```
     pub fn wait(mut self, wait: Wait) -> Self {
         Arc::make_mut(&mut self.state).wait = Some(wait);
@@ -165,7 +167,7 @@ impl IdempotencyLayer {
     }
 
     /// Holds each request's lease with this TTL instead of its locker's
-    /// ([`LockConfig::ttl`](crate::LockConfig::ttl), 30 s by default), renewed every third of
+    /// ([`LockConfig::ttl`](crate::LockConfig::ttl), 10 s by default), renewed every third of
     /// it while the handler runs: how long a crashed instance's key stays locked.
     ///
     /// # Errors
@@ -287,7 +289,9 @@ mod tests {
             waited < Duration::from_millis(100),
             "the default fails fast: {waited:?}"
         );
-        let waits = Wait::constant(Duration::from_millis(50)).deadline(Duration::from_secs(1));
+        let waits = Wait::constant(Duration::from_millis(50))
+            .unwrap()
+            .deadline(Duration::from_secs(1));
         let (status, waited) = duplicate(layer().wait(waits)).await;
         assert_eq!(status, StatusCode::CONFLICT);
         assert!(waited >= Duration::from_secs(1), "waited: {waited:?}");

@@ -20,7 +20,21 @@ impl Key {
     ///
     /// A missing header is a 400 unless the source is made [`optional`](HeaderKey::optional).
     /// A header sent more than once, or sent empty, is a 400.
-    pub fn header(name: impl AsRef<str>) -> HeaderKey {
+    ///
+    /// ```
+    /// use tower_lock::{Key, LockLayer, MemoryStore};
+    ///
+    /// # fn main() -> Result<(), tower_lock::ConfigError> {
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::header("x-merchant-id")?);
+    /// assert!(Key::header("not a header").is_err());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`](crate::ConfigError) (setting `Key::header`) when `name` is not a valid
+    /// header name (empty, spaces, other characters outside RFC 9110's tokens).
+    pub fn header(name: impl AsRef<str>) -> Result<HeaderKey, crate::ConfigError> {
         HeaderKey::new(name.as_ref())
     }
 

@@ -2,20 +2,27 @@ use bytes::Bytes;
 use http::{HeaderName, request::Parts};
 
 use super::{KeyRejection, KeySource, KeyValues};
+use crate::error::ConfigError;
 
 /// Locks on a request header's value. Created by [`Key::header`](super::Key::header).
 #[derive(Debug, Clone)]
 pub struct HeaderKey {
-    name: Result<HeaderName, String>,
+    name: HeaderName,
     optional: bool,
 }
 
 impl HeaderKey {
-    pub(super) fn new(name: &str) -> Self {
-        Self {
-            name: HeaderName::try_from(name).map_err(|_| name.to_owned()),
+    pub(super) fn new(name: &str) -> Result<Self, ConfigError> {
+        let name = HeaderName::try_from(name).map_err(|_| {
+            ConfigError::new(
+                "Key::header",
+                format!("`{name}` is not a valid header name (RFC 9110 token characters)"),
+            )
+        })?;
+        Ok(Self {
+            name,
             optional: false,
-        }
+        })
     }
 
     /// Passes requests without the header through unlocked, instead of answering 400.
@@ -27,20 +34,15 @@ impl HeaderKey {
 }
 
 impl HeaderKey {
-    /// The header's name as given (lowercased when valid), for the layer's default scope.
+    /// The header's name (lowercase), for the layer's default scope.
     pub(super) fn name(&self) -> &str {
-        match &self.name {
-            Ok(name) => name.as_str(),
-            Err(name) => name,
-        }
+        self.name.as_str()
     }
 }
 
 impl KeySource for HeaderKey {
     fn keys(&self, parts: &Parts) -> Result<Option<KeyValues>, KeyRejection> {
-        let name = self.name.as_ref().map_err(|name| {
-            KeyRejection::misconfigured(format!("`{name}` is not a valid header name"))
-        })?;
+        let name = &self.name;
         let mut values = parts.headers.get_all(name).iter();
         let Some(value) = values.next() else {
             return if self.optional {
@@ -78,7 +80,7 @@ mod tests {
 
     #[test]
     fn header_present_missing_repeated_empty() {
-        let source = Key::header("Idempotency-Key");
+        let source = Key::header("Idempotency-Key").unwrap();
         let got = source.keys(&parts(&[("idempotency-key", b"abc")]));
         assert_eq!(got.unwrap().unwrap().as_slice(), ["abc"]);
 
@@ -100,7 +102,7 @@ mod tests {
 
     #[test]
     fn opaque_bytes_pass_through() {
-        let source = Key::header("x-k");
+        let source = Key::header("x-k").unwrap();
         let got = source
             .keys(&parts(&[("x-k", b"\xff\xfe\t x")]))
             .unwrap()
@@ -108,9 +110,12 @@ mod tests {
         assert_eq!(&got.as_slice()[0][..], b"\xff\xfe\t x");
     }
 
+    /// A name that is no header name is refused when the source is made, not per request.
     #[test]
-    fn bad_header_name_is_a_server_error() {
-        let err = Key::header("bad header").keys(&parts(&[])).unwrap_err();
-        assert!(!err.is_client_error());
+    fn a_bad_header_name_is_refused_when_made() {
+        for bad in ["bad header", "", "x:y", "é"] {
+            let refused = Key::header(bad).unwrap_err();
+            assert_eq!(refused.field(), "Key::header", "{bad:?}");
+        }
     }
 }

@@ -209,7 +209,10 @@ mod tests {
         let held = |source: super::sealed::Source| format!("{source:?}");
         let closure = Key::from_fn(|parts| Ok(Some(Bytes::from(parts.uri.path().to_owned()))));
         assert_eq!(held(closure.into_source()), "Source::Head");
-        assert_eq!(held(Key::header("x").into_source()), "Source::Head");
+        assert_eq!(
+            held(Key::header("x").unwrap().into_source()),
+            "Source::Head"
+        );
         assert_eq!(held(Key::json("/a").unwrap().into_source()), "Source::Body");
         let body = Key::body(|_, body| Ok(Some(body.clone())));
         assert_eq!(held(body.into_source()), "Source::Body");

@@ -80,7 +80,7 @@ impl LockLayer {
     /// ```
     /// use tower_lock::{Key, LockLayer, MemoryStore, Wait};
     ///
-    /// let layer = LockLayer::new(MemoryStore::new(), Key::header("x-sku")).wait(Wait::none());
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::path_param("sku")).wait(Wait::none());
     /// ```
     pub fn wait(mut self, wait: Wait) -> Self {
         Arc::make_mut(&mut self.state).wait = Some(wait);
@@ -88,7 +88,7 @@ impl LockLayer {
     }
 
     /// Holds each request's lease with this TTL instead of its locker's
-    /// ([`LockConfig::ttl`], 30 s by default), renewed every third of it while the handler
+    /// ([`LockConfig::ttl`], 10 s by default), renewed every third of it while the handler
     /// runs: how long the key of an instance that crashed stays locked.
     ///
     /// ```
@@ -122,7 +122,7 @@ impl LockLayer {
     /// ```
     /// use tower_lock::{Key, LockLayer, MemoryStore, config::OnLeaseLost};
     ///
-    /// let layer = LockLayer::new(MemoryStore::new(), Key::header("x-sku"))
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::path_param("sku"))
     ///     .on_lease_lost(OnLeaseLost::Continue);
     /// ```
     pub fn on_lease_lost(mut self, on_lost: OnLeaseLost) -> Self {
@@ -196,7 +196,7 @@ impl LockLayer {
     ///
     /// # fn main() -> Result<(), tower_lock::ConfigError> {
     /// let four = NonZeroU32::new(4).unwrap();
-    /// let layer = LockLayer::new(MemoryStore::new(), Key::header("x-merchant-id")).permits(four)?;
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::header("x-merchant-id")?).permits(four)?;
     /// # Ok(()) }
     /// ```
     ///
@@ -204,7 +204,7 @@ impl LockLayer {
     ///
     /// ```compile_fail,E0308
     /// # use tower_lock::{Key, LockLayer, MemoryStore};
-    /// let layer = LockLayer::new(MemoryStore::new(), Key::header("x-merchant-id")).permits(0);
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::path_param("merchant")).permits(0);
     /// ```
     ///
     /// With [`shared_when`](Self::shared_when), a shared request takes one permit and any
@@ -239,7 +239,7 @@ impl LockLayer {
     /// use tower_lock::{Key, LockLayer, MemoryStore};
     ///
     /// # fn main() -> Result<(), tower_lock::ConfigError> {
-    /// let layer = LockLayer::new(MemoryStore::new(), Key::header("x-sku"))
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::path_param("sku"))
     ///     .shared_when(|parts| parts.method == Method::GET)?;
     /// # Ok(()) }
     /// ```
@@ -334,8 +334,9 @@ mod tests {
         let locker = Locker::new(MemoryStore::new());
         let key = locker.key("items", "sku-1").unwrap();
         let held = locker.acquire(key).await.unwrap();
-        let layer =
-            || LockLayer::from_locker(locker.clone(), Key::header("x-sku")).namespace("items");
+        let layer = || {
+            LockLayer::from_locker(locker.clone(), Key::header("x-sku").unwrap()).namespace("items")
+        };
         let (status, waited) = refused_after(layer()).await;
         assert_eq!(status, StatusCode::CONFLICT);
         assert!(

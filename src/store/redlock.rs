@@ -30,7 +30,7 @@ use crate::{error::ConfigError, key::LockKey, store::StoreId, token::Token};
 ///     "redis://10.0.0.3:6379/",
 /// ])
 /// .await?;
-/// let layer = LockLayer::new(store, Key::header("idempotency-key"));
+/// let layer = LockLayer::new(store, Key::header("idempotency-key")?);
 /// # let _ = layer; Ok(()) }
 /// ```
 ///

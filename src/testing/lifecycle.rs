@@ -172,7 +172,7 @@ async fn run(case: &Case, which: Which) -> Vec<String> {
     let store = Scripted::new();
     let mut lock = LockConfig::builder()
         .ttl(TTL)
-        .wait(Wait::constant(50 * MS).deadline(500 * MS));
+        .wait(Wait::constant(50 * MS).unwrap().deadline(500 * MS));
     if let Some(max) = case.max_hold {
         lock = lock.max_hold(max);
     }

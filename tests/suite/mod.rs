@@ -114,6 +114,7 @@ async fn layer<B: Backend>(backend: &B, config: LockConfig) -> LockLayer {
 fn patient() -> LockConfigBuilder {
     LockConfig::builder().wait(
         Wait::exponential(Duration::from_millis(1), Duration::from_millis(20))
+            .unwrap()
             .deadline(Duration::from_secs(60)),
     )
 }
@@ -450,7 +451,7 @@ pub async fn singleton_guard<B: Backend>(backend: B) {
     let ttl = Duration::from_millis(400);
     let config = LockConfig::builder()
         .ttl(ttl)
-        .wait(Wait::constant(Duration::from_millis(20)).forever())
+        .wait(Wait::constant(Duration::from_millis(20)).unwrap().forever())
         .build()
         .unwrap();
     let holders = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -498,6 +499,7 @@ pub async fn singleton_guard<B: Backend>(backend: B) {
             let guard = locker
                 .acquire(locker.key("jobs", "report").unwrap())
                 .max_hold(ttl / 4)
+                .unwrap()
                 .await
                 .unwrap();
             std::mem::forget(guard);
@@ -870,6 +872,7 @@ pub async fn a_set_is_not_starved_by_single_keys<B: Backend>(backend: B) {
     let config = LockConfig::builder()
         .wait(
             Wait::exponential(Duration::from_millis(1), Duration::from_millis(20))
+                .unwrap()
                 .deadline(deadline),
         )
         .build()
@@ -957,7 +960,11 @@ pub async fn a_set_is_released_on_drop_and_panic<B: Backend>(backend: B) {
     // The order waits (briefly) for a key the probe below holds for a moment: without a wait,
     // its one attempt could meet the probe's and give up, and the order would never run.
     let patient = LockConfig::builder()
-        .wait(Wait::constant(Duration::from_millis(5)).deadline(Duration::from_secs(1)))
+        .wait(
+            Wait::constant(Duration::from_millis(5))
+                .unwrap()
+                .deadline(Duration::from_secs(1)),
+        )
         .ttl(Duration::from_secs(30))
         .build()
         .unwrap();

@@ -209,7 +209,11 @@ pub async fn processes(server: &RedisServer, n: usize) -> Vec<tower_lock::Locker
     }
     handoff_subscriptions(server, n).await;
     let config = tower_lock::LockConfig::builder()
-        .wait(tower_lock::Wait::constant(Duration::from_secs(2)).deadline(Duration::from_secs(30)))
+        .wait(
+            tower_lock::Wait::constant(Duration::from_secs(2))
+                .unwrap()
+                .deadline(Duration::from_secs(30)),
+        )
         .build()
         .unwrap();
     stores
