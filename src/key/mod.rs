@@ -53,8 +53,10 @@
 //!
 //! The value never appears in the key: the key holds its *digest*, the first 128 bits of its
 //! SHA-256 in hex, so that a key name read from Redis (`SCAN`, `MONITOR`, a backup) shows
-//! nothing a client sent, nor an idempotency principal (an API key). The scope is the
-//! server's and stays readable. The encoding is length-prefixed, so no value, whatever its
+//! nothing a client sent in clear, nor an idempotency principal (an API key). The digest is
+//! unkeyed, so it hides secrets, not values that can be guessed: whoever reads key names can
+//! hash candidates (account `1`, a known SKU) and find theirs (see `docs/SECURITY.md`). The
+//! scope is the server's and stays readable. The encoding is length-prefixed, so no value, whatever its
 //! bytes, can produce a key that belongs to another scope or falls outside the prefix. It
 //! starts with a Redis Cluster hash tag:
 //!
