@@ -224,7 +224,7 @@ impl<'a, E> Rejection<'a, E> {
     /// use tower_lock::{Key, LockError, LockLayer, MemoryStore};
     ///
     /// // 423 Locked rather than 409 for a held key; every other rejection as it is.
-    /// let layer = LockLayer::new(MemoryStore::new(), Key::path_param("sku")).rejection_response(
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::path()).rejection_response(
     ///     |rejection| match rejection.error() {
     ///         LockError::Contended { .. } => rejection.with_status(StatusCode::LOCKED).problem(),
     ///         _ => rejection.problem(),

@@ -80,7 +80,7 @@ impl LockLayer {
     /// ```
     /// use tower_lock::{Key, LockLayer, MemoryStore, Wait};
     ///
-    /// let layer = LockLayer::new(MemoryStore::new(), Key::path_param("sku")).wait(Wait::none());
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::path()).wait(Wait::none());
     /// ```
     pub fn wait(mut self, wait: Wait) -> Self {
         Arc::make_mut(&mut self.state).wait = Some(wait);
@@ -96,7 +96,7 @@ impl LockLayer {
     /// use tower_lock::{Key, LockLayer, MemoryStore, Wait};
     ///
     /// # fn main() -> Result<(), tower_lock::ConfigError> {
-    /// let layer = LockLayer::new(MemoryStore::new(), Key::path_param("sku"))
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::path())
     ///     .wait(Wait::none())
     ///     .ttl(Duration::from_secs(10))?;
     /// # Ok(()) }
@@ -122,7 +122,7 @@ impl LockLayer {
     /// ```
     /// use tower_lock::{Key, LockLayer, MemoryStore, config::OnLeaseLost};
     ///
-    /// let layer = LockLayer::new(MemoryStore::new(), Key::path_param("sku"))
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::path())
     ///     .on_lease_lost(OnLeaseLost::Continue);
     /// ```
     pub fn on_lease_lost(mut self, on_lost: OnLeaseLost) -> Self {
@@ -155,9 +155,9 @@ impl LockLayer {
     ///
     /// # fn main() -> Result<(), tower_lock::ConfigError> {
     /// let store = MemoryStore::new();
-    /// // `POST /accounts/{id}/withdraw` and `POST /transfers` (`{"from": .., "to": ..}`) on
-    /// // one account exclude each other.
-    /// let withdraw = LockLayer::new(store.clone(), Key::path_param("id")).namespace("account");
+    /// // `POST /withdrawals` (an `x-account` header) and `POST /transfers`
+    /// // (`{"from": .., "to": ..}`) on one account exclude each other.
+    /// let withdraw = LockLayer::new(store.clone(), Key::header("x-account")?).namespace("account");
     /// let transfer = LockLayer::new(store, Key::json("/from")?.and("/to")?).namespace("account");
     /// # Ok(()) }
     /// ```
@@ -204,7 +204,7 @@ impl LockLayer {
     ///
     /// ```compile_fail,E0308
     /// # use tower_lock::{Key, LockLayer, MemoryStore};
-    /// let layer = LockLayer::new(MemoryStore::new(), Key::path_param("merchant")).permits(0);
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::path()).permits(0);
     /// ```
     ///
     /// With [`shared_when`](Self::shared_when), a shared request takes one permit and any
@@ -239,7 +239,7 @@ impl LockLayer {
     /// use tower_lock::{Key, LockLayer, MemoryStore};
     ///
     /// # fn main() -> Result<(), tower_lock::ConfigError> {
-    /// let layer = LockLayer::new(MemoryStore::new(), Key::path_param("sku"))
+    /// let layer = LockLayer::new(MemoryStore::new(), Key::path())
     ///     .shared_when(|parts| parts.method == Method::GET)?;
     /// # Ok(()) }
     /// ```
