@@ -48,7 +48,7 @@ use crate::error::ConfigError;
 #[cfg_attr(
     feature = "serde",
     derive(serde::Deserialize, serde::Serialize),
-    serde(from = "WaitRepr", into = "WaitRepr")
+    serde(try_from = "WaitRepr", into = "WaitRepr")
 )]
 pub struct Wait {
     backoff: Backoff,
@@ -67,9 +67,12 @@ struct WaitRepr {
     forever: bool,
 }
 
+/// A policy read from a file is checked as the constructors check one.
 #[cfg(feature = "serde")]
-impl From<WaitRepr> for Wait {
-    fn from(repr: WaitRepr) -> Self {
+impl TryFrom<WaitRepr> for Wait {
+    type Error = ConfigError;
+
+    fn try_from(repr: WaitRepr) -> Result<Self, ConfigError> {
         let default = match repr.backoff {
             Backoff::None => Duration::ZERO,
             _ => DEFAULT_DEADLINE,
@@ -79,6 +82,7 @@ impl From<WaitRepr> for Wait {
             deadline: (!repr.forever)
                 .then(|| repr.deadline_ms.map_or(default, Duration::from_millis)),
         }
+        .checked()
     }
 }
 

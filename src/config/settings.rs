@@ -403,10 +403,16 @@ mod tests {
         assert!(invalid.to_string().contains("`ttl`"), "{invalid}");
         let builder: LockConfigBuilder = serde_json::from_str(r#"{"ttl_ms": 1}"#).unwrap();
         assert_eq!(builder.build().unwrap_err().field(), "ttl");
-        // A wait read from a file is checked as `Wait::constant` checks one.
-        let busy = r#"{"wait": {"policy": "constant", "delay_ms": 0}}"#;
-        let busy = serde_json::from_str::<LockConfig>(busy).unwrap_err();
-        assert!(busy.to_string().contains("wait.delay"), "{busy}");
+        // A wait read from a file is checked as `Wait::constant` checks one, in a config or
+        // alone (for a layer's or a call's `wait`).
+        let busy = r#"{"policy": "constant", "delay_ms": 0}"#;
+        let in_config = format!(r#"{{"wait": {busy}}}"#);
+        let refused = serde_json::from_str::<LockConfig>(&in_config).unwrap_err();
+        assert!(refused.to_string().contains("wait.delay"), "{refused}");
+        let refused = serde_json::from_str::<Wait>(busy).unwrap_err();
+        assert!(refused.to_string().contains("wait.delay"), "{refused}");
+        let fine = r#"{"policy": "constant", "delay_ms": 10}"#;
+        assert!(serde_json::from_str::<Wait>(fine).is_ok());
         let round: LockConfig =
             serde_json::from_str(&serde_json::to_string(&config).unwrap()).unwrap();
         assert_eq!(round, config);
