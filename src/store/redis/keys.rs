@@ -47,7 +47,8 @@ const QUEUE_ROLE: &[u8] = b"queue:";
 /// Role of the idempotency record's key, after the lock key's hash tag.
 const RECORD_ROLE: &[u8] = b"record:";
 
-/// Role of the running sum of a key with a capacity (its holders' weights): the `counted` scripts
+/// Role of the running sum of a key with a capacity (a hash: its holders' weights' sum, `u`, and
+/// the capacity they named, `c`): the `counted` scripts
 /// derive that key from the lock key themselves (`counted_sum_key` in `scripts/counted.lua`),
 /// `<prefix>{<tag>}weight:<rest of the lock key>`; `weight_key` spells it for the tests.
 #[cfg(test)]
