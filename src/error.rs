@@ -68,7 +68,8 @@ pub enum LockError {
         /// the layer answers with 429 rather than 409.
         permits: Option<u32>,
     },
-    /// The store failed or did not answer in time (503).
+    /// The store failed or did not answer in time (503), or refused a key taken another way than
+    /// its holders took it (500: [`StoreErrorKind::Misused`](crate::store::StoreErrorKind::Misused)).
     #[error("the lock store failed")]
     Store(#[source] StoreError),
     /// The request's key could not be derived (400, or 500 for a misconfigured source).
@@ -97,6 +98,9 @@ impl LockError {
             } => StatusCode::TOO_MANY_REQUESTS,
             Self::Contended { .. } => StatusCode::CONFLICT,
             Self::Config(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Store(error) if error.kind() == crate::store::StoreErrorKind::Misused => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
             Self::Store(_) | Self::LeaseLost(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Key(rejection) => rejection.status(),
         }

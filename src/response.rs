@@ -8,6 +8,7 @@
 //! |---|---|---|---|
 //! | [`LockError::Contended`] | 409 | `#lock-contended` | the holder's remaining TTL, whole seconds, at least 1 (an upper bound: a holder that renews shows about the full TTL, but may finish much sooner) |
 //! | [`LockError::Store`] | 503 | `#lock-store-unavailable` | 1 |
+//! | [`LockError::Store`], a key taken another way than its holders took it ([`StoreErrorKind::Misused`](crate::store::StoreErrorKind::Misused)) | 500 | `#lock-key-misused` | none |
 //! | [`LockError::LeaseLost`] | 503 | `#lease-lost` | 1 |
 //! | [`LockError::Key`], client's fault | 400 | `#invalid-lock-key` | none |
 //! | [`LockError::Key`], a body larger than a body key source reads | 413 | `#request-body-too-large` | none |
@@ -95,6 +96,12 @@
 //!
 //! The server's key source does not fit the route (a path parameter the route does not have):
 //! a server error, for its operators.
+//!
+//! ## lock-key-misused
+//!
+//! The resource's lock is held another way than this request takes it: another route (or
+//! call) takes the same key plain where this one takes it with a share, or names another number
+//! of permits. A server error, for its operators: every user of a key must take it one way.
 //!
 //! ## permits-exhausted
 //!
@@ -355,6 +362,14 @@ fn describe(error: &LockError) -> (&'static str, &'static str, String, Option<u6
                 Some(secs),
             )
         }
+        LockError::Store(error) if error.kind() == crate::store::StoreErrorKind::Misused => (
+            "lock-key-misused",
+            "Lock key misused",
+            "this resource's lock is taken another way elsewhere (plain against shared or \
+             permits, or another number of permits): a server error, for its operators"
+                .into(),
+            None,
+        ),
         LockError::Store(_) => (
             "lock-store-unavailable",
             "Lock store unavailable",

@@ -319,7 +319,7 @@ async fn the_layer_takes_reads_shared_and_writes_exclusive() {
 
 /// Every user of a key takes it the same way: taken plain while a lease with a share holds it,
 /// or with a share while a plain lease holds it, alone or in a set, the acquire is an error
-/// naming the mistake (a 503 from the layer), never a wait for a lease that cannot come nor a
+/// naming the mistake (`StoreErrorKind::Misused`: a 500 from the layer), never a wait for a lease that cannot come nor a
 /// second holder. Once the first lease is gone, the key may be taken the other way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_taken_both_ways_is_an_error() {
@@ -353,6 +353,7 @@ async fn a_key_taken_both_ways_is_an_error() {
             .expect_err("taken plain beside a reader");
         let text = chain(&error);
         assert!(text.contains("WRONGTYPE"), "{text}");
+        assert_eq!(error.status(), StatusCode::INTERNAL_SERVER_ERROR, "{text}");
     }
     reader.release().await.unwrap();
     let plain = lockers[0].acquire(key.clone()).await.unwrap();
@@ -369,6 +370,10 @@ async fn a_key_taken_both_ways_is_an_error() {
             .expect_err("taken shared beside a plain lease");
         let text = chain(&error);
         assert!(text.contains("same way"), "{text}");
+        let tower_lock::LockError::Store(store) = &error else {
+            panic!("{text}")
+        };
+        assert_eq!(store.kind(), tower_lock::store::StoreErrorKind::Misused);
         // Alone or in a set, the store's error says what Redis refused in the same words.
         assert!(
             text.contains("Redis refused the lock operation: WRONGTYPE tower-lock:"),

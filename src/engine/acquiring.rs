@@ -173,8 +173,8 @@ impl Acquiring {
     /// store, each with its own lease, renewal and fencing token, served first come first
     /// served (a request is never overtaken by a lighter one that came after it). A key keeps
     /// the number its holders named: an acquire that names another while the key is held is
-    /// refused ([`LockError::Store`], 503). When none frees within the wait, the error is
-    /// [`LockError::Contended`] with `permits` set (the layer's 429;
+    /// refused ([`LockError::Store`] of kind [`Misused`](crate::store::StoreErrorKind::Misused)).
+    /// When none frees within the wait, the error is [`LockError::Contended`] with `permits` set (the layer's 429;
     /// [`LockError::is_permits_exhausted`]).
     ///
     /// ```

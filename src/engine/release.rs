@@ -65,6 +65,7 @@ fn worth_again(error: &StoreError) -> bool {
             | StoreErrorKind::Tls
             | StoreErrorKind::Config
             | StoreErrorKind::Entropy
+            | StoreErrorKind::Misused
     )
 }
 

@@ -210,7 +210,8 @@ impl LockLayer {
     /// With [`shared_when`](Self::shared_when), a shared request takes one permit and any
     /// other all of them. A key keeps the number its holders named: a request that names
     /// another while the key is held (another layer's `permits` on the same key) is refused
-    /// with a store error (503) that says so, never admitted by its own count.
+    /// with a store error that says so (500, `#lock-key-misused`), never admitted by its own
+    /// count; to change a key's number in a rolling deploy, change its namespace too.
     ///
     /// # Errors
     ///

@@ -55,6 +55,7 @@ fn every_problem_type_has_its_section() {
         "invalid-lock-key",
         "request-body-too-large",
         "lock-key-misconfigured",
+        "lock-key-misused",
         "permits-exhausted",
         "lock-misconfigured",
         "idempotency-key-missing",
@@ -317,4 +318,23 @@ async fn every_error_answers_its_status_as_a_problem() {
         super::ProblemRejection::from(JsonRejection::from(MissingJsonContentType::default())),
         415
     );
+}
+
+/// A key taken another way than its holders took it is the server's mistake: 500, its own
+/// problem type, no `Retry-After` (retrying does not help), where an outage is a 503.
+#[test]
+fn a_misused_key_is_a_server_error_not_an_outage() {
+    use crate::store::{StoreError, StoreErrorKind};
+    let misused = LockError::Store(StoreError::msg(StoreErrorKind::Misused, "capacity of 2"));
+    assert_eq!(misused.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let response = misused.problem();
+    assert!(!response.headers().contains_key(header::RETRY_AFTER));
+    let body = String::from_utf8(response.into_body().to_vec()).unwrap();
+    assert!(body.contains("#lock-key-misused"), "{body}");
+    assert!(
+        !body.contains("capacity of 2"),
+        "store internals in the body: {body}"
+    );
+    let outage = LockError::Store(StoreError::msg(StoreErrorKind::Unavailable, "down"));
+    assert_eq!(outage.status(), StatusCode::SERVICE_UNAVAILABLE);
 }

@@ -32,6 +32,11 @@ pub enum StoreErrorKind {
     /// The connection settings are invalid: a URL that does not parse, or TLS settings for a
     /// `redis://` URL (which would not use them). Retrying does not help.
     Config,
+    /// The key is taken another way than its holders took it: plain against a lease with a
+    /// share (permits, shared or exclusive), or with another number of permits. Every user of a
+    /// key must take it the same way; retrying does not help (two routes or calls disagree: a
+    /// layer answers 500, `#lock-key-misused`).
+    Misused,
 }
 
 /// A lock store failed to answer. The layer turns it into a 503 with `Retry-After`.

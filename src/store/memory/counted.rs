@@ -29,7 +29,7 @@ pub(super) type Counted = HashMap<Bytes, Vec<Holder>>;
 /// of a key must take it the same way (as Redis answers it, `WRONGTYPE`).
 pub(super) fn taken_both_ways() -> StoreError {
     StoreError::msg(
-        StoreErrorKind::Backend,
+        StoreErrorKind::Misused,
         "the lock key is held both as a plain lease and as one with a share (permits, shared or \
          exclusive): every user of a key must take it the same way",
     )
@@ -39,7 +39,7 @@ pub(super) fn taken_both_ways() -> StoreError {
 /// Redis's scripts refuse it, so that no user's count admits more holders than another's.
 fn capacity_mismatch(known: u32, asked: u32) -> StoreError {
     StoreError::msg(
-        StoreErrorKind::Backend,
+        StoreErrorKind::Misused,
         format!(
             "the lock key's holders took it with a capacity of {known} and this lease names \
              {asked}: every user of a key must name the same number of permits"

@@ -221,8 +221,20 @@ fn classify(e: &RedisError) -> (StoreErrorKind, Option<Cow<'static, str>>) {
     {
         let detail = detail.split(" script:").next().unwrap_or(detail).trim_end();
         return (
-            StoreErrorKind::Backend,
+            StoreErrorKind::Misused,
             Some(format!("Redis refused the lock operation: WRONGTYPE {detail}").into()),
+        );
+    }
+    // Redis refusing a script's command on a key of another type: a lock key that holds
+    // another kind of lease (plain against one with a share), or no lock.
+    if e.code() == Some("WRONGTYPE") {
+        return (
+            StoreErrorKind::Misused,
+            Some(
+                "a lock key holds another kind of lease, or no lock: every user of a key must \
+                 take it the same way"
+                    .into(),
+            ),
         );
     }
     if e.kind() == ErrorKind::InvalidClientConfig {

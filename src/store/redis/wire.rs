@@ -249,6 +249,12 @@ pub(super) fn answer_of(code: &Value, n: &Value, acks: Option<i64>) -> Result<An
             let message = String::from_utf8_lossy(message);
             // A plain script on a key that leases with a share hold (a sorted set), or on a
             // value that is no lock: say which mistake it may be.
+            // Refused by the scripts themselves (`WRONGTYPE tower-lock: …`) or by Redis
+            // (`WRONGTYPE Operation …`): the key holds another kind of lease, or no lock.
+            let kind = match message.starts_with("WRONGTYPE") {
+                true => StoreErrorKind::Misused,
+                false => StoreErrorKind::Backend,
+            };
             let hint = if message.starts_with("WRONGTYPE Operation") {
                 " (the key holds no plain lease: a lease with a share (permits, shared or \
                  exclusive), which every user of the key must then take, or a value that is no \
@@ -257,7 +263,7 @@ pub(super) fn answer_of(code: &Value, n: &Value, acks: Option<i64>) -> Result<An
                 ""
             };
             Err(StoreError::msg(
-                StoreErrorKind::Backend,
+                kind,
                 format!("Redis refused the lock operation: {message}{hint}"),
             ))
         }
