@@ -93,18 +93,11 @@ enum Mode {
 
 impl Counts {
     /// The share each key is taken with: `Ok(None)` for the plain lease.
+    /// (The setters refuse a weight without permits, over them, or beside a mode.)
     fn share(self) -> Result<Option<Share>, ConfigError> {
         let capacity = self.permits.unwrap_or(Share::READERS);
         match (self.mode, self.permits, self.weight) {
-            (None, None, None) => Ok(None),
-            (None, None, Some(_)) => Err(ConfigError::new(
-                "weight",
-                "a weight is a number of permits: set `permits` too",
-            )),
-            (Some(_), _, Some(_)) => Err(ConfigError::new(
-                "weight",
-                "a shared lease takes 1 permit and an exclusive one all of them: set no weight",
-            )),
+            (None, None, _) => Ok(None),
             (None, Some(permits), weight) => Share::new(weight.unwrap_or(1), permits).map(Some),
             (Some(Mode::Shared), ..) => Share::new(1, capacity).map(Some),
             (Some(Mode::Exclusive), ..) => Share::exclusive(capacity).map(Some),
@@ -360,7 +353,6 @@ impl Acquiring {
     /// The locker, the keys with the share asked for, and the terms.
     fn asked(self) -> Result<(Locker, KeySet, Terms), ConfigError> {
         let keys = self.counts.apply(self.keys)?;
-        self.terms.check()?;
         Ok((self.locker, keys, self.terms))
     }
 

@@ -3,8 +3,7 @@
 use std::time::Duration;
 
 use crate::{
-    config::{LockConfig, OnLeaseLost, at_most_a_year, check_ttl},
-    error::ConfigError,
+    config::{LockConfig, OnLeaseLost},
     wait::Wait,
 };
 
@@ -39,18 +38,11 @@ impl Terms {
         self
     }
 
-    /// With a TTL of its own (at least 10 ms), renewed every third of it.
+    /// With a TTL of its own (checked by its setter: `check_ttl`), renewed every third of it.
     pub(crate) fn with_ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self.interval = self.ttl / 3;
         self
-    }
-
-    /// Refuses a call's TTL under 10 ms, or a TTL or longest hold over 365 days (when awaited).
-    pub(crate) fn check(&self) -> Result<(), ConfigError> {
-        check_ttl(self.ttl)?;
-        self.max_hold
-            .map_or(Ok(()), |hold| at_most_a_year("max_hold", hold))
     }
 
     /// With a wait policy of its own.
