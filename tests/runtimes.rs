@@ -7,7 +7,7 @@
 //! own runtime), the usual sync bridges (a runtime per request, a runtime per thread) work, a
 //! background lease held across synchronous work is renewed, a guard dropped at the end of a
 //! runtime's `block_on` is released, and a release awaited on a runtime that then stalls frees
-//! the key for other instances during the stall.
+//! the key for other instances during the stall, even when it waited behind another call.
 //!
 //! Redis is stalled for a moment with `CLIENT PAUSE` so that the runtime that goes away has one
 //! call in flight and operations queued behind it when it goes.
@@ -358,14 +358,12 @@ fn a_guard_dropped_at_the_end_of_a_runtime_is_released() {
 }
 
 /// A lease released with `release().await` on a runtime that stalls once it has polled the
-/// release (its only thread busy with synchronous work), with nothing else of that runtime in
-/// flight: the release is on the wire from its first poll, so the key is free for other
-/// instances while the runtime stalls, and the holder hears that it went through. (A release
-/// queued behind another call of its runtime is sent by its callers' polls, and this process's
-/// own requests for the key wait for the release's caller: see `docs/DECISIONS.md`, "An
-/// explicit release stays on its caller's poll, for now".)
-#[test]
-fn a_release_awaited_on_a_runtime_that_then_stalls_frees_the_key_at_once() {
+/// release (its only thread busy with synchronous work): the release is on the wire without
+/// that runtime, so the key is free for other instances while the runtime stalls, and the
+/// holder hears that it went through. `behind`: the release is queued behind a call of the
+/// same store and runtime that Redis holds (`CLIENT PAUSE`) until 200 ms into the stall, so
+/// that it can only be sent after that call ends, while its caller's runtime is not polled.
+fn release_during_a_stall(behind: bool) {
     let server = RedisServer::start();
     let main = multi_thread(2);
     let store = store(&server, &main);
@@ -374,7 +372,7 @@ fn a_release_awaited_on_a_runtime_that_then_stalls_frees_the_key_at_once() {
     let timeout = LockConfig::builder()
         .ttl(Duration::from_secs(30))
         .wait(Wait::none())
-        .store_timeout(Duration::from_millis(300))
+        .store_timeout(Duration::from_millis(1000))
         .build()
         .unwrap();
     let locker = Locker::with_config(store, timeout.clone());
@@ -389,6 +387,13 @@ fn a_release_awaited_on_a_runtime_that_then_stalls_frees_the_key_at_once() {
         let stalled = current_thread();
         let (freed, released) = stalled.block_on(async {
             let guard = locker.acquire(key.clone()).await.unwrap();
+            let blocker = behind.then(|| {
+                stall_redis(&server, 200);
+                // In flight from this runtime (spawned, and run once by the yield below).
+                let (locker, key) = (locker.clone(), locker.key("blocker", round.to_string()));
+                tokio::spawn(async move { locker.try_acquire(key.unwrap()).await.map(drop) })
+            });
+            tokio::task::yield_now().await;
             let mut release = Box::pin(guard.release());
             // Polled once (on loopback, Redis may answer within that poll: then the release is
             // done before the stall).
@@ -415,6 +420,9 @@ fn a_release_awaited_on_a_runtime_that_then_stalls_frees_the_key_at_once() {
                 std::task::Poll::Ready(released) => released,
                 std::task::Poll::Pending => release.await,
             };
+            if let Some(blocker) = blocker {
+                blocker.await.unwrap().unwrap();
+            }
             (free.join().unwrap(), released)
         });
         // The stall is 1.5 s and the TTL 30 s: only the release sent during the stall frees the
@@ -428,6 +436,16 @@ fn a_release_awaited_on_a_runtime_that_then_stalls_frees_the_key_at_once() {
             "round {round}: the release failed, with Redis healthy: {released:?}"
         );
     }
+}
+
+#[test]
+fn a_release_awaited_on_a_runtime_that_then_stalls_frees_the_key_at_once() {
+    release_during_a_stall(false);
+}
+
+#[test]
+fn a_release_queued_behind_a_call_on_a_runtime_that_then_stalls_frees_the_key() {
+    release_during_a_stall(true);
 }
 
 /// A Sentinel store connected on a current-thread runtime then left idle: its calls from every

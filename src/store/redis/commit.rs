@@ -1,62 +1,44 @@
-//! Group commit: the operations that reach one store while a call is in flight wait for it, and
-//! go to Redis together, in one script call, in the order they came.
+//! Group commit: the operations that reach one store while its call is in flight wait for it,
+//! and go to Redis together, in one script call, in the order they came.
 //!
-//! A lone operation goes out at once, from its caller's own future: no timer, no task hop, no
-//! added latency when the store is idle. While it is in flight, others queue; when it is
-//! answered, a queued caller's own future takes the queue over and sends it as one batch (its
-//! own operation among them), which every caller of the batch drives until it is answered. So
-//! under load a store sends Redis one script call per round trip, whatever the number of
-//! requests, and each operation's share of Redis's per-command cost (reading, parsing,
-//! dispatch, the reply) falls with the batch's size.
+//! Each store (and each copy of it with other settings) has one driver: a task on the crate's
+//! runtime (`crate::background`), started by the store's first operation, that owns the
+//! store's queue. A caller puts its operation in the driver's inbox (a channel) with a one-shot
+//! channel for its answer, and awaits the answer; nothing else. The driver sends what waits in
+//! its inbox as one batch (at most [`MAX_BATCH`] operations), and while that call is in flight
+//! the next operations wait in the inbox: so under load a store sends Redis one script call
+//! per round trip, whatever the number of requests, and each operation's share of Redis's
+//! per-command cost (reading, parsing, dispatch, the reply) falls with the batch's size; a
+//! lone operation goes out at once, with no timer.
 //!
-//! No task is spawned per call: each runtime that uses the store has a lane of its own (its
-//! calls in flight and its queue), and a call is driven by the futures of its own callers and
-//! of the callers queued behind it in its lane, on that runtime, while the connection's own I/O
-//! (redis-rs's driver, reconnections) runs on the crate's runtime (`crate::background`), so that
-//! no call depends on a runtime of a caller's staying alive. So no caller can hold up the others by not being polled (a future
-//! kept in a `select!` while another branch runs): a call in flight is driven to its end by
-//! whichever of them is polled, and when it ends every queued caller is woken, the first
-//! polled forming the next batch (the others' operations among them). A runtime that shuts
-//! down drops its callers, and with them its lane's calls (an idle lane is kept for its
-//! runtime's next call until another lane goes idle); one that is no longer driven (a
-//! current-thread runtime whose `block_on` returned) holds up its own callers only.
+//! Everything a call needs runs on the crate's runtime, so no operation waits for a caller to
+//! be polled: a caller's runtime that stalls, shuts down or is left idle holds up nobody, not
+//! even its own operations (a release it awaits is on the wire while it stalls).
 //!
-//! Order is kept within a lane: on one connection, one call at a time, operations in arrival
-//! order within it. An operation whose caller gave up before its call was sent (or sent again
-//! after `NOSCRIPT`) is left out of it; a batch whose callers all gave up is abandoned. The
-//! release of an acquire (which the caller's guard sends at once, from the crate's runtime,
-//! through another lane) waits for the call that carries the acquire to end, so that it never
-//! overtakes an acquire on its way to Redis (a call may be held up between its check and the
-//! connection, by a preempted thread or a script load); else the acquire would take the key
-//! with a token nobody holds, until its TTL. Through a bb8 pool, a few calls go at once
+//! Order is kept by the inbox, first in first out: a release or completion always goes after
+//! the acquire of its token, since it comes after it and one call is in flight at a time. An
+//! operation whose caller gave up before its call was sent (or sent again after `NOSCRIPT`) is
+//! left out of it (its caller's one-shot channel is closed): the release its guard sends then
+//! finds nothing to undo. A release is sent all the same: it frees only what its token holds. Through a bb8 pool, a few calls go at once
 //! ([`Committer::POOL_WINDOW`]), each on its own connection, so that a stalled checkout does not
-//! hold up the others; the release of an acquire still waits for the call carrying it, and
-//! overtakes it only when that call was abandoned while on the wire (every one of its callers
-//! gave up), the key then being held until its TTL (checked under the protocol model,
-//! `tests/protocol_model.rs a_release_that_overtakes_its_attempt_on_a_pool`: it costs time,
-//! never exclusion or order).
-//! Lanes of several runtimes also send their calls at once, like a pool's.
+//! hold up the others; a release or completion whose acquire is in one of them waits for that
+//! call to end, with everything behind it.
+//!
+//! No lock, atomic or waker of the crate's own: the channels are Tokio's, and the driver's
+//! state is its task's alone.
 
 use std::{
     borrow::Cow,
-    collections::HashMap,
-    hash::BuildHasherDefault,
-    sync::{
-        Arc, Mutex, MutexGuard, OnceLock, PoisonError,
-        atomic::{AtomicBool, Ordering},
-    },
-    task::{Context, Poll, Waker},
+    sync::{Arc, OnceLock, atomic::Ordering},
 };
 
+use futures_util::{StreamExt, stream::FuturesUnordered};
 use redis::{Script, Value};
-use tokio::runtime::{self, Handle};
+use tokio::sync::{mpsc, oneshot};
 
 use super::{
     RedisStore,
-    lock_order::{self, Inner},
-    shared::{SharedCall, WeakCall},
-    token_hasher::TokenHasher,
-    wire::{Answer, Answers, DONE, NOT_HELD, Op, UNREADABLE, answer_of, is_cross_slot},
+    wire::{Answer, Answers, DONE, NOT_HELD, Op, answer_of, is_cross_slot},
 };
 use crate::{
     store::{StoreError, StoreErrorKind},
@@ -66,97 +48,34 @@ use crate::{
 /// The most operations in one script call: a bound on how long one call keeps Redis busy.
 const MAX_BATCH: usize = 256;
 
-/// A call in flight: driven by whichever of its callers, or of the callers queued behind it, is
-/// polled.
-type Batch = SharedCall<Answers>;
-
-/// The queue of one store (shared by its clones): a lane per Tokio runtime.
+/// The queue of one store (shared by its clones): the inbox of its driver, started at the
+/// first operation. Dropped with the store's last clone, it closes the inbox, and the driver
+/// ends once its calls in flight are answered.
 pub(super) struct Committer {
-    /// The most calls of one lane in flight at once: 1 on one connection (Redis answers in
-    /// order, and a stalled call stalls the connection anyway), more through a pool, whose
-    /// connections answer independently, so that one stalled checkout or connection does not
-    /// hold up the others.
+    /// The most calls in flight at once: 1 on one connection (Redis answers in order, and a
+    /// stalled call stalls the connection anyway), more through a pool, whose connections
+    /// answer independently.
     window: usize,
-    /// Every lane. The lock order (`lock_order`): this first; under it at most one of
-    /// `unsettled` and a queued caller's `Ticket::state`; neither ever held while this is taken.
-    lanes: Mutex<Vec<Lane>>,
-    /// The calls in flight with acquires, by token (with the call's lane and number): a release
-    /// of one of those tokens waits for its call to end, since the acquire may be on its way to
-    /// Redis after its caller left (and sent again after `NOSCRIPT`), and a release that
-    /// overtook it would leave the key held by nobody until its TTL.
-    unsettled: Mutex<Unsettled>,
+    inbox: OnceLock<mpsc::UnboundedSender<Queued>>,
 }
 
-/// [`Committer::unsettled`]: by token, hashed with [`TokenHasher`].
-type Unsettled = HashMap<Token, Carrier, BuildHasherDefault<TokenHasher>>;
-
-/// The call that carries an acquire: its lane, its number there, and the call.
-type Carrier = (Option<runtime::Id>, u64, WeakCall<Answers>);
-
-/// The calls in flight and the queue of the callers on one runtime (`None`: outside any).
-struct Lane {
-    runtime: Option<runtime::Id>,
-    /// Its calls in flight, by number, for its queued callers to drive (weak: a call whose
-    /// callers all left is abandoned).
-    flights: Vec<(u64, WeakCall<Answers>)>,
-    /// The number of its next call.
-    next: u64,
-    queue: Vec<Queued>,
+/// An operation and where its answer goes.
+struct Queued {
+    op: Op,
+    reply: oneshot::Sender<Result<Answer, StoreError>>,
 }
 
-impl Lane {
-    fn is_idle(&self) -> bool {
-        self.flights.is_empty() && self.queue.is_empty()
+impl Queued {
+    /// Whether it is left out: its caller gave up, and it is not a release (a release frees
+    /// only what its token holds, so it goes whoever waits for its answer: a release on drop
+    /// that timed out behind a stalled call still frees the key its late acquire took).
+    fn left(&self) -> bool {
+        self.reply.is_closed() && !matches!(self.op, Op::Release { .. })
     }
 }
 
 /// The operations of one call: a lone operation's (most calls) without a list.
 type Ops = smallvec::SmallVec<[Queued; 1]>;
-
-/// An operation and its caller's place.
-struct Queued {
-    op: Op,
-    ticket: Arc<Ticket>,
-}
-
-/// A caller's place: how to wake it while it is queued, and once its batch is formed, where its
-/// answer comes from (locked only under the lanes' lock); and whether it left, after which its
-/// operation is not sent (its release, which its guard sends at once, may have run already).
-#[derive(Default)]
-struct Ticket {
-    state: Mutex<TicketState>,
-    left: AtomicBool,
-}
-
-#[derive(Default)]
-struct TicketState {
-    waker: Option<Waker>,
-    batch: Option<(Batch, usize)>,
-}
-
-impl Ticket {
-    fn state(&self) -> Inner<'_, TicketState> {
-        lock_order::inner(self.state.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-
-    fn leave(&self) {
-        self.left.store(true, Ordering::Release);
-    }
-
-    fn left(&self) -> bool {
-        self.left.load(Ordering::Acquire)
-    }
-}
-
-/// Marks a lone operation's caller as left when its future is dropped (after its answer too,
-/// when that no longer matters).
-struct Leaves(Arc<Ticket>);
-
-impl Drop for Leaves {
-    fn drop(&mut self) {
-        self.0.leave();
-    }
-}
 
 impl Committer {
     /// The calls a pool store keeps in flight before operations queue for a batch.
@@ -166,8 +85,7 @@ impl Committer {
     pub(super) fn new(window: usize) -> Self {
         Self {
             window: window.max(1),
-            lanes: Mutex::default(),
-            unsettled: Mutex::default(),
+            inbox: OnceLock::new(),
         }
     }
 
@@ -175,346 +93,165 @@ impl Committer {
         self.window
     }
 
-    /// The lanes: taken first, never under the unsettled map or a ticket (`lock_order`).
-    fn lanes(&self) -> MutexGuard<'_, Vec<Lane>> {
-        lock_order::outer();
-        self.lanes.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The unsettled map: under the lanes or alone, never with a ticket (`lock_order`).
-    fn unsettled(&self) -> Inner<'_, Unsettled> {
-        lock_order::inner(
-            self.unsettled
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-        )
-    }
-
-    /// The call in flight that carries the acquire of `token`, if any.
-    fn carrying(&self, token: &Token) -> Option<Batch> {
-        self.unsettled()
-            .get(token)
-            .and_then(|(_, _, call)| call.upgrade())
-    }
-}
-
-/// `runtime`'s lane, made if it has none.
-fn lane_of(lanes: &mut Vec<Lane>, runtime: Option<runtime::Id>) -> &mut Lane {
-    let i = match lanes.iter().position(|lane| lane.runtime == runtime) {
-        Some(i) => i,
-        None => {
-            lanes.push(Lane {
-                runtime,
-                flights: Vec::new(),
-                next: 0,
-                queue: Vec::new(),
-            });
-            lanes.len() - 1
-        }
-    };
-    &mut lanes[i]
-}
-
-/// After a lane's call ended or a queued caller left: the wakers of its queued callers, if the
-/// lane has room for another call (every one of them, since any may be left unpolled, and the
-/// first polled takes the queue over). A lane that is idle is kept, with its lists' room, for
-/// its runtime's next call (a lone operation's would otherwise make the lane and its list of
-/// calls again), and the other idle lanes are removed: the runtime of one may be gone.
-fn next_leaders(lanes: &mut Vec<Lane>, runtime: Option<runtime::Id>, window: usize) -> Vec<Waker> {
-    let Some(i) = lanes.iter().position(|lane| lane.runtime == runtime) else {
-        return Vec::new();
-    };
-    let lane = &mut lanes[i];
-    if lane.is_idle() {
-        if lanes.len() > 1 {
-            lanes.retain(|lane| lane.runtime == runtime || !lane.is_idle());
-        }
-        return Vec::new();
-    }
-    if lane.flights.len() >= window {
-        return Vec::new();
-    }
-    lane.queue
-        .iter()
-        .filter_map(|queued| queued.ticket.state().waker.take())
-        .collect()
-}
-
-/// A call in flight, counted in its lane until it is answered or abandoned (dropped with the
-/// last of its callers); then the lane's queued callers are woken to take the queue over.
-struct Flight {
-    committer: Arc<Committer>,
-    runtime: Option<runtime::Id>,
-    number: u64,
-    /// The tokens of its acquires, in [`Committer::unsettled`].
-    acquires: Acquires,
-}
-
-/// The tokens of a call's acquires: a lone operation's (none or one) with no list.
-#[derive(Clone)]
-enum Acquires {
-    One(Option<Token>),
-    Many(Vec<Token>),
-}
-
-impl Acquires {
-    fn of(ops: &[Queued]) -> Self {
-        let mut tokens = ops.iter().filter_map(|queued| match &queued.op {
-            Op::Acquire { token, .. } => Some(token.clone()),
-            _ => None,
+    /// Puts `queued` in the driver's inbox, starting the driver for `store` if it is the
+    /// first.
+    fn queue(&self, store: &RedisStore, queued: Queued) -> Result<(), StoreError> {
+        let inbox = self.inbox.get_or_init(|| {
+            let (sender, inbox) = mpsc::unbounded_channel();
+            // The driver's copy of the store has a queue of its own, never used: holding this
+            // one would keep its inbox open for ever.
+            let store = RedisStore {
+                committer: Arc::new(Self::new(self.window)),
+                ..store.clone()
+            };
+            let queue = Queue {
+                inbox,
+                window: self.window,
+                next: None,
+                unsettled: Vec::new(),
+            };
+            // Without any runtime to run on, the driver is dropped, and with it the inbox.
+            crate::background::spawn(drive(store, queue));
+            sender
         });
-        match ops.len() {
-            0 | 1 => Self::One(tokens.next()),
-            _ => Self::Many(tokens.collect()),
-        }
-    }
-
-    fn iter(&self) -> std::slice::Iter<'_, Token> {
-        match self {
-            Self::One(token) => token.as_slice().iter(),
-            Self::Many(tokens) => tokens.iter(),
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.iter().len() == 0
+        inbox.send(queued).map_err(|_| {
+            StoreError::msg(
+                StoreErrorKind::Backend,
+                "the lock operation was not sent: no Tokio runtime runs the store's calls",
+            )
+        })
     }
 }
 
-impl Drop for Flight {
-    fn drop(&mut self) {
-        if !self.acquires.is_empty() {
-            let mut unsettled = self.committer.unsettled();
-            for token in self.acquires.iter() {
-                if unsettled.get(token).is_some_and(|(runtime, number, _)| {
-                    *runtime == self.runtime && *number == self.number
-                }) {
-                    unsettled.remove(token);
-                }
-            }
-        }
-        let mut lanes = self.committer.lanes();
-        if let Some(lane) = lanes.iter_mut().find(|lane| lane.runtime == self.runtime) {
-            lane.flights.retain(|(number, _)| *number != self.number);
-        }
-        let next = next_leaders(&mut lanes, self.runtime, self.committer.window);
-        drop(lanes);
-        for waker in next {
-            waker.wake();
-        }
-    }
+/// What the driver takes operations from.
+struct Queue {
+    inbox: mpsc::UnboundedReceiver<Queued>,
+    window: usize,
+    /// An operation taken from the inbox and not sent yet: through a pool, the release or
+    /// completion of an acquire in a call in flight, which waits (with everything behind it)
+    /// until that call ends.
+    next: Option<Queued>,
+    /// Through a pool, the tokens of the acquires in the calls in flight.
+    unsettled: Vec<Token>,
 }
 
-impl RedisStore {
-    /// Runs `op`: at once when nothing is in flight, else in the next batch.
-    pub(super) async fn submit(&self, op: Op) -> Result<Answer, StoreError> {
-        if let Op::Release { token, .. } | Op::Complete { token, .. } = &op {
-            // After the acquire of its token, which may still be on its way.
-            if let Some(call) = self.committer.carrying(token) {
-                call.await;
-            }
-        }
-        let runtime = Handle::try_current().ok().map(|handle| handle.id());
-        let committer = &self.committer;
-        let ticket = Arc::new(Ticket::default());
-        let queued = Queued {
-            op,
-            ticket: Arc::clone(&ticket),
-        };
-        let call = {
-            let mut lanes = committer.lanes();
-            let lane = lane_of(&mut lanes, runtime);
-            // Behind a queue, an operation joins it, so that operations go in arrival order.
-            if lane.flights.len() < committer.window && lane.queue.is_empty() {
-                Some(self.launch(lane, smallvec::smallvec![queued]))
-            } else {
-                lane.queue.push(queued);
-                None
-            }
-        };
-        match call {
-            Some(call) => {
-                // Sent at its first poll, below; a caller that leaves before it is sent again
-                // after `NOSCRIPT` is left out then.
-                let _leaves = Leaves(ticket);
-                let mut call = call;
-                (&mut call).await;
-                call.answers()
-                    .map_or_else(|| Err(left()), |answers| answers.get(0).clone())
-            }
-            None => {
-                let mut queued = Waiting {
-                    store: self,
-                    runtime,
-                    ticket,
-                    batch: None,
-                    driving: Vec::new(),
-                    yielded: false,
-                };
-                std::future::poll_fn(|cx| queued.poll(cx)).await
-            }
-        }
-    }
-
-    /// A call of `ops`, in flight in `lane` from now on (sent at its first poll): its callers
-    /// and the lane's queued callers drive it, whichever are polled.
-    fn launch(&self, lane: &mut Lane, ops: Ops) -> Batch {
-        let number = lane.next;
-        lane.next += 1;
-        let acquires = Acquires::of(&ops);
-        let flight = Flight {
-            committer: Arc::clone(&self.committer),
-            runtime: lane.runtime,
-            number,
-            acquires: acquires.clone(),
-        };
-        let store = self.clone();
-        let batch = SharedCall::new(async move {
-            let answers = store.send(ops).await;
-            drop(flight);
-            answers
-        });
-        let weak = batch.downgrade();
-        if !acquires.is_empty() {
-            let mut unsettled = self.committer.unsettled();
-            for token in acquires.iter() {
-                unsettled.insert(token.clone(), (lane.runtime, number, weak.clone()));
-            }
-        }
-        lane.flights.push((number, weak));
-        batch
-    }
-}
-
-/// A queued caller: waits for a batch, forms one when its lane has room, then drives its batch
-/// with the batch's other callers. Dropped while queued, it leaves the queue.
-struct Waiting<'a> {
-    store: &'a RedisStore,
-    runtime: Option<runtime::Id>,
-    ticket: Arc<Ticket>,
-    batch: Option<(Batch, usize)>,
-    /// The lane's calls in flight while it waits for room, which it drives (their own callers
-    /// may not be polled); kept between polls, to be woken as they progress.
-    driving: Vec<Batch>,
-    /// Whether it has let the other tasks of its runtime run once before forming a batch.
-    yielded: bool,
-}
-
-impl Waiting<'_> {
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Answer, StoreError>> {
+impl Queue {
+    /// The next operation to send, if one waits and may go now; the operations of callers who
+    /// gave up are dropped on the way.
+    fn take(&mut self) -> Option<Queued> {
         loop {
-            if let Some((batch, i)) = &mut self.batch {
-                std::task::ready!(batch.poll_end(cx));
-                let answer = batch.answers().map(|answers| answers.get(*i).clone());
-                return Poll::Ready(answer.unwrap_or_else(|| Err(left())));
+            let queued = match self.next.take() {
+                Some(queued) => queued,
+                None => self.inbox.try_recv().ok()?,
+            };
+            if queued.left() {
+                continue;
             }
-            // Outside the lock: the last share of a call ends its flight, which takes it.
-            self.driving.clear();
-            let committer = &self.store.committer;
-            let mut wake = Vec::new();
+            if self.window > 1
+                && let Op::Release { token, .. } | Op::Complete { token, .. } = &queued.op
+                && self.unsettled.contains(token)
             {
-                let mut lanes = committer.lanes();
-                let mut ticket = self.ticket.state();
-                if let Some(batch) = ticket.batch.take() {
-                    self.batch = Some(batch);
-                    continue;
-                }
-                let lane = lane_of(&mut lanes, self.runtime);
-                if lane.flights.len() >= committer.window {
-                    ticket.waker = Some(cx.waker().clone());
-                    drop(ticket);
-                    self.driving
-                        .extend(lane.flights.iter().filter_map(|(_, call)| call.upgrade()));
-                    drop(lanes);
-                    // Drives the calls in flight: their callers may not be polled. One that
-                    // ends makes room.
-                    let mut ended = false;
-                    for call in &mut self.driving {
-                        ended |= call.poll_end(cx).is_ready();
-                    }
-                    if ended {
-                        continue;
-                    }
-                    return Poll::Pending;
-                }
-                if !self.yielded {
-                    // Lets the callers just answered queue their next operations before the
-                    // batch leaves, so that they go together rather than trickle out in small
-                    // batches.
-                    self.yielded = true;
-                    ticket.waker = Some(cx.waker().clone());
-                    drop(ticket);
-                    drop(lanes);
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
-                }
-                drop(ticket);
-                // The lane's next batch: the queue's first operations, in arrival order (its
-                // callers that gave up have left it).
-                let n = lane.queue.len().min(MAX_BATCH);
-                let ops: Ops = lane.queue.drain(..n).collect();
-                let tickets: Vec<Arc<Ticket>> = ops
-                    .iter()
-                    .map(|queued| Arc::clone(&queued.ticket))
-                    .collect();
-                let batch = self.store.launch(lane, ops);
-                for (i, ticket) in tickets.iter().enumerate() {
-                    if Arc::ptr_eq(ticket, &self.ticket) {
-                        self.batch = Some((batch.clone(), i));
-                    } else {
-                        let mut state = ticket.state();
-                        state.batch = Some((batch.clone(), i));
-                        wake.extend(state.waker.take());
-                    }
-                }
-                // A pool's lane may have room for the rest of the queue too.
-                wake.extend(next_leaders(&mut lanes, self.runtime, committer.window));
-                // Before `batch` (never its last share: its callers hold theirs).
-                drop(lanes);
+                self.next = Some(queued);
+                return None;
             }
-            // Its callers drive the batch from here (each polls it to be woken with the
-            // answer); the others of the lane wait for it to end.
-            for waker in wake {
-                waker.wake();
+            return Some(queued);
+        }
+    }
+
+    /// The next batch: what waits, in order, up to [`MAX_BATCH`] (empty if nothing may go).
+    fn batch(&mut self) -> Ops {
+        let mut ops = Ops::new();
+        while ops.len() < MAX_BATCH
+            && let Some(queued) = self.take()
+        {
+            ops.push(queued);
+        }
+        if self.window > 1 {
+            self.unsettled.extend(acquires(&ops).cloned());
+        }
+        ops
+    }
+
+    /// A call that carried `acquired` has ended (through a pool).
+    fn settled(&mut self, acquired: &[Token]) {
+        for token in acquired {
+            if let Some(i) = self.unsettled.iter().position(|t| t == token) {
+                self.unsettled.swap_remove(i);
             }
         }
     }
 }
 
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        // In a batch not sent yet (or to be sent again after `NOSCRIPT`), its operation is left
-        // out: its release may run before the batch is sent.
-        self.ticket.leave();
-        if self.batch.is_some() {
-            // In a batch: the batch goes on while any of its callers is left.
-            return;
+/// The tokens of the acquires among `ops`.
+fn acquires(ops: &[Queued]) -> impl Iterator<Item = &Token> {
+    ops.iter().filter_map(|queued| match &queued.op {
+        Op::Acquire { token, .. } => Some(token),
+        _ => None,
+    })
+}
+
+/// The driver: sends batches while it has room for a call (one, but through a pool), and waits
+/// for an operation or for a call to end; ends when every clone of its store is gone and its
+/// calls are answered.
+async fn drive(store: RedisStore, mut queue: Queue) {
+    let store = &store;
+    if queue.window == 1 {
+        // One call at a time: what comes meanwhile waits in the inbox for the next batch.
+        while let Some(queued) = queue.inbox.recv().await {
+            queue.next = Some(queued);
+            let ops = queue.batch();
+            if !ops.is_empty() {
+                store.answer(ops).await;
+            }
         }
-        let committer = &self.store.committer;
-        let mut lanes = committer.lanes();
-        // Formed while this caller was leaving: its share of the batch is dropped (after the
-        // lock: the last share ends the flight, which takes the lock).
-        let assigned = self.ticket.state().batch.take();
-        if assigned.is_none()
-            && let Some(lane) = lanes.iter_mut().find(|lane| lane.runtime == self.runtime)
-        {
-            // Gave up before its batch was sent: left out.
-            lane.queue
-                .retain(|queued| !Arc::ptr_eq(&queued.ticket, &self.ticket));
+        return;
+    }
+    let mut flights = FuturesUnordered::new();
+    let mut open = true;
+    loop {
+        while flights.len() < queue.window {
+            let ops = queue.batch();
+            if ops.is_empty() {
+                break;
+            }
+            let acquired: Vec<Token> = match queue.window {
+                1 => Vec::new(),
+                _ => acquires(&ops).cloned().collect(),
+            };
+            flights.push(async move {
+                store.answer(ops).await;
+                acquired
+            });
         }
-        let next = next_leaders(&mut lanes, self.runtime, committer.window);
-        drop(lanes);
-        drop(assigned);
-        for waker in next {
-            waker.wake();
+        let room = flights.len() < queue.window && queue.next.is_none();
+        tokio::select! {
+            biased;
+            Some(acquired) = flights.next(), if !flights.is_empty() => queue.settled(&acquired),
+            queued = queue.inbox.recv(), if open && room => match queued {
+                Some(queued) => queue.next = Some(queued),
+                None => open = false,
+            },
+            else => break,
         }
     }
 }
 
 impl RedisStore {
+    /// Runs `op` in the store's next call: at once when nothing is in flight.
+    pub(super) async fn submit(&self, op: Op) -> Result<Answer, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.committer.queue(self, Queued { op, reply })?;
+        answer.await.unwrap_or_else(|_| {
+            Err(StoreError::msg(
+                StoreErrorKind::Backend,
+                "the lock call ended without an answer (its runtime shut down)",
+            ))
+        })
+    }
+
     /// Sends `ops` as one script call (one per hash slot on a server that hashes keys to
-    /// slots); an answer for each, in order.
-    async fn send(&self, ops: Ops) -> Answers {
+    /// slots), and gives each caller its answer.
+    async fn answer(&self, ops: Ops) {
         let n = ops.len();
         if !self.slot_bound.load(Ordering::Relaxed) {
             // Refused before it ran, by a server that hashes keys to slots (a cluster-mode
@@ -529,7 +266,7 @@ impl RedisStore {
                 self.call(&ops).await
             };
             if !answers.iter().any(cross_slot) {
-                return answers;
+                return reply(ops, &answers);
             }
             tracing::debug!(
                 "the Redis server hashes keys to slots; batches go one script call per slot from \
@@ -538,39 +275,24 @@ impl RedisStore {
             self.slot_bound.store(true, Ordering::Relaxed);
         }
         if n == 1 {
-            return self.call_one(&ops[0]).await;
+            let answers = self.call_one(&ops[0]).await;
+            return reply(ops, &answers);
         }
         // By slot, each slot's operations in their order; the slots' calls at once.
-        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
-        for (i, op) in ops.iter().enumerate() {
-            let slot = op.op.key().slot();
+        let mut groups: Vec<(u16, Vec<Queued>)> = Vec::new();
+        for queued in ops {
+            let slot = queued.op.key().slot();
             match groups.iter_mut().find(|(s, _)| *s == slot) {
-                Some((_, members)) => members.push(i),
-                None => groups.push((slot, vec![i])),
+                Some((_, members)) => members.push(queued),
+                None => groups.push((slot, vec![queued])),
             }
         }
-        let mut slots: Vec<Option<Queued>> = ops.into_iter().map(Some).collect();
-        let calls = groups.iter().map(|(_, members)| {
-            let group: Vec<Queued> = members
-                .iter()
-                .map(|&i| slots[i].take().expect("once"))
-                .collect();
-            async move { self.call(&group).await }
+        let calls = groups.into_iter().map(|(_, group)| async move {
+            let answers = self.call(&group).await;
+            reply(group, &answers);
         });
-        let answered = futures_util::future::join_all(calls).await;
-        let mut out: Vec<Option<Result<Answer, StoreError>>> = (0..n).map(|_| None).collect();
-        for ((_, members), answers) in groups.iter().zip(answered) {
-            for (&i, answer) in members.iter().zip(answers.iter()) {
-                out[i] = Some(answer.clone());
-            }
-        }
-        Answers::from_fn(n, |i| {
-            out[i]
-                .take()
-                .unwrap_or_else(|| Err(StoreError::msg(StoreErrorKind::Backend, UNREADABLE)))
-        })
+        futures_util::future::join_all(calls).await;
     }
-
     /// A lone operation: a renewal or release with the server's native compare command where
     /// it has one (and nothing else in flight to keep in order), else the batch script.
     async fn call_one(&self, queued: &Queued) -> Answers {
@@ -602,11 +324,11 @@ impl RedisStore {
         let live = |ops: &[Queued]| -> Cow<'static, [usize]> {
             // A lone operation's caller, still there (the common case): no list to make.
             if let [queued] = ops
-                && !queued.ticket.left()
+                && !queued.left()
             {
                 return Cow::Borrowed(&[0]);
             }
-            (0..ops.len()).filter(|&i| !ops[i].ticket.left()).collect()
+            (0..ops.len()).filter(|&i| !ops[i].left()).collect()
         };
         let every = |answer: Result<Answer, StoreError>| Answers::every(ops.len(), answer);
         let mut sent = live(ops);
@@ -658,35 +380,9 @@ fn left() -> StoreError {
     StoreError::msg(StoreErrorKind::Backend, Arc::clone(message))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::key::LockKey;
-
-    /// A lane that goes idle stays for its runtime's next call; the other idle lanes (their
-    /// runtimes may be gone) go then, and a busy one stays.
-    #[test]
-    fn one_idle_lane_is_kept() {
-        let runtimes: Vec<_> = (0..3)
-            .map(|_| runtime::Builder::new_current_thread().build().unwrap())
-            .collect();
-        let ids: Vec<_> = runtimes.iter().map(|rt| Some(rt.handle().id())).collect();
-        let mut lanes = Vec::new();
-        for &id in &ids {
-            lane_of(&mut lanes, id);
-        }
-        lane_of(&mut lanes, None).next = 7;
-        let busy = lane_of(&mut lanes, ids[2]);
-        busy.queue.push(Queued {
-            op: Op::Release {
-                key: LockKey::new("p:", "s", b"k", 64).unwrap(),
-                token: Token::generate().unwrap(),
-            },
-            ticket: Arc::default(),
-        });
-        assert!(next_leaders(&mut lanes, None, 1).is_empty());
-        let left: Vec<_> = lanes.iter().map(|lane| lane.runtime).collect();
-        assert_eq!(left, [ids[2], None]);
-        assert_eq!(lanes[1].next, 7, "the idle lane kept is the caller's own");
+/// Gives each of `ops` its answer (a caller who gave up hears nothing).
+fn reply<I: IntoIterator<Item = Queued>>(ops: I, answers: &Answers) {
+    for (i, queued) in ops.into_iter().enumerate() {
+        let _ = queued.reply.send(answers.get(i).clone());
     }
 }

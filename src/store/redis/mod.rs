@@ -13,24 +13,12 @@ mod connection;
 mod fenced;
 mod handoff;
 mod keys;
-mod lock_order;
 mod native;
 mod probe;
 mod records;
 mod replicas;
 mod scripts;
 mod set;
-mod shared;
-#[cfg(test)]
-mod shared_tests;
-/// The locks and atomics `shared` is written against (loom's in its model check).
-mod sync {
-    pub(super) use std::sync::{
-        Mutex, MutexGuard,
-        atomic::{AtomicBool, fence},
-    };
-}
-mod token_hasher;
 mod wire;
 
 use std::{
@@ -172,18 +160,20 @@ const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_secs(1);
 /// task runs on the crate's own runtime (one thread for the process, started at first use),
 /// whichever runtime connected or reconnects it, so a store made on a runtime that is then
 /// dropped or left undriven (a current-thread runtime whose `block_on` returned) serves every
-/// other: a runtime per request or per thread (a `block_on` bridge) works. Group commit keeps
-/// a lane per runtime, each call driven by whichever of its callers is polled. Background
-/// renewals, releases on drop and the retries of failed releases run on the crate's runtime;
-/// the hand-off subscription on a thread of its own. A connection you build yourself
+/// other: a runtime per request or per thread (a `block_on` bridge) works. Every operation is
+/// sent by the store's group-commit driver, a task on the crate's runtime, so a caller only
+/// awaits its answer: a release awaited on a runtime that then stalls is sent all the same.
+/// Background renewals, releases on drop and the retries of failed releases run on the crate's
+/// runtime too; the hand-off subscription on a thread of its own. A connection you build yourself
 /// ([`from_multiplexed`](Self::from_multiplexed),
 /// [`from_connection_manager`](Self::from_connection_manager), a pool) runs its I/O where you
 /// created it: keep that runtime driven (its reconnections are made on the crate's runtime).
 ///
-/// That one thread polls the store futures, renewals and releases nobody else polls, and runs
-/// the `tracing` subscribers and `metrics` recorders they call: none of them may block. A
-/// subscriber or recorder that blocks (a synchronous write to a slow sink, a contended lock)
-/// delays the renewals and releases of every store of the process, and leases may expire.
+/// That one thread sends every store operation, polls the renewals and releases nobody else
+/// polls, and runs the `tracing` subscribers and `metrics` recorders they call: none of them
+/// may block. A subscriber or recorder that blocks (a synchronous write to a slow sink, a
+/// contended lock) delays every lock operation, renewal and release of the process, and leases
+/// may expire.
 ///
 /// # Replicas
 ///

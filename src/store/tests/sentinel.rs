@@ -188,11 +188,12 @@ async fn renewals_are_batched_across_a_failover() {
     // the others are polled, however slowly this process runs: they queue behind it.
     setup.master.cli(&["CLIENT", "PAUSE", "300", "WRITE"]);
     assert!(renewed(store.renew_many(&leases, ttl).await));
-    // The first renewal alone, then the nineteen queued behind it in one script (or the second
-    // alone too, should the pause have ended before it was polled).
+    // The twenty in one script (or the first alone, should the store's driver take it before
+    // the others came, then the rest together; or the second alone too, should the pause have
+    // ended before it was sent).
     let calls = calls_of(&setup.master, "evalsha").await - before;
     assert!(
-        (2..=3).contains(&calls),
+        (1..=3).contains(&calls),
         "{calls} script calls for 20 renewals"
     );
 
@@ -210,7 +211,7 @@ async fn renewals_are_batched_across_a_failover() {
     assert!(renewed(store.renew_many(&leases, ttl).await));
     let calls = calls_of(&setup.replica, "evalsha").await - before;
     assert!(
-        (2..=3).contains(&calls),
+        (1..=3).contains(&calls),
         "{calls} script calls for 20 renewals"
     );
 }
