@@ -164,3 +164,32 @@ async fn valkeys_compare_commands_touch_only_the_holders_key() {
         Some(&b"someone-else"[..])
     );
 }
+
+/// A copy with native commands turned off (or on) keeps to its own setting, whatever the store it
+/// was copied from sent first: each copy's operations go through a queue of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_with_native_commands_off_keeps_to_it() {
+    use tower_lock::{
+        key::LockKey,
+        store::{LockStore, Token},
+    };
+    let server = valkey();
+    let store = RedisStore::connect(server.url())
+        .await
+        .unwrap()
+        .handoff(false)
+        .unwrap();
+    let lua_only = store.clone().native_commands(false);
+    let ttl = Duration::from_secs(30);
+    let key = |v: &str| LockKey::new("tower-lock:", "native", v.as_bytes(), 128).unwrap();
+    let mut ctl = server.client().await;
+    for (store, name, natively) in [(&store, "a", 1), (&lua_only, "b", 0), (&store, "c", 1)] {
+        let monitor = Monitor::start(server.port()).await;
+        let (k, token) = (key(name), Token::generate().unwrap());
+        store.acquire(&k, &token, ttl).await.unwrap();
+        assert!(store.release(&k, &token).await.unwrap());
+        let sent = monitor.finish(&mut ctl).await;
+        assert_eq!(sent.get("DELIFEQ"), natively, "release of {name}: {sent:?}");
+    }
+    assert_eq!(server.lock_keys().await, Vec::<Vec<u8>>::new());
+}

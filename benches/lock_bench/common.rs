@@ -1,5 +1,6 @@
 //! What several scenarios share: the baselines' lease settings and compare-and-delete, the
-//! implementations compared, key tags, the control connection and the runtime shape.
+//! implementations compared, key tags, the control connection, Redis's CPU time and the
+//! runtime shape.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -65,6 +66,30 @@ pub(crate) async fn flushall(url: &str) {
         .query_async(&mut ctl)
         .await
         .expect("FLUSHALL");
+}
+
+/// `used_cpu_user + used_cpu_sys` of the server at `url` (`INFO cpu`), in seconds.
+pub(crate) async fn redis_cpu(url: &str) -> f64 {
+    let mut ctl = control(url).await;
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(&mut ctl)
+        .await
+        .expect("INFO cpu");
+    info.lines()
+        .filter_map(|line| {
+            let (name, value) = line.trim().split_once(':')?;
+            matches!(name, "used_cpu_user" | "used_cpu_sys")
+                .then(|| value.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
+}
+
+/// Redis's CPU per operation, in µs: the CPU seconds between two [`redis_cpu`] readings,
+/// divided by the operations served between them (at least 1).
+pub(crate) fn cpu_us_per(before: f64, after: f64, operations: f64) -> f64 {
+    (after - before) / operations.max(1.0) * 1e6
 }
 
 /// The runtime every case runs on: multi-thread, 2 workers.

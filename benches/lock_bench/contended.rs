@@ -21,7 +21,7 @@ use tower_lock_testkit::{
 
 use crate::{
     Settings,
-    common::{Peer, RELEASE_LUA, TTL_MS, control, flushall, runtime, tag},
+    common::{Peer, RELEASE_LUA, TTL_MS, control, cpu_us_per, flushall, redis_cpu, runtime, tag},
 };
 
 /// Waiter counts of the contended scenario.
@@ -76,13 +76,14 @@ pub(crate) fn run(rt: &Runtime, redis: &RedisServer, s: &Settings) -> ContendedR
                 }
             };
             // Timed without MONITOR (it costs Redis and the reader CPU per command, scripts'
-            // commands included), then the commands counted in a pass of their own.
+            // commands included), Redis's CPU with it, then the commands counted in a pass of
+            // their own.
             let mut sample = pass(s.contended, false);
             let counted = pass(s.contended_count, true);
             sample.commands = counted.commands;
             sample.breakdown = counted.breakdown;
             eprintln!(
-                "c. run {}: {waiters} waiters in {procs} process(es), {:<22} {:>6.0}/s (ideal {:.0}), per waiter {}..{}, p99 {:.1} ms, {:.2} commands/acquisition",
+                "c. run {}: {waiters} waiters in {procs} process(es), {:<22} {:>6.0}/s (ideal {:.0}), per waiter {}..{}, p99 {:.1} ms, Redis {:.1} µs/acquisition, {:.2} commands/acquisition",
                 run + 1,
                 peer.name(),
                 sample.rate,
@@ -90,6 +91,7 @@ pub(crate) fn run(rt: &Runtime, redis: &RedisServer, s: &Settings) -> ContendedR
                 sample.per_min,
                 sample.per_max,
                 sample.p99_ms,
+                sample.redis_us,
                 sample.commands
             );
             samples.push(sample);
@@ -242,6 +244,9 @@ pub(crate) struct ContendedSample {
     pub(crate) max_dev_pct: f64,
     pub(crate) p50_ms: f64,
     pub(crate) p99_ms: f64,
+    /// `used_cpu_user + used_cpu_sys` of the server over the window, per acquisition; NaN in
+    /// a counted pass (MONITOR slows Redis down, and would count the `INFO` calls).
+    pub(crate) redis_us: f64,
     pub(crate) commands: f64,
     pub(crate) breakdown: String,
     pub(crate) errors: u64,
@@ -340,10 +345,20 @@ async fn contended(
     } else {
         None
     };
+    let cpu_before = if count {
+        None
+    } else {
+        Some(redis_cpu(&url).await)
+    };
     let end = Instant::now() + window;
     let handles = spawn_waiters(ready, &tag, end);
-    // Commands sent after the window closes (the last releases) are not counted.
+    // Commands sent after the window closes (the last releases) are not counted, nor is
+    // Redis's CPU for them.
     tokio::time::sleep_until(tokio::time::Instant::from_std(end)).await;
+    let cpu = match cpu_before {
+        Some(before) => Some((before, redis_cpu(&url).await)),
+        None => None,
+    };
     let counts = match monitor {
         Some(monitor) => monitor.finish(&mut ctl).await,
         None => CommandCounts::default(),
@@ -357,7 +372,7 @@ async fn contended(
         }
         all.push(stats);
     }
-    summarize(&all, &waits, &counts, window, rtt)
+    summarize(&all, &waits, (&counts, cpu), window, rtt)
 }
 
 fn unix_micros() -> u64 {
@@ -417,14 +432,19 @@ fn contended_processes(
         readers.push(reader);
     }
     let rt = runtime();
-    let (mut ctl, monitor) = rt.block_on(async {
+    let (mut ctl, monitor, cpu_before) = rt.block_on(async {
         let ctl = control(&url).await;
         let monitor = if count {
             Some(Monitor::start(redis.port()).await)
         } else {
             None
         };
-        (ctl, monitor)
+        let cpu_before = if count {
+            None
+        } else {
+            Some(redis_cpu(&url).await)
+        };
+        (ctl, monitor, cpu_before)
     });
     let start_us = unix_micros() + 20_000;
     let end_us = start_us + window.as_micros() as u64;
@@ -435,6 +455,7 @@ fn contended_processes(
     }
     let end = instant_at(end_us);
     std::thread::sleep(end.saturating_duration_since(Instant::now()));
+    let cpu = cpu_before.map(|before| (before, rt.block_on(redis_cpu(&url))));
     let counts = match monitor {
         Some(monitor) => rt.block_on(monitor.finish(&mut ctl)),
         None => CommandCounts::default(),
@@ -474,7 +495,7 @@ fn contended_processes(
         waiters,
         "child processes reported too few waiters"
     );
-    summarize(&all, &waits, &counts, window, rtt)
+    summarize(&all, &waits, (&counts, cpu), window, rtt)
 }
 
 /// `--contended-child <tower|rslock> <url> <key tag> <warm-up prefix> <waiters> <rslock retry ms>`:
@@ -534,10 +555,12 @@ pub(crate) fn child_main(args: &[String]) {
     rt.shutdown_timeout(Duration::from_secs(1));
 }
 
+/// A case's figures from its waiters' stats, the commands counted over its window and
+/// Redis's CPU seconds ([`redis_cpu`]) at the window's start and end (in a timed pass).
 fn summarize(
     all: &[WaiterStats],
     waits: &Histogram<u64>,
-    counts: &CommandCounts,
+    (counts, cpu): (&CommandCounts, Option<(f64, f64)>),
     window: Duration,
     rtt: Duration,
 ) -> ContendedSample {
@@ -568,6 +591,9 @@ fn summarize(
         max_dev_pct,
         p50_ms: waits.value_at_quantile(0.50) as f64 / 1000.0,
         p99_ms: waits.value_at_quantile(0.99) as f64 / 1000.0,
+        redis_us: cpu.map_or(f64::NAN, |(before, after)| {
+            cpu_us_per(before, after, total as f64)
+        }),
         commands: counts.total() as f64 / n,
         breakdown: counts.per(n),
         errors: all.iter().map(|w| w.errors).sum(),

@@ -13,7 +13,7 @@ use tower_lock_testkit::{RedisServer, monitor::Monitor};
 
 use crate::{
     Settings,
-    common::{Peer, TTL_MS, control, flushall, tag},
+    common::{Peer, TTL_MS, control, cpu_us_per, flushall, redis_cpu, tag},
 };
 
 /// Tasks of the uncontended cycle loop.
@@ -33,10 +33,11 @@ pub(crate) fn run(
             rt.block_on(flushall(&url));
             let sample = rt.block_on(cycles(peer, redis, s));
             eprintln!(
-                "b. run {}: {:<22} {:>9.0} cycles/s, {:.2} commands/cycle",
+                "b. run {}: {:<22} {:>9.0} cycles/s, Redis {:.1} µs/cycle, {:.2} commands/cycle",
                 run + 1,
                 peer.name(),
                 sample.rate,
+                sample.redis_us,
                 sample.commands
             );
             samples.push((peer, sample));
@@ -86,6 +87,8 @@ where
 
 pub(crate) struct CycleSample {
     pub(crate) rate: f64,
+    /// `used_cpu_user + used_cpu_sys` of the server over the timed loop, per cycle done.
+    pub(crate) redis_us: f64,
     pub(crate) commands: f64,
     pub(crate) breakdown: String,
 }
@@ -138,11 +141,14 @@ where
     let monitor = Monitor::start(port).await;
     let counted = drive(CYCLE_TASKS, Stop::After(per_task), op.clone()).await;
     let counts = monitor.finish(&mut ctl).await;
+    let cpu_before = redis_cpu(url).await;
     let start = Instant::now();
     let done = drive(CYCLE_TASKS, Stop::At(start + s.cycles), op).await;
     let elapsed = start.elapsed().as_secs_f64();
+    let cpu_after = redis_cpu(url).await;
     CycleSample {
         rate: done as f64 / elapsed,
+        redis_us: cpu_us_per(cpu_before, cpu_after, done as f64),
         commands: counts.total() as f64 / counted as f64,
         breakdown: counts.per(counted as f64),
     }

@@ -16,7 +16,7 @@ use tower_lock_testkit::{RedisServer, wrk::Wrk};
 
 use crate::{
     Settings,
-    common::{ROUTE, control, flushall, runtime},
+    common::{ROUTE, cpu_us_per, flushall, redis_cpu, runtime},
     http::{self, Variant},
     stats::{f0, f1, f2, median, stat, verdict},
 };
@@ -152,24 +152,6 @@ async fn app(server: Server, url: &str) -> Router {
     }
 }
 
-/// `used_cpu_user + used_cpu_sys` of the server at `url`, in seconds.
-async fn redis_cpu(url: &str) -> f64 {
-    let mut ctl = control(url).await;
-    let info: String = redis::cmd("INFO")
-        .arg("cpu")
-        .query_async(&mut ctl)
-        .await
-        .expect("INFO cpu");
-    info.lines()
-        .filter_map(|line| {
-            let (name, value) = line.trim().split_once(':')?;
-            matches!(name, "used_cpu_user" | "used_cpu_sys")
-                .then(|| value.parse::<f64>().ok())
-                .flatten()
-        })
-        .sum()
-}
-
 fn case(
     server: Server,
     redis: &RedisServer,
@@ -200,7 +182,7 @@ fn case(
     let _ = stop.send(());
     let _ = rt.block_on(async { tokio::time::timeout(Duration::from_secs(3), serving).await });
     rt.shutdown_timeout(Duration::from_secs(2));
-    let requests = (measured.rps * s.http_s as f64).max(1.0);
+    let requests = measured.rps * s.http_s as f64;
     let ms = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0);
     GroupSample {
         server,
@@ -209,7 +191,7 @@ fn case(
         errors: measured.errors,
         p50_ms: ms(measured.p50),
         p99_ms: ms(measured.p99),
-        redis_us: (cpu_after - cpu_before) / requests * 1e6,
+        redis_us: cpu_us_per(cpu_before, cpu_after, requests),
     }
 }
 

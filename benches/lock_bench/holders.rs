@@ -1,7 +1,8 @@
 //! What scenarios i (permits) and j (shared leases) share: instances of waiters contending for
 //! one key, each operation held for a fixed sleep; the hand-written sorted-set semaphore they
 //! are compared with; and a case's figures (rate, fairness across instances, wait times, the
-//! most holders seen at once, commands per acquisition from `MONITOR` and `INFO commandstats`).
+//! most holders seen at once, Redis's CPU per acquisition from `INFO cpu`, commands per
+//! acquisition from `MONITOR` and `INFO commandstats`).
 
 use std::{
     sync::{
@@ -21,7 +22,7 @@ use tokio::runtime::Runtime;
 use crate::{
     Settings,
     callgrind::ByName,
-    common::{TTL_MS, control, flushall, tag},
+    common::{TTL_MS, control, cpu_us_per, flushall, redis_cpu, tag},
     contended::contended_config,
     counts::{finish_counting, lua_calls},
 };
@@ -314,6 +315,9 @@ pub(crate) struct HoldersSample {
     pub(crate) most_holders: usize,
     pub(crate) overlaps: u64,
     pub(crate) errors: u64,
+    /// `used_cpu_user + used_cpu_sys` of the server over the timed pass (the waiters' last
+    /// releases included), per acquisition; NaN in a counted pass, which MONITOR slows.
+    pub(crate) redis_us: f64,
     pub(crate) commands: ByName,
     pub(crate) lua: ByName,
 }
@@ -342,8 +346,8 @@ async fn instances(url: &str, case: &Case, retry: Duration) -> Vec<Instance> {
     out
 }
 
-/// One run of `case`: timed for `s.holders_window`, then its commands counted in a pass of
-/// `s.holders_count_window` of its own.
+/// One run of `case`: timed for `s.holders_window` (Redis's CPU with it), then its commands
+/// counted in a pass of `s.holders_count_window` of its own.
 pub(crate) fn measure(
     rt: &Runtime,
     redis: &RedisServer,
@@ -365,7 +369,7 @@ pub(crate) fn measure(
 
 /// Runs `case` for `window` on an emptied server; with `count`, `MONITOR` and
 /// `INFO commandstats` count the commands of every acquisition it made (the waiters' last
-/// releases included).
+/// releases included), and without, `INFO cpu` measures Redis's CPU over the same span.
 async fn run_case(
     redis: &RedisServer,
     case: &Case,
@@ -387,6 +391,11 @@ async fn run_case(
     } else {
         None
     };
+    let cpu_before = if count {
+        None
+    } else {
+        Some(redis_cpu(&url).await)
+    };
     let key: Arc<str> = tag().into();
     let watch = Arc::new(Watch::default());
     let end = Instant::now() + window;
@@ -407,6 +416,10 @@ async fn run_case(
     for handle in handles {
         all.push(handle.await.expect("waiter panicked"));
     }
+    let cpu = match cpu_before {
+        Some(before) => Some((before, redis_cpu(&url).await)),
+        None => None,
+    };
     let (commands, lua) = match monitor {
         Some(monitor) => {
             let (client, all) = finish_counting(monitor, &mut ctl).await;
@@ -415,7 +428,7 @@ async fn run_case(
         }
         None => (ByName::new(), ByName::new()),
     };
-    summarize(&all, &watch, window, commands, lua)
+    summarize(&all, &watch, window, cpu, (commands, lua))
 }
 
 /// The benchmark's own commands around a counted window, left out of the counts.
@@ -429,12 +442,14 @@ fn per_acquisition(by: ByName, acquisitions: f64) -> ByName {
         .collect()
 }
 
+/// A case's figures from its waiters' stats, Redis's CPU seconds ([`redis_cpu`]) before and
+/// after its timed pass, and the commands of its counted pass.
 fn summarize(
     all: &[WaiterStats],
     watch: &Watch,
     window: Duration,
-    commands: ByName,
-    lua: ByName,
+    cpu: Option<(f64, f64)>,
+    (commands, lua): (ByName, ByName),
 ) -> HoldersSample {
     let total: u64 = all.iter().map(|w| w.acquisitions).sum();
     let mut per_instance = [0.0; INSTANCES];
@@ -478,6 +493,9 @@ fn summarize(
         most_holders: watch.most.load(Ordering::SeqCst),
         overlaps: watch.overlaps.load(Ordering::SeqCst),
         errors: all.iter().map(|w| w.errors).sum(),
+        redis_us: cpu.map_or(f64::NAN, |(before, after)| {
+            cpu_us_per(before, after, total as f64)
+        }),
         commands: per_acquisition(commands, n),
         lua: per_acquisition(lua, n),
     }

@@ -26,7 +26,10 @@ use tower_lock_testkit::{RedisServer, monitor::Monitor, wrk::Wrk};
 
 use crate::{
     Settings,
-    common::{RELEASE_LUA, ROUTE, TTL_MS, control, flushall, purchase, runtime, tag},
+    common::{
+        RELEASE_LUA, ROUTE, TTL_MS, control, cpu_us_per, flushall, purchase, redis_cpu, runtime,
+        tag,
+    },
     protocol::{self, CrateScripts},
 };
 
@@ -73,11 +76,12 @@ pub(crate) fn run(redis: &RedisServer, s: &Settings) -> Vec<Vec<(Variant, HttpSa
             runtime().block_on(flushall(&url));
             let sample = http_run(variant, redis, s, &script);
             eprintln!(
-                "a. run {}: {:<16} {:>9.0} req/s, {} errors, commands/request {:?}",
+                "a. run {}: {:<16} {:>9.0} req/s, {} errors, Redis {:.1} µs/request, commands/request {:?}",
                 run + 1,
                 variant.short(),
                 sample.rps,
                 sample.errors,
+                sample.redis_us,
                 sample.commands.as_ref().map(|c| c.0)
             );
             samples.push((variant, sample));
@@ -310,6 +314,8 @@ pub(crate) async fn http_app(variant: Variant, url: &str, requests: Arc<AtomicU6
 pub(crate) struct HttpSample {
     pub(crate) rps: f64,
     pub(crate) errors: u64,
+    /// `used_cpu_user + used_cpu_sys` of the server over the timed run, per request served.
+    pub(crate) redis_us: f64,
     /// Client-issued Redis commands per request, from a separate counting pass.
     pub(crate) commands: Option<(f64, String)>,
 }
@@ -332,7 +338,9 @@ fn http_run(variant: Variant, redis: &RedisServer, s: &Settings, script: &Path) 
             .await
     });
     let _ = WRK.run(port, s.warmup_s, script);
+    let cpu_before = rt.block_on(redis_cpu(&url));
     let measured = WRK.run(port, s.http_s, script);
+    let cpu_after = rt.block_on(redis_cpu(&url));
     let commands = (variant != Variant::Hello).then(|| {
         let (mut ctl, monitor) = rt.block_on(async {
             let ctl = control(&url).await;
@@ -352,6 +360,7 @@ fn http_run(variant: Variant, redis: &RedisServer, s: &Settings, script: &Path) 
     HttpSample {
         rps: measured.rps,
         errors: measured.errors,
+        redis_us: cpu_us_per(cpu_before, cpu_after, measured.rps * s.http_s as f64),
         commands,
     }
 }

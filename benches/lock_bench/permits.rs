@@ -49,7 +49,7 @@ pub(crate) fn run(
             let case = case(*permits, *zset);
             let sample = holders::measure(rt, redis, &case, s);
             eprintln!(
-                "i. run {}: {permits:>2} permits, {:<24} {:>6.0}/s, most {} at once, shares {:.1}..{:.1} %, Jain {:.3}, p99 {:.1} ms, {:.2} commands + {:.2} Lua calls per acquisition, {} errors",
+                "i. run {}: {permits:>2} permits, {:<24} {:>6.0}/s, most {} at once, shares {:.1}..{:.1} %, Jain {:.3}, p99 {:.1} ms, Redis {:.1} µs, {:.2} commands + {:.2} Lua calls per acquisition, {} errors",
                 run + 1,
                 name(*zset),
                 sample.rate,
@@ -58,6 +58,7 @@ pub(crate) fn run(
                 sample.share_max * 100.0,
                 sample.jain_instances,
                 sample.wait_ms[0].1,
+                sample.redis_us,
                 total(&sample.commands),
                 total(&sample.lua),
                 sample.errors,
@@ -98,7 +99,9 @@ pub(crate) fn render(w: &mut String, s: &Settings, runs: &PermitRuns) {
          instance's part of the acquisitions (even is {:.0} %); *Jain's index*: \
          (Σx)² ÷ (n·Σx²) over the instances' acquisitions, and over the waiters' (1 is \
          perfectly even). *Most at once*: the most holders the benchmark saw at once (never \
-         more than N). Wait runs from the call to acquire to its return. Commands are counted \
+         more than N). Wait runs from the call to acquire to its return. Redis CPU is \
+         `used_cpu_user + used_cpu_sys` from `INFO cpu` before the waiters start and after the \
+         last has released, in the timed pass, divided by its acquisitions. Commands are counted \
          in a separate {} s pass of the same case right after the timed one: the commands \
          clients sent with `MONITOR`, and those Lua scripts ran as `INFO commandstats` (which \
          counts both) less those, divided by the acquisitions of the pass.\n",
@@ -112,8 +115,8 @@ pub(crate) fn render(w: &mut String, s: &Settings, runs: &PermitRuns) {
     );
     let _ = writeln!(
         w,
-        "| N | waiters | implementation | acquisitions/s | share per instance, min–max | Jain's index, instances / waiters | wait p50 | wait p99 | most at once | client commands per acquisition | Lua calls per acquisition | errors |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| N | waiters | implementation | acquisitions/s | share per instance, min–max | Jain's index, instances / waiters | wait p50 | wait p99 | most at once | Redis CPU µs per acquisition | client commands per acquisition | Lua calls per acquisition | errors |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for (permits, zset, samples) in runs {
         if samples.is_empty() {
@@ -124,7 +127,7 @@ pub(crate) fn render(w: &mut String, s: &Settings, runs: &PermitRuns) {
         let pct = |x: f64| format!("{:.1} %", x * 100.0);
         let _ = writeln!(
             w,
-            "| {permits} | {} | {} | {} | {} – {} | {} / {} | {} ms | {} ms | {} | {} ({}) | {} ({}) | {} |",
+            "| {permits} | {} | {} | {} | {} – {} | {} / {} | {} ms | {} ms | {} | {} | {} ({}) | {} ({}) | {} |",
             waiters(*permits),
             name(*zset),
             stat(&get(&|x| x.rate), f0),
@@ -135,6 +138,7 @@ pub(crate) fn render(w: &mut String, s: &Settings, runs: &PermitRuns) {
             stat(&get(&|x| x.wait_ms[0].0), f1),
             stat(&get(&|x| x.wait_ms[0].1), f1),
             stat(&get(&|x| x.most_holders as f64), f0),
+            stat(&get(&|x| x.redis_us), f1),
             stat(&get(&|x| total(&x.commands)), f2),
             by_name(&last.commands),
             stat(&get(&|x| total(&x.lua)), f2),
@@ -155,6 +159,11 @@ pub(crate) fn render(w: &mut String, s: &Settings, runs: &PermitRuns) {
             .zip(of(true))
             .map(|(tower, zset)| tower.rate / zset.rate)
             .collect();
+        let cpu: Vec<f64> = of(false)
+            .iter()
+            .zip(of(true))
+            .map(|(tower, zset)| tower.redis_us / zset.redis_us)
+            .collect();
         let commands: Vec<f64> = of(false)
             .iter()
             .zip(of(true))
@@ -163,8 +172,10 @@ pub(crate) fn render(w: &mut String, s: &Settings, runs: &PermitRuns) {
         let _ = writeln!(
             w,
             "| N = {permits}: tower-lock / sorted-set semaphore, acquisitions/s | {} |\n\
+             | N = {permits}: tower-lock / sorted-set semaphore, Redis CPU per acquisition | {} |\n\
              | N = {permits}: tower-lock / sorted-set semaphore, client commands per acquisition | {} |",
             stat(&ratios, f2),
+            stat(&cpu, f2),
             stat(&commands, f2),
         );
     }

@@ -1,5 +1,6 @@
-//! Scenario d, renewal at scale: 10,000 leases held by one process, renewed in the background
-//! while MONITOR counts the commands that renew them.
+//! Scenario d, renewal at scale: 10,000 leases held by one process, renewed in the background,
+//! first while `INFO cpu` measures what renewing them costs Redis, then while MONITOR counts
+//! the commands that renew them.
 
 use std::time::{Duration, Instant};
 
@@ -10,7 +11,7 @@ use tower_lock_testkit::{RedisServer, monitor::Monitor};
 
 use crate::{
     Settings,
-    common::{LEASES, control, flushall, runtime, tag},
+    common::{LEASES, control, cpu_us_per, flushall, redis_cpu, runtime, tag},
 };
 
 /// Renewal scenario TTL: renewed every TTL / 3 = 1 s.
@@ -26,11 +27,12 @@ pub(crate) fn run(rt: &Runtime, redis: &RedisServer, s: &Settings) -> Vec<Renewa
         let sample = case.block_on(renewal(redis, s));
         case.shutdown_timeout(Duration::from_secs(2));
         eprintln!(
-            "d. run {}: {LEASES} leases, {} lost, {:.0} renewal commands/s, {:.2} leases per command",
+            "d. run {}: {LEASES} leases, {} lost, {:.0} renewal commands/s, {:.2} leases per command, Redis {:.1} µs per lease renewed",
             run + 1,
             sample.lost,
             sample.commands_per_s,
-            sample.leases_per_command
+            sample.leases_per_command,
+            sample.redis_us
         );
         runs.push(sample);
     }
@@ -45,6 +47,9 @@ pub(crate) struct RenewalSample {
     pub(crate) commands_per_s: f64,
     pub(crate) renewals_per_s: f64,
     pub(crate) leases_per_command: f64,
+    /// `used_cpu_user + used_cpu_sys` of the server over a window of its own without MONITOR,
+    /// per lease renewed in it.
+    pub(crate) redis_us: f64,
     pub(crate) breakdown: String,
 }
 
@@ -83,6 +88,16 @@ async fn renewal(redis: &RedisServer, s: &Settings) -> RenewalSample {
     let acquire_s = started.elapsed().as_secs_f64();
     let renewals =
         |guards: &[LeaseGuard]| -> u64 { guards.iter().map(|g| u64::from(g.renewals())).sum() };
+    // Redis's CPU first, in a window without MONITOR (which costs Redis CPU per command,
+    // scripts' commands included).
+    let (cpu_before, renewed_before) = (redis_cpu(&url).await, renewals(&guards));
+    tokio::time::sleep(s.renewal_hold).await;
+    let cpu_after = redis_cpu(&url).await;
+    let redis_us = cpu_us_per(
+        cpu_before,
+        cpu_after,
+        (renewals(&guards) - renewed_before) as f64,
+    );
     let mut ctl = control(&url).await;
     let monitor = Monitor::start(redis.port()).await;
     let before = renewals(&guards);
@@ -116,6 +131,7 @@ async fn renewal(redis: &RedisServer, s: &Settings) -> RenewalSample {
         } else {
             0.0
         },
+        redis_us,
         breakdown: counts.per(window_s),
     }
 }

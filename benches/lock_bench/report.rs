@@ -171,7 +171,9 @@ fn render_sets(w: &mut String, s: &Settings, r: &Results) {
          of each request are drawn at random (distinct within a request) from one pool of {}, \
          so requests overlap and wait for each other (the default wait policy, 2 s at most). \
          A fresh app, runtime and port per variant; the variants alternate within each run, so \
-         each ratio compares numbers taken seconds apart on the same machine. Client commands \
+         each ratio compares numbers taken seconds apart on the same machine. Redis CPU is \
+         `used_cpu_user + used_cpu_sys` from `INFO cpu` before and after the timed wrk run, \
+         divided by the requests served (req/s × seconds), as in scenario a. Client commands \
          are counted in a separate 1 s pass, as in scenario a.\n",
         WRK.threads,
         WRK.connections,
@@ -182,7 +184,7 @@ fn render_sets(w: &mut String, s: &Settings, r: &Results) {
     );
     let _ = writeln!(
         w,
-        "| variant | req/s | errors (non-2xx + socket) | client commands per request |\n|---|---|---|---|"
+        "| variant | req/s | errors (non-2xx + socket) | Redis CPU µs per request | client commands per request |\n|---|---|---|---|---|"
     );
     for variant in sets::VARIANTS {
         let samples: Vec<&SetSample> = r
@@ -194,6 +196,7 @@ fn render_sets(w: &mut String, s: &Settings, r: &Results) {
             .collect();
         let rps: Vec<f64> = samples.iter().map(|x| x.rps).collect();
         let errors: Vec<f64> = samples.iter().map(|x| x.errors as f64).collect();
+        let cpu: Vec<f64> = samples.iter().map(|x| x.redis_us).collect();
         let cmds: Vec<f64> = samples.iter().map(|x| x.commands.0).collect();
         let breakdown = samples
             .last()
@@ -201,10 +204,11 @@ fn render_sets(w: &mut String, s: &Settings, r: &Results) {
             .unwrap_or_default();
         let _ = writeln!(
             w,
-            "| {} | {} | {} | {}{breakdown} |",
+            "| {} | {} | {} | {} | {}{breakdown} |",
             variant.describe(),
             stat(&rps, f0),
             stat(&errors, f0),
+            stat(&cpu, f1),
             stat(&cmds, f2),
         );
     }
@@ -279,12 +283,14 @@ fn render_http(w: &mut String, s: &Settings, r: &Results) {
          paths). Each variant is served in process by axum on a fresh multi-thread tokio runtime \
          with 2 workers, on a free loopback port, and torn down before the next; the variants \
          alternate within each run, so every ratio below compares numbers taken minutes apart \
-         at most.\n",
+         at most. Redis CPU is `used_cpu_user + used_cpu_sys` from `INFO cpu` before and after \
+         the timed wrk run, divided by the requests served (req/s × seconds); for the hello \
+         world it is what an idle `redis-server` spends over that time.\n",
         WRK.threads, WRK.connections, s.http_s, s.warmup_s
     );
     let _ = writeln!(
         w,
-        "| variant | req/s | errors (non-2xx + socket) | client commands per request |\n|---|---|---|---|"
+        "| variant | req/s | errors (non-2xx + socket) | Redis CPU µs per request | client commands per request |\n|---|---|---|---|---|"
     );
     for variant in VARIANTS {
         let samples: Vec<&HttpSample> = r
@@ -296,6 +302,7 @@ fn render_http(w: &mut String, s: &Settings, r: &Results) {
             .collect();
         let rps: Vec<f64> = samples.iter().map(|x| x.rps).collect();
         let errors: u64 = samples.iter().map(|x| x.errors).sum();
+        let cpu: Vec<f64> = samples.iter().map(|x| x.redis_us).collect();
         let cmds: Vec<f64> = samples
             .iter()
             .filter_map(|x| x.commands.as_ref().map(|c| c.0))
@@ -307,9 +314,10 @@ fn render_http(w: &mut String, s: &Settings, r: &Results) {
             .unwrap_or_default();
         let _ = writeln!(
             w,
-            "| {} | {} | {errors} | {}{breakdown} |",
+            "| {} | {} | {errors} | {} | {}{breakdown} |",
             variant.describe(),
             stat(&rps, f0),
+            stat(&cpu, f1),
             if cmds.is_empty() {
                 "–".to_owned()
             } else {
@@ -330,22 +338,33 @@ fn render_http(w: &mut String, s: &Settings, r: &Results) {
         "\n| ratio (per run, then median) | value | target |\n|---|---|---|"
     );
     for (num, den, target) in ratios {
-        let values: Vec<f64> = r
-            .http
-            .iter()
-            .filter_map(|run| {
-                let get = |v| run.iter().find(|(x, _)| *x == v).map(|(_, s)| s.rps);
-                Some(get(num)? / get(den)?)
-            })
-            .collect();
+        let ratio = |f: fn(&HttpSample) -> f64| -> Vec<f64> {
+            r.http
+                .iter()
+                .filter_map(|run| {
+                    let get = |v| run.iter().find(|(x, _)| *x == v).map(|(_, s)| f(s));
+                    Some(get(num)? / get(den)?)
+                })
+                .collect()
+        };
         let _ = writeln!(
             w,
             "| {} / {} | {} | {} |",
             num.short(),
             den.short(),
-            stat(&values, f2),
+            stat(&ratio(|x| x.rps), f2),
             if target.is_empty() { "–" } else { target }
         );
+        // The hello world's Redis serves no request: a ratio to it would mean nothing.
+        if den != Variant::Hello {
+            let _ = writeln!(
+                w,
+                "| {} / {}, Redis CPU per request | {} | – |",
+                num.short(),
+                den.short(),
+                stat(&ratio(|x| x.redis_us), f2),
+            );
+        }
     }
     let _ = writeln!(
         w,
@@ -371,13 +390,15 @@ fn render_cycles(w: &mut String, s: &Settings, r: &Results) {
          `Locker`; one `rslock::LockManager` shared by clones), each looping acquire + release on \
          a key of its own for {} s, no HTTP. tower-lock: `Locker::acquire` (which also starts the \
          lease's renewal task) then `LeaseGuard::release`; rslock: `lock` then `unlock`. TTL \
-         10 s. Commands per cycle from a separate pass of {} cycles.\n",
+         10 s. Redis CPU is `used_cpu_user + used_cpu_sys` from `INFO cpu` before and after the \
+         timed loop, divided by the cycles done. Commands per cycle from a separate pass of {} \
+         cycles.\n",
         s.cycles.as_secs(),
         s.cycle_count_ops
     );
     let _ = writeln!(
         w,
-        "| implementation | cycles/s | client commands per cycle |\n|---|---|---|"
+        "| implementation | cycles/s | Redis CPU µs per cycle | client commands per cycle |\n|---|---|---|---|"
     );
     for peer in [Peer::TowerLock, Peer::Rslock] {
         let samples: Vec<&CycleSample> = r
@@ -388,17 +409,35 @@ fn render_cycles(w: &mut String, s: &Settings, r: &Results) {
             .map(|(_, s)| s)
             .collect();
         let rate: Vec<f64> = samples.iter().map(|x| x.rate).collect();
+        let cpu: Vec<f64> = samples.iter().map(|x| x.redis_us).collect();
         let cmds: Vec<f64> = samples.iter().map(|x| x.commands).collect();
         let _ = writeln!(
             w,
-            "| {} | {} | {} ({}) |",
+            "| {} | {} | {} | {} ({}) |",
             peer.name(),
             stat(&rate, f0),
+            stat(&cpu, f1),
             stat(&cmds, f2),
             samples.last().map(|x| x.breakdown.as_str()).unwrap_or("")
         );
     }
-    let _ = writeln!(w);
+    let ratio = |f: fn(&CycleSample) -> f64| -> Vec<f64> {
+        r.cycles
+            .iter()
+            .filter_map(|run| {
+                let get = |p| run.iter().find(|(x, _)| *x == p).map(|(_, s)| f(s));
+                Some(get(Peer::TowerLock)? / get(Peer::Rslock)?)
+            })
+            .collect()
+    };
+    let _ = writeln!(
+        w,
+        "\n| ratio (per run, then median) | value |\n|---|---|\n\
+         | tower-lock / rslock, cycles/s | {} |\n\
+         | tower-lock / rslock, Redis CPU per cycle | {} |\n",
+        stat(&ratio(|x| x.rate), f2),
+        stat(&ratio(|x| x.redis_us), f2),
+    );
 }
 
 fn render_contended(w: &mut String, s: &Settings, r: &Results) {
@@ -426,6 +465,8 @@ fn render_contended(w: &mut String, s: &Settings, r: &Results) {
          be lower. *Time per hand-off* is 1 / rate − mean hold: what each hand-off actually \
          took. Every waiter \
          connects and takes one warm-up lease on a key of its own before the window opens. \
+         Redis CPU is `used_cpu_user + used_cpu_sys` from `INFO cpu` when the timed window \
+         opens and when it closes, divided by the acquisitions in it. \
          Commands are counted in a separate {} s pass of the same case right after the timed \
          one, with MONITOR running (MONITOR slows Redis and the benchmark's reader down per \
          command, scripts' own commands included, so the timed window runs without it). \
@@ -445,15 +486,15 @@ fn render_contended(w: &mut String, s: &Settings, r: &Results) {
     );
     let _ = writeln!(
         w,
-        "| waiters | processes | implementation | acquisitions/s | ideal/s | % of ideal | time per hand-off | per-waiter min | per-waiter max | max deviation from mean | wait p50 | wait p99 | client commands per acquisition | errors |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| waiters | processes | implementation | acquisitions/s | ideal/s | % of ideal | time per hand-off | per-waiter min | per-waiter max | max deviation from mean | wait p50 | wait p99 | Redis CPU µs per acquisition | client commands per acquisition | errors |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for (waiters, procs, peer, samples) in &r.contended {
         let get =
             |f: &dyn Fn(&ContendedSample) -> f64| -> Vec<f64> { samples.iter().map(f).collect() };
         let _ = writeln!(
             w,
-            "| {waiters} | {procs} | {} | {} | {} | {} % | {} µs | {} | {} | {} % | {} ms | {} ms | {} ({}) | {} |",
+            "| {waiters} | {procs} | {} | {} | {} | {} % | {} µs | {} | {} | {} % | {} ms | {} ms | {} | {} ({}) | {} |",
             peer.name(),
             stat(&get(&|x| x.rate), f0),
             stat(&get(&|x| x.ideal), f0),
@@ -464,6 +505,7 @@ fn render_contended(w: &mut String, s: &Settings, r: &Results) {
             stat(&get(&|x| x.max_dev_pct), f1),
             stat(&get(&|x| x.p50_ms), f1),
             stat(&get(&|x| x.p99_ms), f1),
+            stat(&get(&|x| x.redis_us), f1),
             stat(&get(&|x| x.commands), f2),
             samples.last().map(|x| x.breakdown.as_str()).unwrap_or(""),
             samples.iter().map(|x| x.errors).sum::<u64>()
@@ -491,8 +533,9 @@ fn render_renewal(w: &mut String, s: &Settings, r: &Results) {
          One process takes {LEASES} leases with `Locker::acquire` (TTL {} s, so each is renewed \
          every {} s by its own background task; 256 acquisitions in flight at a time, one \
          `RedisStore::connect`, after one warm-up lease held until its first renewal), then \
-         holds them all for {:.1} s while MONITOR counts the client \
-         commands, then releases them. A lease counts as lost if its `Lease::is_lost()` is set \
+         holds them all for {:.1} s while `INFO cpu` measures Redis's CPU (`used_cpu_user + \
+         used_cpu_sys` before and after, divided by the leases renewed in between), then for as \
+         long again while MONITOR counts the client commands, then releases them. A lease counts as lost if its `Lease::is_lost()` is set \
          at the end of the window or its release finds it no longer held. Leases per command = \
          successful renewals in the window (`Lease::renewals()` deltas) ÷ client commands in the \
          window.\n",
@@ -531,8 +574,13 @@ fn render_renewal(w: &mut String, s: &Settings, r: &Results) {
     );
     let _ = writeln!(
         w,
-        "| leases renewed per command | {} |\n",
+        "| leases renewed per command | {} |",
         stat(&get(&|x| x.leases_per_command), f2)
+    );
+    let _ = writeln!(
+        w,
+        "| Redis CPU per lease renewed | {} µs |\n",
+        stat(&get(&|x| x.redis_us), f2)
     );
 }
 

@@ -1,4 +1,4 @@
-//! Scenario f, orders of several keys: wrk against one axum app whose single purchases
+//! Scenario g, orders of several keys: wrk against one axum app whose single purchases
 //! (`POST /items/<sku>/purchase`, `Key::path_param`) and orders (`POST /orders`, the SKUs of a
 //! JSON body through `Key::json`) lock SKUs in one namespace through one `Locker`, as
 //! `examples/inventory.rs` does. Orders of 1, 2 and 3 SKUs against single purchases, each
@@ -26,7 +26,7 @@ use tower_lock_testkit::{RedisServer, monitor::Monitor};
 
 use crate::{
     Settings,
-    common::{ROUTE, control, flushall, runtime},
+    common::{ROUTE, control, cpu_us_per, flushall, redis_cpu, runtime},
     http::WRK,
 };
 
@@ -158,11 +158,13 @@ end
 pub(crate) struct SetSample {
     pub(crate) rps: f64,
     pub(crate) errors: u64,
+    /// `used_cpu_user + used_cpu_sys` of the server over the timed run, per request served.
+    pub(crate) redis_us: f64,
     /// Client-issued Redis commands per request, from a separate counting pass.
     pub(crate) commands: (f64, String),
 }
 
-/// Scenario f, `s.runs` times: every variant in turn per run, on an emptied server.
+/// Scenario g, `s.runs` times: every variant in turn per run, on an emptied server.
 pub(crate) fn run(redis: &RedisServer, s: &Settings) -> Vec<Vec<(Variant, SetSample)>> {
     check(redis);
     let scripts: Vec<(Variant, PathBuf)> = VARIANTS
@@ -183,11 +185,12 @@ pub(crate) fn run(redis: &RedisServer, s: &Settings) -> Vec<Vec<(Variant, SetSam
             runtime().block_on(flushall(&url));
             let sample = measure(redis, s, script);
             eprintln!(
-                "g. run {}: {:<16} {:>9.0} req/s, {} errors, commands/request {:.2}",
+                "g. run {}: {:<16} {:>9.0} req/s, {} errors, Redis {:.1} µs/request, commands/request {:.2}",
                 run + 1,
                 variant.short(),
                 sample.rps,
                 sample.errors,
+                sample.redis_us,
                 sample.commands.0,
             );
             samples.push((*variant, sample));
@@ -285,7 +288,9 @@ fn measure(redis: &RedisServer, s: &Settings, script: &Path) -> SetSample {
             .await
     });
     let _ = WRK.run(port, s.warmup_s, script);
+    let cpu_before = rt.block_on(redis_cpu(&url));
     let measured = WRK.run(port, s.http_s, script);
+    let cpu_after = rt.block_on(redis_cpu(&url));
     let (mut ctl, monitor) = rt.block_on(async {
         let ctl = control(&url).await;
         (ctl, Monitor::start(redis.port()).await)
@@ -302,6 +307,7 @@ fn measure(redis: &RedisServer, s: &Settings, script: &Path) -> SetSample {
     SetSample {
         rps: measured.rps,
         errors: measured.errors,
+        redis_us: cpu_us_per(cpu_before, cpu_after, measured.rps * s.http_s as f64),
         commands: (counts.total() as f64 / n, counts.per(n)),
     }
 }

@@ -30,7 +30,7 @@ pub(crate) fn run(
             };
             let sample = holders::measure(rt, redis, &case, s);
             eprintln!(
-                "j. run {}: {:<34} {:>6.0}/s, most {} at once, {} overlaps, p99 readers {:.1} ms, writers {:.1} ms, {:.2} commands per acquisition, {} errors",
+                "j. run {}: {:<34} {:>6.0}/s, most {} at once, {} overlaps, p99 readers {:.1} ms, writers {:.1} ms, Redis {:.1} µs and {:.2} commands per acquisition, {} errors",
                 run + 1,
                 name(*shared),
                 sample.rate,
@@ -38,6 +38,7 @@ pub(crate) fn run(
                 sample.overlaps,
                 sample.wait_ms[1].1,
                 sample.wait_ms[2].1,
+                sample.redis_us,
                 total(&sample.commands),
                 sample.errors,
             );
@@ -73,15 +74,16 @@ pub(crate) fn render(w: &mut String, s: &Settings, runs: &SharedRuns) {
          shared leases would. Wait runs from the call to acquire to its return, for reads and \
          writes apart. *Most at once*: the most holders the benchmark saw at once; *overlaps*: \
          acquisitions that found a writer holding, or that were a writer and found anyone (must \
-         be 0). Commands are counted in a separate {} s pass, as in i.\n",
+         be 0). Redis CPU per acquisition is measured over the timed pass and commands are \
+         counted in a separate {} s pass, both as in i.\n",
         s.holders_window.as_secs(),
         HOLD.as_millis(),
         s.holders_count_window.as_secs(),
     );
     let _ = writeln!(
         w,
-        "| lease | acquisitions/s | read wait p50 | read wait p99 | write wait p50 | write wait p99 | most at once | overlaps | client commands per acquisition | Lua calls per acquisition | errors |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|"
+        "| lease | acquisitions/s | read wait p50 | read wait p99 | write wait p50 | write wait p99 | most at once | overlaps | Redis CPU µs per acquisition | client commands per acquisition | Lua calls per acquisition | errors |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for (shared, samples) in runs {
         if samples.is_empty() {
@@ -93,7 +95,7 @@ pub(crate) fn render(w: &mut String, s: &Settings, runs: &SharedRuns) {
         let (reads, writes) = (1, 2);
         let _ = writeln!(
             w,
-            "| {} | {} | {} ms | {} ms | {} ms | {} ms | {} | {} | {} ({}) | {} ({}) | {} |",
+            "| {} | {} | {} ms | {} ms | {} ms | {} ms | {} | {} | {} | {} ({}) | {} ({}) | {} |",
             name(*shared),
             stat(&get(&|x| x.rate), f0),
             stat(&get(&|x| x.wait_ms[reads].0), f1),
@@ -102,6 +104,7 @@ pub(crate) fn render(w: &mut String, s: &Settings, runs: &SharedRuns) {
             stat(&get(&|x| x.wait_ms[writes].1), f1),
             stat(&get(&|x| x.most_holders as f64), f0),
             stat(&get(&|x| x.overlaps as f64), f0),
+            stat(&get(&|x| x.redis_us), f1),
             stat(&get(&|x| total(&x.commands)), f2),
             by_name(&last.commands),
             stat(&get(&|x| total(&x.lua)), f2),

@@ -19,7 +19,10 @@
 //! the acquire of its token, since it comes after it and one call is in flight at a time. An
 //! operation whose caller gave up before its call was sent (or sent again after `NOSCRIPT`) is
 //! left out of it (its caller's one-shot channel is closed): the release its guard sends then
-//! finds nothing to undo. A release is sent all the same: it frees only what its token holds. Through a bb8 pool, a few calls go at once
+//! finds nothing to undo. A release is sent all the same: it frees only what its token holds.
+//! A call in flight whose callers have all left is dropped (looked at every [`LEFT_CHECK`]),
+//! so that a call the connection holds up (a stalled server, a reconnection that does not
+//! answer) holds up the calls behind it no longer than its callers wait. Through a bb8 pool, a few calls go at once
 //! ([`Committer::POOL_WINDOW`]), each on its own connection, so that a stalled checkout does not
 //! hold up the others; a release or completion whose acquire is in one of them waits for that
 //! call to end, with everything behind it.
@@ -30,6 +33,7 @@
 use std::{
     borrow::Cow,
     sync::{Arc, OnceLock, atomic::Ordering},
+    time::Duration,
 };
 
 use futures_util::{StreamExt, stream::FuturesUnordered};
@@ -38,7 +42,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{
     RedisStore,
-    wire::{Answer, Answers, DONE, NOT_HELD, Op, answer_of, is_cross_slot},
+    wire::{Answer, Answers, DONE, NOT_HELD, Op, UNREADABLE, answer_of, is_cross_slot},
 };
 use crate::{
     store::{StoreError, StoreErrorKind},
@@ -47,6 +51,9 @@ use crate::{
 
 /// The most operations in one script call: a bound on how long one call keeps Redis busy.
 const MAX_BATCH: usize = 256;
+
+/// How often a call in flight checks whether any of its callers still waits for it.
+const LEFT_CHECK: Duration = Duration::from_millis(50);
 
 /// The queue of one store (shared by its clones): the inbox of its driver, started at the
 /// first operation. Dropped with the store's last clone, it closes the inbox, and the driver
@@ -96,30 +103,39 @@ impl Committer {
     /// Puts `queued` in the driver's inbox, starting the driver for `store` if it is the
     /// first.
     fn queue(&self, store: &RedisStore, queued: Queued) -> Result<(), StoreError> {
-        let inbox = self.inbox.get_or_init(|| {
-            let (sender, inbox) = mpsc::unbounded_channel();
-            // The driver's copy of the store has a queue of its own, never used: holding this
-            // one would keep its inbox open for ever.
-            let store = RedisStore {
-                committer: Arc::new(Self::new(self.window)),
-                ..store.clone()
-            };
-            let queue = Queue {
-                inbox,
-                window: self.window,
-                next: None,
-                unsettled: Vec::new(),
-            };
-            // Without any runtime to run on, the driver is dropped, and with it the inbox.
-            crate::background::spawn(drive(store, queue));
-            sender
-        });
-        inbox.send(queued).map_err(|_| {
+        let no_runtime = || {
             StoreError::msg(
                 StoreErrorKind::Backend,
                 "the lock operation was not sent: no Tokio runtime runs the store's calls",
             )
-        })
+        };
+        let inbox = match self.inbox.get() {
+            Some(inbox) => inbox,
+            None => {
+                let (sender, inbox) = mpsc::unbounded_channel();
+                // The driver's copy of the store has a queue of its own, never used: holding
+                // this one would keep its inbox open for ever.
+                let store = RedisStore {
+                    committer: Arc::new(Self::new(self.window)),
+                    ..store.clone()
+                };
+                let queue = Queue {
+                    inbox,
+                    window: self.window,
+                    next: None,
+                    unsettled: Vec::new(),
+                };
+                // Without a runtime to run on, nothing is kept: a later operation tries again.
+                if !crate::background::spawn(drive(store, queue)) {
+                    return Err(no_runtime());
+                }
+                // Two first operations at once each started a driver: the one set first is
+                // the store's, the other's ends with its inbox, now dropped.
+                let _ = self.inbox.set(sender);
+                self.inbox.get().ok_or_else(no_runtime)?
+            }
+        };
+        inbox.send(queued).map_err(|_| no_runtime())
     }
 }
 
@@ -178,6 +194,19 @@ impl Queue {
             if let Some(i) = self.unsettled.iter().position(|t| t == token) {
                 self.unsettled.swap_remove(i);
             }
+        }
+    }
+}
+
+/// Ends once every caller of `ops` has left (looked at every [`LEFT_CHECK`]): a call the
+/// connection holds up (a stalled server, a reconnection that does not answer) is then dropped,
+/// so that it holds up the calls behind it no longer than its callers wait. What it wrote stays
+/// ahead of what the next call writes on that connection.
+async fn all_left(ops: &[Queued]) {
+    loop {
+        tokio::time::sleep(LEFT_CHECK).await;
+        if ops.iter().all(|queued| queued.reply.is_closed()) {
+            return;
         }
     }
 }
@@ -250,8 +279,22 @@ impl RedisStore {
     }
 
     /// Sends `ops` as one script call (one per hash slot on a server that hashes keys to
-    /// slots), and gives each caller its answer.
+    /// slots), and gives each caller its answer; or drops the call once every one of its
+    /// callers has left (a call the connection holds up would hold up every call behind it).
     async fn answer(&self, ops: Ops) {
+        let answers = tokio::select! {
+            biased;
+            answers = self.answers(&ops) => answers,
+            () = all_left(&ops) => return,
+        };
+        for (i, queued) in ops.into_iter().enumerate() {
+            let _ = queued.reply.send(answers.get(i).clone());
+        }
+    }
+
+    /// The answers of `ops`, in order, from one script call (one per hash slot on a server
+    /// that hashes keys to slots).
+    async fn answers(&self, ops: &[Queued]) -> Answers {
         let n = ops.len();
         if !self.slot_bound.load(Ordering::Relaxed) {
             // Refused before it ran, by a server that hashes keys to slots (a cluster-mode
@@ -260,13 +303,12 @@ impl RedisStore {
             // (Its operations whose callers left have answers of their own.)
             let cross_slot =
                 |a: &Result<Answer, StoreError>| matches!(a, Err(e) if is_cross_slot(e));
-            let answers = if n == 1 {
-                self.call_one(&ops[0]).await
-            } else {
-                self.call(&ops).await
+            let answers = match ops {
+                [queued] => self.call_one(queued).await,
+                _ => self.call(&ops.iter().collect::<Vec<_>>()).await,
             };
             if !answers.iter().any(cross_slot) {
-                return reply(ops, &answers);
+                return answers;
             }
             tracing::debug!(
                 "the Redis server hashes keys to slots; batches go one script call per slot from \
@@ -274,25 +316,36 @@ impl RedisStore {
             );
             self.slot_bound.store(true, Ordering::Relaxed);
         }
-        if n == 1 {
-            let answers = self.call_one(&ops[0]).await;
-            return reply(ops, &answers);
+        if let [queued] = ops {
+            return self.call_one(queued).await;
         }
         // By slot, each slot's operations in their order; the slots' calls at once.
-        let mut groups: Vec<(u16, Vec<Queued>)> = Vec::new();
-        for queued in ops {
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (i, queued) in ops.iter().enumerate() {
             let slot = queued.op.key().slot();
             match groups.iter_mut().find(|(s, _)| *s == slot) {
-                Some((_, members)) => members.push(queued),
-                None => groups.push((slot, vec![queued])),
+                Some((_, members)) => members.push(i),
+                None => groups.push((slot, vec![i])),
             }
         }
-        let calls = groups.into_iter().map(|(_, group)| async move {
-            let answers = self.call(&group).await;
-            reply(group, &answers);
+        let calls = groups.iter().map(|(_, members)| {
+            let group: Vec<&Queued> = members.iter().map(|&i| &ops[i]).collect();
+            async move { self.call(&group).await }
         });
-        futures_util::future::join_all(calls).await;
+        let answered = futures_util::future::join_all(calls).await;
+        let mut out: Vec<Option<Result<Answer, StoreError>>> = (0..n).map(|_| None).collect();
+        for ((_, members), answers) in groups.iter().zip(answered) {
+            for (&i, answer) in members.iter().zip(answers.iter()) {
+                out[i] = Some(answer.clone());
+            }
+        }
+        Answers::from_fn(n, |i| {
+            out[i]
+                .take()
+                .unwrap_or_else(|| Err(StoreError::msg(StoreErrorKind::Backend, UNREADABLE)))
+        })
     }
+
     /// A lone operation: a renewal or release with the server's native compare command where
     /// it has one (and nothing else in flight to keep in order), else the batch script.
     async fn call_one(&self, queued: &Queued) -> Answers {
@@ -312,7 +365,7 @@ impl RedisStore {
         };
         match native {
             Ok(Some(done)) => answer(if done { DONE } else { NOT_HELD }),
-            Ok(None) => self.call(std::slice::from_ref(queued)).await,
+            Ok(None) => self.call(&[queued]).await,
             Err(error) => Answers::One(Err(error)),
         }
     }
@@ -320,8 +373,8 @@ impl RedisStore {
     /// One `EVALSHA` of the batch script for `ops` (and `WAIT`, with replica acknowledgement
     /// on and an acquire or renewal among them), but for the operations whose callers left:
     /// checked as it is sent, and again if it is sent again after `NOSCRIPT`.
-    async fn call(&self, ops: &[Queued]) -> Answers {
-        let live = |ops: &[Queued]| -> Cow<'static, [usize]> {
+    async fn call(&self, ops: &[&Queued]) -> Answers {
+        let live = |ops: &[&Queued]| -> Cow<'static, [usize]> {
             // A lone operation's caller, still there (the common case): no list to make.
             if let [queued] = ops
                 && !queued.left()
@@ -364,7 +417,7 @@ impl RedisStore {
 
     /// The batch script for a call of `ops`: the one that also counts holders when any of
     /// them is on a key with a capacity (a subset sent again after `NOSCRIPT` keeps it).
-    fn script_for(&self, ops: &[Queued]) -> &Script {
+    fn script_for(&self, ops: &[&Queued]) -> &Script {
         match ops.iter().any(|queued| queued.op.key().share().is_some()) {
             true => &self.scripts.counted,
             false => &self.scripts.ops,
@@ -378,11 +431,4 @@ fn left() -> StoreError {
     static MESSAGE: OnceLock<Arc<str>> = OnceLock::new();
     let message = MESSAGE.get_or_init(|| "the lock operation was not sent: its caller left".into());
     StoreError::msg(StoreErrorKind::Backend, Arc::clone(message))
-}
-
-/// Gives each of `ops` its answer (a caller who gave up hears nothing).
-fn reply<I: IntoIterator<Item = Queued>>(ops: I, answers: &Answers) {
-    for (i, queued) in ops.into_iter().enumerate() {
-        let _ = queued.reply.send(answers.get(i).clone());
-    }
 }

@@ -438,6 +438,7 @@ impl RedisStore {
             }),
             ..self
         }
+        .own_queue()
     }
 
     /// Hands a released key straight to the next waiter, first come first served (default
@@ -557,7 +558,8 @@ impl RedisStore {
         }
     }
 
-    /// A group-commit queue of its own, for a copy with other settings.
+    /// A group-commit queue of its own, for a copy with other settings: every setter calls it,
+    /// since a queue's driver sends its calls with the settings of the store that started it.
     fn own_queue(mut self) -> Self {
         self.committer = Arc::new(Committer::new(self.committer.window()));
         self
