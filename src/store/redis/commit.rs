@@ -9,7 +9,7 @@
 //! the next operations wait in the inbox: so under load a store sends Redis one script call
 //! per round trip, whatever the number of requests, and each operation's share of Redis's
 //! per-command cost (reading, parsing, dispatch, the reply) falls with the batch's size; a
-//! lone operation goes out at once, with no timer.
+//! lone operation goes out at once, with no wait.
 //!
 //! Everything a call needs runs on the crate's runtime, so no operation waits for a caller to
 //! be polled: a caller's runtime that stalls, shuts down or is left idle holds up nobody, not
@@ -22,10 +22,15 @@
 //! finds nothing to undo. A release is sent all the same: it frees only what its token holds.
 //! A call in flight whose callers have all left is dropped (looked at every [`LEFT_CHECK`]),
 //! so that a call the connection holds up (a stalled server, a reconnection that does not
-//! answer) holds up the calls behind it no longer than its callers wait. Through a bb8 pool, a few calls go at once
-//! ([`Committer::POOL_WINDOW`]), each on its own connection, so that a stalled checkout does not
-//! hold up the others; a release or completion whose acquire is in one of them waits for that
-//! call to end, with everything behind it.
+//! answer) holds up the calls behind it no longer than its callers wait; what it wrote stays
+//! ahead of the next call on that connection.
+//!
+//! Through a bb8 pool, a few calls go at once ([`Committer::POOL_WINDOW`]), each on its own
+//! connection, so that a stalled checkout does not hold up the others; a release or completion
+//! whose acquire is in one of them waits for that call to end, with everything behind it. Only
+//! a call dropped with its callers gone can then be overtaken, on another connection, by the
+//! release of an acquire it wrote: the key is held until its TTL, which costs time, never
+//! exclusion (`tests/protocol_model.rs a_release_that_overtakes_its_attempt_on_a_pool`).
 //!
 //! No lock, atomic or waker of the crate's own: the channels are Tokio's, and the driver's
 //! state is its task's alone.
@@ -243,10 +248,7 @@ async fn drive(store: RedisStore, mut queue: Queue) {
             if ops.is_empty() {
                 break;
             }
-            let acquired: Vec<Token> = match queue.window {
-                1 => Vec::new(),
-                _ => acquires(&ops).cloned().collect(),
-            };
+            let acquired: Vec<Token> = acquires(&ops).cloned().collect();
             flights.push(async move {
                 store.answer(ops).await;
                 acquired
