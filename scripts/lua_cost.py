@@ -40,6 +40,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "src" / "store" / "redis" / "scripts"
+sys.path.insert(0, str(ROOT / "faults"))
+from harness.resp import Redis, RedisError  # noqa: E402  (the fault harness's client: standard library only)
 
 
 def batch_script() -> str:
@@ -86,48 +88,10 @@ def variants() -> dict:
     }
 
 
-class Redis:
-    """A minimal RESP client: enough for this measurement, no dependency."""
-
-    def __init__(self, port: int):
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        self.file = self.sock.makefile("rb")
-
-    @staticmethod
-    def encode(*args) -> bytes:
-        out = [b"*%d\r\n" % len(args)]
-        for arg in args:
-            arg = arg if isinstance(arg, bytes) else str(arg).encode()
-            out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
-        return b"".join(out)
-
-    def read(self):
-        line = self.file.readline()
-        kind, rest = line[:1], line[1:-2]
-        if kind == b"+":
-            return rest.decode()
-        if kind == b"-":
-            raise RuntimeError(rest.decode())
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            n = int(rest)
-            return None if n < 0 else self.file.read(n + 2)[:-2]
-        if kind == b"*":
-            n = int(rest)
-            return None if n < 0 else [self.read() for _ in range(n)]
-        raise RuntimeError(f"unreadable reply {line!r}")
-
-    def pipeline(self, commands):
-        self.sock.sendall(b"".join(self.encode(*c) for c in commands))
-        return [self.read() for _ in commands]
-
-    def call(self, *args):
-        return self.pipeline([args])[0]
-
-    def cpu(self) -> float:
-        info = self.call("INFO", "cpu").decode()
-        return sum(float(v) for k, v in re.findall(r"(used_cpu_(?:user|sys)):([\d.]+)", info))
+def cpu(redis: Redis) -> float:
+    """`used_cpu_user + used_cpu_sys` of the server, in seconds."""
+    info = redis("INFO", "cpu")
+    return sum(float(v) for v in re.findall(r"used_cpu_(?:user|sys):([\d.]+)", info))
 
 
 def cycles(redis: Redis, script, batch: int, n: int, run: int) -> float:
@@ -139,14 +103,14 @@ def cycles(redis: Redis, script, batch: int, n: int, run: int) -> float:
     token = lambda i: f"{i * 7919 + 13:032x}"
     header = ["1", "1000", "86400000"]  # hand-off on, claim window, fence retention
     if script is None:
-        release = redis.call("SCRIPT", "LOAD", "if redis.call('GET', KEYS[1]) == ARGV[1] then "
-                             "return redis.call('DEL', KEYS[1]) else return 0 end").decode()
+        release = redis("SCRIPT", "LOAD", "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+                        "return redis.call('DEL', KEYS[1]) else return 0 end")
     elif script.startswith("#!lua"):
-        redis.call("FUNCTION", "LOAD", "REPLACE", script)
+        redis("FUNCTION", "LOAD", "REPLACE", script)
     else:
-        sha = redis.call("SCRIPT", "LOAD", script).decode()
+        sha = redis("SCRIPT", "LOAD", script)
     call = ("FCALL", "ops") if script is not None and script.startswith("#!lua") else None
-    before = redis.cpu()
+    before = cpu(redis)
     for start in range(0, n, batch):
         keys = range(start, start + batch)
         if script is None:
@@ -161,9 +125,9 @@ def cycles(redis: Redis, script, batch: int, n: int, run: int) -> float:
             for i in keys:
                 names += [lock(i), fence, queue(i)]
                 argv += [kind] + args(i)
-            out = redis.call(*(call or ("EVALSHA", sha)), len(names), *names, *argv)
+            out = redis(*(call or ("EVALSHA", sha)), len(names), *names, *argv)
             assert out[0::2] == [1] * batch, out[:4]
-    return (redis.cpu() - before) / n * 1e6
+    return (cpu(redis) - before) / n * 1e6
 
 
 def main():
@@ -181,13 +145,13 @@ def main():
         for _ in range(100):
             try:
                 redis = Redis(port)
-                redis.call("PING")
+                redis("PING")
                 break
-            except OSError:
+            except (OSError, RedisError):
                 time.sleep(0.05)
         else:
             sys.exit("error: redis-server did not start")
-        version = re.search(r"redis_version:(\S+)", redis.call("INFO", "server").decode()).group(1)
+        version = re.search(r"redis_version:(\S+)", redis("INFO", "server")).group(1)
         found = {name: [] for name in variants()}
         for run in range(opts.runs):
             for name, script in variants().items():

@@ -43,6 +43,15 @@ mod native {
     suite::single_key_tests!(NoHandoff(valkey()));
 }
 
+/// A store on `server` without hand-off: its releases and renewals can use the native commands.
+async fn without_handoff(server: &RedisServer) -> RedisStore {
+    RedisStore::connect(server.url())
+        .await
+        .unwrap()
+        .handoff(false)
+        .unwrap()
+}
+
 /// A locker whose leases renew every 100 ms and fail fast.
 fn locker(store: RedisStore) -> Locker {
     let config = LockConfig::builder()
@@ -139,11 +148,7 @@ async fn with_handoff_valkey_releases_with_the_script() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn valkeys_compare_commands_touch_only_the_holders_key() {
     let server = valkey();
-    let store = RedisStore::connect(server.url())
-        .await
-        .unwrap()
-        .handoff(false)
-        .unwrap();
+    let store = without_handoff(&server).await;
     let guard = renewed_lease(store, 0).await;
     let key = server.lock_keys().await.pop().expect("the held key");
     support::give_key_to_someone_else(&server, &key).await;
@@ -174,11 +179,7 @@ async fn a_copy_with_native_commands_off_keeps_to_it() {
         store::{LockStore, Token},
     };
     let server = valkey();
-    let store = RedisStore::connect(server.url())
-        .await
-        .unwrap()
-        .handoff(false)
-        .unwrap();
+    let store = without_handoff(&server).await;
     let lua_only = store.clone().native_commands(false);
     let ttl = Duration::from_secs(30);
     let key = |v: &str| LockKey::new("tower-lock:", "native", v.as_bytes(), 128).unwrap();

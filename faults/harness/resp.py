@@ -29,12 +29,13 @@ class Redis:
         self.close()
 
     def __call__(self, *args):
-        parts = [f"*{len(args)}\r\n".encode()]
-        for a in args:
-            b = a if isinstance(a, bytes) else str(a).encode()
-            parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
-        self.sock.sendall(b"".join(parts))
+        self.sock.sendall(_encode(args))
         return self._read()
+
+    def pipeline(self, commands):
+        """Several commands in one write; their replies, in order (an error reply raises)."""
+        self.sock.sendall(b"".join(_encode(args) for args in commands))
+        return [self._read() for _ in commands]
 
     def _read(self):
         line = self.file.readline()
@@ -57,6 +58,14 @@ class Redis:
             n = int(rest)
             return None if n < 0 else [self._read() for _ in range(n)]
         raise RedisError(f"unexpected reply {line!r}")
+
+
+def _encode(args) -> bytes:
+    parts = [f"*{len(args)}\r\n".encode()]
+    for a in args:
+        b = a if isinstance(a, bytes) else str(a).encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(parts)
 
 
 def command(port: int, *args, timeout: float = 5.0):
