@@ -187,9 +187,6 @@ impl Queue {
         {
             ops.push(queued);
         }
-        if self.window > 1 {
-            self.unsettled.extend(acquires(&ops).cloned());
-        }
         ops
     }
 
@@ -249,6 +246,7 @@ async fn drive(store: RedisStore, mut queue: Queue) {
                 break;
             }
             let acquired: Vec<Token> = acquires(&ops).cloned().collect();
+            queue.unsettled.extend(acquired.iter().cloned());
             flights.push(async move {
                 store.answer(ops).await;
                 acquired
