@@ -16,27 +16,42 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// Whether a server on `127.0.0.1:port` answers `PING` with `PONG` (a Redis server or a
-/// sentinel).
-pub fn ping(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-    let mut buf = [0u8; 7];
-    stream.write_all(b"PING\r\n").is_ok()
-        && stream.read_exact(&mut buf).is_ok()
-        && &buf == b"+PONG\r\n"
+/// The `process_id` that the server (or sentinel) on `127.0.0.1:port` reports in `INFO server`,
+/// if one answers.
+pub fn process_id(port: u16) -> Option<u32> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    stream.write_all(b"INFO server\r\n").ok()?;
+    let mut reader = BufReader::new(stream);
+    let mut header = String::new();
+    reader.read_line(&mut header).ok()?;
+    let len: usize = header.strip_prefix('$')?.trim_end().parse().ok()?;
+    let mut body = vec![0; len];
+    reader.read_exact(&mut body).ok()?;
+    process_id_in(&String::from_utf8_lossy(&body))
 }
 
-/// Waits up to 10 s for `up` to hold of the server `child` runs on `port`; `false` (and the child
-/// forgotten) if it exits first.
+/// The `process_id:` field of an `INFO` reply.
+pub(crate) fn process_id_in(info: &str) -> Option<u32> {
+    info.lines()
+        .find_map(|line| line.strip_prefix("process_id:"))
+        .and_then(|pid| pid.trim().parse().ok())
+}
+
+/// Waits up to 10 s until the server `child` runs answers on `port`, as itself: `process_id`
+/// must give the child's pid. A port that was free a moment ago may have been taken since by a
+/// server another test started (ports are picked, then bound by the server); then the child
+/// exits, and a probe that only pinged would have handed the test that other server. `false`
+/// (and the child forgotten) if the child exits first or does not answer in time.
 pub fn wait_until_up(
     child: &mut Option<Child>,
     what: &str,
     port: u16,
-    mut up: impl FnMut() -> bool,
+    mut process_id: impl FnMut() -> Option<u32>,
 ) -> bool {
+    let Some(pid) = child.as_ref().map(Child::id) else {
+        return false;
+    };
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(10) {
         if let Some(status) = child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
@@ -44,8 +59,13 @@ pub fn wait_until_up(
             *child = None;
             return false;
         }
-        if up() {
-            return true;
+        match process_id() {
+            Some(answering) if answering == pid => return true,
+            Some(other) => {
+                eprintln!("{what} on port {port}: another process ({other}) answers there");
+                return false;
+            }
+            None => {}
         }
         std::thread::sleep(Duration::from_millis(10));
     }

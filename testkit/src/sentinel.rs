@@ -107,7 +107,7 @@ impl SentinelServer {
     fn wait_until_up(&mut self) -> bool {
         let port = self.port;
         let access = self.access();
-        wait_until_up(&mut self.child, "sentinel", port, || access.ping())
+        wait_until_up(&mut self.child, "sentinel", port, || access.process_id())
     }
 
     fn access(&self) -> Access {

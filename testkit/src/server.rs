@@ -22,7 +22,7 @@ use std::{
 
 use crate::{
     port::{free_port, free_port_with_bus},
-    process::{kill, ping, scratch_dir, wait_until_up},
+    process::{kill, process_id, process_id_in, scratch_dir, wait_until_up},
     tls::TlsOptions,
 };
 
@@ -235,7 +235,7 @@ impl RedisServer {
         self.child = Some(child);
         let port = self.port;
         let access = self.access();
-        if wait_until_up(&mut self.child, program, port, || access.ping()) {
+        if wait_until_up(&mut self.child, program, port, || access.process_id()) {
             return true;
         }
         if let Ok(text) = std::fs::read_to_string(&log) {
@@ -454,20 +454,22 @@ impl Access {
         .expect("a valid test server URL")
     }
 
-    /// Whether it answers `PING`. Over TLS, through `redis-cli`, which checks the certificate
-    /// but not the host name it is for (so that a server with the certificate for another host
-    /// starts too).
-    pub(crate) fn ping(&self) -> bool {
+    /// The `process_id` it reports in `INFO server`, if it answers. Over TLS, through
+    /// `redis-cli`, which checks the certificate but not the host name it is for (so that a
+    /// server with the certificate for another host starts too).
+    pub(crate) fn process_id(&self) -> Option<u32> {
         if self.tls.is_none() && self.password.is_none() {
-            return ping(self.port);
+            return process_id(self.port);
         }
         let mut args = self.cli_args();
-        args.push("PING".to_owned());
-        Command::new("redis-cli")
+        args.extend(["INFO".to_owned(), "server".to_owned()]);
+        let out = Command::new("redis-cli")
             .args(&args)
             .stdin(Stdio::null())
             .output()
-            .is_ok_and(|out| out.status.success() && out.stdout.starts_with(b"PONG"))
+            .ok()
+            .filter(|out| out.status.success())?;
+        process_id_in(&String::from_utf8_lossy(&out.stdout))
     }
 
     /// `redis-cli` with the arguments that reach it, then `args`.
@@ -491,5 +493,30 @@ impl Access {
             ]);
         }
         args
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two starters can pick one free port; the second server then cannot bind it, and while it
+    /// exits the first one answers there. The kit must not take that answer for its own server.
+    #[test]
+    fn a_port_taken_by_another_server_is_not_taken_for_ours() {
+        let first = RedisServer::start();
+        let mut second = RedisServer {
+            child: None,
+            port: first.port(),
+            dir: scratch_dir("redis"),
+            options: RedisServer::options(),
+        };
+        assert!(
+            !second.spawn(),
+            "a server that could not bind its port was taken for up: the probe reached the \
+             other server on that port"
+        );
+        assert!(!second.is_running());
+        assert!(first.is_running());
     }
 }
