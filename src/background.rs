@@ -11,14 +11,18 @@
 //! polls runs on the crate's own runtime".
 
 use std::{
-    future::Future,
+    future::{Future, IntoFuture},
     pin::Pin,
     sync::OnceLock,
     task::{Context, Poll},
+    time::Duration,
 };
 
 use pin_project_lite::pin_project;
-use tokio::runtime::{Builder, Handle};
+use tokio::{
+    runtime::{Builder, Handle},
+    time::{Instant, Sleep, Timeout},
+};
 
 use crate::telemetry::Chain;
 
@@ -117,4 +121,37 @@ impl<F: Future> Future for OnRuntime<F> {
         let _entered = handle().map(Handle::enter);
         self.project().inner.poll(cx)
     }
+}
+
+/// `make`, run where Tokio's timers can be made: in the current runtime's context, or outside
+/// any runtime (a future polled by another executor, or by a plain `block_on`) in the crate
+/// runtime's, whose thread then fires them. A timer works wherever it is polled; only making
+/// it needs a runtime's context, and without one Tokio panics ("there is no reactor running").
+fn with_timers<T>(make: impl FnOnce() -> T) -> T {
+    if Handle::try_current().is_ok() {
+        return make();
+    }
+    let _entered = handle().map(Handle::enter);
+    make()
+}
+
+/// [`tokio::time::timeout`], made where a timer can be (see [`with_timers`]): for the calls of
+/// the futures callers poll, on whatever executor they run.
+pub(crate) fn timeout<F: IntoFuture>(limit: Duration, future: F) -> Timeout<F::IntoFuture> {
+    with_timers(|| tokio::time::timeout(limit, future))
+}
+
+/// [`tokio::time::timeout_at`], made where a timer can be (see [`with_timers`]).
+pub(crate) fn timeout_at<F: IntoFuture>(deadline: Instant, future: F) -> Timeout<F::IntoFuture> {
+    with_timers(|| tokio::time::timeout_at(deadline, future))
+}
+
+/// [`tokio::time::sleep_until`], made where a timer can be (see [`with_timers`]).
+pub(crate) fn sleep_until(at: Instant) -> Sleep {
+    with_timers(|| tokio::time::sleep_until(at))
+}
+
+/// [`tokio::time::sleep`], made where a timer can be (see [`with_timers`]).
+pub(crate) fn sleep(pause: Duration) -> Sleep {
+    with_timers(|| tokio::time::sleep(pause))
 }

@@ -7,7 +7,8 @@
 //! own runtime), the usual sync bridges (a runtime per request, a runtime per thread) work, a
 //! background lease held across synchronous work is renewed, a guard dropped at the end of a
 //! runtime's `block_on` is released, and a release awaited on a runtime that then stalls frees
-//! the key for other instances during the stall, even when it waited behind another call.
+//! the key for other instances during the stall, even when it waited behind another call. A
+//! `Locker` and a `LockLayer` polled outside any runtime (another executor) work too.
 //!
 //! Redis is stalled for a moment with `CLIENT PAUSE` so that the runtime that goes away has one
 //! call in flight and operations queued behind it when it goes.
@@ -727,4 +728,75 @@ fn a_store_called_outside_any_runtime_reloads_its_scripts() {
             assert!(store.release(&key, &token).await.unwrap());
         });
     }
+}
+
+/// A `Locker` and a `LockLayer` driven outside any Tokio runtime (a plain executor, as another
+/// runtime's would be): the engine's timers (the store timeout, the renewal tick, the wait
+/// policy's pauses) are the crate runtime's, so a lease is taken, renewed past its TTL, and
+/// released, a contended acquire waits and then gives up, and a locked request is served; no
+/// panic ("there is no reactor running").
+#[test]
+fn a_locker_and_a_layer_driven_outside_any_runtime_work() {
+    use tower::{Service, ServiceExt, service_fn};
+    use tower_lock::{Key, LockLayer};
+
+    let server = RedisServer::start();
+    let store =
+        current_thread().block_on(async { RedisStore::connect(server.url()).await.unwrap() });
+    let ttl = Duration::from_millis(300);
+    let config = LockConfig::builder()
+        .ttl(ttl)
+        .wait(
+            Wait::exponential(Duration::from_millis(10), Duration::from_millis(20))
+                .unwrap()
+                .deadline(Duration::from_millis(200)),
+        )
+        .store_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let locker = Locker::with_config(store.clone(), config.clone());
+    let key = locker.key("outside", "held").unwrap();
+    block_on_plain(async {
+        let guard = locker.acquire(key.clone()).await.unwrap();
+        // Held for three TTLs: only renewals keep it.
+        let start = Instant::now();
+        while start.elapsed() < ttl * 3 {
+            std::thread::sleep(Duration::from_millis(20));
+            assert!(
+                !guard.lease().is_lost(),
+                "the lease was lost outside a runtime"
+            );
+        }
+        let other = Locker::with_config(store.clone(), config.clone());
+        let refused = other.acquire(key.clone()).await;
+        assert!(refused.is_err(), "a second holder got the key: {refused:?}");
+        guard.release().await.unwrap();
+        other
+            .acquire(key.clone())
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    });
+    let layer = LockLayer::from_locker(locker.clone(), Key::path());
+    let mut service = tower::ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(|_: http::Request<axum::body::Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+        }));
+    block_on_plain(async {
+        let request = http::Request::post("/items/outside/purchase")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let response = service.ready().await.unwrap().call(request).await.unwrap();
+        assert_eq!(response.status(), http::StatusCode::OK);
+    });
+    // The in-memory store's timers likewise.
+    let memory = Locker::with_config(tower_lock::MemoryStore::new(), config);
+    block_on_plain(async {
+        let guard = memory.acquire(key.clone()).await.unwrap();
+        assert!(memory.acquire(key.clone()).await.is_err());
+        guard.release().await.unwrap();
+    });
 }

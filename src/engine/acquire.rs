@@ -11,10 +11,11 @@
 
 use std::{sync::Arc, time::Duration};
 
-use tokio::time::{Instant, sleep_until, timeout};
+use tokio::time::Instant;
 
 use super::{local::GaveUp, release::ReleaseOnDrop, state::Engine, terms::Terms};
 use crate::{
+    background::{sleep_until, timeout},
     config::MAX_DURATION,
     error::{ConfigError, LockError},
     key::{KeyRejection, KeySet, Share},

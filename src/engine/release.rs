@@ -18,11 +18,11 @@ use std::{
     time::Duration,
 };
 
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::Instant;
 
 use super::local::Turns;
 use crate::{
-    background,
+    background::{self, sleep, timeout},
     key::{KeySet, LockKey},
     lease::Lease,
     store::{Backend, BoxFuture, StoreError, StoreErrorKind},

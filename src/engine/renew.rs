@@ -14,12 +14,12 @@ use std::{
 use futures_util::{StreamExt, stream::FuturesUnordered};
 use tokio::{
     sync::Notify,
-    time::{Instant, Sleep, sleep_until, timeout},
+    time::{Instant, Sleep},
 };
 use tracing::Span;
 
 use crate::{
-    background,
+    background::{self, sleep_until, timeout},
     error::LostReason,
     key::KeySet,
     lease::Lease,

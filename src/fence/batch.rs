@@ -192,9 +192,10 @@ impl Batch {
             horizon: self.data.fence_horizon(),
         };
         let limit = self.data.batch_timeout();
-        let applied = tokio::time::timeout(limit, Arc::clone(self.data.backend()).apply(plan))
-            .await
-            .unwrap_or_else(|_| Err(StoreError::timeout(limit)))?;
+        let applied =
+            crate::background::timeout(limit, Arc::clone(self.data.backend()).apply(plan))
+                .await
+                .unwrap_or_else(|_| Err(StoreError::timeout(limit)))?;
         match applied {
             Applied::Done(replies) => Ok(Replies(replies)),
             Applied::Stale { resource, fence } => {

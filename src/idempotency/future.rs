@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 use http::{Request, Response, request::Parts};
 use http_body::Body;
 use pin_project_lite::pin_project;
-use tokio::{task::futures::TaskLocalFuture, time::timeout};
+use tokio::task::futures::TaskLocalFuture;
 use tower::{BoxError, Service};
 use tracing::Span;
 
@@ -26,6 +26,7 @@ use super::{
     state::IdempotencyState,
 };
 use crate::{
+    background::timeout,
     engine::{Guarded, Held, Hold, LetGo, Release, poll_guarded},
     error::LockError,
     key::LockKey,

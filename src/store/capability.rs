@@ -475,7 +475,7 @@ impl Backend {
             }
         };
         Box::pin(async move {
-            tokio::time::timeout(limit, release)
+            crate::background::timeout(limit, release)
                 .await
                 .unwrap_or_else(|_| Err(StoreError::timeout(limit)))
         })

@@ -6,12 +6,12 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use futures_util::future::join_all;
 use redis::IntoConnectionInfo;
-use tokio::time::{Instant, timeout};
+use tokio::time::Instant;
 
 use super::{
     Acquire, Capabilities, LockStore, RedisStore, StoreError, StoreErrorKind, redis::redis_error,
 };
-use crate::{error::ConfigError, key::LockKey, store::StoreId, token::Token};
+use crate::{background::timeout, error::ConfigError, key::LockKey, store::StoreId, token::Token};
 
 /// Leases held on a majority of N independent Redis masters: the
 /// [Redlock](https://redis.io/docs/latest/develop/clients/patterns/distributed-locks/)

@@ -36,10 +36,11 @@ use std::{
 
 use tokio::{
     sync::{Notify, Semaphore},
-    time::{Instant, sleep_until, timeout_at},
+    time::Instant,
 };
 
 use crate::{
+    background::{sleep_until, timeout_at},
     key::{KeySet, LockKey},
     lease::Lease,
     store::StoreError,

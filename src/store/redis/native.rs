@@ -102,7 +102,7 @@ impl RedisStore {
     /// renewal or release does not wait for the answer; gives up after a second (then the
     /// first renew or release asks).
     pub(crate) async fn check_native(&self) {
-        let _ = tokio::time::timeout(super::EVICTION_CHECK_TIMEOUT, self.native()).await;
+        let _ = crate::background::timeout(super::EVICTION_CHECK_TIMEOUT, self.native()).await;
     }
 
     /// Runs a native command; `None` (and Lua from now on) if the server rejected it.

@@ -3,10 +3,11 @@
 use std::{sync::Arc, time::Duration};
 
 use futures_util::future::join_all;
-use tokio::time::{Instant, timeout};
+use tokio::time::Instant;
 
 use super::{RedlockStore, no_quorum, too_slow};
 use crate::{
+    background::timeout,
     key::KeySet,
     store::{AcquireSet, BoxFuture, SetAttempt, StoreError},
     token::Token,

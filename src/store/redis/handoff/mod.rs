@@ -292,7 +292,8 @@ impl Handoff {
         }
         let generation = self.state.generation.load(Ordering::Acquire);
         let mut settled = self.settled.subscribe();
-        let _ = tokio::time::timeout(SUBSCRIBE_WAIT, settled.wait_for(|&g| g >= generation)).await;
+        let _ = crate::background::timeout(SUBSCRIBE_WAIT, settled.wait_for(|&g| g >= generation))
+            .await;
         self.is_live()
     }
 
