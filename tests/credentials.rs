@@ -383,7 +383,8 @@ async fn examples_fail_at_start_up_with_the_cause() {
         )],
     );
     assert!(out.contains("requires a password"), "{out}");
-    let nowhere = format!("redis://127.0.0.1:{}/", tower_lock_testkit::free_port());
+    let closed = tower_lock_testkit::ClosedPort::new();
+    let nowhere = format!("redis://127.0.0.1:{}/", closed.port());
     let out = fails(&binary, &[("REDIS_URL", &nowhere)]);
     assert!(out.contains("nothing listens there"), "{out}");
     let out = fails(

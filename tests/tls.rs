@@ -22,7 +22,7 @@ use tower_lock::{
     LockConfig, Locker, RedisStore, Wait,
     store::{LockStore, RedlockStore, StoreError, StoreErrorKind, TlsConfig},
 };
-use tower_lock_testkit::{RedisServer, TestCerts, TlsOptions, calls_of, free_port};
+use tower_lock_testkit::{ClosedPort, RedisServer, TestCerts, TlsOptions, calls_of};
 
 /// The settings a client of the test servers uses: their CA, and the client certificate when
 /// `client` (which servers that do not ask for one ignore).
@@ -239,7 +239,8 @@ mod cluster {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_unreachable_cluster_is_unavailable() {
         let certs = TestCerts::generate();
-        let seed = format!("rediss://127.0.0.1:{}/", free_port());
+        let closed = ClosedPort::new();
+        let seed = format!("rediss://127.0.0.1:{}/", closed.port());
         let error = timed(ClusterStore::connect_with_tls(
             [seed.as_str()],
             &tls_config(&certs, false),
@@ -339,7 +340,8 @@ mod sentinel {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn unreachable_sentinels_are_unavailable() {
         let certs = TestCerts::generate();
-        let sentinel = format!("rediss://127.0.0.1:{}/", free_port());
+        let closed = ClosedPort::new();
+        let sentinel = format!("rediss://127.0.0.1:{}/", closed.port());
         let error = timed(SentinelStore::connect_with_tls(
             [sentinel.as_str()],
             MASTER_NAME,
@@ -580,7 +582,8 @@ async fn a_wrong_or_missing_password_is_an_authentication_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_is_unavailable() {
-    let port = free_port();
+    let closed = ClosedPort::new();
+    let port = closed.port();
     let url = format!("redis://127.0.0.1:{port}/");
     let error = timed(RedisStore::connect(url.as_str())).await;
     assert_cause(&error, StoreErrorKind::Unavailable, "nothing listens there");

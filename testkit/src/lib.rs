@@ -51,7 +51,7 @@ pub mod tls;
 pub mod wrk;
 
 pub use cluster::{RedisCluster, key_slot, one_node_cluster};
-pub use port::free_port;
+pub use port::{ClosedPort, free_port};
 pub use proxy::Proxy;
 pub use sentinel::SentinelSetup;
 pub use server::{Flavor, RedisServer, ServerOptions, redis_cli};
