@@ -8,7 +8,9 @@
 //! background lease held across synchronous work is renewed, a guard dropped at the end of a
 //! runtime's `block_on` is released, and a release awaited on a runtime that then stalls frees
 //! the key for other instances during the stall, even when it waited behind another call. A
-//! `Locker` and a `LockLayer` polled outside any runtime (another executor) work too.
+//! `Locker` and a `LockLayer` polled outside any runtime (another executor) work too, and a
+//! lease held while a response body streams is renewed after the runtime that ran its handler
+//! went idle or away.
 //!
 //! Redis is stalled for a moment with `CLIENT PAUSE` so that the runtime that goes away has one
 //! call in flight and operations queued behind it when it goes.
@@ -730,8 +732,8 @@ fn a_store_called_outside_any_runtime_reloads_its_scripts() {
     }
 }
 
-/// A `Locker` and a `LockLayer` driven outside any Tokio runtime (a plain executor, as another
-/// runtime's would be): the engine's timers (the store timeout, the renewal tick, the wait
+/// A store connected, and a `Locker` and a `LockLayer` driven, outside any Tokio runtime (a
+/// plain executor, as another runtime's would be): the engine's timers (the store timeout, the renewal tick, the wait
 /// policy's pauses) are the crate runtime's, so a lease is taken, renewed past its TTL, and
 /// released, a contended acquire waits and then gives up, and a locked request is served; no
 /// panic ("there is no reactor running").
@@ -741,8 +743,8 @@ fn a_locker_and_a_layer_driven_outside_any_runtime_work() {
     use tower_lock::{Key, LockLayer};
 
     let server = RedisServer::start();
-    let store =
-        current_thread().block_on(async { RedisStore::connect(server.url()).await.unwrap() });
+    // Connected outside any runtime too.
+    let store = block_on_plain(RedisStore::connect(server.url())).unwrap();
     let ttl = Duration::from_millis(300);
     let config = LockConfig::builder()
         .ttl(ttl)
@@ -799,4 +801,81 @@ fn a_locker_and_a_layer_driven_outside_any_runtime_work() {
         assert!(memory.acquire(key.clone()).await.is_err());
         guard.release().await.unwrap();
     });
+}
+
+/// A response whose lease is held until its body ends (`hold_until_body_end`), made on a
+/// runtime of its own (a runtime-per-request bridge) by a handler that outlived a renewal
+/// interval (so its renewal timer was made while that runtime ran it), then streamed for four
+/// TTLs on another runtime while the first is left idle, or dropped: the lease is renewed all
+/// the same (its timers are the crate runtime's, not the runtime's that first polled them), and
+/// the key is free once the body ends.
+#[test]
+fn a_body_streamed_after_its_runtime_went_idle_or_away_keeps_its_lease() {
+    use crate::support::LockKeys;
+    use tower::{Service, ServiceExt, service_fn};
+    use tower_lock::{Key, LockLayer};
+
+    let server = RedisServer::start();
+    let main = multi_thread(2);
+    let store = store(&server, &main);
+    let ttl = Duration::from_millis(300);
+    let config = LockConfig::builder()
+        .ttl(ttl)
+        .wait(Wait::none())
+        .build()
+        .unwrap();
+    let layer = LockLayer::with_config(store, Key::path(), config).hold_until_body_end(true);
+    let service = tower::ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(
+            move |_: http::Request<axum::body::Body>| async move {
+                // Longer than a renewal interval (a third of the TTL).
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let frames = futures_util::stream::unfold(0, |i| async move {
+                    (i < 8).then_some(())?;
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                    Some((Ok::<_, std::io::Error>(bytes::Bytes::from("x")), i + 1))
+                });
+                Ok::<_, std::convert::Infallible>(http::Response::new(
+                    axum::body::Body::from_stream(frames),
+                ))
+            },
+        ));
+    for dropped in [false, true] {
+        let bridge = current_thread();
+        let mut service = service.clone();
+        let request = http::Request::post(format!("/streamed/{dropped}"))
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let response =
+            bridge.block_on(async { service.ready().await.unwrap().call(request).await.unwrap() });
+        assert_eq!(response.status(), http::StatusCode::OK);
+        let idle = if dropped {
+            drop(bridge);
+            None
+        } else {
+            Some(bridge)
+        };
+        main.block_on(async {
+            use http_body_util::BodyExt;
+            let mut body = response.into_body();
+            let mut frames = 0;
+            while let Some(frame) = body.frame().await {
+                frame.unwrap_or_else(|e| panic!("dropped: {dropped}: the body failed: {e}"));
+                frames += 1;
+                assert_eq!(
+                    server.lock_keys().await.len(),
+                    1,
+                    "dropped: {dropped}: the key was not held at frame {frames} (its lease was \
+                     not renewed)"
+                );
+            }
+            assert_eq!(frames, 8);
+            assert!(
+                server.lock_keys().await.is_empty(),
+                "dropped: {dropped}: the key is still held after the body ended"
+            );
+        });
+        drop(idle);
+    }
 }

@@ -19,7 +19,7 @@ use tokio::{
 use tracing::Span;
 
 use crate::{
-    background::{self, sleep_until, timeout},
+    background::{self, lasting_sleep_until, lasting_timeout, sleep_until},
     error::LostReason,
     key::KeySet,
     lease::Lease,
@@ -34,7 +34,9 @@ const MIN_RETRY: Duration = Duration::from_millis(10);
 /// Renews a lease every `interval` until it is lost, or until its holder releases it.
 ///
 /// One `Sleep` is reset in place for every tick, created at the first poll: a request that
-/// finishes before it ever waits registers no timer. A renewal that fails with a store error is
+/// finishes before it ever waits registers no timer. Its timers are the crate runtime's
+/// ([`background::lasting_sleep_until`]), since the renewer may be handed to the background
+/// task and outlive the runtime that first polled it. A renewal that fails with a store error is
 /// retried (every quarter interval) while the lease is still valid; only a "not ours" answer,
 /// the lease running out, or the max-hold cap make it lost.
 pub(crate) struct Renewer {
@@ -179,7 +181,7 @@ impl Renewer {
             let next_at = self.next_at;
             let sleep = self
                 .sleep
-                .get_or_insert_with(|| Box::pin(sleep_until(next_at)));
+                .get_or_insert_with(|| Box::pin(lasting_sleep_until(next_at)));
             ready!(sleep.as_mut().poll(cx));
             let now = Instant::now();
             if self.hold_until.is_some_and(|h| now >= h) {
@@ -194,7 +196,7 @@ impl Renewer {
             self.in_flight = Some((
                 now,
                 Box::pin(async move {
-                    timeout(limit, renew)
+                    lasting_timeout(limit, renew)
                         .await
                         .unwrap_or_else(|_| Err(StoreError::timeout(limit)))
                 }),

@@ -80,7 +80,7 @@ impl RedisStore {
             .client
             .as_ref()
             .map(|c| c.get_connection_info().addr().to_string());
-        let asked = tokio::time::timeout(EVICTION_CHECK_TIMEOUT, self.evictions())
+        let asked = crate::background::timeout(EVICTION_CHECK_TIMEOUT, self.evictions())
             .await
             .unwrap_or_else(|_| Err(StoreError::timeout(EVICTION_CHECK_TIMEOUT)));
         match asked {
@@ -109,7 +109,8 @@ impl RedisStore {
         let mut info = redis::cmd("INFO");
         info.arg("cluster");
         let asked =
-            tokio::time::timeout(EVICTION_CHECK_TIMEOUT, self.query(Request::Cmd(&info))).await;
+            crate::background::timeout(EVICTION_CHECK_TIMEOUT, self.query(Request::Cmd(&info)))
+                .await;
         if let Ok(Ok(Ok(answer))) = asked
             && info_text(answer)
                 .lines()
