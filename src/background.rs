@@ -155,31 +155,3 @@ pub(crate) fn sleep_until(at: Instant) -> Sleep {
 pub(crate) fn sleep(pause: Duration) -> Sleep {
     with_timers(|| tokio::time::sleep(pause))
 }
-
-/// `make`, run in the crate runtime's context whatever runtime is current (else as
-/// [`with_timers`]): for a timer that may outlive the runtime that first polls it.
-fn with_lasting_timers<T>(make: impl FnOnce() -> T) -> T {
-    // The library's unit tests drive time by hand (a paused clock), which only their own
-    // runtime has: there, timers stay on it, as background work does (see `spawn`).
-    #[cfg(not(test))]
-    if let Some(runtime) = handle() {
-        let _entered = runtime.enter();
-        return make();
-    }
-    with_timers(make)
-}
-
-/// [`tokio::time::sleep_until`], on the crate's runtime whichever runtime makes it: a
-/// renewal's tick, which a lease takes along when it is handed from its holder's future to the
-/// background task (a response body that streams after its handler, on another runtime or
-/// none, while the runtime that ran the handler is left idle or dropped). A timer of that
-/// runtime would then never fire, or panic in the background task.
-pub(crate) fn lasting_sleep_until(at: Instant) -> Sleep {
-    with_lasting_timers(|| tokio::time::sleep_until(at))
-}
-
-/// [`tokio::time::timeout`], on the crate's runtime whichever runtime makes it (see
-/// [`lasting_sleep_until`]): a renewal's store timeout.
-pub(crate) fn lasting_timeout<F: IntoFuture>(limit: Duration, future: F) -> Timeout<F::IntoFuture> {
-    with_lasting_timers(|| tokio::time::timeout(limit, future))
-}

@@ -782,6 +782,42 @@ fn release_without_a_runtime_does_not_panic() {
     drop(guard);
 }
 
+/// A test of an app on a paused clock (`start_paused`), with a handler that sleeps for several
+/// TTLs: the request's renewals follow that clock (their timers are made where the request is
+/// polled), so the key is held throughout and the request succeeds.
+#[tokio::test(start_paused = true)]
+async fn a_handler_outliving_its_ttl_on_a_paused_clock_keeps_its_lease() {
+    let memory = MemoryStore::new();
+    let layer = LockLayer::with_config(
+        memory.clone(),
+        Key::path(),
+        support::ttl_config(Duration::from_millis(300)),
+    );
+    let service = ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(|_req: Request| async {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            Ok::<_, Infallible>(axum::http::Response::new(Body::empty()))
+        }));
+    let request = Request::post("/slow").body(Body::empty()).unwrap();
+    let watch = async {
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            held.push(memory.held());
+        }
+        held
+    };
+    let (response, held) = tokio::join!(service.oneshot(request), watch);
+    assert_eq!(
+        held,
+        [1, 1, 1, 1],
+        "the key was not held throughout the handler"
+    );
+    assert_eq!(response.unwrap().status(), StatusCode::OK);
+    assert_eq!(memory.held(), 0);
+}
+
 /// A renewal that is answered while the release is on its way finds the key gone: that is the
 /// release's doing, and the lease is not reported lost.
 #[tokio::test(start_paused = true)]

@@ -19,7 +19,7 @@ use tokio::{
 use tracing::Span;
 
 use crate::{
-    background::{self, lasting_sleep_until, lasting_timeout, sleep_until},
+    background::{self, sleep_until, timeout},
     error::LostReason,
     key::KeySet,
     lease::Lease,
@@ -34,9 +34,9 @@ const MIN_RETRY: Duration = Duration::from_millis(10);
 /// Renews a lease every `interval` until it is lost, or until its holder releases it.
 ///
 /// One `Sleep` is reset in place for every tick, created at the first poll: a request that
-/// finishes before it ever waits registers no timer. Its timers are the crate runtime's
-/// ([`background::lasting_sleep_until`]), since the renewer may be handed to the background
-/// task and outlive the runtime that first polled it. A renewal that fails with a store error is
+/// finishes before it ever waits registers no timer. Its timers are made where it is polled
+/// (the holder's runtime, whose clock a test may pause); handed to the background task, it
+/// makes them again there ([`Renewer::rehome`]). A renewal that fails with a store error is
 /// retried (every quarter interval) while the lease is still valid; only a "not ours" answer,
 /// the lease running out, or the max-hold cap make it lost.
 pub(crate) struct Renewer {
@@ -124,6 +124,18 @@ impl Renewer {
         }
     }
 
+    /// Forgets the timers made where the renewer was polled so far: its holder's runtime, which
+    /// may be left idle (a timer of it never fires) or dropped (polling one panics) while the
+    /// background task drives the renewer. The tick is made again where it is polled next; a
+    /// renewal in flight, whose store timeout is such a timer, is sent again at once (the one
+    /// dropped is not sent if it has not been yet).
+    fn rehome(&mut self) {
+        self.sleep = None;
+        if self.in_flight.take().is_some() {
+            self.next_at = Instant::now();
+        }
+    }
+
     fn lose(&self, reason: LostReason) -> Poll<LostReason> {
         telemetry::lost(self.lease.key().scope(), reason.as_str());
         tracing::warn!(reason = reason.as_str(), "lease lost: {reason}");
@@ -181,7 +193,7 @@ impl Renewer {
             let next_at = self.next_at;
             let sleep = self
                 .sleep
-                .get_or_insert_with(|| Box::pin(lasting_sleep_until(next_at)));
+                .get_or_insert_with(|| Box::pin(sleep_until(next_at)));
             ready!(sleep.as_mut().poll(cx));
             let now = Instant::now();
             if self.hold_until.is_some_and(|h| now >= h) {
@@ -196,7 +208,7 @@ impl Renewer {
             self.in_flight = Some((
                 now,
                 Box::pin(async move {
-                    lasting_timeout(limit, renew)
+                    timeout(limit, renew)
                         .await
                         .unwrap_or_else(|_| Err(StoreError::timeout(limit)))
                 }),
@@ -331,7 +343,8 @@ impl Shared {
 impl Background {
     /// Renews `renewer`'s lease in the background until it is lost, or released (see
     /// [`Lease::set_releasing`]), on the crate's runtime.
-    pub(crate) fn drive(&self, renewer: Renewer, span: Span) {
+    pub(crate) fn drive(&self, mut renewer: Renewer, span: Span) {
+        renewer.rehome();
         let due = renewer.next_at;
         let mut queue = self.shared.queue();
         let start = queue.wakes_at.is_none();
