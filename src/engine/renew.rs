@@ -525,6 +525,56 @@ mod tests {
         Renewer::new(Arc::clone(store), lease, token, None, settings)
     }
 
+    /// A `MemoryStore` whose renewals wait for a permit of `gate`, then answer "not held".
+    struct Gated {
+        inner: MemoryStore,
+        gate: Arc<tokio::sync::Semaphore>,
+    }
+
+    impl crate::store::LockStore for Gated {
+        async fn acquire(
+            &self,
+            key: &crate::key::LockKey,
+            token: &Token,
+            ttl: Duration,
+        ) -> Result<crate::store::Acquire, StoreError> {
+            self.inner.acquire(key, token, ttl).await
+        }
+
+        async fn renew(&self, _: &LockKey, _: &Token, _: Duration) -> Result<bool, StoreError> {
+            let _permit = self.gate.acquire().await;
+            Ok(false)
+        }
+
+        async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, StoreError> {
+            self.inner.release(key, token).await
+        }
+    }
+
+    /// A renewal sent before its holder began releasing and answered "not held" after (the
+    /// release got there first) is the release's doing: the lease is not reported lost.
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_answered_after_the_release_began_is_not_a_loss() {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let store = Arc::new(Backend::new(Gated {
+            inner: MemoryStore::new(),
+            gate: Arc::clone(&gate),
+        }));
+        let mut renewer = renewer(&store, 0, true).await;
+        let lease = renewer.lease.clone();
+        let mut poll = || {
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            renewer.poll_lost(&mut cx).is_pending()
+        };
+        assert!(poll());
+        tokio::time::advance(TTL / 3 + Duration::from_millis(10)).await;
+        assert!(poll(), "the renewal is answered only once the gate opens");
+        lease.set_releasing();
+        gate.add_permits(1);
+        assert!(poll());
+        assert!(!lease.is_lost(), "{:?}", lease.lost_reason());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn leases_released_before_their_first_renewal_do_not_pile_up() {
         let store = Arc::new(Backend::new(MemoryStore::new()));
