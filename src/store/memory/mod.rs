@@ -31,7 +31,11 @@ const SWEEP_EVERY: u64 = 1024;
 /// served by *this* process. Use it for a single instance, for demos and for tests of the layer's
 /// own behaviour; never for instances that must exclude each other.
 ///
-/// Clones share the same leases. Expiry follows [`tokio::time`], so paused-time tests work.
+/// Clones share the same leases. Expiry follows [`tokio::time`], so paused-time tests work: a
+/// request's renewals follow the test's clock too, since they are timed where the request is
+/// polled. A [`LeaseGuard`](crate::LeaseGuard)'s renewals (and a lease kept while a response
+/// body streams) run on the crate's own runtime, whose clock a test's `start_paused` does not
+/// pause: on a paused clock, hold a guard for less than its TTL of paused time.
 /// Fencing tokens come from one counter per store, so they increase strictly for every key, and
 /// follow the system clock in µs as Redis's follow the server's (`max(last + 1, now)`).
 #[derive(Debug, Clone, Default)]
