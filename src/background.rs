@@ -24,7 +24,7 @@ use tokio::{
     time::{Instant, Sleep, Timeout},
 };
 
-use crate::telemetry::Chain;
+use crate::{store::StoreError, telemetry::Chain};
 
 /// The crate's runtime, or `None` if its thread or runtime could not be started (then the
 /// current runtime is used, as a last resort).
@@ -154,4 +154,15 @@ pub(crate) fn sleep_until(at: Instant) -> Sleep {
 /// [`tokio::time::sleep`], made where a timer can be (see [`with_timers`]).
 pub(crate) fn sleep(pause: Duration) -> Sleep {
     with_timers(|| tokio::time::sleep(pause))
+}
+
+/// A store call bounded by `limit` (a [`timeout`], made where a timer can be): its answer, or a
+/// [`StoreError::timeout`] once `limit` has passed.
+pub(crate) async fn bounded<T>(
+    limit: Duration,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    timeout(limit, call)
+        .await
+        .unwrap_or_else(|_| Err(StoreError::timeout(limit)))
 }

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::{local::GaveUp, release::ReleaseOnDrop, state::Engine, terms::Terms};
 use crate::{
-    background::{sleep_until, timeout},
+    background::{bounded, sleep_until},
     config::MAX_DURATION,
     error::{ConfigError, LockError},
     key::{KeyRejection, KeySet, Share},
@@ -326,17 +326,16 @@ impl Waiter {
         guard.asking();
         let (store, token, waits) = (guard.store(), guard.token().clone(), self.wait.waits());
         let answer = match guard.keys().as_one() {
-            Some(key) => timeout(limit, store.attempt(key.clone(), token, ttl, waits))
+            Some(key) => bounded(limit, store.attempt(key.clone(), token, ttl, waits))
                 .await
-                .map(|answer| answer.map(Answer::from)),
-            None => timeout(
+                .map(Answer::from),
+            None => bounded(
                 limit,
                 store.attempt_set(guard.keys().clone(), token, ttl, waits),
             )
             .await
-            .map(|answer| answer.map(Answer::from)),
-        }
-        .unwrap_or_else(|_| Err(StoreError::timeout(limit)));
+            .map(Answer::from),
+        };
         telemetry::round_trip(Op::Acquire, sent_at.elapsed());
         let mut not_yet = NotYet {
             expires_in: None,

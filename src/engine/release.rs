@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use super::local::Turns;
 use crate::{
-    background::{self, sleep, timeout},
+    background::{self, bounded, sleep},
     key::{KeySet, LockKey},
     lease::Lease,
     store::{Backend, BoxFuture, StoreError, StoreErrorKind},
@@ -256,11 +256,7 @@ impl ReleaseOnDrop {
                 .release_set(self.keys.clone(), self.token.clone(), self.timeout),
             Some(op) => {
                 let (call, limit) = ((op.0)(), self.timeout);
-                Box::pin(async move {
-                    timeout(limit, call)
-                        .await
-                        .unwrap_or_else(|_| Err(StoreError::timeout(limit)))
-                })
+                Box::pin(bounded(limit, call))
             }
         }
     }

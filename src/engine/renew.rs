@@ -19,7 +19,7 @@ use tokio::{
 use tracing::Span;
 
 use crate::{
-    background::{self, sleep_until, timeout},
+    background::{self, bounded, sleep_until},
     error::LostReason,
     key::KeySet,
     lease::Lease,
@@ -205,14 +205,7 @@ impl Renewer {
             }
             let limit = self.store_timeout.min(left);
             let renew = renew_keys(&self.store, self.lease.keys(), &self.token, self.ttl);
-            self.in_flight = Some((
-                now,
-                Box::pin(async move {
-                    timeout(limit, renew)
-                        .await
-                        .unwrap_or_else(|_| Err(StoreError::timeout(limit)))
-                }),
-            ));
+            self.in_flight = Some((now, Box::pin(bounded(limit, renew))));
         }
     }
 }
@@ -534,7 +527,7 @@ mod tests {
     impl crate::store::LockStore for Gated {
         async fn acquire(
             &self,
-            key: &crate::key::LockKey,
+            key: &LockKey,
             token: &Token,
             ttl: Duration,
         ) -> Result<crate::store::Acquire, StoreError> {

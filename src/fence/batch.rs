@@ -8,10 +8,7 @@ use super::{FenceError, data::FencedData, fence_key, is_lock_namespace};
 use crate::{
     key::LockKey,
     lease::Lease,
-    store::{
-        StoreError,
-        fenced::{Applied, DataOp, Plan, Reply},
-    },
+    store::fenced::{Applied, DataOp, Plan, Reply},
 };
 
 /// Reads and writes applied together in one atomic step, only if every resource's fence
@@ -193,9 +190,7 @@ impl Batch {
         };
         let limit = self.data.batch_timeout();
         let applied =
-            crate::background::timeout(limit, Arc::clone(self.data.backend()).apply(plan))
-                .await
-                .unwrap_or_else(|_| Err(StoreError::timeout(limit)))?;
+            crate::background::bounded(limit, Arc::clone(self.data.backend()).apply(plan)).await?;
         match applied {
             Applied::Done(replies) => Ok(Replies(replies)),
             Applied::Stale { resource, fence } => {

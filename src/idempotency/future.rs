@@ -6,7 +6,6 @@ use std::{
         atomic::{AtomicBool, Ordering},
     },
     task::{Context, Poll, ready},
-    time::Duration,
 };
 
 use bytes::{Bytes, BytesMut};
@@ -26,7 +25,7 @@ use super::{
     state::IdempotencyState,
 };
 use crate::{
-    background::timeout,
+    background::bounded,
     engine::{Guarded, Held, Hold, LetGo, Release, poll_guarded},
     error::LockError,
     key::LockKey,
@@ -135,18 +134,6 @@ pub(crate) struct Run {
 }
 
 const POLLED_AFTER_READY: &str = "idempotency ResponseFuture polled after completion";
-
-/// `fut`, bounded by `limit`.
-fn bounded<T: Send + 'static>(
-    limit: Duration,
-    fut: BoxFuture<Result<T, StoreError>>,
-) -> BoxFuture<Result<T, StoreError>> {
-    Box::pin(async move {
-        timeout(limit, fut)
-            .await
-            .unwrap_or_else(|_| Err(StoreError::timeout(limit)))
-    })
-}
 
 impl<S, ReqBody, ResBody> ResponseFuture<S, ReqBody, ResBody>
 where
@@ -369,7 +356,10 @@ where
     let pending = pending.take();
     let key = pending.as_ref().expect(POLLED_AFTER_READY).key.clone();
     let store_timeout = layer.config.lock().store_timeout();
-    let lookup = bounded(store_timeout, Arc::clone(&layer.records).lookup(key));
+    let lookup: BoxFuture<_> = Box::pin(bounded(
+        store_timeout,
+        Arc::clone(&layer.records).lookup(key),
+    ));
     Poll::Ready(State::LookingUp {
         lookup,
         pending,

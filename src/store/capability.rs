@@ -474,11 +474,7 @@ impl Backend {
                 })
             }
         };
-        Box::pin(async move {
-            crate::background::timeout(limit, release)
-                .await
-                .unwrap_or_else(|_| Err(StoreError::timeout(limit)))
-        })
+        Box::pin(crate::background::bounded(limit, release))
     }
 
     /// Registers for the next release of any of `keys` (a store that announces them).

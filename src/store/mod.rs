@@ -207,9 +207,7 @@ impl<S: LockStore> DynStore for S {
         limit: Duration,
     ) -> BoxFuture<Result<bool, StoreError>> {
         Box::pin(async move {
-            crate::background::timeout(limit, LockStore::release(&*self, &key, &token))
-                .await
-                .unwrap_or_else(|_| Err(StoreError::timeout(limit)))
+            crate::background::bounded(limit, LockStore::release(&*self, &key, &token)).await
         })
     }
 

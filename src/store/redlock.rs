@@ -11,7 +11,13 @@ use tokio::time::Instant;
 use super::{
     Acquire, Capabilities, LockStore, RedisStore, StoreError, StoreErrorKind, redis::redis_error,
 };
-use crate::{background::timeout, error::ConfigError, key::LockKey, store::StoreId, token::Token};
+use crate::{
+    background::{bounded, timeout},
+    error::ConfigError,
+    key::LockKey,
+    store::StoreId,
+    token::Token,
+};
 
 /// Leases held on a majority of N independent Redis masters: the
 /// [Redlock](https://redis.io/docs/latest/develop/clients/patterns/distributed-locks/)
@@ -238,15 +244,7 @@ impl RedlockStore {
         Fut: Future<Output = Result<T, StoreError>> + 'a,
     {
         let limit = self.timeout_for(ttl);
-        join_all(self.nodes.iter().map(|node| {
-            let call = op(node);
-            async move {
-                timeout(limit, call)
-                    .await
-                    .unwrap_or_else(|_| Err(StoreError::timeout(limit)))
-            }
-        }))
-        .await
+        join_all(self.nodes.iter().map(|node| bounded(limit, op(node)))).await
     }
 
     /// Puts a lease that a quorum has just renewed back on the nodes at `indices`, which

@@ -80,9 +80,7 @@ impl RedisStore {
             .client
             .as_ref()
             .map(|c| c.get_connection_info().addr().to_string());
-        let asked = crate::background::timeout(EVICTION_CHECK_TIMEOUT, self.evictions())
-            .await
-            .unwrap_or_else(|_| Err(StoreError::timeout(EVICTION_CHECK_TIMEOUT)));
+        let asked = crate::background::bounded(EVICTION_CHECK_TIMEOUT, self.evictions()).await;
         match asked {
             Ok(servers) => {
                 for server in servers {
