@@ -14,7 +14,7 @@ use super::{
     RedisStore,
     connection::{Request, redis_error},
 };
-use crate::{background::OnRuntime, store::StoreError};
+use crate::store::StoreError;
 
 pub(super) struct Scripts {
     /// A batch of acquires, releases, renewals and idempotent completions.
@@ -269,16 +269,13 @@ impl RedisStore {
             Role::Wait(mut running, started) => {
                 // Ends when the load does (its sender is dropped), or when it has had its time.
                 let left = LOAD_TIMEOUT.saturating_sub(started.elapsed());
-                // The timers are the crate runtime's: a caller outside any runtime may be here.
-                let _ =
-                    OnRuntime::new(async { tokio::time::timeout(left, running.changed()).await })
-                        .await;
+                // Made where timers can be: a caller outside any runtime may be here.
+                let _ = crate::background::timeout(left, running.changed()).await;
             }
             Role::Load(done) => {
-                let loaded = OnRuntime::new(async {
-                    tokio::time::timeout(LOAD_TIMEOUT, self.query(Request::Load(script))).await
-                })
-                .await;
+                let loaded =
+                    crate::background::timeout(LOAD_TIMEOUT, self.query(Request::Load(script)))
+                        .await;
                 let mut loads = self.scripts.loads.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(load) = loads.get_mut(script.get_hash()) {
                     if load
