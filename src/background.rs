@@ -104,24 +104,13 @@ pin_project! {
     pub(crate) struct OnRuntime<F> {
         #[pin]
         inner: F,
-        // False for a connection that belongs to the runtime that polls it (`here`).
-        enter: bool,
     }
 }
 
-#[cfg_attr(not(feature = "redis"), allow(dead_code))] // constructed by the Redis stores
 impl<F> OnRuntime<F> {
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))] // constructed by the Redis stores
     pub(crate) fn new(inner: F) -> Self {
-        Self { inner, enter: true }
-    }
-
-    /// `inner` polled in the context of whatever runtime polls it: for a connection opened on
-    /// a caller's runtime, whose I/O (and reconnections) stay there.
-    pub(crate) fn here(inner: F) -> Self {
-        Self {
-            inner,
-            enter: false,
-        }
+        Self { inner }
     }
 }
 
@@ -129,13 +118,8 @@ impl<F: Future> Future for OnRuntime<F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.project();
-        let _entered = if *this.enter {
-            handle().map(Handle::enter)
-        } else {
-            None
-        };
-        this.inner.poll(cx)
+        let _entered = handle().map(Handle::enter);
+        self.project().inner.poll(cx)
     }
 }
 

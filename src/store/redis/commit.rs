@@ -42,16 +42,11 @@ use std::{
 };
 
 use futures_util::{StreamExt, stream::FuturesUnordered};
-use redis::{Client, Script, Value};
-use tokio::{
-    runtime::Handle,
-    sync::{mpsc, oneshot},
-};
+use redis::{Script, Value};
+use tokio::sync::{mpsc, oneshot};
 
 use super::{
     RedisStore,
-    connection::Transport,
-    near::Near,
     wire::{Answer, Answers, DONE, NOT_HELD, Op, UNREADABLE, answer_of, is_cross_slot},
 };
 use crate::{
@@ -74,10 +69,6 @@ pub(super) struct Committer {
     /// answer independently.
     window: usize,
     inbox: OnceLock<mpsc::UnboundedSender<Queued>>,
-    /// Where the driver runs: the crate's runtime, or (a near driver's) a caller's.
-    home: Option<Handle>,
-    /// The drivers of this queue on its callers' runtimes, for their acquires.
-    near: Option<Arc<Near>>,
 }
 
 /// An operation and where its answer goes.
@@ -107,53 +98,22 @@ impl Committer {
         Self {
             window: window.max(1),
             inbox: OnceLock::new(),
-            home: None,
-            near: None,
         }
     }
 
-    /// A near driver's queue: its driver runs on `runtime`.
-    pub(super) fn here(runtime: Handle) -> Self {
-        Self {
-            home: Some(runtime),
-            ..Self::new(1)
-        }
-    }
-
-    /// With drivers on its callers' runtimes for their acquires, connected through `client`.
-    pub(super) fn with_near(mut self, client: Arc<Client>) -> Self {
-        self.near = Some(Arc::new(Near::new(client)));
-        self
-    }
-
-    /// A queue of its own for a copy of the store with other settings (near drivers of its own
-    /// too, if this one has them).
-    pub(super) fn again(&self) -> Self {
-        Self {
-            near: self.near.as_ref().map(|near| Arc::new(near.again())),
-            ..Self::new(self.window)
-        }
-    }
-
-    #[cfg(test)]
-    pub(super) fn near(&self) -> Option<&Arc<Near>> {
-        self.near.as_ref()
-    }
-
-    /// Whether a driver was started for this queue.
-    #[cfg(test)]
-    pub(super) fn started(&self) -> bool {
-        self.inbox.get().is_some()
-    }
-
-    /// Whether the driver is gone (its runtime shut down): nothing queued is answered.
-    pub(super) fn is_closed(&self) -> bool {
-        self.inbox.get().is_some_and(mpsc::UnboundedSender::is_closed)
+    pub(super) fn window(&self) -> usize {
+        self.window
     }
 
     /// Puts `queued` in the driver's inbox, starting the driver for `store` if it is the
-    /// first; gives it back if there is no driver to take it.
-    fn queue(&self, store: &RedisStore, queued: Queued) -> Result<(), Queued> {
+    /// first.
+    fn queue(&self, store: &RedisStore, queued: Queued) -> Result<(), StoreError> {
+        let no_runtime = || {
+            StoreError::msg(
+                StoreErrorKind::Backend,
+                "the lock operation was not sent: no Tokio runtime runs the store's calls",
+            )
+        };
         let inbox = match self.inbox.get() {
             Some(inbox) => inbox,
             None => {
@@ -171,25 +131,16 @@ impl Committer {
                     unsettled: Vec::new(),
                 };
                 // Without a runtime to run on, nothing is kept: a later operation tries again.
-                let driver = drive(store, queue);
-                match &self.home {
-                    None => {
-                        if !crate::background::spawn(driver) {
-                            return Err(queued);
-                        }
-                    }
-                    Some(runtime) => drop(runtime.spawn(driver)),
+                if !crate::background::spawn(drive(store, queue)) {
+                    return Err(no_runtime());
                 }
                 // Two first operations at once each started a driver: the one set first is
                 // the store's, the other's ends with its inbox, now dropped.
                 let _ = self.inbox.set(sender);
-                match self.inbox.get() {
-                    Some(inbox) => inbox,
-                    None => return Err(queued),
-                }
+                self.inbox.get().ok_or_else(no_runtime)?
             }
         };
-        inbox.send(queued).map_err(|refused| refused.0)
+        inbox.send(queued).map_err(|_| no_runtime())
     }
 }
 
@@ -318,28 +269,7 @@ impl RedisStore {
     /// Runs `op` in the store's next call: at once when nothing is in flight.
     pub(super) async fn submit(&self, op: Op) -> Result<Answer, StoreError> {
         let (reply, answer) = oneshot::channel();
-        let mut queued = Queued { op, reply };
-        // An acquire through the caller's runtime's own driver, where it has one.
-        if let (Some(near), Op::Acquire { .. }) = (&self.committer.near, &queued.op)
-            && let Some(store) = near.store(self)
-        {
-            match store.committer.queue(&store, queued) {
-                Ok(()) => return Self::answer_of(answer).await,
-                Err(back) => queued = back,
-            }
-        }
-        self.committer.queue(self, queued).map_err(|_| {
-            StoreError::msg(
-                StoreErrorKind::Backend,
-                "the lock operation was not sent: no Tokio runtime runs the store's calls",
-            )
-        })?;
-        Self::answer_of(answer).await
-    }
-
-    async fn answer_of(
-        answer: oneshot::Receiver<Result<Answer, StoreError>>,
-    ) -> Result<Answer, StoreError> {
+        self.committer.queue(self, Queued { op, reply })?;
         answer.await.unwrap_or_else(|_| {
             Err(StoreError::msg(
                 StoreErrorKind::Backend,
@@ -354,32 +284,11 @@ impl RedisStore {
     async fn answer(&self, ops: Ops) {
         let answers = tokio::select! {
             biased;
-            answers = self.answers(&ops) => Some(answers),
-            () = all_left(&ops) => None,
+            answers = self.answers(&ops) => answers,
+            () = all_left(&ops) => return,
         };
-        let near = matches!(self.transport, Transport::Here(_));
-        let mut undo = Ops::new();
         for (i, queued) in ops.into_iter().enumerate() {
-            let answer = answers.as_ref().map(|answers| answers.get(i).clone());
-            let taken = match answer {
-                Some(answer) => queued.reply.send(answer).is_ok(),
-                None => false,
-            };
-            // A near driver's acquire whose caller left: its release, sent by the caller's
-            // guard through the store's own driver, may have overtaken it.
-            if near
-                && !taken
-                && let Op::Acquire { key, token, .. } = queued.op
-            {
-                let (reply, _) = oneshot::channel();
-                undo.push(Queued {
-                    op: Op::Release { key, token },
-                    reply,
-                });
-            }
-        }
-        if !undo.is_empty() {
-            let _ = self.answers(&undo).await;
+            let _ = queued.reply.send(answers.get(i).clone());
         }
     }
 

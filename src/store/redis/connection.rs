@@ -18,9 +18,6 @@ use crate::{
 #[derive(Clone)]
 pub(super) enum Transport {
     Manager(ConnectionManager),
-    /// A connection opened on a caller's runtime, whose I/O task (and reconnections) run there:
-    /// a near driver's ([`super::near`]).
-    Here(ConnectionManager),
     Multiplexed(MultiplexedConnection),
     #[cfg(feature = "bb8")]
     Pool(bb8::Pool<RedisConnectionManager>),
@@ -31,16 +28,12 @@ pub(super) enum Transport {
 impl Transport {
     /// See [`RedisStore::query`]. Polled in the crate's runtime context ([`OnRuntime`]): a
     /// connection the call opens or reopens (the first, a reconnection, a pooled one) runs its
-    /// I/O task there, whichever runtime the caller is on. But a connection of a caller's
-    /// runtime ([`Here`](Self::Here)), polled where it is.
+    /// I/O task there, whichever runtime the caller is on.
     pub(super) fn query<'a>(
         &'a self,
         request: Request<'a>,
     ) -> OnRuntime<impl Future<Output = Result<Result<Value, RedisError>, StoreError>> + 'a> {
-        match self {
-            Self::Here(_) => OnRuntime::here(self.send(request)),
-            _ => OnRuntime::new(self.send(request)),
-        }
+        OnRuntime::new(self.send(request))
     }
 
     async fn send(&self, request: Request<'_>) -> Result<Result<Value, RedisError>, StoreError> {
@@ -61,7 +54,7 @@ impl Transport {
             // A single command straight to the connection: `query_async` would go through
             // `ConnectionLike`, which boxes every command's future (an allocation above the
             // allocator's per-thread cache, per command).
-            (Self::Manager(conn) | Self::Here(conn), Request::Cmd(cmd)) => conn
+            (Self::Manager(conn), Request::Cmd(cmd)) => conn
                 .clone()
                 .send_packed_command(cmd)
                 .await
@@ -71,9 +64,7 @@ impl Transport {
                 .send_packed_command(cmd)
                 .await
                 .and_then(Value::extract_error),
-            (Self::Manager(conn) | Self::Here(conn), request) => {
-                run(request, &mut conn.clone()).await
-            }
+            (Self::Manager(conn), request) => run(request, &mut conn.clone()).await,
             (Self::Multiplexed(conn), request) => run(request, &mut conn.clone()).await,
             #[cfg(feature = "cluster")]
             (Self::Cluster(conn), request) => run(request, &mut conn.clone()).await,

@@ -14,7 +14,6 @@ mod fenced;
 mod handoff;
 mod keys;
 mod native;
-mod near;
 mod probe;
 mod records;
 mod replicas;
@@ -250,10 +249,7 @@ impl RedisStore {
 
     /// [`connect`](Self::connect) to a parsed URL.
     async fn connect_info<T: IntoConnectionInfo>(info: T) -> Result<Self, StoreError> {
-        let mut store = Self::connect_plain(info).await?;
-        if let Some(client) = &store.client {
-            store.committer = Arc::new(Committer::new(1).with_near(Arc::clone(client)));
-        }
+        let store = Self::connect_plain(info).await?;
         Ok(store.enable_handoff())
     }
 
@@ -565,7 +561,7 @@ impl RedisStore {
     /// A group-commit queue of its own, for a copy with other settings: every setter calls it,
     /// since a queue's driver sends its calls with the settings of the store that started it.
     fn own_queue(mut self) -> Self {
-        self.committer = Arc::new(self.committer.again());
+        self.committer = Arc::new(Committer::new(self.committer.window()));
         self
     }
 
@@ -702,7 +698,7 @@ impl LockStore for RedisStore {
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let transport = match self.transport {
-            Transport::Manager(_) | Transport::Here(_) => "ConnectionManager",
+            Transport::Manager(_) => "ConnectionManager",
             Transport::Multiplexed(_) => "MultiplexedConnection",
             #[cfg(feature = "bb8")]
             Transport::Pool(_) => "bb8::Pool",
