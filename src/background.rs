@@ -2,8 +2,8 @@
 //! process, running a current-thread Tokio runtime. It drives the work that no caller's future
 //! polls, so that none of it depends on a runtime of the application being driven (a
 //! current-thread runtime whose `block_on` returned, one made per request and dropped after
-//! it): the Redis connections' I/O tasks ([`OnRuntime`]), background renewals, releases on drop
-//! and the retries of failed releases and completions ([`spawn`]).
+//! it): the Redis connections' I/O tasks ([`OnRuntime`]), background renewals, releases on drop,
+//! the retries of failed releases and completions, and shared script loads ([`spawn`]).
 //!
 //! It lives for the process rather than with what uses it: a release on drop, or its retry,
 //! may still be running when the last store, locker and guard are gone, and must finish; and an

@@ -10,7 +10,8 @@
 //! the key for other instances during the stall, even when it waited behind another call. A
 //! `Locker` and a `LockLayer` polled outside any runtime (another executor) work too, and a
 //! lease held while a response body streams is renewed after the runtime that ran its handler
-//! went idle or away.
+//! went idle or away. A script load (after `SCRIPT FLUSH`) started by a runtime that then went
+//! idle holds up nobody either.
 //!
 //! Redis is stalled for a moment with `CLIENT PAUSE` so that the runtime that goes away has one
 //! call in flight and operations queued behind it when it goes.
@@ -21,10 +22,11 @@ use futures_util::future::join_all;
 use tokio::runtime::{Builder, Runtime};
 use tower_lock::{
     LockConfig, Locker, RedisStore, Wait,
+    fence::{FencedData, data_key},
     key::LockKey,
     store::{Acquire, LockStore, StoreError, Token},
 };
-use tower_lock_testkit::RedisServer;
+use tower_lock_testkit::{Proxy, RedisServer};
 
 fn multi_thread(workers: usize) -> Runtime {
     Builder::new_multi_thread()
@@ -878,4 +880,63 @@ fn a_body_streamed_after_its_runtime_went_idle_or_away_keeps_its_lease() {
         });
         drop(idle);
     }
+}
+
+/// A script load started by a caller whose runtime then stops being driven (its `block_on`
+/// returned with the load in flight) frees the calls waiting for it as soon as Redis has the
+/// script: the load runs on the crate's runtime. Redis is reached through a proxy that delays
+/// everything 200 ms each way, so that the load is in flight when that runtime goes idle, and a
+/// second write reaches Redis before the load does and hears NOSCRIPT after it started. (When
+/// the load was the first caller's own, the second write waited the 2 s a load may take before
+/// another caller starts one: 2.5 s in all.)
+#[test]
+fn a_script_load_started_on_a_runtime_that_went_idle_frees_the_others() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let main = multi_thread(2);
+    let (store, guard) = main.block_on(async {
+        let store = RedisStore::connect(proxy.url()).await.unwrap();
+        let locker = Locker::with_config(store.clone(), config());
+        let guard = locker
+            .acquire(locker.key("reload", "k").unwrap())
+            .await
+            .unwrap();
+        (store, guard)
+    });
+    let data = FencedData::new(store).timeout(Duration::from_secs(5));
+    let lease = guard.lease().clone();
+    let key = data_key("counter:", lease.keys().first().unwrap());
+    assert!(server.cli(&["SCRIPT", "FLUSH"]).contains("OK"));
+    proxy.latency(Duration::from_millis(200));
+    let write = {
+        let (data, lease, key) = (data.clone(), lease.clone(), key.clone());
+        move || async move { data.batch(&lease).incr_by(&key, 1).apply().await }
+    };
+    // The first write reaches Redis at 200 ms, hears NOSCRIPT at 400 and starts the load, which
+    // reaches Redis at 600 and answers at 800; its runtime stops being driven at 600.
+    let idle = current_thread();
+    let first = idle.spawn(write.clone()());
+    // The second reaches Redis at 450, before the load, and hears NOSCRIPT at 650.
+    let second = main.spawn(async move {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let sent = Instant::now();
+        let answer = write().await;
+        (sent.elapsed(), answer)
+    });
+    idle.block_on(async { tokio::time::sleep(Duration::from_millis(600)).await });
+    let (took, answer) = main.block_on(second).unwrap();
+    assert!(answer.is_ok(), "{answer:?}");
+    // Its NOSCRIPT, the wait for the load, and the write again: about 950 ms.
+    assert!(
+        took > Duration::from_millis(700),
+        "the second write took {took:?}: it did not hear NOSCRIPT, so the test checked nothing"
+    );
+    assert!(
+        took < Duration::from_millis(1800),
+        "the second write waited {took:?} for the idle runtime's load"
+    );
+    drop(first);
+    drop(idle);
+    proxy.heal();
+    main.block_on(guard.release()).unwrap();
 }

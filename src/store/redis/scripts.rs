@@ -39,8 +39,8 @@ pub(super) struct Scripts {
 struct Load {
     /// When the last one finished.
     done_at: Option<Instant>,
-    /// The one in flight, in its caller's future: when it started, and a receiver whose sender
-    /// that caller drops when it finishes (or gives up).
+    /// The one in flight, in a task on the crate's runtime: when it started, and a receiver
+    /// whose sender that task drops when it ends.
     running: Option<(Instant, watch::Receiver<()>)>,
 }
 
@@ -233,66 +233,67 @@ impl RedisStore {
 
     /// Has `script` loaded after a call sent at `sent_at` met NOSCRIPT, unless this store
     /// loaded it since. After a restart or `SCRIPT FLUSH` every call in flight meets NOSCRIPT at
-    /// once: the first loads it in its own future, the others wait for that same load (never for
-    /// each other, and never longer than [`LOAD_TIMEOUT`] after it started: it may be the
-    /// future of a runtime that is no longer driven), then all send their call again, so the
-    /// server sees one `SCRIPT LOAD` per script, not one per call. A failed, timed-out or
-    /// abandoned load is not reported here: the caller's second attempt meets NOSCRIPT and
-    /// loads the script itself.
+    /// once: the first starts a load and all wait for that one load (never for each other, and
+    /// never longer than [`LOAD_TIMEOUT`] after it started), then send their call again, so the
+    /// server sees one `SCRIPT LOAD` per script, not one per call. The load runs on the crate's
+    /// runtime: it ends, and frees the others, whether or not the runtime of the caller that
+    /// started it is still driven (a `block_on` that returned). A failed or timed-out load is
+    /// not reported here: the caller's second attempt meets NOSCRIPT and loads the script
+    /// itself.
     async fn reload(&self, script: &Script, sent_at: Instant) {
-        enum Role {
-            Wait(watch::Receiver<()>, Instant),
-            Load(watch::Sender<()>),
-        }
-        let role = {
+        let (mut running, started) = {
             let mut loads = self.scripts.loads.lock().unwrap_or_else(|p| p.into_inner());
             let load = loads.entry(script.get_hash().to_owned()).or_default();
             // Loaded after our call was sent: our call ran before the load, send it again.
             if load.done_at.is_some_and(|done| done > sent_at) {
                 return;
             }
-            // A load whose caller gave up, or that has run for longer than it may, counts as
-            // none.
+            // A load that ended without loading, or that has run for longer than it may,
+            // counts as none.
             let live = load.running.as_ref().filter(|(started, running)| {
                 running.has_changed().is_ok() && started.elapsed() < LOAD_TIMEOUT
             });
             match live {
-                Some((started, running)) => Role::Wait(running.clone(), *started),
+                Some((started, running)) => (running.clone(), *started),
                 None => {
                     let (done, running) = watch::channel(());
-                    load.running = Some((Instant::now(), running));
-                    Role::Load(done)
+                    let started = Instant::now();
+                    load.running = Some((started, running.clone()));
+                    let (store, script) = (self.clone(), script.clone());
+                    // Without any runtime to run it on, nothing to wait for.
+                    if !crate::background::spawn(async move { store.load(&script, done).await }) {
+                        return;
+                    }
+                    (running, started)
                 }
             }
         };
-        match role {
-            Role::Wait(mut running, started) => {
-                // Ends when the load does (its sender is dropped), or when it has had its time.
-                let left = LOAD_TIMEOUT.saturating_sub(started.elapsed());
-                // Made where timers can be: a caller outside any runtime may be here.
-                let _ = crate::background::timeout(left, running.changed()).await;
+        // Ends when the load does (its sender is dropped), or when it has had its time.
+        let left = LOAD_TIMEOUT.saturating_sub(started.elapsed());
+        // Made where timers can be: a caller outside any runtime may be here.
+        let _ = crate::background::timeout(left, running.changed()).await;
+    }
+
+    /// The shared load of `script` that [`reload`](Self::reload) started; `done` is dropped
+    /// when it ends, which frees the calls waiting for it.
+    async fn load(&self, script: &Script, done: watch::Sender<()>) {
+        let loaded =
+            crate::background::timeout(LOAD_TIMEOUT, self.query(Request::Load(script))).await;
+        let mut loads = self.scripts.loads.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(load) = loads.get_mut(script.get_hash()) {
+            if load
+                .running
+                .as_ref()
+                .is_some_and(|(_, running)| running.same_channel(&done.subscribe()))
+            {
+                load.running = None;
             }
-            Role::Load(done) => {
-                let loaded =
-                    crate::background::timeout(LOAD_TIMEOUT, self.query(Request::Load(script)))
-                        .await;
-                let mut loads = self.scripts.loads.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(load) = loads.get_mut(script.get_hash()) {
-                    if load
-                        .running
-                        .as_ref()
-                        .is_some_and(|(_, running)| running.same_channel(&done.subscribe()))
-                    {
-                        load.running = None;
-                    }
-                    if matches!(loaded, Ok(Ok(Ok(_)))) {
-                        load.done_at = Some(Instant::now());
-                    }
-                }
-                drop(loads);
-                drop(done);
+            if matches!(loaded, Ok(Ok(Ok(_)))) {
+                load.done_at = Some(Instant::now());
             }
         }
+        drop(loads);
+        drop(done);
     }
 }
 
@@ -314,9 +315,11 @@ mod tests {
         token::Token,
     };
 
-    /// A script load started by a future that is then no longer polled (its runtime's
-    /// `block_on` returned) does not hold up the calls of other runtimes that meet `NOSCRIPT`
-    /// later: they wait for it at most its time, then load the script themselves.
+    /// A script load left on a runtime that is no longer driven (its `block_on` returned) does
+    /// not hold up the calls of other runtimes that meet `NOSCRIPT` later: they wait for it at
+    /// most its time, then load the script themselves. (In the crate's unit tests background
+    /// work runs on the current runtime, so the load's task is the idle runtime's here; with the
+    /// crate's own runtime it ends at once: `tests/runtimes.rs`.)
     #[test]
     fn a_load_left_on_an_idle_runtime_does_not_hold_up_the_others() {
         let server = RedisServer::start();
