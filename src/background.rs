@@ -125,8 +125,10 @@ impl<F: Future> Future for OnRuntime<F> {
 
 /// `make`, run where Tokio's timers can be made: in the current runtime's context, or outside
 /// any runtime (a future polled by another executor, or by a plain `block_on`) in the crate
-/// runtime's, whose thread then fires them. A timer works wherever it is polled; only making
-/// it needs a runtime's context, and without one Tokio panics ("there is no reactor running").
+/// runtime's, whose thread then fires them. A timer works wherever it is polled while the
+/// runtime it was made in is up; only making it needs a runtime's context, and without one Tokio
+/// panics ("there is no reactor running"). (A runtime built without timers panics here too:
+/// Tokio has no way to ask.)
 fn with_timers<T>(make: impl FnOnce() -> T) -> T {
     if Handle::try_current().is_ok() {
         return make();

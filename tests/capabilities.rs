@@ -113,8 +113,8 @@ async fn group_commit(store: impl LockStore, servers: &[&RedisServer], keys: Vec
     }
     // Acquired together, so that their renewals fall due together too. Each server holds
     // scripts for a moment, so that the first call is still in flight when the others are
-    // polled, however slowly this process runs: they queue behind it (without the pause, a
-    // loaded machine sent 10 scripts for the 20 acquires).
+    // polled, unless this process stalls for longer than the pause: they queue behind it
+    // (without the pause, a loaded machine sent 10 scripts for the 20 acquires).
     for server in servers {
         let reply = server.cli(&["CLIENT", "PAUSE", "100", "WRITE"]);
         assert!(reply.contains("OK"), "CLIENT PAUSE: {reply}");

@@ -66,7 +66,8 @@ async fn each_operation_of_a_batch_gets_its_own_answer() {
     let locker = warmed_up(&server).await;
     let before = calls_of(&server, "evalsha").await;
     // Redis holds scripts for a moment, so that the first call is still in flight when the
-    // others are polled, however slowly this process runs: they queue behind it.
+    // others are polled, unless this process stalls for longer than the pause: they queue
+    // behind it.
     server.cli(&["CLIENT", "PAUSE", "200", "WRITE"]);
     let answers = join_all((0..20).map(|i| {
         locker
